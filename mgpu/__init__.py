@@ -1,0 +1,12 @@
+"""mgpu: sparse machine-learning primitives across many GPUs and CPUs through Dask.
+
+``import mgpu`` never imports CuPy and never creates a CUDA context: the GPU backend is
+loaded lazily, the first time an operation receives CuPy data.
+"""
+from __future__ import annotations
+
+from mgpu import config as _config  # noqa: F401  (registers the mgpu.* defaults)
+
+__version__ = "0.1.0"
+
+from mgpu.ops import row_norms  # noqa: E402

@@ -1,0 +1,29 @@
+"""Backends: the same operation on the CPU (numpy/scipy/numba) and the GPU (CuPy).
+
+Each primitive has a :class:`dask.utils.Dispatch` keyed by the type of its data. The numpy
+side is registered when :mod:`mgpu.backends.numpy` is imported; the CuPy side is registered
+lazily, the first time CuPy data arrives, so ``import mgpu`` never imports CuPy. A Dask task
+calls the lookup on its chunk, so one graph runs on CPU and GPU workers alike.
+"""
+from __future__ import annotations
+
+from dask.utils import Dispatch
+
+row_norms_lookup = Dispatch("row_norms")
+
+
+def _register_cupy() -> None:
+    import mgpu.backends.cupy  # noqa: F401  (registers the CuPy side of every lookup)
+
+
+for _lookup in (row_norms_lookup,):
+    _lookup.register_lazy("cupy", _register_cupy)
+    _lookup.register_lazy("cupyx", _register_cupy)
+
+import mgpu.backends.numpy  # noqa: E402,F401  (registers the CPU side)
+
+
+def is_gpu_array(x: object) -> bool:
+    """Whether ``x`` is CuPy data (dense or cupyx sparse), decided without importing CuPy."""
+    mod = type(x).__module__.split(".", 1)[0]
+    return mod in ("cupy", "cupyx")

@@ -1,0 +1,65 @@
+"""CPU backend: numpy, scipy and numba."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+from mgpu.backends import row_norms_lookup
+
+# Reductions of a row, shared with the GPU kernel's OP template argument (kernels/rows.cu).
+ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX = 0, 1, 2, 3
+
+
+@numba.njit(parallel=True, nogil=True)
+def _csr_row_reduce(indptr, data, op, out):
+    n = out.shape[0]
+    for i in numba.prange(n):
+        acc = 0.0
+        for p in range(indptr[i], indptr[i + 1]):
+            v = np.float64(data[p])
+            if op == 0:
+                acc += v
+            elif op == 1:
+                acc += abs(v)
+            elif op == 2:
+                acc += v * v
+            else:
+                av = abs(v)
+                # NaN must win, as it does in numpy's reductions.
+                if av > acc or av != av:
+                    acc = av
+        out[i] = acc
+
+
+def dense_row_reduce(X, op: int, xp=np):
+    """Per-row reduction of a dense matrix on numpy or cupy (``xp``), in float64."""
+    X64 = X.astype(xp.float64, copy=False)
+    if op == ROW_SUM:
+        r = X64.sum(axis=1)
+    elif op == ROW_ABS_SUM:
+        r = xp.abs(X64).sum(axis=1)
+    elif op == ROW_SQ_SUM:
+        r = (X64 * X64).sum(axis=1)
+    elif X.shape[1] == 0:
+        r = xp.zeros(X.shape[0], dtype=xp.float64)
+    else:
+        r = xp.abs(X64).max(axis=1)
+    return r.astype(X.dtype, copy=False)
+
+
+def row_reduce_csr(X: sp.csr_matrix, op: int) -> np.ndarray:
+    """Per-row reduction of a canonical float CSR matrix, accumulated in float64."""
+    out = np.empty(X.shape[0], dtype=np.float64)
+    _csr_row_reduce(X.indptr, X.data, op, out)
+    return out.astype(X.dtype, copy=False)
+
+
+@row_norms_lookup.register((sp.spmatrix, sp.sparray))
+def _row_reduce_sparse(X, op: int):
+    return row_reduce_csr(X, op)
+
+
+@row_norms_lookup.register(np.ndarray)
+def _row_reduce_dense(X, op: int):
+    return dense_row_reduce(X, op)

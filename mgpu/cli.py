@@ -1,0 +1,322 @@
+"""The ``mgpu`` command: info, run, bench."""
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import dask.config
+import numpy as np
+
+import mgpu
+
+logger = logging.getLogger("mgpu.cli")
+
+_VERSIONED = ("numpy", "scipy", "numba", "dask", "distributed", "dask-cuda", "cupy-cuda13x",
+              "cupy-cuda12x", "cupy")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if not n:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@click.group()
+@click.version_option(mgpu.__version__, prog_name="mgpu")
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """mgpu: sparse machine-learning primitives on many GPUs and CPUs through Dask."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Dask's cluster chatter (worker start/stop) only with -v; worker processes inherit this.
+    dask_level = "info" if verbose else "warning"
+    dask_level = os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", dask_level)
+    dask.config.set({"logging.distributed": dask_level})
+    logging.getLogger("distributed").setLevel(dask_level.upper())
+
+
+@main.command()
+@click.option("--address", default=None, help="Join this scheduler (or scheduler file) "
+              "instead of starting an embedded cluster.")
+@click.option("--start/--no-start", default=True, show_default=True,
+              help="Start (or join) the cluster and list its workers.")
+@click.option("--gpus/--no-gpus", default=None, help="Force or forbid GPU workers "
+              "(default: GPU workers when GPUs are visible).")
+def info(address: str | None, start: bool, gpus: bool | None) -> None:
+    """Versions, the cluster mgpu starts or joins, and every worker's GPU or CPUs."""
+    from mgpu.backends.loader import kernel_dir
+    from mgpu.dist import connect, describe_workers, visible_gpus
+
+    click.echo(f"mgpu {mgpu.__version__}  (Python {platform.python_version()}, "
+               f"{platform.system()} {platform.machine()})")
+    for dist in _VERSIONED:
+        v = _version(dist)
+        if v is not None:
+            click.echo(f"  {dist:<14} {v}")
+    try:
+        click.echo(f"  kernels        {kernel_dir()}")
+    except FileNotFoundError as exc:
+        click.echo(f"  kernels        MISSING: {exc}")
+    n_gpus = visible_gpus()
+    if address:
+        click.echo(f"cluster: joins the scheduler at {address}")
+    elif (gpus is None and n_gpus) or gpus:
+        click.echo(f"cluster: embedded LocalCUDACluster, one worker per GPU ({n_gpus} visible)")
+    else:
+        click.echo(f"cluster: embedded LocalCluster on the CPU ({n_gpus} GPUs visible)")
+    if not start:
+        return
+    t0 = time.perf_counter()
+    with connect(address, gpus=gpus) as client:
+        workers = describe_workers(client)
+        click.echo(f"{len(workers)} worker(s), up in {time.perf_counter() - t0:.1f} s "
+                   f"(scheduler {client.scheduler.address}):")
+        for addr, w in workers.items():
+            gpu = w.get("gpu")
+            if gpu and "error" not in gpu:
+                dev = (f"GPU {gpu['index']}: {gpu['name']}, {_fmt_bytes(gpu['memory'])}, "
+                       f"{gpu['uuid']}")
+            elif gpu:
+                dev = f"GPU {gpu['index']}: unreadable ({gpu['error']})"
+            else:
+                dev = f"CPU: {w.get('cpus')} core(s)"
+            click.echo(f"  {addr}  host={w['host']} pid={w['pid']} "
+                       f"threads={w.get('nthreads', '?')} mem={_fmt_bytes(w.get('memory_limit'))}"
+                       f"  {dev}")
+
+
+@main.group()
+def run() -> None:
+    """End-to-end jobs on real data."""
+
+
+def _parse_shape(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d[\d_]*)\s*[xX×,]\s*(\d[\d_]*)\s*", text)
+    if not m:
+        raise click.BadParameter(f"expected ROWSxCOLS such as 300000x100000, got {text!r}")
+    return int(m.group(1).replace("_", "")), int(m.group(2).replace("_", ""))
+
+
+def _load_input(path: str | None, powerlaw: str | None, nnz: float, seed: int) -> tuple[Any, str]:
+    import scipy.sparse as sp
+
+    if (path is None) == (powerlaw is None):
+        raise click.UsageError("give either an input file (INPUT) or --powerlaw ROWSxCOLS")
+    if powerlaw is not None:
+        from mgpu.synthetic import powerlaw_csr
+
+        m, n = _parse_shape(powerlaw)
+        S = powerlaw_csr(m, n, int(nnz), seed=seed)
+        return S, f"power-law {m:,} x {n:,} (seed {seed})"
+    from mgpu import io
+
+    try:
+        data = io.load(path)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    S = getattr(data, "matrix", data)
+    if not sp.issparse(S):
+        S = sp.csr_matrix(S)
+    return S, Path(path).name
+
+
+@run.command("partition")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@click.option("--powerlaw", default=None, metavar="ROWSxCOLS",
+              help="Generate a power-law matrix of this shape instead of reading INPUT.")
+@click.option("--nnz", default=2e6, show_default=True, type=float,
+              help="Nonzeros drawn for --powerlaw.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--parts", default=None, type=int, help="Chunks (default: one per worker).")
+@click.option("--axis", type=click.Choice(["0", "1"]), default="0", show_default=True,
+              help="0 cuts rows, 1 cuts columns.")
+@click.option("--address", default=None, help="Scheduler to join (default: embedded cluster).")
+@click.option("--gpus/--no-gpus", default=None, help="Force or forbid GPU workers.")
+@click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write a bar chart of nnz per chunk and worker to this PNG.")
+def run_partition(input: str | None, powerlaw: str | None, nnz: float, seed: int,
+                  parts: int | None, axis: str, address: str | None, gpus: bool | None,
+                  plot: str | None) -> None:
+    """Spread a sparse matrix over the cluster in nnz-balanced chunks and report the balance.
+
+    INPUT is any file mgpu.io.load reads (Matrix Market, SNAP edge list, bag-of-words,
+    MovieLens ratings, a 10x folder); or use --powerlaw. The chunks are checked by computing
+    the row norms on the workers against the same computation done here.
+    """
+    from tqdm import tqdm
+
+    from mgpu.dist import chunk_nnz, chunk_workers, connect, describe_workers, from_scipy
+    from mgpu.partition import imbalance
+
+    if plot is not None:
+        _need_matplotlib()
+    t0 = time.perf_counter()
+    S, label = _load_input(input, powerlaw, nnz, seed)
+    click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
+               f"(loaded in {time.perf_counter() - t0:.1f} s)")
+    ax = int(axis)
+    with connect(address, gpus=gpus) as client:
+        infos = describe_workers(client)
+        with tqdm(total=int(S.nnz), unit="nz", unit_scale=True, desc="placing chunks",
+                  file=sys.stderr, disable=None) as bar:
+            x = from_scipy(S, parts, axis=ax, client=client, progress=bar.update)
+        per_chunk = chunk_nnz(x).ravel()
+        where = chunk_workers(x, client)
+        got = mgpu.row_norms(x, norm="l2").compute()
+        if hasattr(got, "get"):
+            got = got.get()
+        want = mgpu.row_norms(S.tocsr(), norm="l2")
+        err = float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30), initial=0.0))
+    bounds = np.concatenate([[0], np.cumsum(x.chunks[ax])])
+    click.echo(f"{len(per_chunk)} chunk(s) along axis {ax} "
+               f"({'rows' if ax == 0 else 'columns'}); nnz imbalance (max/mean) "
+               f"{imbalance(per_chunk):.4f}")
+    click.echo(f"{'chunk':>5} {'range':>23} {'nnz':>14} {'share':>7}  worker")
+    total = max(int(per_chunk.sum()), 1)
+    per_worker: dict[str, int] = {}
+    for i, v in enumerate(per_chunk):
+        idx = (i, 0) if ax == 0 else (0, i)
+        w = where.get(idx, ("-",))[0]
+        per_worker[w] = per_worker.get(w, 0) + int(v)
+        click.echo(f"{i:>5} {f'{bounds[i]:,}-{bounds[i + 1]:,}':>23} {int(v):>14,} "
+                   f"{100 * v / total:>6.2f}%  {w}")
+    click.echo("per worker:")
+    for w, v in sorted(per_worker.items()):
+        gpu = (infos.get(w) or {}).get("gpu")
+        dev = f"GPU {gpu.get('name', gpu.get('index'))}" if gpu else "CPU"
+        click.echo(f"  {w:<24} {dev:<28} {v:>14,} nnz  {100 * v / total:6.2f}%")
+    if per_worker:
+        click.echo(f"worker imbalance (max/mean): {imbalance(np.array(list(per_worker.values()))):.4f}")
+    click.echo(f"row-norm check on the workers: max relative error {err:.2e}")
+    if err > 1e-5:
+        raise click.ClickException(f"distributed row norms disagree with the local ones ({err:.2e})")
+    if plot is not None:
+        owners = [where.get((i, 0) if ax == 0 else (0, i), ("-",))[0]
+                  for i in range(len(per_chunk))]
+        _plot_chunks(per_chunk, x.chunks[ax], owners, label, "rows" if ax == 0 else "columns",
+                     plot)
+        click.echo(f"plot written to {plot}")
+
+
+def _need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise click.ClickException("--plot needs matplotlib: pip install 'mgpu[plot]'") from exc
+
+
+def _plot_chunks(per_chunk: np.ndarray, sizes: tuple[int, ...], workers: list[str], title: str,
+                 unit: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    names = sorted(set(workers))
+    colors = {w: plt.cm.tab10(i % 10) for i, w in enumerate(names)}
+    x = np.arange(len(per_chunk))
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(max(8, 0.5 * len(per_chunk) + 4), 4))
+    ax0.bar(x, per_chunk, color=[colors[w] for w in workers])
+    ax0.axhline(per_chunk.mean(), color="k", lw=1, ls="--")
+    ax0.set_ylabel("nonzeros")
+    ax0.set_title(f"nnz per chunk (max/mean {per_chunk.max() / max(per_chunk.mean(), 1):.4f})")
+    ax1.bar(x, sizes, color=[colors[w] for w in workers])
+    ax1.set_ylabel(unit)
+    ax1.set_title(f"{unit} per chunk")
+    for ax in (ax0, ax1):
+        ax.set_xlabel("chunk")
+        ax.set_xticks(x)
+    handles = [Patch(color=colors[w], label=w) for w in names]
+    handles.append(plt.Line2D([], [], color="k", ls="--", label="mean nnz"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks (results go to BENCHMARKS.md)."""
+
+
+# Real datasets the partition benchmark reads, relative to the data folder.
+_PARTITION_SETS = (
+    "graphs/facebook_combined.txt.gz",
+    "graphs/email-Enron.txt.gz",
+    "graphs/ca-HepPh.txt.gz",
+    "graphs/p2p-Gnutella31.txt.gz",
+    "graphs/soc-Slashdot0902.txt.gz",
+    "bow/ap.dat.gz",
+    "matrices/memplus.mtx.gz",
+    "matrices/bcsstk13.mtx.gz",
+    "matrices/s3rmt3m3.mtx.gz",
+    "ratings/ml-latest-small-2016_ratings.csv.gz",
+    "singlecell/visium_mouse_spaceranger3",
+)
+
+
+@bench.command("partition")
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False),
+              default=None, help="Folder of the real datasets (default: ../shared/data or "
+              "$MGPU_DATA).")
+@click.option("--parts", default="4,16", show_default=True, help="Comma-separated part counts.")
+def bench_partition(data_dir: str | None, parts: str) -> None:
+    """nnz imbalance of row and column splits of the real datasets (a Markdown table).
+
+    The bound column is 1 + w/(nnz/P), with w the largest row/column: the most that a split
+    whose parts differ by at most w (as mgpu's do) can be off.
+    """
+    from mgpu import io
+    from mgpu.partition import axis_counts, imbalance, part_sums, split_counts
+
+    root = Path(data_dir or os.environ.get("MGPU_DATA") or Path.cwd().parent / "shared" / "data")
+    if not root.is_dir():
+        raise click.ClickException(f"no data folder at {root}; pass --data")
+    ps = [int(p) for p in parts.split(",")]
+    click.echo("| dataset | shape | nnz | axis | P | max w | nnz/P | imbalance | "
+               "1 + w/(nnz/P) | split ms |")
+    click.echo("|---|---|---|---|---|---|---|---|---|---|")
+    for rel in _PARTITION_SETS:
+        path = root / rel
+        if not path.exists():
+            click.echo(f"| {rel} | missing | | | | | | | | |")
+            continue
+        data = io.load(str(path))
+        S = getattr(data, "matrix", data)
+        for axis in (0, 1):
+            counts = axis_counts(S, axis)
+            w = int(counts.max(initial=0))
+            for p in ps:
+                t = time.perf_counter()
+                b = split_counts(counts, p)
+                ms = 1e3 * (time.perf_counter() - t)
+                imb = imbalance(part_sums(counts, b))
+                mean = S.nnz / p
+                click.echo(f"| {Path(rel).name} | {S.shape[0]:,}×{S.shape[1]:,} | {S.nnz:,} | "
+                           f"{'rows' if axis == 0 else 'cols'} | {p} | {w:,} | {mean:,.0f} | "
+                           f"{imb:.4f} | {1 + w / mean:.4f} | {ms:.1f} |")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

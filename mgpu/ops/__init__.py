@@ -1,0 +1,8 @@
+"""Local operations: validate at the boundary, dispatch to a backend by the data's type,
+and return the input's family (numpy/scipy in -> numpy out, cupy/cupyx in -> cupy out,
+dask in -> dask out)."""
+from __future__ import annotations
+
+from mgpu.ops.rownorms import NORMS, row_norms
+
+__all__ = ["NORMS", "row_norms"]

@@ -1,0 +1,81 @@
+"""Row norms of dense or sparse matrices (the norms the semiring distances expand with)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mgpu.backends import is_gpu_array, row_norms_lookup
+from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM
+from mgpu.ops._validate import canonical_csr, check_matrix, check_option, float_dtype
+from mgpu.ops._validate import is_dask_array, is_sparse
+
+# norm name -> (row reduction, whether the result is square-rooted)
+NORMS: dict[str, tuple[int, bool]] = {
+    "l1": (ROW_ABS_SUM, False),
+    "l2": (ROW_SQ_SUM, True),
+    "sqeuclidean": (ROW_SQ_SUM, False),
+    "linf": (ROW_ABS_MAX, False),
+    "sum": (ROW_SUM, False),
+}
+
+
+def _row_norms_block(X: Any, op: int, root: bool) -> Any:
+    if is_sparse(X):
+        X = canonical_csr(X)
+    else:
+        X = X.astype(float_dtype(X.dtype), copy=False)
+    r = row_norms_lookup(X, op)
+    return np.sqrt(r) if root else r
+
+
+def row_norms(X: Any, *, norm: str = "l2") -> Any:
+    """Norm of every row of a dense or sparse matrix.
+
+    Parameters
+    ----------
+    X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        numpy array or scipy sparse matrix (CPU), cupy array or cupyx sparse matrix (GPU),
+        or a dask array of such chunks, chunked by rows.
+    norm : {'l2', 'sqeuclidean', 'l1', 'linf', 'sum'}, default='l2'
+        ``'sqeuclidean'`` is the squared L2 norm, ``'sum'`` the plain row sum.
+
+    Returns
+    -------
+    norms : ndarray of shape (n_samples,)
+        float32 for float32 input, float64 otherwise (accumulated in float64 either way);
+        numpy for CPU input, cupy for GPU input, a dask array for dask input. Duplicate
+        entries of a sparse matrix are summed first; NaN propagates.
+
+    Raises
+    ------
+    TypeError
+        If X is not a supported array or holds non-real values.
+    ValueError
+        If X is not 2-D or ``norm`` is unknown.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> row_norms(sp.csr_matrix([[3.0, 4.0], [0.0, 0.0]]))
+    array([5., 0.])
+    >>> row_norms(sp.csr_matrix([[3.0, -4.0]]), norm="l1")
+    array([7.])
+    """
+    check_option("norm", "row_norms", norm, NORMS)
+    check_matrix(X, "X", "row_norms")
+    op, root = NORMS[norm]
+    if is_dask_array(X):
+        if X.numblocks[1] != 1:
+            X = X.rechunk({1: -1})
+        dt = float_dtype(X.dtype)
+        if is_gpu_array(X._meta):
+            import cupy
+
+            meta = cupy.empty(0, dtype=dt)
+        else:
+            meta = np.empty(0, dtype=dt)
+        return X.map_blocks(
+            _row_norms_block, op, root, drop_axis=1, dtype=dt, meta=meta, name="mgpu-row-norms"
+        )
+    return _row_norms_block(X, op, root)

@@ -1,0 +1,69 @@
+"""Shared fixtures and the GPU skip rules.
+
+GPU tests are skipped by the number of visible CUDA devices, never by whether CuPy imports:
+a machine with CuPy but no GPU skips them, a machine with a GPU but a broken CuPy fails them.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cuda_device_count() -> int:
+    # Ask the driver through CuPy only when a driver library is present at all, so that a
+    # CPU-only machine never pays for (or trips over) a CuPy import.
+    try:
+        import ctypes.util
+
+        if ctypes.util.find_library("cuda") is None and not Path("/dev/nvidiactl").exists():
+            return 0
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except ImportError:
+        return 0
+    except Exception:  # a driver without devices raises cudaErrorNoDevice
+        return 0
+
+
+N_GPUS = _cuda_device_count()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        need = 0
+        if item.get_closest_marker("gpu") is not None:
+            need = 1
+        mg = item.get_closest_marker("multi_gpu")
+        if mg is not None:
+            need = max(need, int(mg.args[0]) if mg.args else 2)
+        if need > N_GPUS:
+            item.add_marker(
+                pytest.mark.skip(reason=f"needs {need} CUDA GPU(s), {N_GPUS} visible")
+            )
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The real datasets (``shared/data`` beside the checkout, or ``$MGPU_DATA``)."""
+    env = os.environ.get("MGPU_DATA")
+    path = Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+    if not path.is_dir():
+        pytest.skip(f"real datasets not found at {path} (set MGPU_DATA to their folder)")
+    return path
+
+
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def xp(request):
+    """The array module a test body runs on: numpy always, cupy where a GPU is visible."""
+    if request.param == "numpy":
+        import numpy
+
+        return numpy
+    import cupy
+
+    return cupy

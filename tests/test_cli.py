@@ -1,0 +1,95 @@
+"""The mgpu command, driven through click's runner on a CPU cluster."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import scipy.io
+from click.testing import CliRunner
+
+import mgpu
+from mgpu.cli import main
+from mgpu.synthetic import powerlaw_csr
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def test_version(runner):
+    r = runner.invoke(main, ["--version"])
+    assert r.exit_code == 0 and mgpu.__version__ in r.output
+
+
+def test_info_lists_versions_and_workers(runner):
+    r = runner.invoke(main, ["info", "--no-gpus"])
+    assert r.exit_code == 0, r.output
+    assert re.search(r"^  dask\s+\d", r.output, re.MULTILINE)
+    assert "cluster: embedded LocalCluster on the CPU" in r.output
+    m = re.search(r"^(\d+) worker\(s\), up in", r.output, re.MULTILINE)
+    assert m and int(m.group(1)) >= 1
+    assert len(re.findall(r"^  tcp://127\.0\.0\.1:\d+ .*CPU: \d+ core", r.output,
+                          re.MULTILINE)) == int(m.group(1))
+
+
+def test_info_without_start(runner):
+    r = runner.invoke(main, ["info", "--no-start", "--address", "tcp://10.0.0.1:8786"])
+    assert r.exit_code == 0, r.output
+    assert "joins the scheduler at tcp://10.0.0.1:8786" in r.output
+    assert "worker(s)" not in r.output
+
+
+def test_run_partition_on_a_file_with_plot(runner, tmp_path):
+    S = powerlaw_csr(4000, 900, 50_000, seed=4)
+    path = tmp_path / "m.mtx"
+    scipy.io.mmwrite(str(path), S)
+    png = tmp_path / "balance.png"
+    r = runner.invoke(main, ["run", "partition", str(path), "--parts", "4", "--axis", "1",
+                             "--no-gpus", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert f"{S.nnz:,} nonzeros" in r.output
+    assert "4 chunk(s) along axis 1 (columns)" in r.output
+    imb = float(re.search(r"nnz imbalance \(max/mean\) ([\d.]+)", r.output).group(1))
+    assert 1.0 <= imb <= 1.0 + S.getnnz(axis=0).max() / (S.nnz / 4)
+    chunk_nnz = [int(v.replace(",", "")) for v in
+                 re.findall(r"^\s+\d+\s+[\d,]+-[\d,]+\s+([\d,]+)", r.output, re.MULTILINE)]
+    assert len(chunk_nnz) == 4 and sum(chunk_nnz) == S.nnz
+    assert float(re.search(r"max relative error ([\d.e+-]+)", r.output).group(1)) <= 1e-6
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_run_partition_powerlaw(runner):
+    r = runner.invoke(main, ["run", "partition", "--powerlaw", "3000x500", "--nnz", "20000",
+                             "--no-gpus"])
+    assert r.exit_code == 0, r.output
+    assert "power-law 3,000 x 500" in r.output
+    err = float(re.search(r"max relative error ([\d.e+-]+)", r.output).group(1))
+    assert err <= 1e-6
+
+
+def test_run_partition_needs_exactly_one_input(runner, tmp_path):
+    r = runner.invoke(main, ["run", "partition"])
+    assert r.exit_code != 0 and "give either an input file" in r.output
+    r = runner.invoke(main, ["run", "partition", "--powerlaw", "12by4"])
+    assert r.exit_code != 0 and "expected ROWSxCOLS" in r.output
+
+
+def test_run_partition_refuses_unreadable_file(runner, tmp_path):
+    bad = tmp_path / "x.bin"
+    bad.write_bytes(b"\x00\x01garbage")
+    r = runner.invoke(main, ["run", "partition", str(bad), "--no-gpus"])
+    assert r.exit_code != 0
+    assert "Error" in r.output
+
+
+def test_bench_partition_table(runner, data_dir):
+    r = runner.invoke(main, ["bench", "partition", "--data", str(data_dir), "--parts", "4"])
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if line.startswith("| ") and "nnz" not in line
+            and "missing" not in line]
+    assert len(rows) >= 10
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        imb, bound = float(cells[7]), float(cells[8])
+        assert 1.0 <= imb <= bound + 1e-9, line

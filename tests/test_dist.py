@@ -1,0 +1,159 @@
+"""Cluster connection and partitioned collections, on a CPU LocalCluster (GPU ones marked)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from distributed import LocalCluster
+
+import mgpu
+from mgpu.dist import chunk_nnz, chunk_workers, connect, describe_workers, from_scipy, gather
+from mgpu.partition import axis_counts
+from mgpu.synthetic import powerlaw_csr
+
+
+@pytest.fixture(scope="module")
+def client():
+    with connect(gpus=False, n_workers=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def S():
+    return powerlaw_csr(3000, 800, 60_000, seed=1)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("parts", [1, 2, 5])
+def test_round_trip_and_balance(client, S, axis, parts):
+    x = from_scipy(S, parts, axis=axis, client=client)
+    assert x.numblocks == ((parts, 1) if axis == 0 else (1, parts))
+    assert x.name.startswith("mgpu-from-scipy-")
+    back = x.compute()
+    assert sp.issparse(back) and back.shape == S.shape
+    assert (back != S).nnz == 0
+    g = gather(x)
+    assert g.format == "csr" and (g != S).nnz == 0
+    nnz = chunk_nnz(x).ravel()
+    assert nnz.sum() == S.nnz
+    assert nnz.max() - nnz.min() <= axis_counts(S, axis).max()
+    # uneven in rows/columns, even in nonzeros
+    sizes = np.array(x.chunks[axis])
+    if parts > 1:
+        assert len(set(sizes.tolist())) > 1
+
+
+def test_chunks_are_spread_over_workers(client, S):
+    workers = sorted(client.scheduler_info()["workers"])
+    x = from_scipy(S, 4, client=client)
+    where = chunk_workers(x, client)
+    assert [where[(i, 0)] for i in range(4)] == [(workers[i % 2],) for i in range(4)]
+
+
+def test_default_parts_is_one_per_worker(client, S):
+    x = from_scipy(S, client=client)
+    assert x.numblocks == (2, 1)
+
+
+def test_progress_reports_every_chunk(client, S):
+    seen: list[int] = []
+    from_scipy(S, 3, client=client, progress=seen.append)
+    assert len(seen) == 3 and sum(seen) == S.nnz
+
+
+def test_duplicates_are_summed_and_input_untouched(client):
+    D = sp.coo_matrix(([1.0, 2.0, 4.0], ([0, 0, 1], [1, 1, 0])), shape=(2, 2)).tocsr()
+    D.has_canonical_format = False
+    D2 = sp.csr_matrix((np.array([1.0, 2.0, 4.0]), np.array([1, 1, 0]), np.array([0, 2, 3])),
+                       shape=(2, 2))
+    data_before = D2.data.copy()
+    x = from_scipy(D2, 2, client=client)
+    assert gather(x).toarray().tolist() == [[0.0, 3.0], [4.0, 0.0]]
+    assert np.array_equal(D2.data, data_before)
+
+
+def test_distributed_row_norms_match_local(client, S):
+    x = from_scipy(S, 3, client=client)
+    np.testing.assert_allclose(mgpu.row_norms(x).compute(), mgpu.row_norms(S), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(S=np.ones((3, 3))), TypeError, r"must be a scipy sparse matrix\. Got ndarray"),
+        (dict(axis=2), ValueError, r"'axis' parameter of from_scipy must be 0 \(rows\)"),
+        (dict(parts=0), ValueError, r"'parts' parameter of from_scipy must be an int >= 1"),
+        (dict(device="tpu"), ValueError, r"'device' parameter of from_scipy must be a str among"),
+    ],
+)
+def test_from_scipy_refuses_bad_input(S, kwargs, exc, match):
+    args = {"S": S, **kwargs}
+    with pytest.raises(exc, match=match):
+        from_scipy(args.pop("S"), **args, client=None)
+
+
+def test_worker_description(client):
+    info = describe_workers(client)
+    assert len(info) == 2
+    for w in info.values():
+        assert w["gpu"] is None and w["nthreads"] >= 1 and w["pid"] > 0
+
+
+def test_connect_joins_a_running_cluster_and_leaves_it_running():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                      host="127.0.0.1", dashboard_address=None) as cluster:
+        with connect(cluster.scheduler_address, timeout=20) as c:
+            assert len(c.scheduler_info()["workers"]) == 1
+        assert cluster.status.name == "running"
+        with connect(cluster.scheduler_address, timeout=20) as c2:
+            assert c2.submit(sum, [1, 2]).result() == 3
+
+
+def test_embedded_cluster_closes_with_the_client():
+    with connect(gpus=False, n_workers=1) as c:
+        cluster = c._mgpu_cluster
+        assert c.submit(lambda: 41 + 1).result() == 42
+    assert cluster.status.name == "closed"
+
+
+def test_connect_to_nothing_times_out_with_a_message():
+    with pytest.raises(TimeoutError, match=r"The scheduler at tcp://127.0.0.1:9 did not come up "
+                       r"within 2 s"):
+        connect("tcp://127.0.0.1:9", timeout=2)
+
+
+def test_connect_refuses_gpus_without_gpus(monkeypatch):
+    import mgpu.dist.cluster as cl
+
+    monkeypatch.setattr(cl, "visible_gpus", lambda: 0)
+    with pytest.raises(ValueError, match="gpus=True but no GPU is visible"):
+        connect(gpus=True)
+
+
+@pytest.mark.gpu
+def test_gpu_round_trip():
+    import cupyx.scipy.sparse as csp
+
+    S = powerlaw_csr(20000, 5000, 400_000, seed=2)
+    with connect(gpus=True) as c:
+        n = len(c.scheduler_info()["workers"])
+        x = from_scipy(S, 2 * n, client=c)
+        assert isinstance(x._meta, csp.csr_matrix)
+        back = x.compute()
+        assert isinstance(back, csp.spmatrix)
+        assert (gather(x) != S).nnz == 0
+        got = mgpu.row_norms(x).compute()
+        np.testing.assert_allclose(got.get(), mgpu.row_norms(S), rtol=1e-5)
+
+
+@pytest.mark.multi_gpu(2)
+def test_collection_spans_every_gpu():
+    S = powerlaw_csr(50000, 8000, 1_000_000, seed=3)
+    with connect(gpus=True) as c:
+        infos = describe_workers(c)
+        uuids = {i["gpu"]["uuid"] for i in infos.values()}
+        assert len(uuids) == len(infos) >= 2, infos
+        x = from_scipy(S, len(infos), client=c)
+        where = chunk_workers(x, c)
+        assert {w[0] for w in where.values()} == set(infos)
+        assert (gather(x) != S).nnz == 0

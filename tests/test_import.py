@@ -1,0 +1,33 @@
+"""`import mgpu` stays light: no CuPy, no CUDA context, config registered."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_import_mgpu_does_not_import_cupy():
+    code = (
+        "import sys, mgpu, mgpu.ops, mgpu.dist, mgpu.cli, mgpu.partition, mgpu.io, "
+        "mgpu.backends.loader\n"
+        "import scipy.sparse as sp\n"
+        "mgpu.row_norms(sp.identity(3, format='csr'))\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupyx', 'dask_cuda'))\n"
+        "assert not bad, bad\n"
+        "import dask\n"
+        "assert dask.config.get('mgpu.connect.host') == '127.0.0.1'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_config_from_environment():
+    code = "import mgpu, mgpu.config as c; print(c.get('connect.timeout'))"
+    env = {"DASK_MGPU__CONNECT__TIMEOUT": "7"}
+    import os
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "7"
