@@ -146,6 +146,7 @@ def test_gpu_round_trip():
         np.testing.assert_allclose(got.get(), mgpu.row_norms(S), rtol=1e-5)
 
 
+@pytest.mark.gpu
 @pytest.mark.multi_gpu(2)
 def test_collection_spans_every_gpu():
     S = powerlaw_csr(50000, 8000, 1_000_000, seed=3)

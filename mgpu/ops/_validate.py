@@ -67,8 +67,10 @@ def canonical_csr(x: Any) -> Any:
     """
     dt = float_dtype(x.dtype)
     out = x.tocsr()
-    if out is x or out.dtype != dt:
-        out = out.astype(dt, copy=True)
+    if out.dtype != dt:
+        out = out.astype(dt)  # a new matrix (cupyx's astype takes no copy flag)
     if not out.has_canonical_format:
+        if out is x:
+            out = out.copy()
         out.sum_duplicates()
     return out

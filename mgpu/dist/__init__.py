@@ -1,0 +1,17 @@
+"""Distributed layer: cluster connection and partitioned sparse collections."""
+from __future__ import annotations
+
+from mgpu.dist.cluster import Client, connect, describe_workers, visible_gpus, worker_info
+from mgpu.dist.collection import chunk_nnz, chunk_workers, from_scipy, gather
+
+__all__ = [
+    "Client",
+    "chunk_nnz",
+    "chunk_workers",
+    "connect",
+    "describe_workers",
+    "from_scipy",
+    "gather",
+    "visible_gpus",
+    "worker_info",
+]

@@ -1,0 +1,224 @@
+"""Connecting to a Dask cluster: an embedded one by default, or any running scheduler."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import distributed
+
+from mgpu import config
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Client", "connect", "describe_workers", "visible_gpus", "worker_info"]
+
+
+class Client(distributed.Client):
+    """A :class:`distributed.Client` that also closes the cluster :func:`connect` started.
+
+    Used as a context manager (``with mgpu.connect() as client:``) or closed with
+    :meth:`close`; a client that joined a running scheduler leaves that cluster alone.
+    """
+
+    _mgpu_cluster: Any = None
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().close(*args, **kwargs)
+        cluster, self._mgpu_cluster = self._mgpu_cluster, None
+        if cluster is not None:
+            cluster.close()
+        return result
+
+
+def visible_gpus() -> int:
+    """Number of CUDA GPUs this process could give workers, without creating a context.
+
+    Reads ``CUDA_VISIBLE_DEVICES`` and NVML (through dask-cuda, when installed); 0 when
+    dask-cuda or the NVIDIA driver is missing.
+    """
+    try:
+        from dask_cuda.utils import get_n_gpus
+    except ImportError:
+        return 0
+    try:
+        return int(get_n_gpus())
+    except Exception as exc:  # no driver, NVML refuses: no GPU workers
+        logger.debug("no GPUs visible: %s", exc)
+        return 0
+
+
+def _timeout_error(what: str, timeout: float, hint: str) -> TimeoutError:
+    return TimeoutError(f"{what} did not come up within {timeout:g} s. {hint}")
+
+
+def connect(
+    address: str | None = None,
+    *,
+    gpus: bool | None = None,
+    n_workers: int | None = None,
+    timeout: float | None = None,
+) -> Client:
+    """Connect to a Dask cluster, starting an embedded one when no address is given.
+
+    Parameters
+    ----------
+    address : str, optional
+        A running scheduler (``"tcp://host:8786"``) or the path of a scheduler file. Without
+        one, an embedded cluster is started: a dask-cuda ``LocalCUDACluster`` (one worker per
+        GPU) when GPUs are visible, otherwise a ``LocalCluster`` sized to the CPU. The
+        embedded cluster listens on ``mgpu.connect.host`` (localhost by default).
+    gpus : bool, optional
+        Force (True) or forbid (False) GPU workers for the embedded cluster; default: use
+        GPUs when any are visible.
+    n_workers : int, optional
+        Workers of the embedded cluster (default: every GPU, or ``mgpu.connect.n-workers``,
+        or one per four cores).
+    timeout : float, optional
+        Seconds to wait for the scheduler and the workers (default ``mgpu.connect.timeout``).
+
+    Returns
+    -------
+    Client
+        A distributed client; closing it (or leaving its ``with`` block) also closes an
+        embedded cluster.
+
+    Raises
+    ------
+    TimeoutError
+        If the scheduler or the workers do not come up in time; the message says which and
+        where to look.
+    ValueError
+        If ``gpus=True`` but no GPU is visible, or ``n_workers < 1``.
+
+    Examples
+    --------
+    >>> import mgpu
+    >>> with mgpu.connect(gpus=False, n_workers=1) as client:  # doctest: +SKIP
+    ...     print(len(client.scheduler_info()["workers"]))
+    1
+    """
+    timeout = float(timeout if timeout is not None else config.get("connect.timeout"))
+    if n_workers is not None and n_workers < 1:
+        raise ValueError(f"The 'n_workers' parameter of connect must be >= 1. Got {n_workers}.")
+    if address is not None:
+        kw: dict[str, Any] = {"timeout": timeout}
+        if os.path.isfile(address):
+            kw["scheduler_file"] = address
+        else:
+            kw["address"] = address
+        try:
+            return Client(**kw)
+        except (OSError, TimeoutError) as exc:
+            raise _timeout_error(
+                f"The scheduler at {address}",
+                timeout,
+                "Check that it is running and reachable from here (its log says which "
+                "address it listens on); raise mgpu.connect.timeout if it is slow to start.",
+            ) from exc
+
+    n_gpus = visible_gpus()
+    use_gpus = n_gpus > 0 if gpus is None else gpus
+    if use_gpus and n_gpus == 0:
+        raise ValueError(
+            "gpus=True but no GPU is visible (dask-cuda is missing or NVML found no device); "
+            "install mgpu[gpu] or pass gpus=False."
+        )
+    host = config.get("connect.host")
+    dashboard = ":8787" if config.get("connect.dashboard") else None
+    if use_gpus:
+        from dask_cuda import LocalCUDACluster
+
+        n = n_workers or n_gpus
+        logger.info("starting LocalCUDACluster with %d GPU worker(s) on %s", n, host)
+        cluster = LocalCUDACluster(
+            n_workers=n,
+            host=host,
+            dashboard_address=dashboard,
+            death_timeout=timeout,
+        )
+        what = f"{n} GPU worker(s) of the embedded LocalCUDACluster"
+    else:
+        from distributed.deploy.utils import nprocesses_nthreads
+
+        cores = os.cpu_count() or 1
+        # Dask's own sizing (one process per core up to 4 cores, then about sqrt(cores)).
+        default_n, default_threads = nprocesses_nthreads(cores)
+        n = n_workers or config.get("connect.n-workers") or default_n
+        threads = config.get("connect.threads-per-worker") or (
+            default_threads if n == default_n else max(1, cores // n)
+        )
+        logger.info("starting LocalCluster: %d worker(s) x %d thread(s) on %s", n, threads, host)
+        cluster = distributed.LocalCluster(
+            n_workers=n,
+            threads_per_worker=threads,
+            processes=True,
+            host=host,
+            dashboard_address=dashboard,
+            death_timeout=timeout,
+        )
+        what = f"{n} CPU worker(s) of the embedded LocalCluster"
+    client = Client(cluster, timeout=timeout)
+    client._mgpu_cluster = cluster
+    try:
+        client.wait_for_workers(n, timeout=timeout)
+    except TimeoutError as exc:
+        client.close()
+        raise _timeout_error(
+            what,
+            timeout,
+            "Worker logs go to this process's stderr (set DASK_LOGGING__DISTRIBUTED=debug "
+            "for more).",
+        ) from exc
+    return client
+
+
+def worker_info(dask_worker: Any = None) -> dict[str, Any]:
+    """What a worker runs on: host, pid, threads, and its GPU if it has one.
+
+    Runs inside the worker (``client.run(worker_info)`` passes ``dask_worker``). The GPU is the first entry of the
+    worker's ``CUDA_VISIBLE_DEVICES`` (dask-cuda pins one per worker), read through NVML so
+    that no CUDA context is made.
+    """
+    info: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "gpu": None,
+    }
+    if dask_worker is not None:
+        info["nthreads"] = dask_worker.state.nthreads
+        info["memory_limit"] = dask_worker.memory_manager.memory_limit
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or visible.strip() in ("", "-1"):
+        return info
+    first = visible.split(",")[0].strip()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            if first.startswith(("GPU-", "MIG-")):
+                h = pynvml.nvmlDeviceGetHandleByUUID(first)
+            else:
+                h = pynvml.nvmlDeviceGetHandleByIndex(int(first))
+            name = pynvml.nvmlDeviceGetName(h)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+        finally:
+            pynvml.nvmlShutdown()
+        info["gpu"] = {
+            "index": first,
+            "name": name.decode() if isinstance(name, bytes) else name,
+            "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
+            "memory": int(mem),
+        }
+    except Exception as exc:  # NVML missing or refusing: report what is known
+        info["gpu"] = {"index": first, "error": f"{type(exc).__name__}: {exc}"}
+    return info
+
+
+def describe_workers(client: distributed.Client) -> dict[str, dict[str, Any]]:
+    """:func:`worker_info` of every worker, keyed by worker address (sorted)."""
+    return dict(sorted(client.run(worker_info).items()))
