@@ -9,4 +9,5 @@ from mgpu import config as _config  # noqa: F401  (registers the mgpu.* defaults
 
 __version__ = "0.1.0"
 
+from mgpu.dist.sddmm import sddmm  # noqa: E402
 from mgpu.ops import row_norms  # noqa: E402

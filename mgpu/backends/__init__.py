@@ -10,13 +10,14 @@ from __future__ import annotations
 from dask.utils import Dispatch
 
 row_norms_lookup = Dispatch("row_norms")
+sddmm_lookup = Dispatch("sddmm")
 
 
 def _register_cupy() -> None:
     import mgpu.backends.cupy  # noqa: F401  (registers the CuPy side of every lookup)
 
 
-for _lookup in (row_norms_lookup,):
+for _lookup in (row_norms_lookup, sddmm_lookup):
     _lookup.register_lazy("cupy", _register_cupy)
     _lookup.register_lazy("cupyx", _register_cupy)
 

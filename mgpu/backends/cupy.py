@@ -7,7 +7,7 @@ from __future__ import annotations
 import cupy
 import cupyx.scipy.sparse as csp
 
-from mgpu.backends import row_norms_lookup
+from mgpu.backends import row_norms_lookup, sddmm_lookup
 from mgpu.backends.instances import INSTANCES
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, dense_row_reduce
@@ -69,3 +69,67 @@ def _row_reduce_sparse(X, op: int):
 @row_norms_lookup.register(cupy.ndarray)
 def _row_reduce_dense(X, op: int):
     return dense_row_reduce(X, op, cupy)
+
+
+_SDDMM = "sddmm.cu"
+_NZ_PER_WARP = 32
+_GATHER_BYTES = 1 << 28  # working memory of the gather-dot fallback per pass
+
+
+def sddmm_is_usable_for(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray) -> bool:
+    """Whether the warp kernel takes these operands (instantiated dtypes, C order)."""
+    return (
+        S.format == "csr"
+        and S.dtype.name in ("float32", "float64")
+        and S.dtype == A.dtype == B.dtype
+        and S.indptr.dtype.name in ("int32", "int64")
+        and S.indices.dtype == S.indptr.dtype
+        and A.flags.c_contiguous
+        and B.flags.c_contiguous
+        and A.shape[1] < 2**31
+    )
+
+
+def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray,
+                 hadamard: bool) -> csp.csr_matrix:
+    """P = S ∘ (A Bᵀ) by the load-balanced warp kernel of kernels/sddmm.cu."""
+    nnz = int(S.nnz)
+    out = cupy.empty(nnz, dtype=A.dtype)
+    if nnz:
+        fn = get_function(
+            _SDDMM,
+            f"mgpu_sddmm_warp<{c_type(A.dtype)}, {c_type(S.indptr.dtype)}>",
+            INSTANCES[_SDDMM],
+        )
+        warps = -(-nnz // _NZ_PER_WARP)
+        threads = 256
+        blocks = -(-warps * 32 // threads)
+        fn((blocks,), (threads,), (
+            S.indptr, S.indices, S.data, A, B, cupy.int64(S.shape[0]), cupy.int64(nnz),
+            cupy.int32(A.shape[1]), cupy.int32(1 if hadamard else 0),
+            cupy.int32(_NZ_PER_WARP), out,
+        ))
+    return csp.csr_matrix((out, S.indices.copy(), S.indptr.copy()), shape=S.shape)
+
+
+def sddmm_fallback(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray,
+                   hadamard: bool) -> csp.csr_matrix:
+    """The same product as a CuPy gather-dot, in passes bounded by working memory."""
+    nnz = int(S.nnz)
+    out = cupy.empty(nnz, dtype=A.dtype)
+    rows = cupy.repeat(cupy.arange(S.shape[0], dtype=cupy.int64),
+                       cupy.diff(S.indptr).astype(cupy.int64))
+    step = max(1, _GATHER_BYTES // max(1, 2 * A.shape[1] * A.itemsize))
+    for s in range(0, nnz, step):
+        r, c = rows[s:s + step], S.indices[s:s + step]
+        out[s:s + step] = (A[r] * B[c]).sum(axis=1)
+    if hadamard:
+        out *= S.data.astype(out.dtype, copy=False)
+    return csp.csr_matrix((out, S.indices.copy(), S.indptr.copy()), shape=S.shape)
+
+
+@sddmm_lookup.register(csp.spmatrix)
+def _sddmm_sparse(S, A, B, hadamard: bool):
+    if sddmm_is_usable_for(S, A, B):
+        return sddmm_kernel(S, A, B, hadamard)
+    return sddmm_fallback(S, A, B, hadamard)

@@ -17,4 +17,5 @@ INSTANCES: dict[str, tuple[str, ...]] = {
         for i in _INDICES
         for op in (ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX)
     ),
+    "sddmm.cu": tuple(f"mgpu_sddmm_warp<{t}, {i}>" for t in _FLOATS for i in _INDICES),
 }

@@ -5,7 +5,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import row_norms_lookup
+from mgpu.backends import row_norms_lookup, sddmm_lookup
 
 # Reductions of a row, shared with the GPU kernel's OP template argument (kernels/rows.cu).
 ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX = 0, 1, 2, 3
@@ -63,3 +63,44 @@ def _row_reduce_sparse(X, op: int):
 @row_norms_lookup.register(np.ndarray)
 def _row_reduce_dense(X, op: int):
     return dense_row_reduce(X, op)
+
+
+# Nonzeros per parallel work item of the CPU SDDMM: rows are found by binary search on
+# indptr (merge-path style), so one very long row never lands on one thread alone.
+_SDDMM_CHUNK = 2048
+
+
+@numba.njit(parallel=True, nogil=True)
+def _sddmm_csr(indptr, indices, data, A, B, hadamard, out):
+    nnz = indices.shape[0]
+    K = A.shape[1]
+    n_chunks = (nnz + _SDDMM_CHUNK - 1) // _SDDMM_CHUNK
+    for c in numba.prange(n_chunks):
+        p0 = c * _SDDMM_CHUNK
+        p1 = min(nnz, p0 + _SDDMM_CHUNK)
+        i = np.searchsorted(indptr, p0, side="right") - 1
+        for p in range(p0, p1):
+            while indptr[i + 1] <= p:
+                i += 1
+            j = indices[p]
+            acc = 0.0
+            for k in range(K):
+                acc += np.float64(A[i, k]) * np.float64(B[j, k])
+            if hadamard:
+                acc *= np.float64(data[p])
+            out[p] = acc
+
+
+def sddmm_csr(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, hadamard: bool) -> sp.csr_matrix:
+    """P = S ∘ (A Bᵀ) (or the plain sampled product) on S's pattern, accumulated in float64.
+
+    ``A`` and ``B`` are C-contiguous and of one float dtype, which is the output's.
+    """
+    out = np.empty(S.nnz, dtype=A.dtype)
+    _sddmm_csr(S.indptr, S.indices, S.data, A, B, hadamard, out)
+    return sp.csr_matrix((out, S.indices.copy(), S.indptr.copy()), shape=S.shape)
+
+
+@sddmm_lookup.register((sp.spmatrix, sp.sparray))
+def _sddmm_sparse(S, A, B, hadamard: bool):
+    return sddmm_csr(S, A, B, hadamard)

@@ -14,6 +14,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 from dask.base import tokenize
+from dask.core import flatten
 
 from mgpu.partition import axis_counts, part_sums, split_counts
 
@@ -204,16 +205,20 @@ def chunk_nnz(x: da.Array) -> np.ndarray:
 
 
 def chunk_workers(x: da.Array, client: Any) -> dict[tuple[int, ...], tuple[str, ...]]:
-    """Which worker(s) hold each chunk of a persisted/placed dask array, by block index."""
-    keys = list(x.__dask_keys__())
-    flat = [k for row in keys for k in row] if isinstance(keys[0], list) else keys
-    who = client.who_has([x.dask[k] for k in flat if hasattr(x.dask[k], "key")])
-    out: dict[tuple[int, ...], tuple[str, ...]] = {}
-    for k in flat:
+    """Which worker(s) hold each placed chunk of a dask array, by block index.
+
+    Only chunks that are futures (placed by :func:`from_scipy` or ``client.persist``) are
+    listed; chunks still to be computed have no worker yet.
+    """
+    from distributed import Future
+
+    placed = {}
+    for k in flatten(x.__dask_keys__()):
         v = x.dask[k]
-        if hasattr(v, "key"):
-            out[tuple(k[1:])] = tuple(who.get(v.key, ()))
-    return out
+        if isinstance(v, Future):
+            placed[tuple(k[1:])] = v
+    who = client.who_has(list(placed.values())) if placed else {}
+    return {idx: tuple(who.get(f.key, ())) for idx, f in placed.items()}
 
 
 def gather(x: da.Array) -> sp.csr_matrix:

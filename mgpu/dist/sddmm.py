@@ -1,0 +1,167 @@
+"""Distributed SDDMM over a dask array of CSR tiles, and the public ``mgpu.sddmm``.
+
+S is cut into tiles at nnz prefix sums (:func:`mgpu.dist.from_scipy`) and stays on the
+workers across calls; only the dense factors move. Tile ``(i, j)`` needs the rows of A of
+its row range and the rows of B of its column range, so the factor that the cut does not
+split (A for column tiles, B for row tiles) is replicated: cut S along the dimension whose
+factor is larger, so that the smaller one is the one copied to every worker.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+
+from mgpu.backends import is_gpu_array
+from mgpu.ops import sddmm as sddmm_one_device
+from mgpu.ops.sddmm import (
+    check_dense_factor,
+    check_sddmm_shapes,
+    check_sparse,
+    sddmm_dtype,
+    sddmm_local,
+)
+from mgpu.ops._validate import is_dask_array
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["sddmm"]
+
+
+def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool]) -> Any:
+    """One tile: validate what only the task can see, move factors to S's device, run.
+
+    ``check`` says which factors came as dask arrays, unseen by the client's checks.
+    """
+    for X, name, needed in ((A, "A", check[0]), (B, "B", check[1])):
+        if needed:
+            check_dense_factor(X, name)
+    if is_gpu_array(S):
+        import cupy
+
+        A, B = cupy.asarray(A), cupy.asarray(B)
+    elif is_gpu_array(A) or is_gpu_array(B):
+        A, B = _host(A), _host(B)
+    return sddmm_local(check_sparse(S, hadamard), A, B, hadamard)
+
+
+def _host(x: Any) -> np.ndarray:
+    return x.get() if is_gpu_array(x) else x
+
+
+def _client() -> Any:
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
+def _factor(X: Any, name: str, row_chunks: tuple[int, ...], holders: list[list[str]],
+            client: Any) -> da.Array:
+    """A dense factor as a dask array chunked like S's rows (A) or columns (B).
+
+    A numpy/cupy factor is checked here, before any task runs, and sent to the workers:
+    one broadcast copy when it is not split, else each piece to the worker of its tiles.
+    """
+    K = X.shape[1]
+    chunks = (row_chunks, (K,))
+    if is_dask_array(X):
+        return X.rechunk(chunks) if X.chunks != chunks else X
+    check_dense_factor(X, name)
+    if client is None:
+        return da.from_array(X, chunks=chunks, asarray=False, name=f"mgpu-sddmm-{name}-"
+                             + tokenize(X, chunks))
+    bounds = np.concatenate([[0], np.cumsum(row_chunks)]).astype(np.int64)
+    token = tokenize(X, chunks)
+    graph = {}
+    for i in range(len(row_chunks)):
+        piece = X[bounds[i]:bounds[i + 1]]
+        if len(row_chunks) == 1:
+            fut = client.scatter(piece, broadcast=True, hash=False)
+        else:
+            fut = client.scatter(piece, workers=holders[i] or None, hash=False)
+        graph[(f"mgpu-sddmm-{name}-{token}", i, 0)] = fut
+    meta = X[:0]
+    return da.Array(graph, f"mgpu-sddmm-{name}-{token}", chunks=chunks, dtype=X.dtype, meta=meta)
+
+
+def _holders(S: da.Array, client: Any, axis: int) -> list[list[str]]:
+    """For each row (axis 0) or column (axis 1) stratum of S, the workers holding its tiles."""
+    from mgpu.dist.collection import chunk_workers
+
+    n = S.numblocks[axis]
+    out: list[list[str]] = [[] for _ in range(n)]
+    if client is None:
+        return out
+    where = chunk_workers(S, client)
+    for idx, workers in where.items():
+        out[idx[axis]].extend(w for w in workers if w not in out[idx[axis]])
+    return out
+
+
+def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True) -> Any:
+    """Sampled dense-dense product ``P = S ∘ (A Bᵀ)`` on one device or across a cluster.
+
+    Parameters
+    ----------
+    S : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR tiles
+        scipy or cupyx (one device), or a dask array made by :func:`mgpu.dist.from_scipy`
+        (column tiles, row tiles or a grid), which stays on the workers between calls.
+    A : array of shape (n_rows, K)
+    B : array of shape (n_cols, K)
+        Dense factors: numpy or cupy, or dask arrays. With a dask S, numpy/cupy factors are
+        sent to the workers (the unsplit one broadcast once per call) and dask factors are
+        rechunked to S's tiles.
+    hadamard : bool, default=True
+        Multiply by S's values; False gives the plain sampled product on S's pattern.
+
+    Returns
+    -------
+    P : CSR matrix, or dask array of CSR tiles shaped like S
+        Same pattern as S; float32 when every operand is float32, float64 otherwise.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`mgpu.ops.sddmm`, before any task is submitted, for everything that
+        can be seen without computing: shapes, kinds, NaN/inf in numpy/cupy factors, and
+        operands on different devices in the one-device case. A dask factor holding NaN,
+        or a tile with duplicate entries, fails its task with the same message.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp
+    >>> from mgpu.dist import from_scipy
+    >>> S = sp.random(200, 100, density=0.05, format="csr", random_state=0)
+    >>> A, B = np.ones((200, 8)), np.ones((100, 8))
+    >>> P = sddmm(from_scipy(S, 4, axis=1), A, B)
+    >>> np.allclose(P.compute().toarray(), 8 * S.toarray())
+    True
+    """
+    if not is_dask_array(S):
+        return sddmm_one_device(S, A, B, hadamard=hadamard)
+    check_sddmm_shapes(S.shape, getattr(A, "shape", ()), getattr(B, "shape", ()))
+    if any(np.isnan(c).any() for c in (np.array(S.chunks[0], float), np.array(S.chunks[1], float))):
+        raise ValueError("The 'S' parameter of sddmm has unknown chunk sizes; call "
+                         "S.compute_chunk_sizes() first.")
+    client = _client()
+    A_d = _factor(A, "A", S.chunks[0], _holders(S, client, 0), client)
+    B_d = _factor(B, "B", S.chunks[1], _holders(S, client, 1), client)
+    dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
+    meta = S._meta.astype(dt) if hasattr(S._meta, "astype") else S._meta
+    logger.debug("sddmm: %s tiles of S, K=%d, hadamard=%s", S.numblocks, A.shape[1], hadamard)
+    return da.blockwise(
+        _sddmm_block, "ij",
+        S, "ij", A_d, "ik", B_d, "jk",
+        hadamard=bool(hadamard),
+        check=(is_dask_array(A), is_dask_array(B)),
+        concatenate=True,
+        dtype=dt,
+        meta=meta,
+        name="mgpu-sddmm-" + tokenize(S, A_d, B_d, hadamard),
+    )

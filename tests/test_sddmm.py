@@ -1,0 +1,288 @@
+"""SDDMM: one device against a float64 reference, bad input, and the distributed path."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import mgpu
+from mgpu.dist import chunk_workers, connect, from_scipy, gather
+from mgpu.synthetic import powerlaw_csr
+
+
+def _reference(S: sp.spmatrix, A: np.ndarray, B: np.ndarray, hadamard: bool) -> np.ndarray:
+    """Values of P in S's CSR order, in float64."""
+    S = S.tocsr()
+    rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
+    v = np.einsum("ik,ik->i", A[rows].astype(np.float64), B[S.indices].astype(np.float64))
+    return v * S.data if hadamard else v
+
+
+def _awkward_matrix(rng, m=300, n=200, density=0.03, dtype=np.float32) -> sp.csr_matrix:
+    """Empty rows and columns, one dense row, one dense column, values never zero."""
+    S = sp.random(m, n, density=density, format="lil", random_state=rng, dtype=np.float64)
+    S[5, :] = rng.uniform(0.5, 2.0, size=n)  # one dense row
+    S[:, 7] = rng.uniform(0.5, 2.0, size=(m, 1))  # one dense column
+    keep_rows = np.ones(m)
+    keep_rows[10:20] = 0  # empty rows
+    keep_cols = np.ones(n)
+    keep_cols[50:60] = 0  # empty columns
+    S = (sp.diags(keep_rows) @ S.tocsr() @ sp.diags(keep_cols)).tocsr()
+    S.eliminate_zeros()
+    S.sort_indices()
+    return S.astype(dtype)
+
+
+def _on(xp, S, A, B):
+    if xp is np:
+        return S, A, B
+    import cupyx.scipy.sparse as csp
+
+    return csp.csr_matrix(S), xp.asarray(A), xp.asarray(B)
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") else x
+
+
+def _rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    """Largest error relative to the largest reference magnitude."""
+    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-300)
+    return float(np.abs(got.astype(np.float64) - ref).max(initial=0.0) / scale)
+
+
+@pytest.mark.parametrize("K", [1, 7, 32, 33, 130])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("hadamard", [True, False])
+def test_sddmm_matches_float64_reference(xp, K, dtype, hadamard):
+    rng = np.random.default_rng(K)
+    S = _awkward_matrix(rng, dtype=dtype)
+    A = rng.standard_normal((S.shape[0], K)).astype(dtype)
+    B = rng.standard_normal((S.shape[1], K)).astype(dtype)
+    P = mgpu.sddmm(*_on(xp, S, A, B), hadamard=hadamard)
+    P = _host(P) if xp is np else P.get()
+    assert P.dtype == dtype and P.shape == S.shape
+    assert np.array_equal(P.indptr, S.indptr) and np.array_equal(P.indices, S.indices)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert _rel_err(P.data, _reference(S, A, B, hadamard)) <= tol
+
+
+def test_every_output_element_is_written():
+    from mgpu.backends.numpy import _sddmm_csr
+
+    rng = np.random.default_rng(0)
+    S = _awkward_matrix(rng, dtype=np.float64)
+    A = rng.standard_normal((S.shape[0], 5))
+    B = rng.standard_normal((S.shape[1], 5))
+    out = np.full(S.nnz, np.nan)
+    _sddmm_csr(S.indptr, S.indices, S.data, A, B, True, out)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, _reference(S, A, B, True), rtol=1e-12, atol=1e-12)
+
+
+def test_mixed_dtypes_and_integer_counts_compute_in_float64():
+    rng = np.random.default_rng(1)
+    S = sp.random(40, 30, density=0.2, format="csr", random_state=rng)
+    S.data = np.ceil(S.data * 5)
+    S = S.astype(np.int64)
+    A = rng.standard_normal((40, 4)).astype(np.float32)
+    B = rng.standard_normal((30, 4))
+    P = mgpu.sddmm(S, A, B)
+    assert P.dtype == np.float64
+    np.testing.assert_allclose(P.data, _reference(S, A, B, True), rtol=1e-12, atol=1e-12)
+    assert mgpu.sddmm(S, A, B.astype(np.float32), hadamard=False).dtype == np.float32
+
+
+def test_unsorted_indices_keep_their_order():
+    rng = np.random.default_rng(2)
+    S = sp.random(50, 40, density=0.2, format="csr", random_state=rng)
+    # reverse the column order inside every row
+    for i in range(S.shape[0]):
+        a, b = S.indptr[i], S.indptr[i + 1]
+        S.indices[a:b] = S.indices[a:b][::-1].copy()
+        S.data[a:b] = S.data[a:b][::-1].copy()
+    S.has_sorted_indices = False
+    A, B = rng.standard_normal((50, 6)), rng.standard_normal((40, 6))
+    P = mgpu.sddmm(S, A, B)
+    assert np.array_equal(P.indices, S.indices)
+    np.testing.assert_allclose(P.data, _reference(S, A, B, True), rtol=1e-12, atol=1e-12)
+
+
+def test_other_formats_and_empty_cases():
+    rng = np.random.default_rng(3)
+    S = sp.random(30, 20, density=0.1, format="coo", random_state=rng)
+    A, B = rng.standard_normal((30, 3)), rng.standard_normal((20, 3))
+    np.testing.assert_allclose(mgpu.sddmm(S, A, B).toarray(),
+                               S.toarray() * (A @ B.T), rtol=1e-12, atol=1e-12)
+    E = sp.csr_matrix((30, 20))
+    assert mgpu.sddmm(E, A, B).nnz == 0
+    P = mgpu.sddmm(S.tocsr(), np.zeros((30, 0)), np.zeros((20, 0)))
+    assert P.nnz == S.nnz and not P.data.any()
+
+
+def test_int64_indices():
+    rng = np.random.default_rng(4)
+    S = sp.random(60, 50, density=0.1, format="csr", random_state=rng)
+    S.indices = S.indices.astype(np.int64)
+    S.indptr = S.indptr.astype(np.int64)
+    A, B = rng.standard_normal((60, 9)), rng.standard_normal((50, 9))
+    P = mgpu.sddmm(S, A, B)
+    np.testing.assert_allclose(P.data, _reference(S, A, B, True), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "make, exc, match",
+    [
+        (lambda S, A, B: (S, A[:-1], B), ValueError,
+         r"'A' parameter of sddmm must have one row per row of S: S is 8×6, so A must be 8×K"),
+        (lambda S, A, B: (S, A, B.T.copy()), ValueError, r"B must be 6×K\. Got B of shape "
+                                                          r"\(3, 6\) instead; pass B\.T\."),
+        (lambda S, A, B: (S, A, B[:4]), ValueError, r"B must be 6×K\. Got B of shape "
+                                                    r"\(4, 3\) instead\.$"),
+        (lambda S, A, B: (S, A, B[:, :2]), ValueError, r"same number of columns K"),
+        (lambda S, A, B: (S.toarray(), A, B), TypeError, r"'S' parameter of sddmm must be a "
+                                                          r"scipy or cupyx sparse matrix"),
+        (lambda S, A, B: (S, sp.csr_matrix(A), B), TypeError, r"'A' parameter of sddmm must "
+                                                                r"be a dense"),
+        (lambda S, A, B: (S, A.astype(complex), B), TypeError, r"'A' .* real numbers"),
+        (lambda S, A, B: (S, A, np.where(np.arange(B.size).reshape(B.shape) == 7, np.nan, B)),
+         ValueError, r"'B' parameter of sddmm holds NaN or infinity \(first at row 2, column 1\)"),
+        (lambda S, A, B: (S, np.full_like(A, np.inf), B), ValueError, r"'A' .* NaN or infinity"),
+    ],
+)
+def test_bad_input_is_refused(make, exc, match):
+    rng = np.random.default_rng(5)
+    S = sp.random(8, 6, density=0.5, format="csr", random_state=rng)
+    A, B = rng.standard_normal((8, 3)), rng.standard_normal((6, 3))
+    with pytest.raises(exc, match=match):
+        mgpu.sddmm(*make(S, A, B))
+
+
+def test_duplicates_are_refused_and_nan_values_only_with_hadamard():
+    A, B = np.ones((3, 2)), np.ones((3, 2))
+    D = sp.csr_matrix((np.array([1.0, 2.0, 3.0]), np.array([1, 1, 0]), np.array([0, 2, 2, 3])),
+                      shape=(3, 3))
+    with pytest.raises(ValueError, match=r"duplicate entries \(row 0, column 1 is stored 2 "
+                                         r"times\).*S.sum_duplicates\(\)"):
+        mgpu.sddmm(D, A, B)
+    N = sp.csr_matrix(np.array([[0.0, np.nan, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match=r"'S' .* NaN or infinity \(row 0, column 1\).*"
+                                         r"hadamard=False"):
+        mgpu.sddmm(N, A, B)
+    assert mgpu.sddmm(N, A, B, hadamard=False).data.tolist() == [2.0, 2.0]
+
+
+def test_real_corpus(data_dir):
+    from mgpu import io
+
+    S = io.load(str(data_dir / "bow" / "ap.dat.gz")).astype(np.float32)
+    rng = np.random.default_rng(6)
+    for K in (32, 100):
+        A = rng.standard_normal((S.shape[0], K)).astype(np.float32)
+        B = rng.standard_normal((S.shape[1], K)).astype(np.float32)
+        P = mgpu.sddmm(S, A, B)
+        assert _rel_err(P.data, _reference(S, A, B, True)) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_mixed_devices_are_refused():
+    import cupy
+
+    S = sp.random(8, 6, density=0.5, format="csr", random_state=0)
+    with pytest.raises(ValueError, match=r"must be on one device\. Got S on the CPU "
+                                         r"\(csr_matrix\), A on the GPU"):
+        mgpu.sddmm(S, cupy.ones((8, 2)), np.ones((6, 2)))
+
+
+def test_dask_input_without_a_cluster():
+    # Runs before the module's cluster starts (file order), so no default client exists.
+    rng = np.random.default_rng(8)
+    S = powerlaw_csr(2000, 700, 30_000, seed=8)
+    A, B = rng.standard_normal((2000, 5)), rng.standard_normal((700, 5))
+    Sd = from_scipy(S, 3, axis=1, client=None)
+    P = mgpu.sddmm(Sd, A, B).compute(scheduler="sync")
+    np.testing.assert_allclose(P.tocsr().data, _reference(S, A, B, True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_kernel_and_fallback_write_every_element(dtype, monkeypatch):
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu.backends import cupy as gpu
+
+    rng = np.random.default_rng(9)
+    S = _awkward_matrix(rng, m=3000, n=900, density=0.01, dtype=dtype)
+    A = rng.standard_normal((S.shape[0], 45)).astype(dtype)
+    B = rng.standard_normal((S.shape[1], 45)).astype(dtype)
+    Sg, Ag, Bg = csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B)
+    assert gpu.sddmm_is_usable_for(Sg, Ag, Bg)
+    # Poison the output buffers: any element a kernel skips stays NaN.
+    monkeypatch.setattr(gpu.cupy, "empty",
+                        lambda *a, **k: cupy.full(*a, fill_value=np.nan, **k))
+    ref = _reference(S, A, B, True)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for fn in (gpu.sddmm_kernel, gpu.sddmm_fallback):
+        P = fn(Sg, Ag, Bg, True).get()
+        assert np.isfinite(P.data).all(), fn.__name__
+        assert _rel_err(P.data, ref) <= tol, fn.__name__
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+@pytest.fixture(scope="module")
+def client():
+    with connect(gpus=False, n_workers=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(7)
+    S = powerlaw_csr(4000, 1500, 80_000, seed=7)
+    A = rng.standard_normal((4000, 24)).astype(np.float32)
+    B = rng.standard_normal((1500, 24)).astype(np.float32)
+    return S, A, B
+
+
+@pytest.mark.parametrize("axis, parts", [(1, 2), (1, 5), (0, 3)])
+def test_distributed_matches_one_device(client, problem, axis, parts):
+    S, A, B = problem
+    Sd = from_scipy(S, parts, axis=axis, client=client)
+    P = mgpu.sddmm(Sd, A, B)
+    assert P.chunks == Sd.chunks and P.name.startswith("mgpu-sddmm-")
+    got = gather(P)
+    assert np.array_equal(got.indptr, S.indptr) and np.array_equal(got.indices, S.indices)
+    np.testing.assert_allclose(got.data, _reference(S, A, B, True), rtol=1e-5, atol=1e-5)
+
+
+def test_distributed_with_dask_factors_and_repeated_calls(client, problem):
+    import dask.array as da
+
+    S, A, B = problem
+    Sd = from_scipy(S, 4, axis=1, client=client)
+    placed = chunk_workers(Sd, client)
+    for step in range(3):
+        Ad = da.from_array(A * (step + 1), chunks=(1000, 24))
+        P = mgpu.sddmm(Sd, Ad, B, hadamard=False)
+        np.testing.assert_allclose(gather(P).data, (step + 1) * _reference(S, A, B, False),
+                                   rtol=1e-5, atol=1e-4)
+    assert chunk_workers(Sd, client) == placed  # S did not move
+
+
+def test_distributed_bad_input(client, problem):
+    import dask.array as da
+
+    S, A, B = problem
+    Sd = from_scipy(S, 2, axis=1, client=client)
+    with pytest.raises(ValueError, match="must have one row per row of S"):
+        mgpu.sddmm(Sd, A[:10], B)
+    bad = A.copy()
+    bad[3, 4] = np.nan
+    with pytest.raises(ValueError, match=r"'A' .* NaN or infinity \(first at row 3, column 4\)"):
+        mgpu.sddmm(Sd, bad, B)
+    # A dask factor is only seen by the tasks: they fail with the same message.
+    with pytest.raises(ValueError, match=r"'A' .* NaN or infinity"):
+        mgpu.sddmm(Sd, da.from_array(bad, chunks=(2000, 24)), B).compute()
