@@ -290,7 +290,7 @@ def bench_partition(data_dir: str | None, parts: str) -> None:
     from mgpu import io
     from mgpu.partition import axis_counts, imbalance, part_sums, split_counts
 
-    root = Path(data_dir or os.environ.get("MGPU_DATA") or Path.cwd().parent / "shared" / "data")
+    root = _data_root(data_dir)
     if not root.is_dir():
         raise click.ClickException(f"no data folder at {root}; pass --data")
     ps = [int(p) for p in parts.split(",")]
@@ -316,6 +316,78 @@ def bench_partition(data_dir: str | None, parts: str) -> None:
                 click.echo(f"| {Path(rel).name} | {S.shape[0]:,}×{S.shape[1]:,} | {S.nnz:,} | "
                            f"{'rows' if axis == 0 else 'cols'} | {p} | {w:,} | {mean:,.0f} | "
                            f"{imb:.4f} | {1 + w / mean:.4f} | {ms:.1f} |")
+
+
+# Real matrices the SDDMM benchmark runs on, relative to the data folder.
+_SDDMM_SETS = (
+    "bow/ap.dat.gz",
+    "singlecell/visium_mouse_spaceranger3",
+    "graphs/soc-Slashdot0902.txt.gz",
+    "graphs/email-Enron.txt.gz",
+)
+
+
+def _data_root(data_dir: str | None) -> Path:
+    return Path(data_dir or os.environ.get("MGPU_DATA") or Path.cwd().parent / "shared" / "data")
+
+
+@bench.command("sddmm")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder of the real datasets (default: ../shared/data or $MGPU_DATA); "
+              "missing ones are skipped.")
+@click.option("--powerlaw", default="300000x100000", show_default=True, metavar="ROWSxCOLS",
+              help="Shape of the synthetic power-law matrix ('none' to skip).")
+@click.option("--nnz", default=6e7, show_default=True, type=float,
+              help="Nonzeros drawn for --powerlaw (repeats merge, so somewhat fewer remain).")
+@click.option("--k", "ks", default="32,128,512", show_default=True, help="Values of K.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto",
+              show_default=True, help="Where to run (auto: the GPU when one is visible).")
+@click.option("--repeats", default=None, type=int, help="Timed repeats (median reported).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every measurement to this JSON file.")
+def bench_sddmm(data_dir: str | None, powerlaw: str, nnz: float, ks: str, device: str,
+                repeats: int | None, json_path: str | None) -> None:
+    """SDDMM GFLOP/s of mgpu and its peers on real and power-law matrices, one run."""
+    import json
+
+    from tqdm import tqdm
+
+    from mgpu import io
+    from mgpu.bench import sddmm as b
+    from mgpu.dist import visible_gpus
+    from mgpu.synthetic import powerlaw_csr
+
+    Ks = tuple(int(k) for k in ks.split(","))
+    on_gpu = device == "gpu" or (device == "auto" and visible_gpus() > 0)
+    sets: list[tuple[str, Any]] = []
+    root = _data_root(data_dir)
+    for rel in _SDDMM_SETS:
+        if (root / rel).exists():
+            data = io.load(str(root / rel))
+            sets.append((Path(rel).name, getattr(data, "matrix", data)))
+    if powerlaw.lower() != "none":
+        m, n = _parse_shape(powerlaw)
+        t0 = time.perf_counter()
+        S = powerlaw_csr(m, n, int(nnz), seed=0)
+        click.echo(f"power-law {m:,} x {n:,}: {S.nnz:,} nonzeros, density {S.nnz / m / n:.4%}, "
+                   f"longest row {int(np.diff(S.indptr).max()):,} "
+                   f"(generated in {time.perf_counter() - t0:.0f} s)")
+        sets.append((f"power-law {m:,}×{n:,}", S))
+    results = []
+    for label, S in tqdm(sets, desc="matrices", file=sys.stderr, disable=None):
+        S = S.tocsr().astype(np.float32)
+        S.sum_duplicates()
+        if on_gpu:
+            rows = b.bench_gpu(S, Ks, repeats=repeats or 10)
+        else:
+            rows = b.bench_cpu(S, Ks, repeats=repeats or 3)
+        for r in rows:
+            r["matrix"] = label
+        results.extend(rows)
+        click.echo(b.markdown(rows, label))
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=1))
+        click.echo(f"measurements written to {json_path}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -93,3 +93,20 @@ def test_bench_partition_table(runner, data_dir):
         cells = [c.strip() for c in line.strip("|").split("|")]
         imb, bound = float(cells[7]), float(cells[8])
         assert 1.0 <= imb <= bound + 1e-9, line
+
+
+def test_bench_sddmm_cpu(runner, tmp_path):
+    out = tmp_path / "sddmm.json"
+    r = runner.invoke(main, ["bench", "sddmm", "--data", str(tmp_path / "none"), "--powerlaw",
+                             "2000x700", "--nnz", "20000", "--k", "8,33", "--device", "cpu",
+                             "--repeats", "1", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    import json
+
+    rows = json.loads(out.read_text())
+    assert [row["K"] for row in rows] == [8, 33]
+    for row in rows:
+        assert row["device"] == "cpu" and row["matrix"].startswith("power-law 2,000")
+        assert row["max_rel_err"] <= 1e-6
+        assert row["mgpu_gflops"] > 0 and row["speedup_vs_numpy"] > 0
+    assert "| power-law 2,000×700 | 33 |" in r.output

@@ -1,0 +1,155 @@
+"""``mgpu bench sddmm``: mgpu against its peers on the same matrices, in one run.
+
+GPU peers: cuSPARSE's SDDMM through ``torch.sparse.sampled_addmm`` and a plain CuPy
+gather-dot (the one in the peer-timing scripts). CPU peer: a numpy gather-dot. All compute
+the plain sampled product (A Bᵀ on S's pattern, no scaling by S's values), which is what
+cuSPARSE's SDDMM computes. GFLOP/s counts 2·K per nonzero.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from mgpu.bench.timing import time_cpu, time_gpu
+
+logger = logging.getLogger(__name__)
+
+_CHECK_SAMPLE = 200_000
+
+
+def _factors(S: sp.csr_matrix, K: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((S.shape[0], K), dtype=np.float32)
+    B = rng.standard_normal((S.shape[1], K), dtype=np.float32)
+    return A, B
+
+
+def _sample_error(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, values: np.ndarray,
+                  seed: int) -> float:
+    """Largest error on a sample of nonzeros, relative to the largest reference value."""
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(S.nnz, size=min(S.nnz, _CHECK_SAMPLE), replace=False) if S.nnz else []
+    idx = np.sort(np.asarray(idx, dtype=np.int64))
+    rows = np.searchsorted(S.indptr, idx, side="right") - 1
+    ref = np.einsum("ik,ik->i", A[rows].astype(np.float64), B[S.indices[idx]].astype(np.float64))
+    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-300)
+    return float(np.abs(values[idx].astype(np.float64) - ref).max(initial=0.0) / scale)
+
+
+def _numpy_gather_dot(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
+    out = np.empty(S.nnz, dtype=A.dtype)
+    step = max(1, (1 << 26) // (A.shape[1] * 4))
+    for s in range(0, S.nnz, step):
+        out[s:s + step] = np.einsum("ik,ik->i", A[rows[s:s + step]], B[S.indices[s:s + step]])
+    return out
+
+
+def bench_cpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 3) -> list[dict[str, Any]]:
+    """mgpu's CPU kernel against a numpy gather-dot, per K."""
+    import mgpu
+
+    out = []
+    for K in Ks:
+        A, B = _factors(S, K, K)
+        P = mgpu.sddmm(S, A, B, hadamard=False)
+        err = _sample_error(S, A, B, P.data, K)
+        t_mgpu = time_cpu(lambda: mgpu.sddmm(S, A, B, hadamard=False), repeats=repeats)
+        t_np = time_cpu(lambda: _numpy_gather_dot(S, A, B), repeats=repeats)
+        flop = 2.0 * K * S.nnz
+        out.append({"K": K, "nnz": int(S.nnz), "device": "cpu", "max_rel_err": err,
+                    "mgpu_s": t_mgpu, "numpy_gather_dot_s": t_np,
+                    "mgpu_gflops": flop / t_mgpu / 1e9, "numpy_gather_dot_gflops": flop / t_np / 1e9,
+                    "speedup_vs_numpy": t_np / t_mgpu})
+    return out
+
+
+def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[dict[str, Any]]:
+    """mgpu's GPU kernel against cuSPARSE (torch) and a CuPy gather-dot, per K."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    import mgpu
+
+    Sg = csp.csr_matrix(S.astype(np.float32))
+    rows = cupy.repeat(cupy.arange(S.shape[0], dtype=cupy.int32),
+                       cupy.diff(Sg.indptr).astype(cupy.int32))
+    torch_sddmm: Callable[..., Any] | None
+    try:
+        import torch
+
+        crow = torch.from_dlpack(Sg.indptr.astype(cupy.int64))
+        col = torch.from_dlpack(Sg.indices.astype(cupy.int64))
+        vals = torch.from_dlpack(Sg.data)
+        St = torch.sparse_csr_tensor(crow, col, vals, size=S.shape)
+
+        def torch_sddmm(At: Any, Btt: Any) -> Any:
+            return torch.sparse.sampled_addmm(St, At, Btt, beta=0.0, alpha=1.0)
+    except ImportError:
+        torch_sddmm = None
+    out = []
+    for K in Ks:
+        A, B = _factors(S, K, K)
+        Ag, Bg = cupy.asarray(A), cupy.asarray(B)
+        P = mgpu.sddmm(Sg, Ag, Bg, hadamard=False)
+        err = _sample_error(S, A, B, P.data.get(), K)
+        flop = 2.0 * K * S.nnz
+        row: dict[str, Any] = {"K": K, "nnz": int(S.nnz), "device": cupy.cuda.runtime
+                               .getDeviceProperties(0)["name"].decode(), "max_rel_err": err}
+        row["mgpu_s"] = time_gpu(lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False), repeats=repeats)
+        chunk = max(1, (1 << 28) // (K * 4))
+        gd = cupy.empty(S.nnz, cupy.float32)
+
+        def gather_dot() -> None:
+            for s0 in range(0, S.nnz, chunk):
+                r, c = rows[s0:s0 + chunk], Sg.indices[s0:s0 + chunk]
+                gd[s0:s0 + chunk] = (Ag[r] * Bg[c]).sum(1)
+
+        row["cupy_gather_dot_s"] = time_gpu(gather_dot, repeats=max(3, repeats // 2))
+        if torch_sddmm is not None:
+            At = torch.from_dlpack(Ag)
+            Btt = torch.from_dlpack(Bg).t().contiguous()
+            ref = torch_sddmm(At, Btt).values()
+            row["cusparse_max_rel_err"] = _sample_error(S, A, B, cupy.from_dlpack(ref).get(), K)
+            row["cusparse_s"] = time_gpu(lambda: torch_sddmm(At, Btt), repeats=repeats)
+        for name in ("mgpu", "cupy_gather_dot", "cusparse"):
+            if f"{name}_s" in row:
+                row[f"{name}_gflops"] = flop / row[f"{name}_s"] / 1e9
+        if "cusparse_s" in row:
+            row["speedup_vs_cusparse"] = row["cusparse_s"] / row["mgpu_s"]
+        row["speedup_vs_gather_dot"] = row["cupy_gather_dot_s"] / row["mgpu_s"]
+        out.append(row)
+        del Ag, Bg, P
+        cupy.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def markdown(rows: list[dict[str, Any]], label: str) -> str:
+    """One Markdown table of a bench run's rows."""
+    if not rows:
+        return ""
+    gpu = "cusparse_gflops" in rows[0] or "cupy_gather_dot_gflops" in rows[0]
+    if gpu:
+        head = ("| matrix | K | nnz | mgpu GFLOP/s | cuSPARSE GFLOP/s | CuPy gather-dot GFLOP/s | "
+                "mgpu / cuSPARSE | mgpu / gather-dot | max rel err |")
+    else:
+        head = ("| matrix | K | nnz | mgpu GFLOP/s | numpy gather-dot GFLOP/s | "
+                "mgpu / numpy | max rel err |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if gpu:
+            lines.append(
+                f"| {label} | {r['K']} | {r['nnz']:,} | {r['mgpu_gflops']:.0f} | "
+                f"{r.get('cusparse_gflops', float('nan')):.0f} | "
+                f"{r['cupy_gather_dot_gflops']:.0f} | {r.get('speedup_vs_cusparse', float('nan')):.2f}× | "
+                f"{r['speedup_vs_gather_dot']:.2f}× | {r['max_rel_err']:.1e} |")
+        else:
+            lines.append(
+                f"| {label} | {r['K']} | {r['nnz']:,} | {r['mgpu_gflops']:.2f} | "
+                f"{r['numpy_gather_dot_gflops']:.2f} | {r['speedup_vs_numpy']:.2f}× | "
+                f"{r['max_rel_err']:.1e} |")
+    return "\n".join(lines)
