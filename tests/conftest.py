@@ -67,3 +67,12 @@ def xp(request):
     import cupy
 
     return cupy
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A CPU LocalCluster of two single-thread worker processes, one per test module."""
+    from mgpu.dist import connect
+
+    with connect(gpus=False, n_workers=2) as c:
+        yield c

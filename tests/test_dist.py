@@ -13,12 +13,6 @@ from mgpu.synthetic import powerlaw_csr
 
 
 @pytest.fixture(scope="module")
-def client():
-    with connect(gpus=False, n_workers=2) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def S():
     return powerlaw_csr(3000, 800, 60_000, seed=1)
 

@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 
 import mgpu
-from mgpu.dist import chunk_workers, connect, from_scipy, gather
+from mgpu.dist import chunk_workers, from_scipy, gather
 from mgpu.synthetic import powerlaw_csr
 
 
@@ -230,12 +230,6 @@ def test_gpu_kernel_and_fallback_write_every_element(dtype, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- distributed
-
-
-@pytest.fixture(scope="module")
-def client():
-    with connect(gpus=False, n_workers=2) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from mgpu.dist.cluster import Client, connect, describe_workers, visible_gpus, worker_info
 from mgpu.dist.collection import chunk_nnz, chunk_workers, from_scipy, gather
+from mgpu.dist.sddmm import sddmm, sddmm_axis
 
 __all__ = [
     "Client",
@@ -12,6 +13,8 @@ __all__ = [
     "describe_workers",
     "from_scipy",
     "gather",
+    "sddmm",
+    "sddmm_axis",
     "visible_gpus",
     "worker_info",
 ]

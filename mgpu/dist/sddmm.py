@@ -28,7 +28,21 @@ from mgpu.ops._validate import is_dask_array
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["sddmm"]
+__all__ = ["sddmm", "sddmm_axis"]
+
+
+def sddmm_axis(shape: tuple[int, int]) -> int:
+    """The axis to cut S along for SDDMM so that the smaller factor is the replicated one.
+
+    Column tiles (axis 1) split B and copy A to every worker; row tiles (axis 0) split A and
+    copy B. With S of shape (M, N), A is M×K and B is N×K, so cut columns when M <= N.
+
+    Examples
+    --------
+    >>> sddmm_axis((100_000, 300_000)), sddmm_axis((300_000, 100_000))
+    (1, 0)
+    """
+    return 1 if shape[0] <= shape[1] else 0
 
 
 def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool]) -> Any:
@@ -111,7 +125,8 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True) -> Any:
     ----------
     S : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR tiles
         scipy or cupyx (one device), or a dask array made by :func:`mgpu.dist.from_scipy`
-        (column tiles, row tiles or a grid), which stays on the workers between calls.
+        (column tiles, row tiles or a grid), which stays on the workers between calls;
+        ``from_scipy(S, axis=sddmm_axis(S.shape))`` replicates the smaller factor.
     A : array of shape (n_rows, K)
     B : array of shape (n_cols, K)
         Dense factors: numpy or cupy, or dask arrays. With a dask S, numpy/cupy factors are

@@ -1,0 +1,24 @@
+"""The Examples sections of the public docstrings run and print what they say."""
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "mgpu.partition",
+    "mgpu.synthetic",
+    "mgpu.ops.rownorms",
+    "mgpu.ops.sddmm",
+    "mgpu.dist.sddmm",
+    "mgpu.dist.collection",
+    "mgpu.io",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    mod = importlib.import_module(name)
+    result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
