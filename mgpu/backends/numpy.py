@@ -70,7 +70,9 @@ def _row_reduce_dense(X, op: int):
 _SDDMM_CHUNK = 2048
 
 
-@numba.njit(parallel=True, nogil=True)
+# reassoc/contract let LLVM vectorise the dot products (a reordered float64 sum, still far
+# inside float32 output precision); no flag that changes NaN/inf handling is set.
+@numba.njit(parallel=True, nogil=True, fastmath={"reassoc", "contract"})
 def _sddmm_csr(indptr, indices, data, A, B, hadamard, out):
     nnz = indices.shape[0]
     K = A.shape[1]
