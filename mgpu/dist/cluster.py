@@ -12,7 +12,7 @@ from mgpu import config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Client", "connect", "describe_workers", "visible_gpus", "worker_info"]
+__all__ = ["Client", "connect", "current_client", "describe_workers", "visible_gpus", "worker_info"]
 
 
 class Client(distributed.Client):
@@ -30,6 +30,14 @@ class Client(distributed.Client):
         if cluster is not None:
             cluster.close()
         return result
+
+
+def current_client() -> distributed.Client | None:
+    """The client of this process's current cluster (``distributed.default_client``), or None."""
+    try:
+        return distributed.default_client()
+    except ValueError:
+        return None
 
 
 def visible_gpus() -> int:

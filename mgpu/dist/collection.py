@@ -16,6 +16,7 @@ import scipy.sparse as sp
 from dask.base import tokenize
 from dask.core import flatten
 
+from mgpu.dist.cluster import current_client, describe_workers
 from mgpu.partition import axis_counts, part_sums, split_counts
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,6 @@ def _nnz_block(chunk: Any) -> np.ndarray:
 
 
 def _workers_have_gpus(client: Any) -> bool:
-    from mgpu.dist.cluster import describe_workers
-
     infos = describe_workers(client).values()
     return bool(infos) and all(i.get("gpu") and "error" not in i["gpu"] for i in infos)
 
@@ -130,12 +129,7 @@ def from_scipy(
         )
     S = _check_input(S, axis, parts)
     if client is None:
-        try:
-            from distributed import default_client
-
-            client = default_client()
-        except (ImportError, ValueError):
-            client = None
+        client = current_client()
     workers: list[str] = sorted(client.scheduler_info()["workers"]) if client else []
     if parts is None:
         parts = max(1, len(workers))

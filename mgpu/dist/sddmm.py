@@ -9,6 +9,7 @@ factor is larger, so that the smaller one is the one copied to every worker.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import dask.array as da
@@ -16,6 +17,8 @@ import numpy as np
 from dask.base import tokenize
 
 from mgpu.backends import is_gpu_array
+from mgpu.dist.cluster import current_client
+from mgpu.dist.collection import chunk_workers
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
     check_dense_factor,
@@ -66,15 +69,6 @@ def _host(x: Any) -> np.ndarray:
     return x.get() if is_gpu_array(x) else x
 
 
-def _client() -> Any:
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None
-
-
 def _factor(X: Any, name: str, row_chunks: tuple[int, ...], holders: list[list[str]],
             client: Any) -> da.Array:
     """A dense factor as a dask array chunked like S's rows (A) or columns (B).
@@ -87,11 +81,12 @@ def _factor(X: Any, name: str, row_chunks: tuple[int, ...], holders: list[list[s
     if is_dask_array(X):
         return X.rechunk(chunks) if X.chunks != chunks else X
     check_dense_factor(X, name)
+    # Factors change every call of an iterative method: a fresh name instead of hashing
+    # hundreds of MB of values for a deterministic one.
+    token = uuid.uuid4().hex
     if client is None:
-        return da.from_array(X, chunks=chunks, asarray=False, name=f"mgpu-sddmm-{name}-"
-                             + tokenize(X, chunks))
+        return da.from_array(X, chunks=chunks, asarray=False, name=f"mgpu-sddmm-{name}-{token}")
     bounds = np.concatenate([[0], np.cumsum(row_chunks)]).astype(np.int64)
-    token = tokenize(X, chunks)
     graph = {}
     for i in range(len(row_chunks)):
         piece = X[bounds[i]:bounds[i + 1]]
@@ -106,8 +101,6 @@ def _factor(X: Any, name: str, row_chunks: tuple[int, ...], holders: list[list[s
 
 def _holders(S: da.Array, client: Any, axis: int) -> list[list[str]]:
     """For each row (axis 0) or column (axis 1) stratum of S, the workers holding its tiles."""
-    from mgpu.dist.collection import chunk_workers
-
     n = S.numblocks[axis]
     out: list[list[str]] = [[] for _ in range(n)]
     if client is None:
@@ -164,7 +157,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True) -> Any:
     if any(np.isnan(c).any() for c in (np.array(S.chunks[0], float), np.array(S.chunks[1], float))):
         raise ValueError("The 'S' parameter of sddmm has unknown chunk sizes; call "
                          "S.compute_chunk_sizes() first.")
-    client = _client()
+    client = current_client()
     A_d = _factor(A, "A", S.chunks[0], _holders(S, client, 0), client)
     B_d = _factor(B, "B", S.chunks[1], _holders(S, client, 1), client)
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
