@@ -28,3 +28,10 @@ def is_gpu_array(x: object) -> bool:
     """Whether ``x`` is CuPy data (dense or cupyx sparse), decided without importing CuPy."""
     mod = type(x).__module__.split(".", 1)[0]
     return mod in ("cupy", "cupyx")
+
+
+def to_host(x: object):
+    """A numpy copy of CuPy data (``x.get()``); numpy data as it is."""
+    import numpy
+
+    return x.get() if is_gpu_array(x) else numpy.asarray(x)

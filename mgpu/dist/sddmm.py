@@ -16,7 +16,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from mgpu.backends import is_gpu_array
+from mgpu.backends import is_gpu_array, to_host
 from mgpu.dist.cluster import current_client
 from mgpu.dist.collection import chunk_workers
 from mgpu.ops import sddmm as sddmm_one_device
@@ -61,12 +61,8 @@ def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool
 
         A, B = cupy.asarray(A), cupy.asarray(B)
     elif is_gpu_array(A) or is_gpu_array(B):
-        A, B = _host(A), _host(B)
+        A, B = to_host(A), to_host(B)
     return sddmm_local(check_sparse(S, hadamard), A, B, hadamard)
-
-
-def _host(x: Any) -> np.ndarray:
-    return x.get() if is_gpu_array(x) else x
 
 
 def _factor(X: Any, name: str, row_chunks: tuple[int, ...], holders: list[list[str]],

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.backends import is_gpu_array, sddmm_lookup
+from mgpu.backends import is_gpu_array, sddmm_lookup, to_host
 from mgpu.ops._validate import is_dask_array, is_sparse
 
 __all__ = [
@@ -64,7 +64,7 @@ def check_dense_factor(X: Any, name: str) -> None:
     if np.dtype(X.dtype).kind == "f" and X.size:
         bad = ~(np.isfinite(X) if isinstance(X, np.ndarray) else _cupy_isfinite(X))
         if bool(bad.any()):
-            r, c = (int(v) for v in np.argwhere(_to_host(bad))[0])
+            r, c = (int(v) for v in np.argwhere(to_host(bad))[0])
             raise ValueError(
                 f"The '{name}' parameter of sddmm holds NaN or infinity (first at row {r}, "
                 f"column {c}); SDDMM would spread it over S's pattern. Clean the factor first."
@@ -75,10 +75,6 @@ def _cupy_isfinite(X: Any) -> Any:
     import cupy
 
     return cupy.isfinite(X)
-
-
-def _to_host(x: Any) -> np.ndarray:
-    return x.get() if hasattr(x, "get") else np.asarray(x)
 
 
 def check_sparse(S: Any, hadamard: bool) -> Any:
@@ -104,11 +100,11 @@ def check_sparse(S: Any, hadamard: bool) -> Any:
         xp_isfinite = np.isfinite if isinstance(S.data, np.ndarray) else _cupy_isfinite
         bad = ~xp_isfinite(S.data)
         if bool(bad.any()):
-            p = int(np.flatnonzero(_to_host(bad))[0])
-            row = int(np.searchsorted(_to_host(S.indptr), p, side="right") - 1)
+            p = int(np.flatnonzero(to_host(bad))[0])
+            row = int(np.searchsorted(to_host(S.indptr), p, side="right") - 1)
             raise ValueError(
                 f"The 'S' parameter of sddmm holds NaN or infinity (row {row}, column "
-                f"{int(_to_host(S.indices[p:p + 1])[0])}); clean it, or pass hadamard=False to "
+                f"{int(to_host(S.indices[p:p + 1])[0])}); clean it, or pass hadamard=False to "
                 "use only its pattern."
             )
     return S
@@ -116,8 +112,8 @@ def check_sparse(S: Any, hadamard: bool) -> Any:
 
 def _first_duplicate(S: Any) -> tuple[int, int, int] | None:
     """(row, column, count) of the first repeated coordinate of a CSR matrix, if any."""
-    indptr = _to_host(S.indptr)
-    indices = _to_host(S.indices)
+    indptr = to_host(S.indptr)
+    indices = to_host(S.indices)
     rows = np.repeat(np.arange(S.shape[0], dtype=np.int64), np.diff(indptr))
     key = rows * max(S.shape[1], 1) + indices
     order = np.argsort(key, kind="stable")
