@@ -218,9 +218,16 @@ def test_gpu_kernel_and_fallback_write_every_element(dtype, monkeypatch):
     B = rng.standard_normal((S.shape[1], 45)).astype(dtype)
     Sg, Ag, Bg = csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B)
     assert gpu.sddmm_is_usable_for(Sg, Ag, Bg)
-    # Poison the output buffers: any element a kernel skips stays NaN.
-    monkeypatch.setattr(gpu.cupy, "empty",
-                        lambda *a, **k: cupy.full(*a, fill_value=np.nan, **k))
+    # Poison every new floating-point buffer: any output element a kernel skips stays NaN.
+    empty = cupy.empty
+
+    def poisoned_empty(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        if out.dtype.kind == "f":
+            out.fill(np.nan)
+        return out
+
+    monkeypatch.setattr(cupy, "empty", poisoned_empty)
     ref = _reference(S, A, B, True)
     tol = 1e-5 if dtype == np.float32 else 1e-12
     for fn in (gpu.sddmm_kernel, gpu.sddmm_fallback):
