@@ -1,11 +1,24 @@
-// SDDMM, P = S ∘ (A Bᵀ) on the pattern of a CSR matrix S (A: M×K, B: N×K, row-major).
+// SDDMM, P = S ∘ (A Bᵀ) on the pattern of a sparse S (A: M×K, B: N×K, row-major), after
+// cuSDDMM (Nisa et al.). Two kernels:
 //
-// mgpu_sddmm_warp<T, I>: the load-balanced baseline. Every warp takes a fixed run of
-// nonzeros (merge-path style: its first row is found by binary search on indptr, so a long
-// row is shared by many warps and empty rows cost nothing); per nonzero the 32 lanes split
-// K and reduce with shuffles. Accumulates in T. The SM-L2 tiled scheme (column panels with
-// active rows of A staged in shared memory) builds on this layout.
+// mgpu_sddmm_csr<T, I, W, V>: straight on CSR, no preprocessing. Every warp takes a fixed
+//   run of nonzeros (its first row found by binary search on indptr, so a long row is shared
+//   by many warps and empty rows cost nothing). A *virtual warp* of V lanes computes one
+//   nonzero, each lane loading W elements at a time (16-byte loads when W > 1) and the group
+//   reducing with shuffles; 32 / V virtual warps × U nonzeros each are in flight per warp.
+//   Used when the whole of B stays in L2, and for inputs the tiled kernel does not take.
+//
+// mgpu_sddmm_tiled<T, W, V, STAGE_B>: the SM-L2 scheme (STAGE_B = false) and the SM-SM scheme
+//   (STAGE_B = true) on a tiled COO copy of S made by mgpu/backends/cupy.py. S's columns are
+//   cut into panels of width Tj; a panel's nonzeros are ordered by row and cut into tiles of at
+//   most `ti` active rows (rows with a nonzero in the panel). One block per tile stages the
+//   tile's active rows of A, a K-slice of Tk at a time, in shared memory; B's panel is read
+//   through L2 (SM-L2), or staged in shared memory too (SM-SM, for dense S). Nonzeros carry
+//   tile-local row and panel-local column indices; partial sums over K-slices go to
+//   `partial` (tile order) and the last slice writes out[perm[p]] in S's CSR order.
 #include "common.cuh"
+
+#define MGPU_SDDMM_U 4  // nonzeros per virtual warp in flight
 
 template <typename I>
 __device__ __forceinline__ long long mgpu_row_of(const I* __restrict__ indptr, long long n_rows,
@@ -19,31 +32,141 @@ __device__ __forceinline__ long long mgpu_row_of(const I* __restrict__ indptr, l
     return lo;
 }
 
-template <typename T, typename I>
-__global__ void mgpu_sddmm_warp(const I* __restrict__ indptr,
-                                const I* __restrict__ indices,
-                                const T* __restrict__ values,
-                                const T* __restrict__ A,
-                                const T* __restrict__ B,
-                                long long n_rows,
-                                long long nnz,
-                                int K,
-                                int hadamard,
-                                int nz_per_warp,
-                                T* __restrict__ out) {
+template <typename T, typename I, int W, int V>
+__global__ void mgpu_sddmm_csr(const I* __restrict__ indptr,
+                               const I* __restrict__ indices,
+                               const T* __restrict__ values,
+                               const T* __restrict__ A,
+                               const T* __restrict__ B,
+                               long long n_rows,
+                               long long nnz,
+                               int K,
+                               int hadamard,
+                               int nz_per_warp,
+                               T* __restrict__ out) {
+    using VT = typename mgpu::vec<T, W>::type;
+    constexpr int G = 32 / V;
+    constexpr int U = MGPU_SDDMM_U;
     const int lane = threadIdx.x & 31;
+    const int g = lane / V, sub = lane % V;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long p0 = warp * (long long)nz_per_warp;
-    if (p0 >= nnz) return;
+    if (p0 >= nnz) return;  // uniform over the warp
     const long long p1 = min(nnz, p0 + (long long)nz_per_warp);
-    long long i = mgpu_row_of(indptr, n_rows, p0);
-    for (long long p = p0; p < p1; ++p) {
-        while ((long long)indptr[i + 1] <= p) ++i;
-        const T* __restrict__ a = A + i * (long long)K;
-        const T* __restrict__ b = B + (long long)indices[p] * (long long)K;
-        T acc = 0;
-        for (int k = lane; k < K; k += 32) acc += a[k] * b[k];
-        acc = mgpu::warp_sum(acc);
-        if (lane == 0) out[p] = hadamard ? acc * values[p] : acc;
+    const int KV = K / W;
+    const VT* __restrict__ Av = reinterpret_cast<const VT*>(A);
+    const VT* __restrict__ Bv = reinterpret_cast<const VT*>(B);
+    long long i = mgpu_row_of(indptr, n_rows, min(p0 + g, p1 - 1));
+    long long end = indptr[i + 1];
+    for (long long q = p0; q < p1; q += G * U) {
+        long long arow[U], bcol[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const long long p = min(q + g + u * G, p1 - 1);  // nondecreasing per virtual warp
+            while (end <= p) end = indptr[++i + 1];
+            arow[u] = i * KV;
+            bcol[u] = (long long)indices[p] * KV;
+        }
+        T acc[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc[u] = T(0);
+        for (int k = sub; k < KV; k += V) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) acc[u] += mgpu::dot(Av[arow[u] + k], Bv[bcol[u] + k]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const T v = mgpu::group_sum<V>(acc[u]);
+            const long long p = q + g + u * G;
+            if (sub == 0 && p < p1) out[p] = hadamard ? v * values[p] : v;
+        }
+    }
+}
+
+template <typename T, int W, int V, bool STAGE_B>
+__global__ void mgpu_sddmm_tiled(const int* __restrict__ tile_start,   // n_tiles + 1
+                                 const int* __restrict__ tile_row0,    // into active_rows
+                                 const int* __restrict__ tile_panel,
+                                 const int* __restrict__ active_rows,
+                                 const int* __restrict__ local_row,    // per nonzero, tile order
+                                 const int* __restrict__ local_col,    // per nonzero, tile order
+                                 const int* __restrict__ perm,         // tile order -> CSR order, or null
+                                 const T* __restrict__ values,         // CSR order
+                                 const T* __restrict__ A,
+                                 const T* __restrict__ B,
+                                 long long n_cols,
+                                 int K,
+                                 int Tj,
+                                 int Tk,
+                                 int hadamard,
+                                 T* __restrict__ partial,              // tile order; used when Tk < K
+                                 T* __restrict__ out) {
+    using VT = typename mgpu::vec<T, W>::type;
+    constexpr int U = MGPU_SDDMM_U;
+    extern __shared__ __align__(16) unsigned char mgpu_smem[];
+    const int KV = K / W, TKV = Tk / W;
+    const int t0 = tile_start[blockIdx.x], t1 = tile_start[blockIdx.x + 1];
+    if (t0 >= t1) return;  // uniform over the block
+    const int r0 = tile_row0[blockIdx.x];
+    const int n_active = local_row[t1 - 1] + 1;  // rows ascend within a tile
+    const long long c0 = (long long)tile_panel[blockIdx.x] * Tj;
+    const int n_panel_cols = (int)min((long long)Tj, n_cols - c0);
+    VT* sA = reinterpret_cast<VT*>(mgpu_smem);
+    VT* sB = sA + n_active * TKV;
+    const VT* __restrict__ Av = reinterpret_cast<const VT*>(A);
+    const VT* __restrict__ Bv = reinterpret_cast<const VT*>(B);
+    const int lane = threadIdx.x & 31;
+    const int sub = lane % V;
+    const int g = threadIdx.x / V, G = blockDim.x / V;
+    for (int k0 = 0; k0 < KV; k0 += TKV) {
+        const int kw = min(TKV, KV - k0);
+        for (int e = threadIdx.x; e < n_active * kw; e += blockDim.x) {
+            const int r = e / kw, kk = e - r * kw;
+            sA[r * TKV + kk] = Av[(long long)active_rows[r0 + r] * KV + k0 + kk];
+        }
+        if (STAGE_B) {
+            for (int e = threadIdx.x; e < n_panel_cols * kw; e += blockDim.x) {
+                const int c = e / kw, kk = e - c * kw;
+                sB[c * TKV + kk] = Bv[(c0 + c) * KV + k0 + kk];
+            }
+        }
+        __syncthreads();
+        const bool first = k0 == 0, last = k0 + TKV >= KV;
+        for (int q = t0; q < t1; q += G * U) {
+            int ar[U];
+            long long bc[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int p = min(q + g + u * G, t1 - 1);
+                ar[u] = local_row[p] * TKV;
+                bc[u] = STAGE_B ? (long long)local_col[p] * TKV
+                                : (c0 + local_col[p]) * KV + k0;
+            }
+            T acc[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) acc[u] = T(0);
+            for (int kk = sub; kk < kw; kk += V) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const VT b = STAGE_B ? sB[bc[u] + kk] : Bv[bc[u] + kk];
+                    acc[u] += mgpu::dot(sA[ar[u] + kk], b);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                T v = mgpu::group_sum<V>(acc[u]);
+                const int p = q + g + u * G;
+                if (sub == 0 && p < t1) {
+                    if (!first) v += partial[p];
+                    if (last) {
+                        const long long o = perm ? (long long)perm[p] : (long long)p;
+                        out[o] = hadamard ? v * values[o] : v;
+                    } else {
+                        partial[p] = v;
+                    }
+                }
+            }
+        }
+        __syncthreads();
     }
 }

@@ -58,7 +58,9 @@ def powerlaw_csr(
     cols = np.searchsorted(np.cumsum(cw / cw.sum()), rng.random(nnz), side="right")
     np.minimum(rows, n_rows - 1, out=rows)
     np.minimum(cols, n_cols - 1, out=cols)
-    key = np.unique(rows.astype(np.int64) * n_cols + cols)
+    # sort and drop repeats: np.unique's hashing path is many times slower at this size
+    key = np.sort(rows.astype(np.int64) * n_cols + cols)
+    key = key[np.r_[True, key[1:] != key[:-1]]] if key.size else key
     r, c = key // n_cols, key % n_cols
     vals = (rng.random(key.size) + 0.5).astype(dtype)
     idx_dtype = np.int32 if max(n_rows, n_cols, key.size) < np.iinfo(np.int32).max else np.int64

@@ -218,7 +218,75 @@ def test_gpu_kernel_and_fallback_write_every_element(dtype, monkeypatch):
     B = rng.standard_normal((S.shape[1], 45)).astype(dtype)
     Sg, Ag, Bg = csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B)
     assert gpu.sddmm_is_usable_for(Sg, Ag, Bg)
-    # Poison every new floating-point buffer: any output element a kernel skips stays NaN.
+    _poison_new_float_buffers(monkeypatch)
+    ref = _reference(S, A, B, True)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for fn in (gpu.sddmm_kernel, gpu.sddmm_fallback):
+        P = fn(Sg, Ag, Bg, True).get()
+        assert np.isfinite(P.data).all(), fn.__name__
+        assert _rel_err(P.data, ref) <= tol, fn.__name__
+
+
+@pytest.mark.parametrize("Tj, ti, tile_nnz", [(10_000, 256, 2048), (37, 5, 64), (1, 1, 1)])
+def test_tile_layout_covers_every_nonzero_once(Tj, ti, tile_nnz):
+    from mgpu.backends.sddmm_plan import tile_layout
+
+    rng = np.random.default_rng(Tj)
+    S = _awkward_matrix(rng, m=400, n=300, density=0.05)
+    lay = tile_layout(S.indptr, S.indices, S.shape, Tj, ti, tile_nnz)
+    starts, n_tiles = lay.tile_start, lay.n_tiles
+    assert starts[0] == 0 and starts[-1] == S.nnz and (np.diff(starts) > 0).all()
+    assert lay.n_panels == -(-S.shape[1] // Tj)
+    sizes = np.diff(starts)
+    assert sizes.max() <= tile_nnz
+    tile = np.repeat(np.arange(n_tiles), sizes)
+    rows = lay.active_rows[lay.tile_row0[tile] + lay.local_row]
+    cols = lay.tile_panel[tile].astype(np.int64) * Tj + lay.local_col
+    assert (lay.local_row >= 0).all() and (lay.local_row < ti).all()
+    assert (lay.local_col >= 0).all() and (lay.local_col < Tj).all()
+    # rows ascend within a tile: the kernel reads a tile's active-row count off its last nonzero
+    assert all((np.diff(lay.local_row[a:b]) >= 0).all() for a, b in zip(starts[:-1], starts[1:]))
+    perm = np.arange(S.nnz) if lay.perm is None else lay.perm
+    assert np.array_equal(np.sort(perm), np.arange(S.nnz))
+    csr_rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
+    assert np.array_equal(rows, csr_rows[perm]) and np.array_equal(cols, S.indices[perm])
+
+
+def test_tile_layout_of_an_empty_pattern():
+    from mgpu.backends.sddmm_plan import tile_layout
+
+    S = sp.csr_matrix((5, 4), dtype=np.float32)
+    lay = tile_layout(S.indptr, S.indices, S.shape, 2, 3)
+    assert lay.n_tiles == 0 and lay.tile_start.tolist() == [0]
+
+
+def test_plan_on_the_cpu_and_plans_that_do_not_fit():
+    rng = np.random.default_rng(3)
+    S = _awkward_matrix(rng)
+    A = rng.standard_normal((S.shape[0], 16))
+    B = rng.standard_normal((S.shape[1], 16))
+    plan = mgpu.sddmm_plan(S, 16)
+    assert plan.scheme == "cpu" and plan.K == 16 and plan.nnz == S.nnz
+    assert "scheme cpu" in plan.describe()
+    np.testing.assert_array_equal(mgpu.sddmm(S, A, B, plan=plan).data, mgpu.sddmm(S, A, B).data)
+    with pytest.raises(ValueError, match=r"made for another problem .* K=16\); got .* K=8"):
+        mgpu.sddmm(S, A[:, :8], B[:, :8], plan=plan)
+    with pytest.raises(ValueError, match="made for another problem"):
+        mgpu.sddmm(S.copy(), A, B, plan=plan)
+    with pytest.raises(TypeError, match="must come from mgpu.sddmm_plan"):
+        mgpu.sddmm(S, A, B, plan="sm-l2")
+    with pytest.raises(ValueError, match="'K' parameter of sddmm_plan must be a positive"):
+        mgpu.sddmm_plan(S, 0)
+    with pytest.raises(ValueError, match="'scheme' parameter of sddmm_plan must be one of"):
+        mgpu.sddmm_plan(S, 4, scheme="fast")
+    with pytest.raises(ValueError, match="applies to GPU input only"):
+        mgpu.sddmm_plan(S, 4, scheme="csr")
+
+
+def _poison_new_float_buffers(monkeypatch):
+    """Every new floating-point CuPy buffer starts as NaN: an element a kernel skips stays NaN."""
+    import cupy
+
     empty = cupy.empty
 
     def poisoned_empty(*args, **kwargs):
@@ -228,12 +296,75 @@ def test_gpu_kernel_and_fallback_write_every_element(dtype, monkeypatch):
         return out
 
     monkeypatch.setattr(cupy, "empty", poisoned_empty)
-    ref = _reference(S, A, B, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("K", [7, 32, 45, 130])
+@pytest.mark.parametrize("hadamard", [True, False])
+def test_gpu_schemes_match_reference(dtype, K, hadamard, monkeypatch):
+    """Each kernel, with sizes small enough that panels, K-slices and tile splits all occur."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu.backends import cupy as gpu
+    from mgpu.backends.sddmm_plan import tile_layout
+
+    rng = np.random.default_rng(K)
+    S = _awkward_matrix(rng, m=700, n=500, density=0.02, dtype=dtype)
+    dense = sp.random(90, 70, density=0.4, format="csr", random_state=rng, dtype=dtype)
+    _poison_new_float_buffers(monkeypatch)
     tol = 1e-5 if dtype == np.float32 else 1e-12
-    for fn in (gpu.sddmm_kernel, gpu.sddmm_fallback):
-        P = fn(Sg, Ag, Bg, True).get()
-        assert np.isfinite(P.data).all(), fn.__name__
-        assert _rel_err(P.data, ref) <= tol, fn.__name__
+    # shared memory per block: ti (+ Tj for sm-sm) rows of Tk elements, at most 40 KiB here
+    for T, scheme, Tj, ti, tk in [(S, "csr", 0, 0, 0), (S, "sm-l2", 500, 64, 64),
+                                  (S, "sm-l2", 37, 5, 32), (dense, "sm-sm", 16, 8, 32),
+                                  (dense, "sm-sm", 40, 40, 64)]:
+        A = rng.standard_normal((T.shape[0], K)).astype(dtype)
+        B = rng.standard_normal((T.shape[1], K)).astype(dtype)
+        Sg, Ag, Bg = csp.csr_matrix(T), cupy.asarray(A), cupy.asarray(B)
+        out = cupy.empty(T.nnz, dtype=dtype)
+        if scheme == "csr":
+            gpu.run_csr(Sg, Ag, Bg, hadamard, out)
+        else:
+            lay = tile_layout(Sg.indptr, Sg.indices, Sg.shape, Tj, ti, tile_nnz=200)
+            gpu.run_tiled(Sg, Ag, Bg, hadamard, lay, scheme, tk, out)
+        got = out.get()
+        label = f"{scheme} Tj={Tj} ti={ti} Tk={tk}"
+        assert np.isfinite(got).all(), label
+        assert _rel_err(got, _reference(T, A, B, hadamard)) <= tol, label
+
+
+@pytest.mark.gpu
+def test_gpu_plan_is_tuned_reused_and_tied_to_its_matrix(data_dir):
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu import io
+
+    S = io.load(str(data_dir / "bow" / "ap.dat.gz")).astype(np.float32)
+    rng = np.random.default_rng(11)
+    Sg = csp.csr_matrix(S)
+    for K in (32, 100):
+        plan = mgpu.sddmm_plan(Sg, K)
+        assert plan.scheme in ("csr", "sm-l2") and plan.K == K and plan.device != "cpu"
+        assert plan.l2_bytes > 0 and plan.smem_bytes > 0 and plan.timings_ms
+        assert plan.scheme == "csr" or (plan.Tk % 32 == 0 and plan.Tj >= 32)
+        for _ in range(2):  # new factors, the same plan
+            A = rng.standard_normal((S.shape[0], K)).astype(np.float32)
+            B = rng.standard_normal((S.shape[1], K)).astype(np.float32)
+            P = mgpu.sddmm(Sg, cupy.asarray(A), cupy.asarray(B), plan=plan)
+            assert _rel_err(P.data.get(), _reference(S, A, B, True)) <= 1e-5
+        for scheme in ("csr", "sm-l2"):
+            forced = mgpu.sddmm_plan(Sg, K, scheme=scheme)
+            assert forced.scheme == scheme and not forced.timings_ms
+            P = mgpu.sddmm(Sg, cupy.asarray(A), cupy.asarray(B), plan=forced)
+            assert _rel_err(P.data.get(), _reference(S, A, B, True)) <= 1e-5
+    with pytest.raises(ValueError, match="does not apply"):
+        mgpu.sddmm_plan(Sg, 32, scheme="sm-sm")
+    with pytest.raises(ValueError, match="made for another problem"):
+        mgpu.sddmm(csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B), plan=plan)
+    with pytest.raises(ValueError, match="was made for the GPU, but S is on the CPU"):
+        mgpu.sddmm(S, A, B, plan=plan)
 
 
 # ----------------------------------------------------------------------------- distributed

@@ -4,13 +4,31 @@ Imported lazily by the dispatch tables the first time CuPy data reaches an opera
 """
 from __future__ import annotations
 
+import functools
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
 import cupy
 import cupyx.scipy.sparse as csp
+import numpy as np
 
 from mgpu.backends import row_norms_lookup, sddmm_lookup
 from mgpu.backends.instances import INSTANCES
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, dense_row_reduce
+from mgpu.backends.sddmm_plan import (
+    SM_SM_DENSITY,
+    Candidate,
+    SDDMMPlan,
+    TileLayout,
+    candidates,
+    tile_layout,
+)
+
+logger = logging.getLogger(__name__)
 
 _ROWS = "rows.cu"
 _ROWS_INSTANCES = INSTANCES[_ROWS]
@@ -72,12 +90,35 @@ def _row_reduce_dense(X, op: int):
 
 
 _SDDMM = "sddmm.cu"
-_NZ_PER_WARP = 32
+_SDDMM_THREADS = 256
 _GATHER_BYTES = 1 << 28  # working memory of the gather-dot fallback per pass
+_TUNE_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the SDDMM model reads from the device."""
+
+    name: str
+    sms: int
+    l2_bytes: int
+    smem_bytes: int  # shared memory a tile may take: a quarter of an SM's, within a block's
+
+
+@functools.lru_cache(maxsize=None)
+def device_facts(device_id: int) -> DeviceFacts:
+    dev = cupy.cuda.Device(device_id)
+    attrs = dev.attributes
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    per_sm = attrs.get("MaxSharedMemoryPerMultiprocessor", 0) or attrs["MaxSharedMemoryPerBlock"]
+    smem = min(attrs["MaxSharedMemoryPerBlock"], max(16 * 1024, per_sm // 4))
+    return DeviceFacts(name=name, sms=attrs["MultiProcessorCount"], l2_bytes=attrs["L2CacheSize"],
+                       smem_bytes=int(smem))
 
 
 def sddmm_is_usable_for(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray) -> bool:
-    """Whether the warp kernel takes these operands (instantiated dtypes, C order)."""
+    """Whether the kernels take these operands (instantiated dtypes, C order)."""
     return (
         S.format == "csr"
         and S.dtype.name in ("float32", "float64")
@@ -90,25 +131,119 @@ def sddmm_is_usable_for(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray) -> 
     )
 
 
-def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray,
-                 hadamard: bool) -> csp.csr_matrix:
-    """P = S ∘ (A Bᵀ) by the load-balanced warp kernel of kernels/sddmm.cu."""
+def tiled_is_usable_for(S: csp.csr_matrix) -> bool:
+    """Whether the tiled schemes take S: their int32 tile-local indices must hold it."""
+    return max(S.nnz, *S.shape) < 2**31
+
+
+def _vector_width(A: cupy.ndarray, B: cupy.ndarray) -> int:
+    """Elements per 16-byte load when K and both base addresses allow it, else 1."""
+    w = 16 // A.itemsize
+    K = A.shape[1]
+    aligned = A.data.ptr % 16 == 0 and B.data.ptr % 16 == 0
+    return w if K % w == 0 and aligned and K else 1
+
+
+def _lanes(vectors_per_row: int) -> int:
+    """Lanes of a virtual warp: the power of two in [4, 32] nearest above the row's vectors."""
+    v = 4
+    while v < 32 and v < vectors_per_row:
+        v *= 2
+    return v
+
+
+def _sddmm_function(expression: str):
+    if expression not in INSTANCES[_SDDMM]:
+        raise ValueError(f"{expression!r} is not among the instantiations of {_SDDMM}")
+    # compile only what is used: one module per instantiation
+    return get_function(_SDDMM, expression, (expression,))
+
+
+def run_csr(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
+            out: cupy.ndarray) -> None:
+    """``out`` (S's nonzeros, CSR order) by the virtual-warp kernel straight on CSR."""
     nnz = int(S.nnz)
-    out = cupy.empty(nnz, dtype=A.dtype)
-    if nnz:
-        fn = get_function(
-            _SDDMM,
-            f"mgpu_sddmm_warp<{c_type(A.dtype)}, {c_type(S.indptr.dtype)}>",
-            INSTANCES[_SDDMM],
-        )
-        warps = -(-nnz // _NZ_PER_WARP)
-        threads = 256
-        blocks = -(-warps * 32 // threads)
-        fn((blocks,), (threads,), (
-            S.indptr, S.indices, S.data, A, B, cupy.int64(S.shape[0]), cupy.int64(nnz),
-            cupy.int32(A.shape[1]), cupy.int32(1 if hadamard else 0),
-            cupy.int32(_NZ_PER_WARP), out,
-        ))
+    if not nnz:
+        return
+    W = _vector_width(A, B)
+    V = _lanes(A.shape[1] // W)
+    nz_per_warp, blocks = _csr_launch(nnz, V)
+    fn = _sddmm_function(
+        f"mgpu_sddmm_csr<{c_type(A.dtype)}, {c_type(S.indptr.dtype)}, {W}, {V}>")
+    fn((blocks,), (_SDDMM_THREADS,), (
+        S.indptr, S.indices, S.data, A, B, cupy.int64(S.shape[0]), cupy.int64(nnz),
+        cupy.int32(A.shape[1]), cupy.int32(1 if hadamard else 0), cupy.int32(nz_per_warp), out,
+    ))
+
+
+def _csr_launch(nnz: int, V: int) -> tuple[int, int]:
+    """(nonzeros per warp, blocks) for the virtual-warp kernels: every SM filled twice over,
+    then runs of at most 512 nonzeros, a whole number of the warp's steps."""
+    per_step = (32 // V) * 4  # nonzeros a warp has in flight
+    facts = device_facts(cupy.cuda.Device().id)
+    want_warps = facts.sms * 64 * 2
+    nz_per_warp = max(per_step, min(512, -(-nnz // want_warps)))
+    nz_per_warp = -(-nz_per_warp // per_step) * per_step
+    warps = -(-nnz // nz_per_warp)
+    return nz_per_warp, -(-warps * 32 // _SDDMM_THREADS)
+
+
+def gather_rows(S: csp.csr_matrix, B: cupy.ndarray, out: cupy.ndarray) -> None:
+    """The benchmark's gather probe (kernels/probe.cu): B's row per nonzero, nothing else."""
+    nnz = int(S.nnz)
+    if not nnz:
+        return
+    W = _vector_width(B, B)
+    V = _lanes(B.shape[1] // W)
+    nz_per_warp, blocks = _csr_launch(nnz, V)
+    expr = f"mgpu_gather_rows<{c_type(B.dtype)}, {c_type(S.indices.dtype)}, {W}, {V}>"
+    fn = get_function("probe.cu", expr, (expr,) if expr in INSTANCES["probe.cu"] else ())
+    fn((blocks,), (_SDDMM_THREADS,), (S.indices, B, cupy.int64(nnz), cupy.int32(B.shape[1]),
+                                      cupy.int32(nz_per_warp), out))
+
+
+def run_tiled(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
+              layout: TileLayout, scheme: str, Tk: int, out: cupy.ndarray) -> None:
+    """``out`` (CSR order) by the SM-L2 or SM-SM kernel on S's tiled layout."""
+    if not layout.n_tiles:
+        return
+    K = A.shape[1]
+    W = _vector_width(A, B)
+    tk = min(Tk, -(-K // W) * W)  # a slice never wider than K
+    V = _lanes(tk // W)
+    stage_b = scheme == "sm-sm"
+    rows = layout.ti + (layout.Tj if stage_b else 0)
+    smem = rows * tk * A.itemsize
+    limit = device_facts(cupy.cuda.Device().id).smem_bytes
+    if smem > limit:
+        raise ValueError(f"{scheme} tile of {rows} rows × {tk} needs {smem} bytes of shared "
+                         f"memory; this device gives a block {limit}")
+    partial = cupy.empty(S.nnz, dtype=A.dtype) if tk < K else out  # unused with one slice
+    fn = _sddmm_function(
+        f"mgpu_sddmm_tiled<{c_type(A.dtype)}, {W}, {V}, {'true' if stage_b else 'false'}>")
+    fn((layout.n_tiles,), (_SDDMM_THREADS,), (
+        layout.tile_start, layout.tile_row0, layout.tile_panel, layout.active_rows,
+        layout.local_row, layout.local_col,
+        layout.perm if layout.perm is not None else cupy.uint64(0),  # null: CSR order
+        S.data, A, B, cupy.int64(S.shape[1]), cupy.int32(K), cupy.int32(layout.Tj),
+        cupy.int32(tk), cupy.int32(1 if hadamard else 0), partial, out,
+    ), shared_mem=smem)
+
+
+def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
+                 plan: SDDMMPlan | None = None) -> csp.csr_matrix:
+    """P = S ∘ (A Bᵀ) by the plan's kernel (the tuned plan for S's shape class if None)."""
+    out = cupy.empty(int(S.nnz), dtype=A.dtype)
+    if S.nnz:
+        if plan is None:
+            plan = plan_sddmm(S, A.shape[1], A.dtype, reuse=False)
+        if plan.scheme == "csr":
+            run_csr(S, A, B, hadamard, out)
+        else:
+            layout = plan.layout
+            if layout is None:
+                layout = tile_layout(S.indptr, S.indices, S.shape, plan.Tj, plan.ti)
+            run_tiled(S, A, B, hadamard, layout, plan.scheme, plan.Tk, out)
     return csp.csr_matrix((out, S.indices.copy(), S.indptr.copy()), shape=S.shape)
 
 
@@ -128,8 +263,113 @@ def sddmm_fallback(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray,
     return csp.csr_matrix((out, S.indices.copy(), S.indptr.copy()), shape=S.shape)
 
 
+# ------------------------------------------------------------------------------- the tuner
+
+# (device, dtype, K, scheme family, log2 density, log2 nnz, reuse) -> chosen candidate
+_TUNED: dict[tuple, Candidate] = {}
+_tune_lock = threading.Lock()
+
+
+def _shape_class(facts: DeviceFacts, S: csp.csr_matrix, K: int, dtype: np.dtype,
+                 reuse: bool) -> tuple:
+    m, n = S.shape
+    density = S.nnz / (m * n)
+    return (facts.name, np.dtype(dtype).str, K, density > SM_SM_DENSITY,
+            round(math.log2(density)), round(math.log2(S.nnz)), reuse)
+
+
+def _median_ms(fn) -> float:
+    fn()  # warm-up (and compilation)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(_TUNE_REPEATS):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def _measure(S: csp.csr_matrix, K: int, dtype: np.dtype, cands: list[Candidate],
+             reuse: bool) -> dict[Candidate, float]:
+    """Median milliseconds of each candidate on S with random factors (layout included
+    unless ``reuse``)."""
+    rng = cupy.random.default_rng(0)
+    A = rng.standard_normal((S.shape[0], K), dtype=dtype)
+    B = rng.standard_normal((S.shape[1], K), dtype=dtype)
+    Sd = S if S.dtype == dtype else S.astype(dtype)
+    out = cupy.empty(int(S.nnz), dtype=dtype)
+    times = {}
+    for c in cands:
+        if c.scheme == "csr":
+            times[c] = _median_ms(lambda: run_csr(Sd, A, B, True, out))
+            continue
+        if reuse:
+            lay = tile_layout(Sd.indptr, Sd.indices, Sd.shape, c.Tj, c.ti)
+            times[c] = _median_ms(lambda: run_tiled(Sd, A, B, True, lay, c.scheme, c.Tk, out))
+        else:
+            def call(c=c):
+                lay = tile_layout(Sd.indptr, Sd.indices, Sd.shape, c.Tj, c.ti)
+                run_tiled(Sd, A, B, True, lay, c.scheme, c.Tk, out)
+            times[c] = _median_ms(call)
+    return times
+
+
+def plan_sddmm(S: csp.csr_matrix, K: int, dtype: Any, *, reuse: bool,
+               force: str | None = None) -> SDDMMPlan:
+    """The plan for S on the current device: the tuned candidate of its shape class.
+
+    ``reuse`` says whether the tiled layout is built once and kept (a plan handed back to
+    :func:`mgpu.sddmm`) or built on every call; the tuner times what will be paid. ``force``
+    (a scheme name) skips the tuner and takes that scheme's first candidate.
+    """
+    dtype = np.dtype(dtype)
+    facts = device_facts(cupy.cuda.Device().id)
+    cands = candidates(S.shape, int(S.nnz), K, dtype.itemsize, facts.l2_bytes, facts.smem_bytes)
+    if not tiled_is_usable_for(S):
+        cands = cands[:1]
+    timings: dict[str, float] = {}
+    if force is not None:
+        pick = [c for c in cands if c.scheme == force]
+        if not pick:
+            raise ValueError(f"scheme {force!r} does not apply to this input; candidates: "
+                             + ", ".join(sorted({c.scheme for c in cands})))
+        choice = pick[0]
+    elif len(cands) == 1 or S.nnz == 0:
+        choice = cands[0]
+    else:
+        key = _shape_class(facts, S, K, dtype, reuse)
+        with _tune_lock:
+            cached = _TUNED.get(key)
+            if cached is not None:
+                # the same class on another S: take the tuned Tk and scheme, this S's sizes
+                choice = next((c for c in cands if (c.scheme, c.Tk) == (cached.scheme, cached.Tk)),
+                              cands[0])
+            else:
+                measured = _measure(S, K, dtype, cands, reuse)
+                choice = min(measured, key=measured.get)
+                _TUNED[key] = choice
+                timings = {c.label: t for c, t in measured.items()}
+                logger.info("sddmm tuned for %s: %s (%s)", key, choice.label,
+                            ", ".join(f"{k} {v:.3f} ms" for k, v in timings.items()))
+    tk = min(choice.Tk, max(K, 1))
+    W = 16 // dtype.itemsize if K and K % (16 // dtype.itemsize) == 0 else 1
+    layout = None
+    if choice.scheme != "csr" and reuse and S.nnz:
+        layout = tile_layout(S.indptr, S.indices, S.shape, choice.Tj, choice.ti)
+    return SDDMMPlan(
+        scheme=choice.scheme, device=facts.name, shape=tuple(S.shape), nnz=int(S.nnz), K=K,
+        dtype=dtype.name, Tj=choice.Tj, Tk=choice.Tk, ti=choice.ti,
+        lanes=_lanes(max(1, (K if choice.scheme == "csr" else tk) // W)), vector=W,
+        n_panels=max(1, -(-S.shape[1] // max(choice.Tj, 1))), l2_bytes=facts.l2_bytes,
+        smem_bytes=facts.smem_bytes, timings_ms=timings, layout=layout,
+        pattern=(*S.shape, int(S.nnz), S.indptr.data.ptr, S.indices.data.ptr),
+    )
+
+
 @sddmm_lookup.register(csp.spmatrix)
-def _sddmm_sparse(S, A, B, hadamard: bool):
+def _sddmm_sparse(S, A, B, hadamard: bool, plan: SDDMMPlan | None = None):
     if sddmm_is_usable_for(S, A, B):
-        return sddmm_kernel(S, A, B, hadamard)
+        return sddmm_kernel(S, A, B, hadamard, plan)
     return sddmm_fallback(S, A, B, hadamard)

@@ -9,6 +9,8 @@ from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM
 
 _FLOATS = ("float", "double")
 _INDICES = ("int", "long long")
+_VECTOR = {"float": 4, "double": 2}
+_LANES = (4, 8, 16, 32)
 
 INSTANCES: dict[str, tuple[str, ...]] = {
     "rows.cu": tuple(
@@ -17,5 +19,22 @@ INSTANCES: dict[str, tuple[str, ...]] = {
         for i in _INDICES
         for op in (ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX)
     ),
-    "sddmm.cu": tuple(f"mgpu_sddmm_warp<{t}, {i}>" for t in _FLOATS for i in _INDICES),
+    # W: 1, or the elements of a 16-byte load; V: lanes per nonzero
+    "sddmm.cu": tuple(
+        f"mgpu_sddmm_csr<{t}, {i}, {w}, {v}>"
+        for t in _FLOATS
+        for i in _INDICES
+        for w in (1, _VECTOR[t])
+        for v in _LANES
+    ) + tuple(
+        f"mgpu_sddmm_tiled<{t}, {w}, {v}, {b}>"
+        for t in _FLOATS
+        for w in (1, _VECTOR[t])
+        for v in _LANES
+        for b in ("false", "true")
+    ),
+    # benchmark probe (float32 factors, as the SDDMM benchmark uses)
+    "probe.cu": tuple(
+        f"mgpu_gather_rows<float, {i}, {w}, {v}>" for i in _INDICES for w in (1, 4) for v in _LANES
+    ),
 }

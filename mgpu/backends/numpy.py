@@ -104,5 +104,5 @@ def sddmm_csr(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, hadamard: bool) ->
 
 
 @sddmm_lookup.register((sp.spmatrix, sp.sparray))
-def _sddmm_sparse(S, A, B, hadamard: bool):
+def _sddmm_sparse(S, A, B, hadamard: bool, plan=None):
     return sddmm_csr(S, A, B, hadamard)

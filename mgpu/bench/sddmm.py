@@ -91,6 +91,8 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
             return torch.sparse.sampled_addmm(St, At, Btt, beta=0.0, alpha=1.0)
     except ImportError:
         torch_sddmm = None
+    from mgpu.backends.cupy import gather_rows
+
     out = []
     for K in Ks:
         A, B = _factors(S, K, K)
@@ -101,6 +103,20 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
         row: dict[str, Any] = {"K": K, "nnz": int(S.nnz), "device": cupy.cuda.runtime
                                .getDeviceProperties(0)["name"].decode(), "max_rel_err": err}
         row["mgpu_s"] = time_gpu(lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False), repeats=repeats)
+        plan = mgpu.sddmm_plan(Sg, K)
+        row["plan"] = plan.describe()
+        row["scheme"] = (plan.scheme if plan.scheme == "csr"
+                         else f"{plan.scheme} Tj={plan.Tj} Tk={plan.Tk}")
+        row["tuning_ms"] = dict(plan.timings_ms)
+        Pp = mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan)
+        row["mgpu_plan_max_rel_err"] = _sample_error(S, A, B, Pp.data.get(), K)
+        row["mgpu_plan_s"] = time_gpu(lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan),
+                                      repeats=repeats)
+        # The gather bound: every nonzero reads one row of B (K·4 bytes), mostly from L2; the
+        # probe kernel does that gather alone, on the same pattern, and nothing else.
+        g_out = cupy.empty(S.nnz, dtype=cupy.float32)
+        row["gather_s"] = time_gpu(lambda: gather_rows(Sg, Bg, g_out), repeats=repeats)
+        row["gather_gbs"] = S.nnz * K * 4 / row["gather_s"] / 1e9
         chunk = max(1, (1 << 28) // (K * 4))
         gd = cupy.empty(S.nnz, cupy.float32)
 
@@ -116,11 +132,13 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
             ref = torch_sddmm(At, Btt).values()
             row["cusparse_max_rel_err"] = _sample_error(S, A, B, cupy.from_dlpack(ref).get(), K)
             row["cusparse_s"] = time_gpu(lambda: torch_sddmm(At, Btt), repeats=repeats)
-        for name in ("mgpu", "cupy_gather_dot", "cusparse"):
+        for name in ("mgpu", "mgpu_plan", "gather", "cupy_gather_dot", "cusparse"):
             if f"{name}_s" in row:
                 row[f"{name}_gflops"] = flop / row[f"{name}_s"] / 1e9
         if "cusparse_s" in row:
             row["speedup_vs_cusparse"] = row["cusparse_s"] / row["mgpu_s"]
+            row["plan_speedup_vs_cusparse"] = row["cusparse_s"] / row["mgpu_plan_s"]
+        row["fraction_of_gather_bound"] = row["gather_s"] / row["mgpu_plan_s"]
         row["speedup_vs_gather_dot"] = row["cupy_gather_dot_s"] / row["mgpu_s"]
         out.append(row)
         del Ag, Bg, P
@@ -134,19 +152,25 @@ def markdown(rows: list[dict[str, Any]], label: str) -> str:
         return ""
     gpu = "cusparse_gflops" in rows[0] or "cupy_gather_dot_gflops" in rows[0]
     if gpu:
-        head = ("| matrix | K | nnz | mgpu GFLOP/s | cuSPARSE GFLOP/s | CuPy gather-dot GFLOP/s | "
-                "mgpu / cuSPARSE | mgpu / gather-dot | max rel err |")
+        head = ("| matrix | K | nnz | scheme | mgpu GFLOP/s (per call) | mgpu GFLOP/s (plan) | "
+                "cuSPARSE GFLOP/s | CuPy gather-dot GFLOP/s | mgpu / cuSPARSE (per call) | "
+                "mgpu / cuSPARSE (plan) | mgpu / gather-dot | gather bound GFLOP/s (GB/s of B) | "
+                "plan at % of bound | max rel err |")
     else:
         head = ("| matrix | K | nnz | mgpu GFLOP/s | numpy gather-dot GFLOP/s | "
                 "mgpu / numpy | max rel err |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if gpu:
+            nan = float("nan")
             lines.append(
-                f"| {label} | {r['K']} | {r['nnz']:,} | {r['mgpu_gflops']:.0f} | "
-                f"{r.get('cusparse_gflops', float('nan')):.0f} | "
-                f"{r['cupy_gather_dot_gflops']:.0f} | {r.get('speedup_vs_cusparse', float('nan')):.2f}× | "
-                f"{r['speedup_vs_gather_dot']:.2f}× | {r['max_rel_err']:.1e} |")
+                f"| {label} | {r['K']} | {r['nnz']:,} | {r['scheme']} | {r['mgpu_gflops']:.0f} | "
+                f"{r['mgpu_plan_gflops']:.0f} | {r.get('cusparse_gflops', nan):.0f} | "
+                f"{r['cupy_gather_dot_gflops']:.0f} | {r.get('speedup_vs_cusparse', nan):.2f}× | "
+                f"{r.get('plan_speedup_vs_cusparse', nan):.2f}× | "
+                f"{r['speedup_vs_gather_dot']:.2f}× | {r['gather_gflops']:.0f} "
+                f"({r['gather_gbs']:.0f}) | {r['fraction_of_gather_bound']:.0%} | "
+                f"{max(r['max_rel_err'], r['mgpu_plan_max_rel_err']):.1e} |")
         else:
             lines.append(
                 f"| {label} | {r['K']} | {r['nnz']:,} | {r['mgpu_gflops']:.2f} | "

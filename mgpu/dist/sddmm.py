@@ -107,7 +107,7 @@ def _holders(S: da.Array, client: Any, axis: int) -> list[list[str]]:
     return out
 
 
-def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True) -> Any:
+def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) -> Any:
     """Sampled dense-dense product ``P = S ∘ (A Bᵀ)`` on one device or across a cluster.
 
     Parameters
@@ -123,6 +123,9 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True) -> Any:
         rechunked to S's tiles.
     hadamard : bool, default=True
         Multiply by S's values; False gives the plain sampled product on S's pattern.
+    plan : SDDMMPlan, optional
+        One device only: from :func:`mgpu.sddmm_plan` on this S, to reuse its tuned scheme
+        and tiled copy of S across calls.
 
     Returns
     -------
@@ -148,7 +151,10 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True) -> Any:
     True
     """
     if not is_dask_array(S):
-        return sddmm_one_device(S, A, B, hadamard=hadamard)
+        return sddmm_one_device(S, A, B, hadamard=hadamard, plan=plan)
+    if plan is not None:
+        raise ValueError("The 'plan' parameter of sddmm is for one matrix on one device; a "
+                         "distributed S is planned per tile on its worker. Leave it out.")
     check_sddmm_shapes(S.shape, getattr(A, "shape", ()), getattr(B, "shape", ()))
     if any(np.isnan(c).any() for c in (np.array(S.chunks[0], float), np.array(S.chunks[1], float))):
         raise ValueError("The 'S' parameter of sddmm has unknown chunk sizes; call "

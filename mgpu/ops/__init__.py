@@ -4,6 +4,6 @@ dask in -> dask out)."""
 from __future__ import annotations
 
 from mgpu.ops.rownorms import NORMS, row_norms
-from mgpu.ops.sddmm import sddmm
+from mgpu.ops.sddmm import sddmm, sddmm_plan
 
-__all__ = ["NORMS", "row_norms", "sddmm"]
+__all__ = ["NORMS", "row_norms", "sddmm", "sddmm_plan"]

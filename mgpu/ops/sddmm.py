@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 
 from mgpu.backends import is_gpu_array, sddmm_lookup, to_host
+from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan
 from mgpu.ops._validate import is_dask_array, is_sparse
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "sddmm",
     "sddmm_dtype",
     "sddmm_local",
+    "sddmm_plan",
 ]
 
 
@@ -125,7 +127,7 @@ def _first_duplicate(S: Any) -> tuple[int, int, int] | None:
     return int(first // max(S.shape[1], 1)), int(first % max(S.shape[1], 1)), int((k == first).sum())
 
 
-def sddmm_local(S: Any, A: Any, B: Any, hadamard: bool) -> Any:
+def sddmm_local(S: Any, A: Any, B: Any, hadamard: bool, plan: SDDMMPlan | None = None) -> Any:
     """The kernel call on already-validated CSR S and dense A, B of one family."""
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
     if is_gpu_array(S):
@@ -138,10 +140,11 @@ def sddmm_local(S: Any, A: Any, B: Any, hadamard: bool) -> Any:
         B = np.ascontiguousarray(B, dtype=dt)
     if S.dtype != dt:
         S = S.astype(dt)
-    return sddmm_lookup(S, A, B, bool(hadamard))
+    return sddmm_lookup(S, A, B, bool(hadamard), plan)
 
 
-def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True) -> Any:
+def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
+          plan: SDDMMPlan | None = None) -> Any:
     """Sampled dense-dense product ``P = S ∘ (A Bᵀ)`` on one CPU or GPU.
 
     Parameters
@@ -155,6 +158,10 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True) -> Any:
     hadamard : bool, default=True
         Multiply by S's values (``P_ij = S_ij ⟨A_i, B_j⟩``); False gives the plain sampled
         product ``⟨A_i, B_j⟩`` on S's pattern, which the ALS and LDA reformulations need.
+    plan : SDDMMPlan, optional
+        From :func:`sddmm_plan` on this S: reuses its tuned scheme and its tiled copy of S,
+        so repeated calls with new factors skip the preprocessing. Without one, the tuned
+        scheme of S's shape class is used (tuned on first sight) and any tiling is redone.
 
     Returns
     -------
@@ -199,4 +206,87 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True) -> Any:
             "cupy.asarray / cupyx.scipy.sparse.csr_matrix or cupy.asnumpy / .get()."
         )
     S = check_sparse(S, hadamard)
-    return sddmm_local(S, A, B, hadamard)
+    if plan is not None:
+        check_plan(plan, S, A.shape[1])
+    return sddmm_local(S, A, B, hadamard, plan)
+
+
+def _pattern_key(S: Any) -> tuple[int, ...]:
+    if is_gpu_array(S):
+        return (*S.shape, int(S.nnz), S.indptr.data.ptr, S.indices.data.ptr)
+    return (*S.shape, int(S.nnz), S.indptr.ctypes.data, S.indices.ctypes.data)
+
+
+def check_plan(plan: Any, S: Any, K: int) -> None:
+    """Refuse a plan made for another matrix, another K or another device."""
+    if not isinstance(plan, SDDMMPlan):
+        raise TypeError(f"The 'plan' parameter of sddmm must come from mgpu.sddmm_plan. Got "
+                        f"{type(plan).__name__} instead.")
+    if (plan.scheme == "cpu") == is_gpu_array(S):
+        raise ValueError(f"The 'plan' parameter of sddmm was made for the "
+                         f"{'CPU' if plan.scheme == 'cpu' else 'GPU'}, but S is on the "
+                         f"{'GPU' if is_gpu_array(S) else 'CPU'}.")
+    if plan.pattern != _pattern_key(S) or plan.K != K:
+        raise ValueError(
+            f"The 'plan' parameter of sddmm was made for another problem (S {plan.shape} with "
+            f"{plan.nnz} nonzeros, K={plan.K}); got S {tuple(S.shape)} with {int(S.nnz)} "
+            f"nonzeros and K={K}. Make the plan with mgpu.sddmm_plan(S, K) on this very S "
+            "(in CSR form: a plan holds a tiled copy of its pattern)."
+        )
+
+
+def sddmm_plan(S: Any, K: int, *, dtype: Any = None, scheme: str | None = None) -> SDDMMPlan:
+    """How :func:`sddmm` will run S with K-column factors: scheme, tile sizes, measurements.
+
+    On the GPU this tunes (once per device and shape class, then cached) among the
+    virtual-warp CSR kernel and the tiled SM-L2 / SM-SM kernels of cuSDDMM, over slices
+    ``Tk`` in multiples of 32, with the panel width ``Tj`` from the L2 model
+    (:mod:`mgpu.backends.sddmm_plan`), and builds the tiled copy of S the choice needs.
+
+    Parameters
+    ----------
+    S : sparse matrix of shape (n_rows, n_cols)
+        scipy or cupyx CSR matrix, the one later passed to :func:`sddmm`.
+    K : int
+        Columns of the factors A and B.
+    dtype : float32 or float64, optional
+        Of the factors; S's float dtype (float32 for integer S) by default.
+    scheme : {'csr', 'sm-l2', 'sm-sm'}, optional
+        Take this scheme without tuning (GPU only); an error if it does not apply.
+
+    Returns
+    -------
+    plan : SDDMMPlan
+        ``plan.describe()`` prints it; pass it as ``sddmm(S, A, B, plan=plan)``.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> plan = sddmm_plan(sp.random(100, 80, density=0.05, format="csr", random_state=0), 16)
+    >>> plan.scheme, plan.K
+    ('cpu', 16)
+    """
+    if is_dask_array(S):
+        raise TypeError("The 'S' parameter of sddmm_plan must be one scipy or cupyx matrix; a "
+                        "distributed S is planned per tile on its worker.")
+    S = check_sparse(S, False)
+    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
+        raise ValueError(f"The 'K' parameter of sddmm_plan must be a positive integer. Got {K!r}.")
+    if dtype is None:
+        dtype = S.dtype if np.dtype(S.dtype).kind == "f" else np.float32
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"The 'dtype' parameter of sddmm_plan must be float32 or float64. Got "
+                         f"{dtype}.")
+    if scheme is not None and scheme not in SCHEMES or scheme == "cpu":
+        raise ValueError(f"The 'scheme' parameter of sddmm_plan must be one of "
+                         f"{sorted(set(SCHEMES) - {'cpu'})}. Got {scheme!r} instead.")
+    if is_gpu_array(S):
+        from mgpu.backends.cupy import plan_sddmm
+
+        return plan_sddmm(S, int(K), dtype, reuse=True, force=scheme)
+    if scheme is not None:
+        raise ValueError("The 'scheme' parameter of sddmm_plan applies to GPU input only.")
+    return SDDMMPlan(scheme="cpu", device="cpu", shape=tuple(S.shape), nnz=int(S.nnz),
+                     K=int(K), dtype=dtype.name, Tj=S.shape[1], Tk=int(K), ti=0, lanes=1,
+                     vector=1, n_panels=1, l2_bytes=0, smem_bytes=0, pattern=_pattern_key(S))
