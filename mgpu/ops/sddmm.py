@@ -11,6 +11,7 @@ from mgpu.ops._validate import is_dask_array, is_sparse
 
 __all__ = [
     "check_dense_factor",
+    "check_dense_factors",
     "check_sddmm_shapes",
     "check_sparse",
     "sddmm",
@@ -56,21 +57,41 @@ def check_sddmm_shapes(s_shape: tuple[int, ...], a_shape: tuple[int, ...],
 
 def check_dense_factor(X: Any, name: str) -> None:
     """Refuse a dense factor that is not a real numpy/cupy matrix or holds NaN/inf."""
-    if is_sparse(X) or not (isinstance(X, np.ndarray) or is_gpu_array(X)):
-        raise TypeError(
-            f"The '{name}' parameter of sddmm must be a dense numpy or cupy array. Got "
-            f"{type(X).__name__} instead."
-        )
-    if np.dtype(X.dtype).kind not in "biuf":
-        raise TypeError(f"The '{name}' parameter of sddmm must hold real numbers. Got {X.dtype}.")
-    if np.dtype(X.dtype).kind == "f" and X.size:
-        bad = ~(np.isfinite(X) if isinstance(X, np.ndarray) else _cupy_isfinite(X))
-        if bool(bad.any()):
+    check_dense_factors({name: X})
+
+
+def check_dense_factors(factors: dict[str, Any]) -> None:
+    """:func:`check_dense_factor` for several factors, with one device round trip for all."""
+    for name, X in factors.items():
+        if is_sparse(X) or not (isinstance(X, np.ndarray) or is_gpu_array(X)):
+            raise TypeError(
+                f"The '{name}' parameter of sddmm must be a dense numpy or cupy array. Got "
+                f"{type(X).__name__} instead."
+            )
+        if np.dtype(X.dtype).kind not in "biuf":
+            raise TypeError(
+                f"The '{name}' parameter of sddmm must hold real numbers. Got {X.dtype}.")
+    checked = {n: X for n, X in factors.items() if np.dtype(X.dtype).kind == "f" and X.size}
+    flags = [_all_finite(X) for X in checked.values()]
+    if flags and any(is_gpu_array(f) for f in flags):
+        import cupy
+
+        flags = cupy.stack([cupy.asarray(f) for f in flags]).get().tolist()
+    for (name, X), ok in zip(checked.items(), flags):
+        if not bool(ok):
+            bad = ~(np.isfinite(X) if isinstance(X, np.ndarray) else _cupy_isfinite(X))
             r, c = (int(v) for v in np.argwhere(to_host(bad))[0])
             raise ValueError(
                 f"The '{name}' parameter of sddmm holds NaN or infinity (first at row {r}, "
                 f"column {c}); SDDMM would spread it over S's pattern. Clean the factor first."
             )
+
+
+def _all_finite(X: Any) -> Any:
+    """Whether X is all finite: a bool for numpy, a 0-d device array for cupy (no sync)."""
+    if isinstance(X, np.ndarray):
+        return bool(np.isfinite(X).all())
+    return _cupy_isfinite(X).all()
 
 
 def _cupy_isfinite(X: Any) -> Any:
@@ -193,8 +214,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
             "runs the distributed version."
         )
     check_sddmm_shapes(S.shape, getattr(A, "shape", ()), getattr(B, "shape", ()))
-    check_dense_factor(A, "A")
-    check_dense_factor(B, "B")
+    check_dense_factors({"A": A, "B": B})
     on_gpu = [is_gpu_array(x) for x in (S, A, B)]
     if len(set(on_gpu)) != 1:
         where = ", ".join(
