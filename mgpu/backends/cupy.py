@@ -27,6 +27,7 @@ from mgpu.backends.sddmm_plan import (
     candidates,
     tile_layout,
 )
+from mgpu.backends.timing import time_gpu
 
 logger = logging.getLogger(__name__)
 
@@ -279,16 +280,7 @@ def _shape_class(facts: DeviceFacts, S: csp.csr_matrix, K: int, dtype: np.dtype,
 
 
 def _median_ms(fn) -> float:
-    fn()  # warm-up (and compilation)
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(_TUNE_REPEATS):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+    return 1e3 * time_gpu(fn, repeats=_TUNE_REPEATS, warmup=1)
 
 
 def _measure(S: csp.csr_matrix, K: int, dtype: np.dtype, cands: list[Candidate],

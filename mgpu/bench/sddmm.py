@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.bench.timing import time_cpu, time_gpu
+from mgpu.backends.timing import time_cpu, time_gpu
 
 logger = logging.getLogger(__name__)
 

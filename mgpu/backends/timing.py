@@ -1,4 +1,5 @@
-"""Timing helpers: warm-up, repeats, medians; CUDA events on the GPU."""
+"""Timing helpers: warm-up, repeats, medians; CUDA events on the GPU (the benchmarks and the
+SDDMM tuner)."""
 from __future__ import annotations
 
 import statistics
