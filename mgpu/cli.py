@@ -390,5 +390,94 @@ def bench_sddmm(data_dir: str | None, powerlaw: str, nnz: float, ks: str, device
         click.echo(f"measurements written to {json_path}")
 
 
+@bench.command("sddmm-scaling")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@click.option("--powerlaw", default=None, metavar="ROWSxCOLS",
+              help="Use a synthetic power-law matrix of this shape instead of INPUT "
+              "(the issue's: 300000x100000 with --nnz 6e7).")
+@click.option("--nnz", default=6e7, show_default=True, type=float,
+              help="Nonzeros drawn for --powerlaw.")
+@click.option("--k", "K", default=128, show_default=True, type=int, help="Columns of A and B.")
+@click.option("--workers", default="1,2,4", show_default=True,
+              help="Comma-separated worker counts (GPUs, on a GPU machine).")
+@click.option("--tiles-per-worker", default=1, show_default=True, type=int,
+              help="Tiles of S per worker (more lets a fast worker take more).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto",
+              show_default=True, help="Worker kind (auto: GPU workers when GPUs are visible).")
+@click.option("--repeats", default=5, show_default=True, type=int, help="Timed calls (median).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every measurement to this JSON file.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of speedup against workers.")
+def bench_sddmm_scaling(input: str | None, powerlaw: str | None, nnz: float, K: int,
+                        workers: str, tiles_per_worker: int, device: str, repeats: int,
+                        json_path: str | None, plot: str | None) -> None:
+    """Distributed SDDMM on 1, 2, 4, … workers with S and the factors resident on them.
+
+    Reports the median time of a call, GFLOP/s, the speedup against the first worker count
+    and the nnz imbalance of the tiles, all from one run.
+    """
+    import json
+
+    from mgpu.bench import sddmm as b
+    from mgpu.dist import visible_gpus
+
+    try:
+        counts = tuple(int(w) for w in workers.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected counts such as 1,2,4, got {workers!r}",
+                                 param_hint="--workers") from None
+    if not counts or min(counts) < 1:
+        raise click.BadParameter("worker counts must be >= 1", param_hint="--workers")
+    for name, v in (("--k", K), ("--tiles-per-worker", tiles_per_worker), ("--repeats", repeats)):
+        if v < 1:
+            raise click.BadParameter(f"must be >= 1, got {v}", param_hint=name)
+    if plot is not None:
+        _need_matplotlib()
+    n_gpus = visible_gpus()
+    gpus = {"auto": None, "cpu": False, "gpu": True}[device]
+    if (gpus or (gpus is None and n_gpus)) and max(counts) > n_gpus:
+        raise click.UsageError(f"--workers asks for {max(counts)} GPU workers but {n_gpus} "
+                               "GPU(s) are visible; lower it or pass --device cpu.")
+    t0 = time.perf_counter()
+    S, label = _load_input(input, powerlaw, nnz, 0)
+    S = S.tocsr().astype(np.float32)
+    S.sum_duplicates()
+    click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
+               f"(ready in {time.perf_counter() - t0:.0f} s)")
+    rows = b.bench_scaling(S, K, counts, tiles_per_worker=tiles_per_worker, repeats=repeats,
+                           gpus=gpus, progress=click.echo)
+    click.echo(b.scaling_markdown(rows, label))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+        click.echo(f"measurements written to {json_path}")
+    if plot is not None:
+        _plot_scaling(rows, f"SDDMM, {label}, K={K}", plot)
+        click.echo(f"plot written to {plot}")
+
+
+def _plot_scaling(rows: list[dict[str, Any]], title: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w = [r["workers"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot(w, [r["speedup"] for r in rows], "o-", label="measured")
+    ax.plot(w, [x / w[0] for x in w], "k--", lw=1, label="linear")
+    for r in rows:
+        ax.annotate(f"{r['gflops']:.0f} GFLOP/s", (r["workers"], r["speedup"]),
+                    textcoords="offset points", xytext=(4, -12), fontsize="small")
+    ax.set_xlabel(f"{rows[0]['kind']} workers" if rows else "workers")
+    ax.set_ylabel(f"speedup against {w[0]}" if w else "speedup")
+    ax.set_xticks(w)
+    ax.set_title(title, fontsize="medium")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -110,3 +110,34 @@ def test_bench_sddmm_cpu(runner, tmp_path):
         assert row["max_rel_err"] <= 1e-6
         assert row["mgpu_gflops"] > 0 and row["speedup_vs_numpy"] > 0
     assert "| power-law 2,000×700 | 33 |" in r.output
+
+
+def test_bench_sddmm_scaling_on_cpu_workers(runner, tmp_path):
+    out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
+    r = runner.invoke(main, ["bench", "sddmm-scaling", "--powerlaw", "3000x1200", "--nnz",
+                             "60000", "--k", "16", "--workers", "1,2", "--tiles-per-worker", "2",
+                             "--device", "cpu", "--repeats", "2", "--json", str(out),
+                             "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    import json
+
+    rows = json.loads(out.read_text())
+    assert [(row["workers"], row["tiles"], row["kind"]) for row in rows] == [(1, 2, "CPU"),
+                                                                            (2, 4, "CPU")]
+    for row in rows:
+        assert row["max_rel_err"] <= 1e-6 and row["median_s"] > 0
+        assert 1.0 <= row["imbalance"] < 1.5
+    assert rows[0]["speedup"] == 1.0
+    assert rows[1]["speedup"] == pytest.approx(rows[0]["median_s"] / rows[1]["median_s"])
+    assert "| 2 CPU | 4 |" in r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_sddmm_scaling_refuses_bad_counts(runner):
+    r = runner.invoke(main, ["bench", "sddmm-scaling", "--powerlaw", "30x20", "--workers", "0"])
+    assert r.exit_code != 0 and "worker counts must be >= 1" in r.output
+    r = runner.invoke(main, ["bench", "sddmm-scaling", "--powerlaw", "30x20", "--workers", "a"])
+    assert r.exit_code != 0 and "expected counts such as 1,2,4" in r.output
+    r = runner.invoke(main, ["bench", "sddmm-scaling", "--powerlaw", "30x20", "--workers", "64",
+                             "--device", "gpu"])
+    assert r.exit_code != 0 and "GPU(s) are visible" in r.output

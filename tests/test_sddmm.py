@@ -418,3 +418,28 @@ def test_distributed_bad_input(client, problem):
     # A dask factor is only seen by the tasks: they fail with the same message.
     with pytest.raises(ValueError, match=r"'A' .* NaN or infinity"):
         mgpu.sddmm(Sd, da.from_array(bad, chunks=(2000, 24)), B).compute()
+
+
+def test_placed_factors_stay_on_their_workers_across_calls(client, problem):
+    from mgpu.dist import place_factors
+
+    S, A, B = problem
+    Sd = from_scipy(S, 4, axis=1, client=client)
+    A_d, B_d = place_factors(Sd, A, B, client=client)
+    assert A_d.chunks == (Sd.chunks[0], (24,)) and B_d.chunks == (Sd.chunks[1], (24,))
+    where = chunk_workers(B_d, client)
+    for (j, _), holders in where.items():  # each piece of B sits with its column tile of S
+        assert set(holders) <= set(chunk_workers(Sd, client)[(0, j)])
+    ref = _reference(S, A, B, True)
+    for _ in range(2):
+        np.testing.assert_allclose(gather(mgpu.sddmm(Sd, A_d, B_d)).data, ref, rtol=1e-5,
+                                   atol=1e-5)
+    with pytest.raises(TypeError, match="'S' parameter of place_factors must be a dask array"):
+        place_factors(S, A, B, client=client)
+    with pytest.raises(TypeError, match="'A' parameter of place_factors must be a numpy"):
+        place_factors(Sd, A_d, B, client=client)
+    bad = B.copy()
+    bad[3, 2] = np.inf
+    with pytest.raises(ValueError, match=r"'B' parameter of sddmm holds NaN or infinity "
+                                         r"\(first at row 3, column 2\)"):
+        place_factors(Sd, A, bad, client=client)

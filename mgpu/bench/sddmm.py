@@ -8,6 +8,7 @@ cuSPARSE's SDDMM computes. GFLOP/s counts 2·K per nonzero.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -176,4 +177,86 @@ def markdown(rows: list[dict[str, Any]], label: str) -> str:
                 f"| {label} | {r['K']} | {r['nnz']:,} | {r['mgpu_gflops']:.2f} | "
                 f"{r['numpy_gather_dot_gflops']:.2f} | {r['speedup_vs_numpy']:.2f}× | "
                 f"{r['max_rel_err']:.1e} |")
+    return "\n".join(lines)
+
+
+def bench_scaling(S: sp.csr_matrix, K: int, workers: tuple[int, ...], *,
+                  tiles_per_worker: int = 1, repeats: int = 5, gpus: bool | None = None,
+                  progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The distributed SDDMM on 1, 2, 4, … workers, S and the factors resident on them.
+
+    For each worker count an embedded cluster is started (GPU workers when ``gpus`` or when
+    GPUs are visible), S is cut at nnz prefix sums into ``tiles_per_worker`` tiles per worker
+    along :func:`mgpu.dist.sddmm_axis`, the factors are placed once
+    (:func:`mgpu.dist.place_factors`), and each timed call runs ``mgpu.sddmm`` to a persisted
+    (not gathered) result. The first call is a warm-up (kernel compilation, tuning) and is
+    checked against a float64 reference on sampled nonzeros.
+    """
+    from distributed import wait
+
+    import mgpu
+    from mgpu.dist import chunk_nnz, connect, from_scipy, gather, place_factors, sddmm_axis
+
+    A, B = _factors(S, K, K)
+    flop = 2.0 * K * S.nnz
+    axis = sddmm_axis(S.shape)
+    out: list[dict[str, Any]] = []
+    for n in workers:
+        with connect(n_workers=n, gpus=gpus) as client:
+            kind = "GPU" if all(client.run(_has_gpu_worker).values()) else "CPU"
+            Sd = from_scipy(S, n * tiles_per_worker, axis=axis, client=client)
+            A_d, B_d = place_factors(Sd, A, B, client=client)
+
+            def call() -> Any:
+                P = mgpu.sddmm(Sd, A_d, B_d, hadamard=False).persist()
+                wait(P)
+                if kind == "GPU":
+                    # a task ends when its kernel is queued: wait for the devices too
+                    client.run(_synchronize_device)
+                return P
+
+            P = call()
+            err = _sample_error(S, A, B, gather(P).tocsr().data, K)
+            del P
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                P = call()
+                times.append(time.perf_counter() - t0)
+                del P
+            nnz = chunk_nnz(Sd).ravel()
+            t = float(np.median(times))
+            row = {"workers": n, "kind": kind, "tiles": int(nnz.size), "axis": axis, "K": K,
+                   "nnz": int(S.nnz), "median_s": t, "gflops": flop / t / 1e9,
+                   "imbalance": float(nnz.max() / nnz.mean()) if nnz.size else 1.0,
+                   "max_rel_err": err}
+            row["speedup"] = out[0]["median_s"] / t if out else 1.0
+            out.append(row)
+            if progress is not None:
+                progress(f"{n} {kind} worker(s): {t * 1e3:.1f} ms, {row['gflops']:.0f} GFLOP/s, "
+                         f"speedup {row['speedup']:.2f}×, nnz imbalance {row['imbalance']:.4f}")
+    return out
+
+
+def _synchronize_device() -> None:
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
+def _has_gpu_worker(dask_worker: Any = None) -> bool:
+    from mgpu.dist import worker_info
+
+    return worker_info(dask_worker)["gpu"] is not None
+
+
+def scaling_markdown(rows: list[dict[str, Any]], label: str) -> str:
+    """The scaling table: time, GFLOP/s and speedup against one worker, with nnz imbalance."""
+    head = ("| matrix | K | workers | tiles | nnz imbalance (max/mean) | median ms | GFLOP/s | "
+            "speedup vs 1 | max rel err |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(f"| {label} | {r['K']} | {r['workers']} {r['kind']} | {r['tiles']} | "
+                     f"{r['imbalance']:.4f} | {r['median_s'] * 1e3:.1f} | {r['gflops']:.0f} | "
+                     f"{r['speedup']:.2f}× | {r['max_rel_err']:.1e} |")
     return "\n".join(lines)

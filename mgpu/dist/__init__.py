@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from mgpu.dist.cluster import Client, connect, describe_workers, visible_gpus, worker_info
 from mgpu.dist.collection import chunk_nnz, chunk_workers, from_scipy, gather
-from mgpu.dist.sddmm import sddmm, sddmm_axis
+from mgpu.dist.sddmm import place_factors, sddmm, sddmm_axis
 
 __all__ = [
     "Client",
@@ -13,6 +13,7 @@ __all__ = [
     "describe_workers",
     "from_scipy",
     "gather",
+    "place_factors",
     "sddmm",
     "sddmm_axis",
     "visible_gpus",
