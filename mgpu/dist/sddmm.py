@@ -9,7 +9,9 @@ factor is larger, so that the smaller one is the one copied to every worker.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+import weakref
 from typing import Any
 
 import dask.array as da
@@ -48,18 +50,44 @@ def sddmm_axis(shape: tuple[int, int]) -> int:
     return 1 if shape[0] <= shape[1] else 0
 
 
+# Keys of factors that were checked on the client and sent by _factor (place_factors).
+_PLACED = "mgpu-sddmm-factor-"
+_device_copies: dict[int, tuple[weakref.ref, Any]] = {}
+_device_lock = threading.Lock()
+
+
+def _on_device(X: Any) -> Any:
+    """X as a CuPy array. A host factor held by the worker is copied once and the copy kept
+    while the worker holds the factor, so placed factors cross PCIe once, not every call."""
+    if is_gpu_array(X):
+        return X
+    import cupy
+
+    key = id(X)
+    with _device_lock:
+        hit = _device_copies.get(key)
+        if hit is not None and hit[0]() is X:
+            return hit[1]
+    dev = cupy.asarray(X)
+    try:
+        ref = weakref.ref(X, lambda _r, key=key: _device_copies.pop(key, None))
+    except TypeError:  # not weak-referenceable: no cache
+        return dev
+    with _device_lock:
+        _device_copies[key] = (ref, dev)
+    return dev
+
+
 def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool]) -> Any:
     """One tile: validate what only the task can see, move factors to S's device, run.
 
-    ``check`` says which factors came as dask arrays, unseen by the client's checks.
+    ``check`` says which factors came as dask arrays unseen by the client's checks.
     """
     for X, name, needed in ((A, "A", check[0]), (B, "B", check[1])):
         if needed:
             check_dense_factor(X, name)
     if is_gpu_array(S):
-        import cupy
-
-        A, B = cupy.asarray(A), cupy.asarray(B)
+        A, B = _on_device(A), _on_device(B)
     elif is_gpu_array(A) or is_gpu_array(B):
         A, B = to_host(A), to_host(B)
     return sddmm_local(check_sparse(S, hadamard), A, B, hadamard)
@@ -81,7 +109,7 @@ def _factor(X: Any, name: str, row_chunks: tuple[int, ...], holders: list[list[s
     # hundreds of MB of values for a deterministic one.
     token = uuid.uuid4().hex
     if client is None:
-        return da.from_array(X, chunks=chunks, asarray=False, name=f"mgpu-sddmm-{name}-{token}")
+        return da.from_array(X, chunks=chunks, asarray=False, name=f"{_PLACED}{name}-{token}")
     bounds = np.concatenate([[0], np.cumsum(row_chunks)]).astype(np.int64)
     graph = {}
     for i in range(len(row_chunks)):
@@ -90,9 +118,9 @@ def _factor(X: Any, name: str, row_chunks: tuple[int, ...], holders: list[list[s
             fut = client.scatter(piece, broadcast=True, hash=False)
         else:
             fut = client.scatter(piece, workers=holders[i] or None, hash=False)
-        graph[(f"mgpu-sddmm-{name}-{token}", i, 0)] = fut
+        graph[(f"{_PLACED}{name}-{token}", i, 0)] = fut
     meta = X[:0]
-    return da.Array(graph, f"mgpu-sddmm-{name}-{token}", chunks=chunks, dtype=X.dtype, meta=meta)
+    return da.Array(graph, f"{_PLACED}{name}-{token}", chunks=chunks, dtype=X.dtype, meta=meta)
 
 
 def place_factors(S: da.Array, A: Any, B: Any, *, client: Any = None) -> tuple[da.Array, da.Array]:
@@ -206,7 +234,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) ->
         _sddmm_block, "ij",
         S, "ij", A_d, "ik", B_d, "jk",
         hadamard=bool(hadamard),
-        check=(is_dask_array(A), is_dask_array(B)),
+        check=tuple(is_dask_array(X) and not X.name.startswith(_PLACED) for X in (A, B)),
         concatenate=True,
         dtype=dt,
         meta=meta,
