@@ -83,6 +83,10 @@ def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool
 
     ``check`` says which factors came as dask arrays unseen by the client's checks.
     """
+    # K is one chunk, so blockwise hands each factor over as a one-block list; taking the
+    # block itself (instead of concatenate=True) keeps it the object the worker holds: no
+    # host copy, and the device copy of _on_device is found again on the next call.
+    A, B = (X[0] if isinstance(X, list) else X for X in (A, B))
     for X, name, needed in ((A, "A", check[0]), (B, "B", check[1])):
         if needed:
             check_dense_factor(X, name)
@@ -235,7 +239,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) ->
         S, "ij", A_d, "ik", B_d, "jk",
         hadamard=bool(hadamard),
         check=tuple(is_dask_array(X) and not X.name.startswith(_PLACED) for X in (A, B)),
-        concatenate=True,
+        concatenate=False,
         dtype=dt,
         meta=meta,
         name="mgpu-sddmm-" + tokenize(S, A_d, B_d, hadamard),
