@@ -10,4 +10,4 @@ from mgpu import config as _config  # noqa: F401  (registers the mgpu.* defaults
 __version__ = "0.1.0"
 
 from mgpu.dist.sddmm import sddmm  # noqa: E402
-from mgpu.ops import row_norms, sddmm_plan  # noqa: E402
+from mgpu.ops import NearestNeighbors, knn, pairwise_distances, row_norms, sddmm_plan  # noqa: E402,F401

@@ -11,6 +11,7 @@ from dask.utils import Dispatch
 
 row_norms_lookup = Dispatch("row_norms")
 sddmm_lookup = Dispatch("sddmm")
+namm_lookup = Dispatch("namm")  # union (merge) distances between the rows of two CSR matrices
 
 
 def _register_cupy() -> None:

@@ -5,7 +5,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import row_norms_lookup, sddmm_lookup
+from mgpu.backends import namm_lookup, row_norms_lookup, sddmm_lookup
 
 # Reductions of a row, shared with the GPU kernel's OP template argument (kernels/rows.cu).
 ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX = 0, 1, 2, 3
@@ -106,3 +106,70 @@ def sddmm_csr(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, hadamard: bool) ->
 @sddmm_lookup.register((sp.spmatrix, sp.sparray))
 def _sddmm_sparse(S, A, B, hadamard: bool, plan=None):
     return sddmm_csr(S, A, B, hadamard)
+
+
+# ------------------------------------------------------------------ union (NAMM) distances
+# Operation codes as in mgpu.ops.distances: L1, L∞, Lp, Canberra, Hamming, Jensen-Shannon.
+
+
+@numba.njit(inline="always")
+def _namm_term(x, y, op, p):
+    d = abs(x - y)
+    if op == 0 or op == 1:
+        return d
+    if op == 2:
+        return d ** p
+    if op == 3:
+        s = abs(x) + abs(y)
+        return d / s if s > 0 else 0.0
+    if op == 4:
+        return 1.0 if x != y else 0.0
+    # Jensen-Shannon on normalised rows: x ln(2x/(x+y)) + y ln(2y/(x+y)), 0 ln 0 = 0
+    m = x + y
+    t = 0.0
+    if x > 0:
+        t += x * np.log(2.0 * x / m)
+    if y > 0:
+        t += y * np.log(2.0 * y / m)
+    return t
+
+
+@numba.njit(parallel=True, nogil=True)
+def _namm_csr(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
+    for a in numba.prange(out.shape[0]):
+        for b in range(out.shape[1]):
+            i, i1 = xp[a], xp[a + 1]
+            j, j1 = yp[b], yp[b + 1]
+            acc = 0.0
+            while i < i1 or j < j1:
+                if j >= j1 or (i < i1 and xi[i] < yi[j]):
+                    x, y = xd[i], 0.0
+                    i += 1
+                elif i >= i1 or yi[j] < xi[i]:
+                    x, y = 0.0, yd[j]
+                    j += 1
+                else:
+                    x, y = xd[i], yd[j]
+                    i += 1
+                    j += 1
+                t = _namm_term(x, y, op, p)
+                if op == 1:
+                    acc = max(acc, t)
+                else:
+                    acc += t
+            if op == 2:
+                acc = acc ** (1.0 / p)
+            elif op == 4:
+                acc = acc / n_features if n_features > 0 else 0.0
+            elif op == 5:
+                acc = np.sqrt(max(acc, 0.0) / 2.0)
+            out[a, b] = acc
+
+
+@namm_lookup.register((sp.spmatrix, sp.sparray))
+def _namm_sparse(X, Y, op: int, p: float) -> np.ndarray:
+    """Union distances between the rows of two float64 CSR matrices with sorted indices."""
+    out = np.empty((X.shape[0], Y.shape[0]), dtype=np.float64)
+    _namm_csr(X.indptr, X.indices, X.data, Y.indptr, Y.indices, Y.data, X.shape[1], op,
+              float(p), out)
+    return out

@@ -3,7 +3,10 @@ and return the input's family (numpy/scipy in -> numpy out, cupy/cupyx in -> cup
 dask in -> dask out)."""
 from __future__ import annotations
 
+from mgpu.ops.distances import SEMIRINGS, knn, pairwise_distances
+from mgpu.ops.neighbors import NearestNeighbors
 from mgpu.ops.rownorms import NORMS, row_norms
 from mgpu.ops.sddmm import sddmm, sddmm_plan
 
-__all__ = ["NORMS", "row_norms", "sddmm", "sddmm_plan"]
+__all__ = ["NORMS", "SEMIRINGS", "NearestNeighbors", "knn", "pairwise_distances", "row_norms",
+           "sddmm", "sddmm_plan"]

@@ -1,0 +1,361 @@
+"""Pairwise distances and exact kNN through one semiring table (RAFT's design).
+
+*Expanded* metrics need one dot-product pass (X·Yᵀ on the values, or on a transform of them:
+the nonzero pattern, square roots, logarithms), per-row statistics and an element-wise
+expansion. *NAMM* metrics ("non-annihilating multiply-monoid") need the full union of the
+two rows' nonzeros: they run a merge over both rows. :data:`SEMIRINGS` drives both, and the
+error messages and docs are made from it.
+
+Conventions where scipy has none or gives NaN: a zero row is at cosine and correlation
+distance 1 from everything (scikit-learn's cosine convention), and two empty rows are at
+dice distance 0 (as at jaccard distance 0 in scipy). jaccard, dice and russellrao use the
+nonzero pattern (scipy's boolean metrics on ``X != 0``). ``kl_divergence`` is
+``Σ rel_entr(x, y)`` (infinite where y is 0 and x is not); ``jensenshannon`` is scipy's
+(rows normalised to sum 1, natural logarithm). ``inner_product`` is a similarity: kNN keeps
+the largest.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from mgpu import config
+from mgpu.backends import is_gpu_array, namm_lookup
+from mgpu.ops._validate import is_dask_array, is_sparse
+
+__all__ = ["SEMIRINGS", "Semiring", "knn", "pairwise_distances", "resolve_metric"]
+
+
+@dataclass(frozen=True)
+class Semiring:
+    """One metric: how it is computed and what input it takes."""
+
+    name: str
+    kind: str  # "expanded" or "namm"
+    aliases: tuple[str, ...] = ()
+    nonnegative: bool = False  # refuses negative values
+    positive_rows: bool = False  # refuses rows that sum to zero
+    similarity: bool = False  # larger is nearer
+    namm_op: int = -1  # operation code of the union kernel (mgpu/backends/numpy.py)
+
+
+# The NAMM operation codes shared with the union kernels.
+NAMM_L1, NAMM_LINF, NAMM_LP, NAMM_CANBERRA, NAMM_HAMMING, NAMM_JS = range(6)
+
+SEMIRINGS: dict[str, Semiring] = {s.name: s for s in (
+    Semiring("euclidean", "expanded", ("l2",)),
+    Semiring("sqeuclidean", "expanded"),
+    Semiring("cosine", "expanded"),
+    Semiring("correlation", "expanded"),
+    Semiring("inner_product", "expanded", similarity=True),
+    Semiring("dice", "expanded"),
+    Semiring("jaccard", "expanded"),
+    Semiring("russellrao", "expanded"),
+    Semiring("hellinger", "expanded", nonnegative=True),
+    Semiring("kl_divergence", "expanded", ("kullback_leibler",), nonnegative=True),
+    Semiring("manhattan", "namm", ("l1", "cityblock"), namm_op=NAMM_L1),
+    Semiring("chebyshev", "namm", ("linf", "infinity"), namm_op=NAMM_LINF),
+    Semiring("minkowski", "namm", ("lp",), namm_op=NAMM_LP),
+    Semiring("canberra", "namm", namm_op=NAMM_CANBERRA),
+    Semiring("hamming", "namm", namm_op=NAMM_HAMMING),
+    Semiring("jensenshannon", "namm", ("jensen_shannon",), nonnegative=True, positive_rows=True,
+             namm_op=NAMM_JS),
+)}
+
+_ALIASES: dict[str, str] = {a: s.name for s in SEMIRINGS.values() for a in (s.name, *s.aliases)}
+
+
+def resolve_metric(metric: Any, p: Any = 2, *, func: str = "pairwise_distances") -> tuple[Semiring, float]:
+    """The semiring of a metric name or alias, and the Minkowski ``p`` it runs with.
+
+    >>> resolve_metric("cityblock")[0].name
+    'manhattan'
+    >>> resolve_metric("minkowski", 1)[0].name, resolve_metric("minkowski", 3)[1]
+    ('manhattan', 3.0)
+    """
+    name = _ALIASES.get(metric) if isinstance(metric, str) else None
+    if name is None:
+        raise ValueError(
+            f"The 'metric' parameter of {func} must be a str among "
+            f"{{{', '.join(repr(a) for a in sorted(_ALIASES))}}}. Got {metric!r} instead."
+        )
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) \
+            or not p > 0 or math.isnan(p):
+        raise ValueError(f"The 'p' parameter of {func} must be a number > 0 (math.inf for "
+                         f"chebyshev). Got {p!r} instead.")
+    p = float(p)
+    if name == "minkowski":
+        if p == 1:
+            name = "manhattan"
+        elif p == 2:
+            name = "euclidean"
+        elif math.isinf(p):
+            name = "chebyshev"
+    return SEMIRINGS[name], p
+
+
+def _check_input(X: Any, name: str, func: str) -> Any:
+    """X as float64 CSR (sparse input) or float64 C-ordered array (dense), checked."""
+    if is_dask_array(X) or is_gpu_array(X):
+        raise TypeError(f"The '{name}' parameter of {func} takes numpy or scipy input here; "
+                        "GPU and dask input follow with the GPU kernels.")
+    if not (is_sparse(X) or isinstance(X, np.ndarray)):
+        raise TypeError(f"The '{name}' parameter of {func} must be a 2-D numpy array or a scipy "
+                        f"sparse matrix. Got {type(X).__name__} instead.")
+    if X.ndim != 2:
+        raise ValueError(f"The '{name}' parameter of {func} must be 2-D. Got shape "
+                         f"{tuple(X.shape)} instead.")
+    if np.dtype(X.dtype).kind not in "biuf":
+        raise TypeError(f"The '{name}' parameter of {func} must hold real numbers. Got "
+                        f"{X.dtype}.")
+    if is_sparse(X):
+        X = sp.csr_matrix(X, dtype=np.float64, copy=True)
+        X.sum_duplicates()
+        vals = X.data
+    else:
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        vals = X
+    bad = ~np.isfinite(vals)
+    if bad.any():
+        r, c = _first(X, bad)
+        raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at row "
+                         f"{r}, column {c}).")
+    return X
+
+
+def _first(X: Any, mask: np.ndarray) -> tuple[int, int]:
+    if isinstance(X, np.ndarray):
+        r, c = np.argwhere(mask)[0]
+        return int(r), int(c)
+    p = int(np.flatnonzero(mask)[0])
+    return int(np.searchsorted(X.indptr, p, side="right") - 1), int(X.indices[p])
+
+
+def _check_values(X: Any, name: str, func: str, ring: Semiring) -> None:
+    vals = X.data if sp.issparse(X) else X
+    if ring.nonnegative and vals.size and vals.min() < 0:
+        r, c = _first(X, vals < 0)
+        raise ValueError(f"The '{name}' parameter of {func} must be non-negative for metric "
+                         f"'{ring.name}'. Got a negative value at row {r}, column {c}.")
+    if ring.positive_rows:
+        sums = np.asarray(X.sum(axis=1)).ravel()
+        if (sums <= 0).any():
+            raise ValueError(f"The '{name}' parameter of {func} has rows that sum to 0 (first: "
+                             f"row {int(np.flatnonzero(sums <= 0)[0])}); metric '{ring.name}' "
+                             "compares distributions and needs every row to have mass.")
+
+
+# ---------------------------------------------------------------------------- computation
+
+def _dot(X: Any, Y: Any) -> np.ndarray:
+    """X·Yᵀ as a dense float64 array."""
+    out = X @ Y.T
+    return out.toarray() if sp.issparse(out) else np.asarray(out)
+
+
+def _map_values(X: Any, fn: Any) -> Any:
+    """fn applied to the stored values (the nonzeros of sparse X, every entry of dense X)."""
+    if sp.issparse(X):
+        out = X.copy()
+        out.data = fn(out.data)
+        return out
+    return fn(X)
+
+
+def _row_sums(X: Any) -> np.ndarray:
+    return np.asarray(X.sum(axis=1)).ravel()
+
+
+def _pattern(X: Any) -> Any:
+    return _map_values(X, lambda v: (v != 0).astype(np.float64))
+
+
+def _expanded(ring: Semiring, X: Any, Y: Any) -> np.ndarray:
+    """The expanded metrics: one product per term, row statistics, an element-wise formula."""
+    n = X.shape[1]
+    name = ring.name
+    if name == "inner_product":
+        return _dot(X, Y)
+    if name in ("euclidean", "sqeuclidean"):
+        sq = lambda Z: _row_sums(_map_values(Z, np.square))  # noqa: E731
+        d = sq(X)[:, None] + sq(Y)[None, :] - 2.0 * _dot(X, Y)
+        np.maximum(d, 0.0, out=d)
+        return np.sqrt(d, out=d) if name == "euclidean" else d
+    if name in ("cosine", "correlation"):
+        dot = _dot(X, Y)
+        sx = np.sqrt(_row_sums(_map_values(X, np.square)))
+        sy = np.sqrt(_row_sums(_map_values(Y, np.square)))
+        if name == "correlation":
+            mx, my = _row_sums(X) / n, _row_sums(Y) / n
+            dot = dot - n * mx[:, None] * my[None, :]
+            sx = np.sqrt(np.maximum(sx * sx - n * mx * mx, 0.0))
+            sy = np.sqrt(np.maximum(sy * sy - n * my * my, 0.0))
+        den = sx[:, None] * sy[None, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = 1.0 - np.where(den > 0, dot / np.where(den > 0, den, 1.0), 0.0)
+        return np.clip(d, 0.0, 2.0)
+    if name in ("dice", "jaccard", "russellrao"):
+        PX, PY = _pattern(X), _pattern(Y)
+        both = _dot(PX, PY)
+        if name == "russellrao":
+            return (n - both) / n if n else np.zeros_like(both)
+        cx, cy = _row_sums(PX)[:, None], _row_sums(PY)[None, :]
+        if name == "dice":
+            num, den = cx + cy - 2.0 * both, cx + cy
+        else:
+            num, den = cx + cy - 2.0 * both, cx + cy - both
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+    if name == "hellinger":
+        s = _dot(_map_values(X, np.sqrt), _map_values(Y, np.sqrt))
+        return np.sqrt(np.maximum(1.0 - s, 0.0))
+    if name == "kl_divergence":
+        xlogx = _row_sums(_map_values(X, lambda v: np.where(v > 0, v * np.log(np.where(
+            v > 0, v, 1.0)), 0.0)))
+        logy = _map_values(Y, lambda v: np.where(v > 0, np.log(np.where(v > 0, v, 1.0)), 0.0))
+        cross = _dot(X, logy)
+        # x_i > 0 where y_i == 0 makes the divergence infinite: count the support x shares
+        covered = _dot(_pattern(X), _pattern(Y))
+        d = xlogx[:, None] - cross
+        return np.where(covered < _row_sums(_pattern(X))[:, None], np.inf, d)
+    raise AssertionError(name)
+
+
+def _namm(ring: Semiring, X: Any, Y: Any, p: float) -> np.ndarray:
+    """The union metrics through the backend's merge kernel (rows as CSR)."""
+    Xc, Yc = sp.csr_matrix(X), sp.csr_matrix(Y)
+    if ring.name == "jensenshannon":  # scipy normalises each row to a distribution
+        Xc = sp.csr_matrix(sp.diags(1.0 / _row_sums(Xc)) @ Xc)
+        Yc = sp.csr_matrix(sp.diags(1.0 / _row_sums(Yc)) @ Yc)
+    for Z in (Xc, Yc):
+        Z.sort_indices()
+    return namm_lookup(Xc, Yc, ring.namm_op, p)
+
+
+def _distances(ring: Semiring, X: Any, Y: Any, p: float) -> np.ndarray:
+    return _expanded(ring, X, Y) if ring.kind == "expanded" else _namm(ring, X, Y, p)
+
+
+def _checked_pair(X: Any, Y: Any, ring: Semiring, func: str, names: tuple[str, str]) -> tuple[Any, Any]:
+    X = _check_input(X, names[0], func)
+    Y = X if Y is None else _check_input(Y, names[1], func)
+    if X.shape[1] != Y.shape[1]:
+        raise ValueError(f"The '{names[0]}' and '{names[1]}' parameters of {func} must have the "
+                         f"same number of columns. Got {X.shape[1]} and {Y.shape[1]}.")
+    _check_values(X, names[0], func, ring)
+    if Y is not X:
+        _check_values(Y, names[1], func, ring)
+    return X, Y
+
+
+def pairwise_distances(X: Any, Y: Any = None, *, metric: str = "euclidean",
+                       p: float = 2) -> np.ndarray:
+    """Distances between the rows of X and the rows of Y (or of X).
+
+    Parameters
+    ----------
+    X : {ndarray, sparse matrix} of shape (n_samples_X, n_features)
+    Y : {ndarray, sparse matrix} of shape (n_samples_Y, n_features), optional
+    metric : str, default='euclidean'
+        A name or alias from :data:`SEMIRINGS` (scipy/scikit-learn names).
+    p : float, default=2
+        Minkowski's exponent (``metric='minkowski'``).
+
+    Returns
+    -------
+    D : ndarray of shape (n_samples_X, n_samples_Y), float64
+
+    Raises
+    ------
+    ValueError
+        Unknown metric, ``p <= 0``, different numbers of columns, NaN/inf, negative values
+        for hellinger/KL/Jensen-Shannon, rows without mass for Jensen-Shannon.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> pairwise_distances(np.array([[0.0, 3.0], [4.0, 0.0]]), metric="euclidean")
+    array([[0., 5.],
+           [5., 0.]])
+    """
+    ring, p = resolve_metric(metric, p)
+    X, Y = _checked_pair(X, Y, ring, "pairwise_distances", ("X", "Y"))
+    return _distances(ring, X, Y, p)
+
+
+def working_memory_rows(n_index: int, budget: Any = None) -> int:
+    """Query rows per batch so that one batch's distances fit the working-memory budget."""
+    from dask.utils import parse_bytes
+
+    budget = config.get("knn.working-memory") if budget is None else budget
+    nbytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
+    return max(1, nbytes // (8 * max(1, n_index)))
+
+
+def top_k(D: np.ndarray, k: int, largest: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The k best entries of each row of D, best first, ties to the lower column index.
+
+    >>> top_k(np.array([[3.0, 1.0, 1.0, 0.5]]), 2)
+    (array([[0.5, 1. ]]), array([[3, 1]]))
+    """
+    key = -D if largest else D
+    n = D.shape[1]
+    k = min(k, n)
+    if k < n:
+        # the k-th value, then everything strictly better plus the lowest-index equals
+        part = np.partition(key, k - 1, axis=1)[:, k - 1:k]
+        cand = key <= part
+        order = np.argsort(np.where(cand, key, np.inf), axis=1, kind="stable")[:, :k]
+    else:
+        order = np.argsort(key, axis=1, kind="stable")
+    return np.take_along_axis(D, order, axis=1), order
+
+
+def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float = 2,
+        working_memory: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest rows of ``index`` for every row of ``queries``, exact, in batches.
+
+    No step holds more than ``working_memory`` (default ``mgpu.knn.working-memory``) of
+    distances. Ties go to the lower index, so the ids equal scikit-learn's brute force.
+
+    Parameters
+    ----------
+    index : {ndarray, sparse matrix} of shape (n_index, n_features)
+    queries : {ndarray, sparse matrix} of shape (n_queries, n_features)
+    k : int
+        Neighbours per query, 1 <= k <= n_index.
+    metric, p
+        As :func:`pairwise_distances`; for ``inner_product`` the largest are kept.
+    working_memory : str or int, optional
+        Bytes of distances per batch ("256 MiB").
+
+    Returns
+    -------
+    distances : ndarray of shape (n_queries, k), float64, best first
+    indices : ndarray of shape (n_queries, k), int64
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 0.0], [1.0, 0.0], [5.0, 5.0]])
+    >>> d, i = knn(X, np.array([[0.9, 0.0]]), 2)
+    >>> i.tolist(), np.round(d, 3).tolist()
+    ([[1, 0]], [[0.1, 0.9]])
+    """
+    ring, p = resolve_metric(metric, p, func="knn")
+    index, queries = _checked_pair(index, queries, ring, "knn", ("index", "queries"))
+    n = index.shape[0]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
+        raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
+                         f"{n} rows). Got {k!r} instead.")
+    step = working_memory_rows(n, working_memory)
+    nq = queries.shape[0]
+    dist = np.empty((nq, k), dtype=np.float64)
+    ids = np.empty((nq, k), dtype=np.int64)
+    for s in range(0, nq, step):
+        D = _distances(ring, queries[s:s + step], index, p)
+        dist[s:s + step], ids[s:s + step] = top_k(D, k, ring.similarity)
+    return dist, ids

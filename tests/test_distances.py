@@ -1,0 +1,218 @@
+"""Pairwise distances, kNN and NearestNeighbors against scipy and scikit-learn in float64."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.spatial.distance import cdist
+from scipy.special import rel_entr
+
+import mgpu
+from mgpu.ops.distances import SEMIRINGS, top_k
+
+# scipy's name of each metric, and the input it is defined on
+_SCIPY = {"euclidean": "euclidean", "sqeuclidean": "sqeuclidean", "cosine": "cosine",
+          "correlation": "correlation", "manhattan": "cityblock", "chebyshev": "chebyshev",
+          "canberra": "canberra", "hamming": "hamming", "jensenshannon": "jensenshannon",
+          "dice": "dice", "jaccard": "jaccard", "russellrao": "russellrao"}
+_BOOLEAN = {"dice", "jaccard", "russellrao"}
+
+
+def _reference(metric: str, X: np.ndarray, Y: np.ndarray, p: float = 2) -> np.ndarray:
+    """float64 distances by scipy, or by their definition where scipy has none."""
+    if metric == "minkowski":
+        return cdist(X, Y, "minkowski", p=p)
+    if metric == "inner_product":
+        return X @ Y.T
+    if metric == "hellinger":
+        return np.sqrt(np.maximum(1.0 - np.sqrt(X) @ np.sqrt(Y).T, 0.0))
+    if metric == "kl_divergence":
+        return np.array([[rel_entr(x, y).sum() for y in Y] for x in X])
+    if metric in _BOOLEAN:
+        return cdist(X != 0, Y != 0, _SCIPY[metric])
+    return cdist(X, Y, _SCIPY[metric])
+
+
+def _matrix(rng, m, n, density=0.2, nonnegative=False):
+    """Empty rows, a duplicated row and one long (dense) row; no constant rows."""
+    S = sp.random(m, n, density=density, format="lil", random_state=rng,
+                  data_rvs=(lambda k: rng.uniform(0.1, 2.0, k)) if nonnegative
+                  else (lambda k: rng.standard_normal(k)))
+    S[1, :] = rng.uniform(0.5, 1.5, n)  # long row
+    S[2, :] = 0  # empty row
+    S[3, :] = S[4, :]  # duplicate rows
+    S = sp.csr_matrix(S)
+    S.eliminate_zeros()
+    return S
+
+
+def _rows_with_mass(S):
+    keep = np.flatnonzero(np.asarray(abs(S).sum(axis=1)).ravel() > 0)
+    return S[keep]
+
+
+@pytest.mark.parametrize("metric", sorted(SEMIRINGS))
+@pytest.mark.parametrize("dense", [False, True])
+def test_every_metric_matches_float64_reference(metric, dense):
+    rng = np.random.default_rng(len(metric))
+    ring = SEMIRINGS[metric]
+    X = _matrix(rng, 40, 25, nonnegative=ring.nonnegative)
+    Y = _matrix(rng, 23, 25, nonnegative=ring.nonnegative)
+    if metric in ("cosine", "correlation", "jensenshannon", "dice"):
+        # scipy gives NaN for zero rows here; those are checked on their own below
+        X, Y = _rows_with_mass(X), _rows_with_mass(Y)
+    p = 3.0 if metric == "minkowski" else 2
+    ref = _reference(metric, X.toarray(), Y.toarray(), p)
+    got = mgpu.pairwise_distances(X.toarray() if dense else X, Y.toarray() if dense else Y,
+                                  metric=metric, p=p)
+    assert got.shape == ref.shape and got.dtype == np.float64
+    assert np.array_equal(np.isinf(got), np.isinf(ref))
+    fin = np.isfinite(ref)
+    scale = max(1.0, float(np.abs(ref[fin]).max(initial=0.0)))
+    np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-5, atol=1e-7 * scale)
+
+
+def test_kl_divergence_is_infinite_where_support_is_missing():
+    X = sp.csr_matrix(np.array([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]))
+    Y = sp.csr_matrix(np.array([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5]]))
+    d = mgpu.pairwise_distances(X, Y, metric="kl_divergence")
+    assert math.isinf(d[0, 0]) and np.isfinite(d[0, 1]) and d[1, 0] == 0.0
+
+
+def test_conventions_for_zero_rows():
+    Z = np.zeros((1, 4))
+    x = np.array([[1.0, 0.0, 2.0, 0.0]])
+    for metric in ("cosine", "correlation"):
+        assert mgpu.pairwise_distances(Z, x, metric=metric)[0, 0] == 1.0
+    assert mgpu.pairwise_distances(Z, Z, metric="dice")[0, 0] == 0.0
+    assert mgpu.pairwise_distances(Z, Z, metric="jaccard")[0, 0] == 0.0
+
+
+def test_aliases_and_minkowski_special_cases():
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((6, 5)), rng.standard_normal((4, 5))
+    for alias, p in (("l1", 2), ("cityblock", 2), ("minkowski", 1)):
+        np.testing.assert_allclose(mgpu.pairwise_distances(X, Y, metric=alias, p=p),
+                                   cdist(X, Y, "cityblock"))
+    np.testing.assert_allclose(mgpu.pairwise_distances(X, Y, metric="minkowski", p=math.inf),
+                               cdist(X, Y, "chebyshev"))
+    np.testing.assert_allclose(mgpu.pairwise_distances(X, metric="minkowski", p=0.5),
+                               cdist(X, X, "minkowski", p=0.5))
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "manhattan", "jaccard", "canberra"])
+def test_knn_equals_scikit_learn_brute_force(metric):
+    from sklearn.neighbors import NearestNeighbors as SkNN
+
+    rng = np.random.default_rng(5)
+    index = _matrix(rng, 300, 40, density=0.1)
+    queries = _matrix(rng, 57, 40, density=0.1)
+    if metric == "cosine":
+        index, queries = _rows_with_mass(index), _rows_with_mass(queries)
+    # a tiny budget: several query batches
+    d, i = mgpu.knn(index, queries, 7, metric=metric, working_memory=8 * 300 * 10)
+    sk_metric = "cityblock" if metric == "manhattan" else metric
+    sk_X, sk_Q = (index.toarray() != 0, queries.toarray() != 0) if metric == "jaccard" else \
+        (index.toarray(), queries.toarray())
+    ref_d, ref_i = SkNN(n_neighbors=7, algorithm="brute", metric=sk_metric).fit(sk_X) \
+        .kneighbors(sk_Q)
+    np.testing.assert_allclose(d, ref_d, rtol=1e-5, atol=1e-9)
+    _same_neighbours_up_to_ties(index, queries, metric, d, i, ref_i)
+
+
+def _same_neighbours_up_to_ties(index, queries, metric, d, i, ref_i):
+    """Where the ids differ from the reference the distances tie, and ours break ties
+    toward the lower index."""
+    full = mgpu.pairwise_distances(queries, index, metric=metric)
+    ref_d = np.take_along_axis(full, ref_i, axis=1)
+    differ = i != ref_i
+    np.testing.assert_allclose(d[differ], ref_d[differ], rtol=1e-12, atol=1e-12)
+    ties = d[:, 1:] == d[:, :-1]
+    assert (i[:, 1:][ties] > i[:, :-1][ties]).all()
+
+
+def test_knn_ties_go_to_the_lower_index():
+    index = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
+    d, i = mgpu.knn(index, np.array([[0.5, 0.5]]), 3)
+    assert i.tolist() == [[0, 1, 2]]
+    assert top_k(np.array([[2.0, 1.0, 1.0, 1.0]]), 2)[1].tolist() == [[1, 2]]
+    assert top_k(np.array([[2.0, 1.0, 3.0, 3.0]]), 2, largest=True)[1].tolist() == [[2, 3]]
+
+
+def test_inner_product_keeps_the_largest():
+    index = np.array([[1.0, 0.0], [3.0, 0.0], [2.0, 0.0]])
+    d, i = mgpu.knn(index, np.array([[1.0, 0.0]]), 2, metric="inner_product")
+    assert i.tolist() == [[1, 2]] and d.tolist() == [[3.0, 2.0]]
+
+
+def test_nearest_neighbors_estimator_matches_scikit_learn():
+    from sklearn.neighbors import NearestNeighbors as SkNN
+
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((80, 6))
+    X[10] = X[11]  # an exact duplicate: ties, and self-exclusion as scikit-learn does it
+    ours = mgpu.NearestNeighbors(n_neighbors=4, metric="manhattan").fit(sp.csr_matrix(X))
+    ref = SkNN(n_neighbors=4, metric="manhattan", algorithm="brute").fit(X)
+    for q in (None, X[:9] + 0.01):
+        d, i = ours.kneighbors(q)
+        rd, ri = ref.kneighbors(q)
+        np.testing.assert_allclose(d, rd, atol=1e-12)
+        _same_neighbours_up_to_ties(X, X if q is None else q, "manhattan", d, i, ri)
+    # the duplicate: its twin at distance 0 comes first, itself excluded
+    assert ours.kneighbors(n_neighbors=1)[1][[10, 11], 0].tolist() == [11, 10]
+    G = ours.kneighbors_graph(mode="distance")
+    assert G.shape == (80, 80) and G.nnz == 320 and G.diagonal().max() == 0
+    np.testing.assert_allclose(np.sort(G.data.reshape(80, 4), axis=1),
+                               ours.kneighbors()[0], atol=0)
+    assert ours.kneighbors(n_neighbors=2, return_distance=False).shape == (80, 2)
+    assert ours.get_params() == {"n_neighbors": 4, "metric": "manhattan", "p": 2}
+    with pytest.raises(ValueError, match="Expected n_neighbors <= n_samples_fit"):
+        ours.kneighbors(n_neighbors=80)
+    with pytest.raises(ValueError, match="not fitted yet"):
+        mgpu.NearestNeighbors().kneighbors(X)
+    with pytest.raises(ValueError, match="'mode' parameter of kneighbors_graph"):
+        ours.kneighbors_graph(mode="weights")
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda X: mgpu.pairwise_distances(X, metric="braycurtis"), ValueError,
+     r"'metric' parameter of pairwise_distances must be a str among \{.*'canberra'.*\}\. "
+     r"Got 'braycurtis'"),
+    (lambda X: mgpu.pairwise_distances(X, metric="minkowski", p=0), ValueError,
+     r"'p' parameter of pairwise_distances must be a number > 0"),
+    (lambda X: mgpu.pairwise_distances(X, X[:, :3]), ValueError,
+     r"same number of columns\. Got 5 and 3"),
+    (lambda X: mgpu.pairwise_distances(-abs(X) - 1, metric="hellinger"), ValueError,
+     r"must be non-negative for metric 'hellinger'\. Got a negative value at row 0, column 0"),
+    (lambda X: mgpu.pairwise_distances(np.vstack([abs(X), np.zeros((1, 5))]),
+                                       metric="jensenshannon"), ValueError,
+     r"rows that sum to 0 \(first: row 6\)"),
+    (lambda X: mgpu.knn(X, X, 0), ValueError, r"'k' parameter of knn must be an int in \[1, 6\]"),
+    (lambda X: mgpu.knn(X, X, 7), ValueError, r"Got 7 instead"),
+    (lambda X: mgpu.knn(np.where(X > 1, np.nan, X), X, 2), ValueError,
+     r"'index' parameter of knn holds NaN or infinity \(first at row"),
+    (lambda X: mgpu.pairwise_distances(X.tolist()), TypeError,
+     r"must be a 2-D numpy array or a scipy sparse matrix\. Got list"),
+    (lambda X: mgpu.pairwise_distances(X.astype(complex)), TypeError, r"real numbers"),
+])
+def test_bad_input_is_refused(call, exc, match):
+    X = np.random.default_rng(1).standard_normal((6, 5))
+    X[0, 0] = 2.0
+    with pytest.raises(exc, match=match):
+        call(X)
+
+
+def test_real_corpus_neighbours(data_dir):
+    from sklearn.neighbors import NearestNeighbors as SkNN
+
+    from mgpu import io
+
+    S = io.load(str(data_dir / "bow" / "ap.dat.gz")).tocsr()[:600].astype(np.float64)
+    S = _rows_with_mass(S)
+    d, i = mgpu.knn(S, S[:50], 5, metric="cosine")
+    rd, ri = SkNN(n_neighbors=5, metric="cosine", algorithm="brute").fit(S).kneighbors(S[:50])
+    np.testing.assert_allclose(d, rd, rtol=1e-5, atol=1e-9)
+    _same_neighbours_up_to_ties(S, S[:50], "cosine", d, i, ri)
+    assert (i[:, 0] == np.arange(50)).all()  # each document is its own nearest
