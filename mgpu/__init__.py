@@ -10,4 +10,5 @@ from mgpu import config as _config  # noqa: F401  (registers the mgpu.* defaults
 __version__ = "0.1.0"
 
 from mgpu.dist.sddmm import sddmm  # noqa: E402
-from mgpu.ops import NearestNeighbors, knn, pairwise_distances, row_norms, sddmm_plan  # noqa: E402,F401
+from mgpu.dist.knn import knn  # noqa: E402
+from mgpu.ops import NearestNeighbors, pairwise_distances, row_norms, sddmm_plan  # noqa: E402,F401

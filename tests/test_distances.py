@@ -216,3 +216,65 @@ def test_real_corpus_neighbours(data_dir):
     np.testing.assert_allclose(d, rd, rtol=1e-5, atol=1e-9)
     _same_neighbours_up_to_ties(S, S[:50], "cosine", d, i, ri)
     assert (i[:, 0] == np.arange(50)).all()  # each document is its own nearest
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+@pytest.mark.parametrize("metric, parts", [("euclidean", 3), ("cosine", 5), ("manhattan", 2),
+                                           ("jaccard", 4), ("inner_product", 3)])
+def test_distributed_knn_equals_one_device(client, metric, parts):
+    from mgpu.dist import from_scipy
+
+    rng = np.random.default_rng(parts)
+    index = _rows_with_mass(_matrix(rng, 200, 30, density=0.15))
+    index = sp.vstack([index, index[:20]]).tocsr()  # equal rows in different tiles
+    queries = _matrix(rng, 45, 30, density=0.15)
+    if metric == "cosine":
+        queries = _rows_with_mass(queries)
+    Xd = from_scipy(index, parts, axis=0, client=client)
+    done = []
+    d, i = mgpu.knn(Xd, queries, 9, metric=metric, working_memory=8 * 100 * 16,
+                    progress=done.append)
+    rd, ri = mgpu.knn(index, queries, 9, metric=metric)
+    np.testing.assert_allclose(d, rd, rtol=1e-12, atol=1e-12)
+    assert np.array_equal(i, ri)  # the same ties, broken the same way
+    assert sum(done) == queries.shape[0] and len(done) > 1
+
+
+def test_distributed_knn_with_k_larger_than_a_tile(client):
+    from mgpu.dist import from_scipy
+
+    rng = np.random.default_rng(4)
+    index = rng.standard_normal((12, 3))
+    Xd = from_scipy(sp.csr_matrix(index), 6, axis=0, client=client)  # tiles of 2 rows
+    d, i = mgpu.knn(Xd, index[:4], 10)
+    rd, ri = mgpu.knn(index, index[:4], 10)
+    # dense and sparse inputs round the expanded form differently near zero distance
+    assert np.array_equal(i, ri) and np.allclose(d, rd, rtol=1e-12, atol=1e-7)
+
+
+def test_distributed_knn_bad_input(client):
+    from mgpu.dist import from_scipy
+
+    S = sp.random(50, 8, density=0.3, format="csr", random_state=0)
+    with pytest.raises(ValueError, match="must be cut into row tiles"):
+        mgpu.knn(from_scipy(S, 2, axis=1, client=client), S, 3)
+    Xd = from_scipy(S, 2, axis=0, client=client)
+    with pytest.raises(ValueError, match=r"'k' parameter of knn must be an int in \[1, 50\]"):
+        mgpu.knn(Xd, S, 51)
+    with pytest.raises(ValueError, match="same number of columns. Got 8 and 7"):
+        mgpu.knn(Xd, S[:, :7], 3)
+    with pytest.raises(ValueError, match="'metric' parameter of knn"):
+        mgpu.knn(Xd, S, 3, metric="nope")
+
+
+def test_merge_top_k_breaks_ties_by_id():
+    from mgpu.dist import merge_top_k
+
+    a = (np.array([[0.5, 1.0, 1.0]]), np.array([[4, 6, 8]]))
+    b = (np.array([[1.0, 1.0, 2.0]]), np.array([[5, 7, 1]]))
+    d, i = merge_top_k(a, b, 4, largest=False)
+    assert i.tolist() == [[4, 5, 6, 7]] and d.tolist() == [[0.5, 1.0, 1.0, 1.0]]
+    d, i = merge_top_k(a, b, 2, largest=True)
+    assert i.tolist() == [[1, 5]]

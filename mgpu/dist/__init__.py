@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from mgpu.dist.cluster import Client, connect, describe_workers, visible_gpus, worker_info
 from mgpu.dist.collection import chunk_nnz, chunk_workers, from_scipy, gather
+from mgpu.dist.knn import knn_distributed, merge_top_k
 from mgpu.dist.sddmm import place_factors, sddmm, sddmm_axis
 
 __all__ = [
@@ -13,6 +14,8 @@ __all__ = [
     "describe_workers",
     "from_scipy",
     "gather",
+    "knn_distributed",
+    "merge_top_k",
     "place_factors",
     "sddmm",
     "sddmm_axis",
