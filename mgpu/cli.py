@@ -217,6 +217,115 @@ def run_partition(input: str | None, powerlaw: str | None, nnz: float, seed: int
         click.echo(f"plot written to {plot}")
 
 
+@run.command("knn-graph")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@click.option("--powerlaw", default=None, metavar="ROWSxCOLS",
+              help="Generate a power-law matrix of this shape instead of reading INPUT.")
+@click.option("--nnz", default=2e6, show_default=True, type=float,
+              help="Nonzeros drawn for --powerlaw.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("-k", "--k", "k", default=10, show_default=True, type=int,
+              help="Neighbours per row (the row itself excluded).")
+@click.option("--metric", default="cosine", show_default=True,
+              help="Any metric or alias of mgpu.ops.distances.SEMIRINGS.")
+@click.option("--p", "p", default=2.0, show_default=True, type=float,
+              help="Minkowski's exponent.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the graph (scipy .npz, CSR: row i holds its k neighbours, "
+              "distances as values).")
+@click.option("--parts", default=None, type=int, help="Row tiles of the index (default: one "
+              "per worker).")
+@click.option("--address", default=None, help="Scheduler to join (default: embedded cluster).")
+@click.option("--gpus/--no-gpus", default=None, help="Force or forbid GPU workers.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write histograms of the distances and of the in-degrees to this PNG.")
+def run_knn_graph(input: str | None, powerlaw: str | None, nnz: float, seed: int, k: int,
+                  metric: str, p: float, out_path: str, parts: int | None, address: str | None,
+                  gpus: bool | None, plot: str | None) -> None:
+    """The k-nearest-neighbour graph of a dataset's rows, computed on the cluster.
+
+    INPUT is any file mgpu.io.load reads (bag-of-words, a 10x folder, MNIST IDX, ...). The
+    index is spread over the workers in nnz-balanced row tiles; every row is queried against
+    it and its own entry dropped, as scikit-learn's kneighbors_graph does.
+    """
+    import scipy.sparse as sp
+    from tqdm import tqdm
+
+    from mgpu.dist import connect, from_scipy
+    from mgpu.ops.distances import _check_input, _check_values, drop_self, resolve_metric
+
+    try:
+        ring, p = resolve_metric(metric, p, func="knn-graph")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--metric/--p") from None
+    if plot is not None:
+        _need_matplotlib()
+    out = Path(out_path)
+    if out.suffix != ".npz":
+        raise click.BadParameter("the graph is written as scipy .npz: give a path ending in "
+                                 ".npz", param_hint="--out")
+    if not out.parent.exists():
+        raise click.BadParameter(f"folder {out.parent} does not exist", param_hint="--out")
+    t0 = time.perf_counter()
+    S, label = _load_input(input, powerlaw, nnz, seed)
+    S = sp.csr_matrix(S)
+    try:
+        S = _check_input(S, "INPUT", "knn-graph")
+        _check_values(S, "INPUT", "knn-graph", ring)
+    except (TypeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    n = S.shape[0]
+    if not 1 <= k < n:
+        raise click.BadParameter(f"must be in [1, {n - 1}] for {n:,} rows", param_hint="--k")
+    click.echo(f"{label}: {n:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
+               f"(loaded in {time.perf_counter() - t0:.1f} s); k={k}, metric {ring.name}")
+    t0 = time.perf_counter()
+    with connect(address, gpus=gpus) as client:
+        X = from_scipy(S, parts, axis=0, client=client)
+        with tqdm(total=n, unit="row", desc="neighbours", file=sys.stderr, disable=None) as bar:
+            d, i = mgpu.knn(X, S, k + 1, metric=ring.name, p=p, progress=bar.update)
+    d, i = drop_self(d, i, k)
+    G = sp.csr_matrix((d.ravel(), i.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
+    tmp = out.with_name(out.name + ".partial.npz")
+    sp.save_npz(tmp, G, compressed=True)
+    tmp.replace(out)  # nothing half written under the final name
+    indeg = np.bincount(i.ravel(), minlength=n)
+    mutual = G.copy()
+    mutual.data[:] = 1.0
+    mutual = float(mutual.multiply(mutual.T).sum()) / max(G.nnz, 1)
+    fin = d[np.isfinite(d)]
+    q = np.quantile(fin, [0.0, 0.5, 0.9, 1.0]) if fin.size else [np.nan] * 4
+    click.echo(f"graph: {n:,} nodes, {G.nnz:,} edges in {time.perf_counter() - t0:.1f} s, "
+               f"written to {out}")
+    click.echo(f"distances: min {q[0]:.4g}, median {q[1]:.4g}, 90% {q[2]:.4g}, max {q[3]:.4g}"
+               + (f"; {d.size - fin.size:,} infinite" if fin.size < d.size else ""))
+    click.echo(f"in-degree: mean {indeg.mean():.2f}, max {int(indeg.max())} (row "
+               f"{int(indeg.argmax())}), {int((indeg == 0).sum()):,} rows nobody's neighbour; "
+               f"mutual edges {mutual:.1%}")
+    if plot is not None:
+        _plot_knn_graph(fin, indeg, f"{label}: {k}-NN graph, {ring.name}", plot)
+        click.echo(f"plot written to {plot}")
+
+
+def _plot_knn_graph(dist: np.ndarray, indeg: np.ndarray, title: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.6))
+    ax0.hist(dist, bins=60)
+    ax0.set_xlabel("distance to a neighbour")
+    ax0.set_ylabel("edges")
+    ax1.hist(indeg, bins=np.arange(indeg.max() + 2) - 0.5 if indeg.max() < 60 else 60, log=True)
+    ax1.set_xlabel("in-degree")
+    ax1.set_ylabel("rows")
+    fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _need_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401

@@ -141,3 +141,41 @@ def test_bench_sddmm_scaling_refuses_bad_counts(runner):
     r = runner.invoke(main, ["bench", "sddmm-scaling", "--powerlaw", "30x20", "--workers", "64",
                              "--device", "gpu"])
     assert r.exit_code != 0 and "GPU(s) are visible" in r.output
+
+
+def test_run_knn_graph_on_a_file(runner, tmp_path):
+    import numpy as np
+    import scipy.sparse as sp
+    from sklearn.neighbors import NearestNeighbors as SkNN
+
+    S = powerlaw_csr(300, 80, 4000, seed=3).astype(np.float64)
+    S = S[np.flatnonzero(np.diff(S.indptr))]  # cosine needs rows with mass
+    path = tmp_path / "m.mtx"
+    scipy.io.mmwrite(str(path), S)
+    out, png = tmp_path / "g.npz", tmp_path / "g.png"
+    r = runner.invoke(main, ["run", "knn-graph", str(path), "-k", "5", "--metric", "cosine",
+                             "--out", str(out), "--no-gpus", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    G = sp.load_npz(out)
+    n = S.shape[0]
+    assert G.shape == (n, n) and G.nnz == 5 * n and G.diagonal().max() == 0
+    ref = SkNN(n_neighbors=5, metric="cosine", algorithm="brute").fit(S).kneighbors_graph(
+        mode="distance")
+    np.testing.assert_allclose(np.sort(G.data.reshape(n, 5), axis=1),
+                               np.sort(ref.data.reshape(n, 5), axis=1), rtol=1e-5, atol=1e-9)
+    assert f"graph: {n:,} nodes, {5 * n:,} edges" in r.output and "mutual edges" in r.output
+    assert not list(tmp_path.glob("*.partial.npz"))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_knn_graph_refuses_bad_options(runner, tmp_path):
+    args = ["run", "knn-graph", "--powerlaw", "50x20", "--nnz", "300"]
+    r = runner.invoke(main, args + ["--out", str(tmp_path / "g.txt")])
+    assert r.exit_code != 0 and "ending in .npz" in r.output
+    r = runner.invoke(main, args + ["--out", str(tmp_path / "g.npz"), "--metric", "foo"])
+    assert r.exit_code != 0 and "'metric' parameter of knn-graph" in r.output
+    r = runner.invoke(main, args + ["--out", str(tmp_path / "g.npz"), "-k", "50"])
+    assert r.exit_code != 0 and "must be in [1, 49]" in r.output
+    r = runner.invoke(main, args + ["--out", str(tmp_path / "no" / "g.npz")])
+    assert r.exit_code != 0 and "does not exist" in r.output
+    assert not (tmp_path / "g.npz").exists()

@@ -27,7 +27,7 @@ from mgpu import config
 from mgpu.backends import is_gpu_array, namm_lookup
 from mgpu.ops._validate import is_dask_array, is_sparse
 
-__all__ = ["SEMIRINGS", "Semiring", "knn", "pairwise_distances", "resolve_metric"]
+__all__ = ["SEMIRINGS", "Semiring", "drop_self", "knn", "pairwise_distances", "resolve_metric"]
 
 
 @dataclass(frozen=True)
@@ -359,3 +359,18 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
         D = _distances(ring, queries[s:s + step], index, p)
         dist[s:s + step], ids[s:s + step] = top_k(D, k, ring.similarity)
     return dist, ids
+
+
+def drop_self(dist: np.ndarray, ind: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """From k+1 neighbours of the index's own rows, the k that are not the row itself.
+
+    As scikit-learn does it: drop each row's own id, or the last neighbour where the row
+    is absent (an exact duplicate with a lower id took its place).
+
+    >>> drop_self(np.array([[0.0, 0.0, 1.0]]), np.array([[1, 0, 2]]), 2)[1].tolist()
+    [[1, 2]]
+    """
+    own = ind == np.arange(ind.shape[0])[:, None]
+    own[~own.any(axis=1), -1] = True
+    keep = ~own
+    return dist[keep].reshape(ind.shape[0], k), ind[keep].reshape(ind.shape[0], k)

@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.ops._validate import check_option
-from mgpu.ops.distances import _check_input, knn, resolve_metric
+from mgpu.ops.distances import _check_input, drop_self, knn, resolve_metric
 
 __all__ = ["NearestNeighbors"]
 
@@ -92,12 +92,7 @@ class NearestNeighbors:
         dist, ind = knn(self._fit_X, Q, k + 1 if self_query else k, metric=self.metric,
                         p=self.p)
         if self_query:
-            # as scikit-learn: drop each point itself, or the last neighbour if it is absent
-            own = ind == np.arange(ind.shape[0])[:, None]
-            own[~own.any(axis=1), -1] = True
-            keep = ~own
-            dist = dist[keep].reshape(ind.shape[0], k)
-            ind = ind[keep].reshape(ind.shape[0], k)
+            dist, ind = drop_self(dist, ind, k)
         return (dist, ind) if return_distance else ind
 
     def kneighbors_graph(self, X: Any = None, n_neighbors: int | None = None,
