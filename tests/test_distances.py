@@ -278,3 +278,38 @@ def test_merge_top_k_breaks_ties_by_id():
     assert i.tolist() == [[4, 5, 6, 7]] and d.tolist() == [[0.5, 1.0, 1.0, 1.0]]
     d, i = merge_top_k(a, b, 2, largest=True)
     assert i.tolist() == [[1, 5]]
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_mnist_neighbours_dense_and_sparse(data_dir, sparse):
+    from sklearn.neighbors import NearestNeighbors as SkNN
+
+    from mgpu import io
+
+    X = io.load(str(data_dir / "vectors" / "mnist_t10k-images-idx3-ubyte.gz")).astype(np.float64)
+    y = io.load(str(data_dir / "vectors" / "mnist_t10k-labels-idx1-ubyte.gz"))
+    train, test = X[:3000], X[3000:3200]
+    d, i = mgpu.knn(sp.csr_matrix(train) if sparse else train,
+                    sp.csr_matrix(test) if sparse else test, 3, metric="euclidean")
+    rd, ri = SkNN(n_neighbors=3, algorithm="brute").fit(train).kneighbors(test)
+    np.testing.assert_allclose(d, rd, rtol=1e-5)
+    _same_neighbours_up_to_ties(train, test, "euclidean", d, i, ri)
+    assert (y[:3000][i[:, 0]] == y[3000:3200]).mean() > 0.85  # 1-NN labels on digits
+
+
+def test_visium_spots_cosine_neighbours(data_dir):
+    from sklearn.neighbors import NearestNeighbors as SkNN
+
+    from mgpu import io
+
+    spots = io.load(str(data_dir / "singlecell" / "visium_mouse_spaceranger3")).matrix.T.tocsr()
+    spots = _rows_with_mass(spots.astype(np.float64))
+    d, i = mgpu.knn(spots, spots[:100], 6, metric="cosine")
+    rd, ri = SkNN(n_neighbors=6, metric="cosine", algorithm="brute").fit(spots).kneighbors(
+        spots[:100])
+    np.testing.assert_allclose(d, rd, rtol=1e-5, atol=1e-9)
+    _same_neighbours_up_to_ties(spots, spots[:100], "cosine", d, i, ri)
+    for metric in ("hellinger", "jensenshannon", "manhattan"):
+        got = mgpu.pairwise_distances(spots[:20], spots[20:45], metric=metric)
+        ref = _reference(metric, spots[:20].toarray(), spots[20:45].toarray())
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-9)
