@@ -499,6 +499,52 @@ def bench_sddmm(data_dir: str | None, powerlaw: str, nnz: float, ks: str, device
         click.echo(f"measurements written to {json_path}")
 
 
+@bench.command("knn")
+@click.option("--corpus", default="100000x50000", show_default=True, metavar="DOCSxTERMS",
+              help="Shape of the synthetic power-law corpus.")
+@click.option("--density", default=0.002, show_default=True, type=float,
+              help="Density of the corpus.")
+@click.option("--queries", "n_queries", default=2000, show_default=True, type=int,
+              help="Queries (the corpus's first rows).")
+@click.option("-k", "--k", "k", default=10, show_default=True, type=int)
+@click.option("--metrics", default="cosine,euclidean,manhattan", show_default=True,
+              help="Comma-separated metrics.")
+@click.option("--device", type=click.Choice(["cpu"]), default="cpu", show_default=True,
+              help="Where mgpu runs (the GPU kernels are not written yet).")
+@click.option("--repeats", default=1, show_default=True, type=int, help="Timed runs (median).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every measurement to this JSON file.")
+def bench_knn(corpus: str, density: float, n_queries: int, k: int, metrics: str, device: str,
+              repeats: int, json_path: str | None) -> None:
+    """Exact kNN queries/s of mgpu and scikit-learn's brute force on one corpus, one run."""
+    import json
+
+    from mgpu.bench import knn as b
+    from mgpu.ops.distances import resolve_metric
+    from mgpu.synthetic import powerlaw_corpus
+
+    names = [m.strip() for m in metrics.split(",") if m.strip()]
+    for m in names:
+        try:
+            resolve_metric(m, 2, func="bench knn")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--metrics") from None
+    n_docs, n_terms = _parse_shape(corpus)
+    if not 1 <= k <= n_docs or not 1 <= n_queries <= n_docs:
+        raise click.BadParameter(f"-k and --queries must be in [1, {n_docs}]")
+    t0 = time.perf_counter()
+    X = powerlaw_corpus(n_docs, n_terms, density, seed=0).astype(np.float64)
+    X = X[np.flatnonzero(np.diff(X.indptr))]  # empty documents have no cosine neighbours
+    label = f"power-law {X.shape[0]:,}×{n_terms:,}"
+    click.echo(f"{label}: {X.nnz:,} nonzeros (made in {time.perf_counter() - t0:.1f} s), "
+               f"{n_queries:,} queries, k={k}, {os.cpu_count()} CPU cores")
+    rows = b.bench_cpu(X, X[:n_queries], k, tuple(names), repeats=repeats)
+    click.echo(b.markdown(rows, label))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+        click.echo(f"measurements written to {json_path}")
+
+
 @bench.command("sddmm-scaling")
 @click.argument("input", required=False, type=click.Path(exists=True))
 @click.option("--powerlaw", default=None, metavar="ROWSxCOLS",

@@ -173,3 +173,32 @@ def _namm_sparse(X, Y, op: int, p: float) -> np.ndarray:
     _namm_csr(X.indptr, X.indices, X.data, Y.indptr, Y.indices, Y.data, X.shape[1], op,
               float(p), out)
     return out
+
+
+# ------------------------------------------------- sparse X · sparse Yᵀ into a dense block
+
+
+@numba.njit(parallel=True, nogil=True)
+def _csr_dot_csc(xp, xi, xd, ycp, yri, yd, out):
+    # Y in CSC is an inverted index (feature -> the rows of Y that hold it): each row of X
+    # walks the postings of its features and accumulates straight into its output row.
+    for q in numba.prange(out.shape[0]):
+        row = out[q]
+        for a in range(xp[q], xp[q + 1]):
+            t = xi[a]
+            v = xd[a]
+            for b in range(ycp[t], ycp[t + 1]):
+                row[yri[b]] += v * yd[b]
+
+
+def csr_dot_dense(X: sp.csr_matrix, Y: sp.spmatrix) -> np.ndarray:
+    """X·Yᵀ as a dense float64 array for sparse X and Y, in parallel over X's rows.
+
+    Work is Σ over X's nonzeros of their features' counts in Y (what a sparse-sparse product
+    does), written into the dense result without an intermediate sparse matrix.
+    """
+    X = sp.csr_matrix(X, dtype=np.float64)
+    Yc = sp.csc_matrix(Y, dtype=np.float64)
+    out = np.zeros((X.shape[0], Yc.shape[0]), dtype=np.float64)
+    _csr_dot_csc(X.indptr, X.indices, X.data, Yc.indptr, Yc.indices, Yc.data, out)
+    return out

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 
 from mgpu import config
 from mgpu.backends import is_gpu_array, namm_lookup
+from mgpu.backends.numpy import csr_dot_dense
 from mgpu.ops._validate import is_dask_array, is_sparse
 
 __all__ = ["SEMIRINGS", "Semiring", "drop_self", "knn", "pairwise_distances", "resolve_metric"]
@@ -152,7 +153,9 @@ def _check_values(X: Any, name: str, func: str, ring: Semiring) -> None:
 # ---------------------------------------------------------------------------- computation
 
 def _dot(X: Any, Y: Any) -> np.ndarray:
-    """X·Yᵀ as a dense float64 array."""
+    """X·Yᵀ as a dense float64 array (sparse-sparse in parallel, dense through BLAS)."""
+    if sp.issparse(X) and sp.issparse(Y):
+        return csr_dot_dense(X, Y)
     out = X @ Y.T
     return out.toarray() if sp.issparse(out) else np.asarray(out)
 
@@ -302,15 +305,19 @@ def top_k(D: np.ndarray, k: int, largest: bool = False) -> tuple[np.ndarray, np.
     (array([[0.5, 1. ]]), array([[3, 1]]))
     """
     key = -D if largest else D
-    n = D.shape[1]
+    nr, n = D.shape
     k = min(k, n)
-    if k < n:
-        # the k-th value, then everything strictly better plus the lowest-index equals
-        part = np.partition(key, k - 1, axis=1)[:, k - 1:k]
-        cand = key <= part
-        order = np.argsort(np.where(cand, key, np.inf), axis=1, kind="stable")[:, :k]
-    else:
+    if k == n or nr == 0:
         order = np.argsort(key, axis=1, kind="stable")
+    else:
+        # every entry up to the k-th value is a candidate (k of them, more on ties); sort
+        # the candidates by (row, value, column) and keep each row's first k
+        kth = np.partition(key, k - 1, axis=1)[:, k - 1:k]
+        rows, cols = np.nonzero(key <= kth)
+        srt = np.lexsort((cols, key[rows, cols], rows))
+        starts = np.searchsorted(rows, np.arange(nr))
+        take = (starts[:, None] + np.arange(k)[None, :]).ravel()
+        order = cols[srt[take]].reshape(nr, k)
     return np.take_along_axis(D, order, axis=1), order
 
 
