@@ -179,3 +179,20 @@ def test_run_knn_graph_refuses_bad_options(runner, tmp_path):
     r = runner.invoke(main, args + ["--out", str(tmp_path / "no" / "g.npz")])
     assert r.exit_code != 0 and "does not exist" in r.output
     assert not (tmp_path / "g.npz").exists()
+
+
+def test_bench_knn_cpu(runner, tmp_path):
+    out = tmp_path / "knn.json"
+    r = runner.invoke(main, ["bench", "knn", "--corpus", "3000x500", "--density", "0.01",
+                             "--queries", "60", "-k", "5", "--metrics", "cosine,l1",
+                             "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    import json
+
+    rows = json.loads(out.read_text())
+    assert [row["metric"] for row in rows] == ["cosine", "manhattan"]
+    for row in rows:
+        assert row["differing_ids_are_ties"] and row["max_abs_distance_diff"] < 1e-9
+        assert row["n_queries"] == 60 and row["mgpu_qps"] > 0 and row["sklearn_qps"] > 0
+    r = runner.invoke(main, ["bench", "knn", "--metrics", "cosine,nope"])
+    assert r.exit_code != 0 and "'metric' parameter of bench knn" in r.output
