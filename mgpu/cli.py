@@ -139,13 +139,22 @@ def _load_input(path: str | None, powerlaw: str | None, nnz: float, seed: int) -
     return S, Path(path).name
 
 
+def _matrix_input(f: Any) -> Any:
+    """The INPUT argument and the --powerlaw/--nnz/--seed options of the run jobs."""
+    for deco in reversed((
+        click.argument("input", required=False, type=click.Path(exists=True)),
+        click.option("--powerlaw", default=None, metavar="ROWSxCOLS",
+                     help="Generate a power-law matrix of this shape instead of reading INPUT."),
+        click.option("--nnz", default=2e6, show_default=True, type=float,
+                     help="Nonzeros drawn for --powerlaw."),
+        click.option("--seed", default=0, show_default=True),
+    )):
+        f = deco(f)
+    return f
+
+
 @run.command("partition")
-@click.argument("input", required=False, type=click.Path(exists=True))
-@click.option("--powerlaw", default=None, metavar="ROWSxCOLS",
-              help="Generate a power-law matrix of this shape instead of reading INPUT.")
-@click.option("--nnz", default=2e6, show_default=True, type=float,
-              help="Nonzeros drawn for --powerlaw.")
-@click.option("--seed", default=0, show_default=True)
+@_matrix_input
 @click.option("--parts", default=None, type=int, help="Chunks (default: one per worker).")
 @click.option("--axis", type=click.Choice(["0", "1"]), default="0", show_default=True,
               help="0 cuts rows, 1 cuts columns.")
@@ -218,12 +227,7 @@ def run_partition(input: str | None, powerlaw: str | None, nnz: float, seed: int
 
 
 @run.command("knn-graph")
-@click.argument("input", required=False, type=click.Path(exists=True))
-@click.option("--powerlaw", default=None, metavar="ROWSxCOLS",
-              help="Generate a power-law matrix of this shape instead of reading INPUT.")
-@click.option("--nnz", default=2e6, show_default=True, type=float,
-              help="Nonzeros drawn for --powerlaw.")
-@click.option("--seed", default=0, show_default=True)
+@_matrix_input
 @click.option("-k", "--k", "k", default=10, show_default=True, type=int,
               help="Neighbours per row (the row itself excluded).")
 @click.option("--metric", default="cosine", show_default=True,
