@@ -313,3 +313,22 @@ def test_visium_spots_cosine_neighbours(data_dir):
         got = mgpu.pairwise_distances(spots[:20], spots[20:45], metric=metric)
         ref = _reference(metric, spots[:20].toarray(), spots[20:45].toarray())
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-9)
+
+
+def test_mixed_dense_and_sparse_and_both_union_kernels(monkeypatch):
+    from mgpu.backends import numpy as cpu
+
+    rng = np.random.default_rng(12)
+    X = _matrix(rng, 30, 20)
+    Y = _matrix(rng, 25, 20)
+    for metric in ("cosine", "manhattan", "canberra", "hamming"):
+        ref = _reference(metric, X.toarray(), Y.toarray())
+        ok = np.isfinite(ref)
+        for a, b in ((X.toarray(), Y), (X, Y.toarray())):
+            got = mgpu.pairwise_distances(a, b, metric=metric)
+            np.testing.assert_allclose(got[ok], ref[ok], rtol=1e-9, atol=1e-12)
+    # the merge kernel, which wide feature spaces fall back to, gives the same sums
+    dense_row = mgpu.pairwise_distances(X, Y, metric="minkowski", p=3)
+    monkeypatch.setattr(cpu, "_DENSE_ROW_MAX", 0)
+    np.testing.assert_allclose(mgpu.pairwise_distances(X, Y, metric="minkowski", p=3),
+                               dense_row, rtol=1e-12)

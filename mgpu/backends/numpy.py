@@ -166,6 +166,9 @@ def _namm_csr(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
             out[a, b] = acc
 
 
+_DENSE_ROW_MAX = 1 << 22  # features up to which a query row is scattered dense (32 MiB)
+
+
 @numba.njit(parallel=True, nogil=True)
 def _namm_dense_row(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
     # Every metric here is a sum of a term over the union. With x's row scattered into a
@@ -198,8 +201,9 @@ def _namm_dense_row(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
 def _namm_sparse(X, Y, op: int, p: float) -> np.ndarray:
     """Union distances between the rows of two float64 CSR matrices with sorted indices."""
     out = np.empty((X.shape[0], Y.shape[0]), dtype=np.float64)
-    # L∞ is a max, not a sum: it keeps the merge; the sums take the dense-row form
-    kernel = _namm_csr if op == 1 else _namm_dense_row
+    # L∞ is a max, not a sum: it keeps the merge; the sums take the dense-row form unless
+    # one dense row per query would be large (very wide, e.g. hashed, feature spaces)
+    kernel = _namm_csr if op == 1 or X.shape[1] > _DENSE_ROW_MAX else _namm_dense_row
     kernel(X.indptr, X.indices, X.data, Y.indptr, Y.indices, Y.data, X.shape[1], op, float(p),
            out)
     return out
