@@ -1,0 +1,237 @@
+"""A client-side block scheduler over Dask futures: static plan, then work stealing.
+
+Generic: blocks (a row and a column stratum, a size, an owner from the static plan), slots
+(a GPU worker, or one thread of a CPU worker), a function that submits a block to a slot and
+returns its future, and a cost model. Used by HSGD* and by any job cut into blocks.
+
+- A block is submitted pinned to its slot's worker by ``run`` (``workers=[...]``,
+  ``allow_other_workers=False``), so Dask's own stealing stays out.
+- Two running blocks never share a row or a column stratum (the SGD conflict rule).
+- Among the free blocks a slot may take, the least updated goes first.
+- A slot whose own queue has nothing free steals from the slot with the most expected
+  remaining time, if moving and running the block there (``transfer + cost``) finishes before
+  the victim would reach the end of its queue; the expected times are the cost model's,
+  scaled per slot by how long its blocks really took so far.
+- Every decision is an :class:`Event` with a reason, kept in :attr:`BlockScheduler.events` and
+  logged to the Dask scheduler under the topics ``mgpu-assign`` and ``mgpu-steal``.
+  ``deterministic=True`` turns stealing off and fixes the order.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Block", "BlockScheduler", "Event", "Slot"]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One unit of work: its strata, its size (e.g. ratings) and the slot that owns it."""
+
+    id: int
+    row: int
+    col: int
+    size: float = 1.0
+    owner: int | None = None  # index into the slots; None: the static plan chooses
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Somewhere a block runs: a GPU worker, or one thread of a CPU worker."""
+
+    name: str
+    worker: str
+    kind: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Event:
+    """A decision or a completion, with the reason for it."""
+
+    t: float  # seconds since the scheduler started
+    kind: str  # "assign", "steal", "finish"
+    block: int
+    slot: str
+    reason: str
+    epoch: int = 0
+
+
+@dataclass
+class _Running:
+    block: Block
+    slot: int
+    start: float
+    expected: float
+
+
+@dataclass
+class BlockScheduler:
+    """Run every block once per epoch on the slots, static plan first, then stealing.
+
+    Parameters
+    ----------
+    blocks : sequence of Block
+    slots : sequence of Slot
+    run : callable (Block, Slot) -> distributed.Future
+        Submits one block to one slot (pinned to ``slot.worker``) and returns its future.
+    cost : callable (Block, Slot) -> float, optional
+        Expected seconds of a block on a slot; default proportional to the block's size.
+    transfer : callable (Block, Slot) -> float, optional
+        Seconds to move what a block needs to a slot that does not own it; default 0.
+    deterministic : bool, default=False
+        No stealing; each slot runs its own blocks in plan order.
+    client : distributed.Client, optional
+        Where events are logged (``client.log_event``); default the current client.
+    """
+
+    blocks: Sequence[Block]
+    slots: Sequence[Slot]
+    run: Callable[[Block, Slot], Any]
+    cost: Callable[[Block, Slot], float] | None = None
+    transfer: Callable[[Block, Slot], float] | None = None
+    deterministic: bool = False
+    client: Any = None
+    events: list[Event] = field(default_factory=list)
+    updates: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.slots:
+            raise ValueError("The 'slots' parameter of BlockScheduler must name at least one slot.")
+        ids = [b.id for b in self.blocks]
+        if len(set(ids)) != len(ids):
+            raise ValueError("The 'blocks' parameter of BlockScheduler has repeated block ids.")
+        for b in self.blocks:
+            if b.owner is not None and not 0 <= b.owner < len(self.slots):
+                raise ValueError(f"Block {b.id} is owned by slot {b.owner}, but there are "
+                                 f"{len(self.slots)} slots.")
+        self.updates = {b.id: 0 for b in self.blocks}
+        self._speed = [1.0] * len(self.slots)  # measured / expected, per slot
+        self._t0 = time.perf_counter()
+        self._epoch = 0
+        self.plan = self._static_plan()
+
+    # ------------------------------------------------------------------ model and plan
+    def _cost(self, b: Block, s: int) -> float:
+        base = self.cost(b, self.slots[s]) if self.cost is not None else float(b.size)
+        return base * self._speed[s]
+
+    def _transfer(self, b: Block, s: int) -> float:
+        return self.transfer(b, self.slots[s]) if self.transfer is not None else 0.0
+
+    def _static_plan(self) -> list[list[Block]]:
+        """Owned blocks to their owners; the rest to the slot that would finish them first."""
+        plan: list[list[Block]] = [[] for _ in self.slots]
+        load = [0.0] * len(self.slots)
+        for b in self.blocks:
+            if b.owner is not None:
+                plan[b.owner].append(b)
+                load[b.owner] += self._cost(b, b.owner)
+        free = sorted((b for b in self.blocks if b.owner is None),
+                      key=lambda b: (-max(self._cost(b, s) for s in range(len(self.slots))), b.id))
+        for b in free:
+            s = min(range(len(self.slots)), key=lambda s: (load[s] + self._cost(b, s), s))
+            plan[s].append(b)
+            load[s] += self._cost(b, s)
+        return plan
+
+    # ------------------------------------------------------------------ events
+    def _event(self, kind: str, b: Block, s: int, reason: str) -> None:
+        ev = Event(time.perf_counter() - self._t0, kind, b.id, self.slots[s].name, reason,
+                   self._epoch)
+        self.events.append(ev)
+        logger.debug("%s block %d on %s: %s", kind, b.id, self.slots[s].name, reason)
+        if kind in ("assign", "steal") and self.client is not None:
+            self.client.log_event(f"mgpu-{kind}", {"block": b.id, "slot": ev.slot,
+                                                   "reason": reason, "epoch": self._epoch})
+
+    # ------------------------------------------------------------------ one epoch
+    def run_epoch(self) -> list[Event]:
+        """Run every block once; returns this epoch's events."""
+        from distributed import wait
+
+        if self.client is None:
+            from mgpu.dist.cluster import current_client
+
+            self.client = current_client()
+        self._epoch += 1
+        first = len(self.events)
+        queues = [list(q) for q in self.plan]
+        running: dict[Any, _Running] = {}
+        busy_rows: set[int] = set()
+        busy_cols: set[int] = set()
+        busy_slots: set[int] = set()
+
+        def free(b: Block) -> bool:
+            return b.row not in busy_rows and b.col not in busy_cols
+
+        def pick(q: list[Block]) -> Block | None:
+            cands = [b for b in q if free(b)]
+            if not cands:
+                return None
+            if self.deterministic:
+                return cands[0]
+            return min(cands, key=lambda b: (self.updates[b.id], q.index(b)))
+
+        def remaining(s: int, now: float) -> float:
+            left = sum(self._cost(b, s) for b in queues[s])
+            for r in running.values():
+                if r.slot == s:
+                    left += max(0.0, r.expected - (now - r.start))
+            return left
+
+        def start(b: Block, s: int, kind: str, reason: str, owner: int) -> None:
+            queues[owner].remove(b)
+            busy_rows.add(b.row)
+            busy_cols.add(b.col)
+            busy_slots.add(s)
+            self._event(kind, b, s, reason)
+            fut = self.run(b, self.slots[s])
+            running[fut] = _Running(b, s, time.perf_counter(), self._cost(b, s))
+
+        while any(queues) or running:
+            now = time.perf_counter()
+            for s in range(len(self.slots)):
+                if s in busy_slots:
+                    continue
+                b = pick(queues[s])
+                if b is not None:
+                    start(b, s, "assign", "own queue", s)
+                    continue
+                if self.deterministic:
+                    continue
+                victims = sorted((v for v in range(len(self.slots)) if v != s and queues[v]),
+                                 key=lambda v: (-remaining(v, now), v))
+                for v in victims:
+                    b = pick(queues[v])
+                    if b is None:
+                        continue
+                    need = self._transfer(b, s) + self._cost(b, s)
+                    left = remaining(v, now)
+                    if need < left:
+                        start(b, s, "steal",
+                              f"from {self.slots[v].name}: moving and running it here takes "
+                              f"{need:.3g} s, {self.slots[v].name} has {left:.3g} s left", v)
+                    break  # only the slot with the most remaining time is a victim
+            if not running:
+                raise RuntimeError("BlockScheduler stalled with blocks left and none runnable; "
+                                   "this is a bug.")
+            done, _ = wait(list(running), return_when="FIRST_COMPLETED")
+            end = time.perf_counter()
+            for fut in done:
+                r = running.pop(fut)
+                fut.result()  # a failed block stops the epoch with its own error
+                took = end - r.start
+                base = r.expected / self._speed[r.slot] if self._speed[r.slot] else r.expected
+                if base > 0:  # learn the slot's real speed against the model
+                    self._speed[r.slot] = 0.5 * self._speed[r.slot] + 0.5 * took / base
+                busy_rows.discard(r.block.row)
+                busy_cols.discard(r.block.col)
+                busy_slots.discard(r.slot)
+                self.updates[r.block.id] += 1
+                self._event("finish", r.block, r.slot, f"took {took:.3g} s")
+        return self.events[first:]

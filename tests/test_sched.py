@@ -1,0 +1,128 @@
+"""The block scheduler on a CPU cluster: conflicts, counts, stealing and determinism."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mgpu.sched import Block, BlockScheduler, Slot
+
+
+def _sleep(seconds: float, block_id: int) -> int:
+    time.sleep(seconds)
+    return block_id
+
+
+def _grid(n: int, owners: int) -> list[Block]:
+    """n×n blocks; block (i, j) owned by slot (i + j) % owners (a diagonal static plan)."""
+    return [Block(id=i * n + j, row=i, col=j, size=1.0, owner=(i + j) % owners)
+            for i in range(n) for j in range(n)]
+
+
+def _slots(client) -> list[Slot]:
+    workers = sorted(client.scheduler_info()["workers"])
+    return [Slot(f"w{k}", w) for k, w in enumerate(workers)]
+
+
+def _runner(client, unit: float, slow: dict[str, float]):
+    def run(block: Block, slot: Slot):
+        return client.submit(_sleep, unit * block.size * slow.get(slot.name, 1.0), block.id,
+                             workers=[slot.worker], allow_other_workers=False, pure=False)
+    return run
+
+
+def _check_no_shared_strata(events, blocks):
+    """Replay start/finish events: two running blocks never share a row or a column."""
+    by_id = {b.id: b for b in blocks}
+    running: set[int] = set()
+    for ev in events:
+        b = by_id[ev.block]
+        if ev.kind in ("assign", "steal"):
+            for r in running:
+                o = by_id[r]
+                assert o.row != b.row and o.col != b.col, (ev, o)
+            running.add(b.id)
+        elif ev.kind == "finish":
+            running.remove(b.id)
+    assert not running
+
+
+def test_every_block_once_per_epoch_and_no_shared_strata(client):
+    blocks = _grid(4, 2)
+    sched = BlockScheduler(blocks, _slots(client), _runner(client, 0.02, {}), client=client)
+    for epoch in (1, 2):
+        events = sched.run_epoch()
+        started = sorted(e.block for e in events if e.kind in ("assign", "steal"))
+        assert started == sorted(b.id for b in blocks)
+        assert set(sched.updates.values()) == {epoch}
+        _check_no_shared_strata(events, blocks)
+        assert all(e.epoch == epoch for e in events)
+
+
+def test_a_slow_slot_loses_blocks_to_the_fast_one(client):
+    blocks = _grid(6, 2)
+    slots = _slots(client)
+    slow = {slots[1].name: 4.0}
+    fixed = BlockScheduler(blocks, slots, _runner(client, 0.03, slow), deterministic=True,
+                           client=client)
+    fixed.run_epoch()
+    stealing = BlockScheduler(blocks, slots, _runner(client, 0.03, slow), client=client)
+    events = stealing.run_epoch()
+    steals = [e for e in events if e.kind == "steal"]
+    assert steals and all(e.slot == slots[0].name for e in steals)
+    assert all(e.reason.startswith(f"from {slots[1].name}: moving and running it here takes")
+               for e in steals)
+    assert not [e for e in fixed.events if e.kind == "steal"]
+    _check_no_shared_strata(events, blocks)
+    # the fast slot ran more than its planned half
+    ran_fast = sum(1 for e in events if e.kind in ("assign", "steal") and e.slot == slots[0].name)
+    assert ran_fast > len(blocks) // 2
+    logged = client.get_events("mgpu-steal")
+    assert len(logged) >= len(steals)
+
+
+def test_no_steal_when_moving_costs_more_than_it_saves(client):
+    blocks = _grid(4, 2)
+    slots = _slots(client)
+    sched = BlockScheduler(blocks, slots, _runner(client, 0.01, {slots[1].name: 3.0}),
+                           transfer=lambda b, s: 100.0, client=client)
+    events = sched.run_epoch()
+    assert not [e for e in events if e.kind == "steal"]
+    assert sorted(e.block for e in events if e.kind == "assign") == sorted(b.id for b in blocks)
+
+
+def test_deterministic_order_is_the_plan(client):
+    blocks = _grid(4, 2)
+    slots = _slots(client)
+    orders = []
+    for _ in range(2):
+        sched = BlockScheduler(blocks, slots, _runner(client, 0.005, {}), deterministic=True,
+                               client=client)
+        events = sched.run_epoch()
+        orders.append([(e.slot, e.block) for e in events if e.kind == "assign"])
+        per_slot = {s.name: [e.block for e in events if e.kind == "assign" and e.slot == s.name]
+                    for s in slots}
+        for k, s in enumerate(slots):
+            assert sorted(per_slot[s.name]) == sorted(b.id for b in sched.plan[k])
+            assert all(b.owner == k for b in sched.plan[k])
+    assert [sorted(o) for o in orders][0] == [sorted(o) for o in orders][1]
+
+
+def test_static_plan_for_unowned_blocks_balances_expected_time():
+    slots = [Slot("gpu", "tcp://a", "gpu"), Slot("cpu", "tcp://b")]
+    blocks = [Block(id=i, row=i, col=i, size=float(1 + i % 3)) for i in range(12)]
+    # the GPU runs a block 3× faster: it should get about 3/4 of the work
+    sched = BlockScheduler(blocks, slots, run=lambda b, s: None,
+                           cost=lambda b, s: b.size / (3.0 if s.kind == "gpu" else 1.0))
+    work = [sum(b.size for b in q) for q in sched.plan]
+    assert sum(len(q) for q in sched.plan) == 12
+    assert 0.65 < work[0] / sum(work) < 0.85
+
+
+def test_bad_blocks_and_slots_are_refused():
+    with pytest.raises(ValueError, match="at least one slot"):
+        BlockScheduler([Block(0, 0, 0)], [], run=lambda b, s: None)
+    with pytest.raises(ValueError, match="repeated block ids"):
+        BlockScheduler([Block(0, 0, 0), Block(0, 1, 1)], [Slot("a", "x")], run=lambda b, s: None)
+    with pytest.raises(ValueError, match="owned by slot 3, but there are 1 slots"):
+        BlockScheduler([Block(0, 0, 0, owner=3)], [Slot("a", "x")], run=lambda b, s: None)
