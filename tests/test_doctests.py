@@ -14,6 +14,11 @@ MODULES = [
     "mgpu.dist.sddmm",
     "mgpu.dist.collection",
     "mgpu.io",
+    "mgpu.backends.sddmm_plan",
+    "mgpu.ops.distances",
+    "mgpu.ops.neighbors",
+    "mgpu.dist.knn",
+    "mgpu.sched.cost",
 ]
 
 

@@ -1,7 +1,9 @@
-"""Scheduling of block jobs over Dask workers: the work-stealing block scheduler (and, to
-come, the HSGD* cost model)."""
+"""Scheduling of block jobs over Dask workers: the work-stealing block scheduler and the
+HSGD* cost model (pure functions)."""
 from __future__ import annotations
 
+from mgpu.sched.cost import Curve, calibrate, fit_gpu_curve, fit_linear, split, threshold
 from mgpu.sched.scheduler import Block, BlockScheduler, Event, Slot
 
-__all__ = ["Block", "BlockScheduler", "Event", "Slot"]
+__all__ = ["Block", "BlockScheduler", "Curve", "Event", "Slot", "calibrate", "fit_gpu_curve",
+           "fit_linear", "split", "threshold"]
