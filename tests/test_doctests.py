@@ -19,6 +19,8 @@ MODULES = [
     "mgpu.ops.neighbors",
     "mgpu.dist.knn",
     "mgpu.sched.cost",
+    "mgpu.mf.sgd",
+    "mgpu.mf.model",
 ]
 
 

@@ -1,0 +1,67 @@
+"""Plain SGD for matrix factorisation R ≈ P Qᵀ (no biases, as in the HSGD* thesis): the CPU
+block kernel and the RMSE, in numba (nogil, so one worker's threads run blocks at once)."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["rmse", "sgd_block"]
+
+
+@numba.njit(nogil=True, fastmath=False)
+def _sgd(users, items, ratings, order, P, Q, lr, reg_p, reg_q):
+    k = P.shape[1]
+    for t in range(order.shape[0]):
+        n = order[t]
+        u = users[n]
+        i = items[n]
+        e = ratings[n]
+        for f in range(k):
+            e -= P[u, f] * Q[i, f]
+        for f in range(k):
+            p = P[u, f]
+            q = Q[i, f]
+            P[u, f] = p + lr * (e * q - reg_p * p)
+            Q[i, f] = q + lr * (e * p - reg_q * q)
+
+
+def sgd_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.ndarray,
+              Q: np.ndarray, lr: float, reg_p: float, reg_q: float,
+              order: np.ndarray | None = None) -> None:
+    """One SGD pass over the given ratings, updating P and Q in place.
+
+    ``users`` and ``items`` index rows of P and Q; ``order`` is the visiting order (default
+    as given). For each rating: e = r − pᵤ·qᵢ, pᵤ += lr·(e·qᵢ − reg_p·pᵤ),
+    qᵢ += lr·(e·pᵤ − reg_q·qᵢ), both from the old values.
+
+    >>> P, Q = np.full((1, 2), 0.5), np.full((1, 2), 0.5)
+    >>> sgd_block(np.array([0]), np.array([0]), np.array([1.5]), P, Q, 0.1, 0.0, 0.0)
+    >>> P.round(3).tolist()
+    [[0.55, 0.55]]
+    """
+    if order is None:
+        order = np.arange(users.shape[0], dtype=np.int64)
+    _sgd(users, items, ratings, order, P, Q, float(lr), float(reg_p), float(reg_q))
+
+
+@numba.njit(nogil=True, parallel=True)
+def _sq_err(users, items, ratings, P, Q):
+    total = 0.0
+    for n in numba.prange(users.shape[0]):
+        e = ratings[n]
+        for f in range(P.shape[1]):
+            e -= P[users[n], f] * Q[items[n], f]
+        total += e * e
+    return total
+
+
+def rmse(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.ndarray,
+         Q: np.ndarray) -> float:
+    """Root mean squared error of P Qᵀ on the given ratings (nan for none).
+
+    >>> rmse(np.array([0]), np.array([0]), np.array([2.0]), np.ones((1, 1)), np.ones((1, 1)))
+    1.0
+    """
+    if users.shape[0] == 0:
+        return float("nan")
+    return float(np.sqrt(_sq_err(users, items, ratings, P, Q) / users.shape[0]))

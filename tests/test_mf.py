@@ -1,0 +1,111 @@
+"""Matrix factorisation: the SGD kernel, bad input, and convergence on MovieLens."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import mgpu
+from mgpu.io import load_ratings
+from mgpu.mf import rmse, sgd_block
+
+
+def _split(R: sp.coo_matrix, seed: int = 0) -> tuple[sp.coo_matrix, sp.coo_matrix]:
+    """A 90/10 random split of the ratings."""
+    perm = np.random.default_rng(seed).permutation(R.nnz)
+    te, tr = perm[: R.nnz // 10], perm[R.nnz // 10:]
+
+    def take(sel):
+        return sp.coo_matrix((R.data[sel], (R.row[sel], R.col[sel])), shape=R.shape)
+
+    return take(tr), take(te)
+
+
+def test_sgd_kernel_matches_a_plain_python_pass():
+    rng = np.random.default_rng(0)
+    u, i = rng.integers(0, 5, 40), rng.integers(0, 4, 40)
+    r = rng.uniform(1, 5, 40)
+    P0, Q0 = rng.random((5, 3)), rng.random((4, 3))
+    P, Q = P0.copy(), Q0.copy()
+    order = rng.permutation(40)
+    sgd_block(u, i, r, P, Q, 0.05, 0.1, 0.02, order)
+    Pr, Qr = P0.copy(), Q0.copy()
+    for n in order:
+        e = r[n] - Pr[u[n]] @ Qr[i[n]]
+        p, q = Pr[u[n]].copy(), Qr[i[n]].copy()
+        Pr[u[n]] = p + 0.05 * (e * q - 0.1 * p)
+        Qr[i[n]] = q + 0.05 * (e * p - 0.02 * q)
+    np.testing.assert_allclose(P, Pr, rtol=1e-12)
+    np.testing.assert_allclose(Q, Qr, rtol=1e-12)
+    assert rmse(u, i, r, Pr, Qr) == pytest.approx(
+        np.sqrt(np.mean((r - np.einsum("nk,nk->n", Pr[u], Qr[i])) ** 2)))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"k": 0}, "'k' parameter of MatrixFactorization must be an int >= 1"),
+    ({"lr": 0.0}, "'lr' parameter"),
+    ({"reg": -1.0}, "'reg' parameter"),
+    ({"mode": "hsgd*"}, r"'mode' parameter of MatrixFactorization must be a str among "
+                        r"\{'cpu', 'sequential'\}"),
+])
+def test_bad_parameters(kwargs, match):
+    R = sp.coo_matrix(np.array([[1.0, 2.0], [3.0, 0.0]]))
+    with pytest.raises(ValueError, match=match):
+        mgpu.MatrixFactorization(**kwargs).fit(R)
+
+
+def test_bad_ratings_and_divergence(tmp_path):
+    dup = sp.coo_matrix((np.array([1.0, 2.0, 3.0]), (np.array([0, 0, 1]), np.array([1, 1, 0]))),
+                        shape=(2, 2))
+    with pytest.raises(ValueError, match=r"more than once \(1 pairs; first: user 0, item 1\)"):
+        mgpu.MatrixFactorization(k=2).fit(dup)
+    nan = sp.coo_matrix(np.array([[1.0, np.nan], [3.0, 0.0]]))
+    with pytest.raises(ValueError, match="NaN or infinite rating"):
+        mgpu.MatrixFactorization(k=2).fit(nan)
+    R = sp.random(30, 20, density=0.3, format="coo", random_state=0) * 5
+    with pytest.raises(ValueError, match="'test' parameter .* holds no ratings"):
+        mgpu.MatrixFactorization(k=2).fit(R, test=sp.coo_matrix(R.shape))
+    with pytest.raises(ValueError, match="must have R's shape"):
+        mgpu.MatrixFactorization(k=2).fit(R, test=sp.coo_matrix((3, 3)))
+    with pytest.raises(FloatingPointError, match="diverged at epoch"):
+        mgpu.MatrixFactorization(k=4, lr=50.0, epochs=10).fit(R * 100)
+    with pytest.raises(ValueError, match="not fitted yet"):
+        mgpu.MatrixFactorization().predict([0], [0])
+    mf = mgpu.MatrixFactorization(k=2, epochs=2, checkpoint_dir=str(tmp_path)).fit(R)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mf-epoch-1.npz", "mf-epoch-2.npz"]
+    with np.load(tmp_path / "mf-epoch-2.npz") as z:
+        np.testing.assert_array_equal(z["P"], mf.P_)
+    with pytest.raises(ValueError, match=r"'items' parameter of predict must be in \[0, 20\)"):
+        mf.predict([0], [20])
+
+
+def test_sequential_reaches_the_movielens_target(data_dir):
+    R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
+    train, test = _split(R.tocoo())
+    mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80, target_rmse=0.98)
+    seen = []
+    mf.fit(train, test, callback=seen.append)
+    assert mf.history_[-1]["test_rmse"] <= 0.98 and seen == mf.history_
+    assert len(mf.history_) < 80  # stopped at the target
+    t = test.tocoo()
+    pred = mf.predict(t.row, t.col)
+    assert np.sqrt(np.mean((pred - t.data) ** 2)) == pytest.approx(mf.history_[-1]["test_rmse"])
+
+
+def test_blocked_cpu_mode_reaches_the_movielens_target(client, data_dir):
+    R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
+    train, test = _split(R.tocoo())
+    # the thesis's MovieLens parameters
+    mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80, target_rmse=0.98,
+                                  mode="cpu")
+    mf.fit(train, test)
+    h = mf.history_
+    assert h[-1]["test_rmse"] <= 0.98 and len(h) < 80
+    starts = [e for e in mf.schedule_events_ if e.kind in ("assign", "steal")]
+    n_slots = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+    g = n_slots + 1
+    assert len(starts) == len(h) * g * g  # every block once per epoch
+    counts: dict[int, int] = {}
+    for e in starts:
+        counts[e.block] = counts.get(e.block, 0) + 1
+    assert set(counts.values()) == {len(h)}  # equal update counts per block
