@@ -196,3 +196,26 @@ def test_bench_knn_cpu(runner, tmp_path):
         assert row["n_queries"] == 60 and row["mgpu_qps"] > 0 and row["sklearn_qps"] > 0
     r = runner.invoke(main, ["bench", "knn", "--metrics", "cosine,nope"])
     assert r.exit_code != 0 and "'metric' parameter of bench knn" in r.output
+
+
+def test_run_mf_on_movielens(runner, tmp_path, data_dir):
+    import json
+
+    import numpy as np
+
+    path = data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz"
+    png = tmp_path / "rmse.png"
+    r = runner.invoke(main, ["run", "mf", str(path), "--modes", "sequential", "-k", "16",
+                             "--lr", "0.01", "--epochs", "5", "--target-rmse", "0",
+                             "--out", str(tmp_path / "out"), "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    h = json.loads((tmp_path / "out" / "history.json").read_text())["sequential"]
+    assert [e["epoch"] for e in h] == [1, 2, 3, 4, 5]
+    assert h[-1]["test_rmse"] < h[0]["test_rmse"]
+    with np.load(tmp_path / "out" / "sequential-factors.npz") as z:
+        assert z["P"].shape == (671, 16) and z["Q"].shape[1] == 16
+        assert z["user_ids"].shape == (671,)
+    assert "sequential: 5 epochs in" in r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = runner.invoke(main, ["run", "mf", str(path), "--modes", "gpu", "--out", str(tmp_path)])
+    assert r.exit_code != 0 and "modes must be among sequential, cpu" in r.output
