@@ -25,6 +25,7 @@ from mgpu.backends.sddmm_plan import (
     SDDMMPlan,
     TileLayout,
     candidates,
+    pattern_key,
     tile_layout,
 )
 from mgpu.backends.timing import time_gpu
@@ -356,7 +357,7 @@ def plan_sddmm(S: csp.csr_matrix, K: int, dtype: Any, *, reuse: bool,
         lanes=_lanes(max(1, (K if choice.scheme == "csr" else tk) // W)), vector=W,
         n_panels=max(1, -(-S.shape[1] // max(choice.Tj, 1))), l2_bytes=facts.l2_bytes,
         smem_bytes=facts.smem_bytes, timings_ms=timings, layout=layout,
-        pattern=(*S.shape, int(S.nnz), S.indptr.data.ptr, S.indices.data.ptr),
+        pattern=pattern_key(S),
     )
 
 

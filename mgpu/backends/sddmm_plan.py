@@ -37,6 +37,7 @@ __all__ = [
     "TileLayout",
     "candidates",
     "panel_width",
+    "pattern_key",
     "tile_layout",
 ]
 
@@ -203,6 +204,15 @@ def tile_layout(indptr: Any, indices: Any, shape: tuple[int, int], Tj: int, ti: 
                       tile_row0=tile_row0.astype(i32), tile_panel=tile_panel.astype(i32),
                       active_rows=active_rows.astype(i32), local_row=local_row,
                       local_col=local_col.astype(i32), perm=perm)
+
+
+def pattern_key(S: Any) -> tuple[int, ...]:
+    """What ties a plan to S's pattern: shape, nnz and the addresses of its index arrays
+    (scipy or cupyx CSR)."""
+    def address(a: Any) -> int:
+        return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
+
+    return (*S.shape, int(S.nnz), address(S.indptr), address(S.indices))
 
 
 def _namespace(x: Any) -> Any:

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from mgpu.backends import is_gpu_array, sddmm_lookup, to_host
-from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan
+from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
 from mgpu.ops._validate import is_dask_array, is_sparse
 
 __all__ = [
@@ -231,12 +231,6 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
     return sddmm_local(S, A, B, hadamard, plan)
 
 
-def _pattern_key(S: Any) -> tuple[int, ...]:
-    if is_gpu_array(S):
-        return (*S.shape, int(S.nnz), S.indptr.data.ptr, S.indices.data.ptr)
-    return (*S.shape, int(S.nnz), S.indptr.ctypes.data, S.indices.ctypes.data)
-
-
 def check_plan(plan: Any, S: Any, K: int) -> None:
     """Refuse a plan made for another matrix, another K or another device."""
     if not isinstance(plan, SDDMMPlan):
@@ -246,7 +240,7 @@ def check_plan(plan: Any, S: Any, K: int) -> None:
         raise ValueError(f"The 'plan' parameter of sddmm was made for the "
                          f"{'CPU' if plan.scheme == 'cpu' else 'GPU'}, but S is on the "
                          f"{'GPU' if is_gpu_array(S) else 'CPU'}.")
-    if plan.pattern != _pattern_key(S) or plan.K != K:
+    if plan.pattern != pattern_key(S) or plan.K != K:
         raise ValueError(
             f"The 'plan' parameter of sddmm was made for another problem (S {plan.shape} with "
             f"{plan.nnz} nonzeros, K={plan.K}); got S {tuple(S.shape)} with {int(S.nnz)} "
@@ -309,4 +303,4 @@ def sddmm_plan(S: Any, K: int, *, dtype: Any = None, scheme: str | None = None) 
         raise ValueError("The 'scheme' parameter of sddmm_plan applies to GPU input only.")
     return SDDMMPlan(scheme="cpu", device="cpu", shape=tuple(S.shape), nnz=int(S.nnz),
                      K=int(K), dtype=dtype.name, Tj=S.shape[1], Tk=int(K), ti=0, lanes=1,
-                     vector=1, n_panels=1, l2_bytes=0, smem_bytes=0, pattern=_pattern_key(S))
+                     vector=1, n_panels=1, l2_bytes=0, smem_bytes=0, pattern=pattern_key(S))
