@@ -267,6 +267,10 @@ def test_distributed_knn_bad_input(client):
         mgpu.knn(Xd, S[:, :7], 3)
     with pytest.raises(ValueError, match="'metric' parameter of knn"):
         mgpu.knn(Xd, S, 3, metric="nope")
+    bad = S.copy()
+    bad.data[5] = np.nan
+    with pytest.raises(ValueError, match="'index' parameter of knn holds NaN or infinity"):
+        mgpu.knn(from_scipy(bad, 2, axis=0, client=client), S, 3)
 
 
 def test_merge_top_k_breaks_ties_by_id():

@@ -37,21 +37,25 @@ def merge_top_k(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarra
     return np.take_along_axis(D, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
 
-def _local_knn(tile: Any, queries: Any, k: int, metric: str, p: float, offset: int,
-               working_memory: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k of one tile of the index for a batch of queries, with global ids."""
-    from mgpu.backends import is_gpu_array
+def _prepare_tile(tile: Any, metric: str, p: float) -> Any:
+    """A tile as the CPU path takes it (float64 CSR, checked), once per kNN call."""
+    from mgpu.backends import to_host
 
-    if is_gpu_array(tile):
+    if type(tile).__module__.split(".", 1)[0] == "cupyx":
         # distances have no GPU kernels yet: a GPU worker computes its tile on its CPU
-        tile = tile.get()
-    d, i = dist.knn(tile, queries, min(k, tile.shape[0]), metric=metric, p=p,
-                    working_memory=working_memory)
+        tile = to_host(tile)
+    ring, _ = dist.resolve_metric(metric, p, func="knn")
+    tile = dist._check_input(tile, "index", "knn")
+    dist._check_values(tile, "index", "knn", ring)
+    return tile
+
+
+def _local_knn(tile: Any, queries: Any, k: int, metric: str, p: float,
+               offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of one prepared tile for a batch of checked queries, with global ids."""
+    ring, p = dist.resolve_metric(metric, p, func="knn")
+    d, i = dist.knn_checked(ring, tile, queries, min(k, tile.shape[0]), p, queries.shape[0])
     return d, i + offset
-
-
-def _merge(a: Any, b: Any, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
-    return merge_top_k(a, b, k, largest)
 
 
 def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euclidean",
@@ -92,13 +96,16 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     out_i = np.empty((nq, k), dtype=np.int64)
     logger.info("knn: %d queries in batches of %d over %d tile(s), k=%d, %s", nq, step,
                 len(tiles), k, ring.name)
+    # each tile converted and checked once, where it lives, not once per batch
+    tiles = [(client.submit(_prepare_tile, t, ring.name, p, pure=False), int(o))
+             for t, o, rows in zip(tiles, offsets, index.chunks[0]) if rows]
     for s in range(0, nq, step):
         batch = client.scatter(queries[s:s + step], broadcast=True, hash=False)
-        parts = [client.submit(_local_knn, t, batch, k, ring.name, p, int(o), working_memory,
-                               pure=False)
-                 for t, o, rows in zip(tiles, offsets, index.chunks[0]) if rows]
+        parts = [client.submit(_local_knn, t, batch, k, ring.name, p, o, pure=False)
+                 for t, o in tiles]
         while len(parts) > 1:  # a tree of pairwise merges
-            nxt = [client.submit(_merge, parts[j], parts[j + 1], k, ring.similarity, pure=False)
+            nxt = [client.submit(merge_top_k, parts[j], parts[j + 1], k, ring.similarity,
+                                 pure=False)
                    for j in range(0, len(parts) - 1, 2)]
             if len(parts) % 2:
                 nxt.append(parts[-1])

@@ -37,9 +37,11 @@ __all__ = ["MODES", "MatrixFactorization"]
 MODES = ("sequential", "cpu")
 
 
-def _block_task(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.ndarray,
+def _block_task(block: tuple[np.ndarray, np.ndarray, np.ndarray], P: np.ndarray,
                 Q: np.ndarray, lr: float, reg: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """One block: SGD over its ratings in a random order on copies of its two segments."""
+    """One block (users, items, ratings in segment-local ids): SGD over its ratings in a
+    random order, on copies of its two factor segments."""
+    users, items, ratings = block
     P, Q = P.copy(), Q.copy()
     order = np.random.default_rng(seed).permutation(users.shape[0])
     sgd_block(users, items, ratings, P, Q, lr, reg, reg, order)
@@ -238,7 +240,7 @@ class MatrixFactorization:
         counter = iter(range(1 << 62))
 
         def run(block: Block, slot: Slot):
-            fut = client.submit(_unpack_block, data[block.id], p_seg[block.row],
+            fut = client.submit(_block_task, data[block.id], p_seg[block.row],
                                 q_seg[block.col], self.lr, self.reg,
                                 int(rng.integers(1 << 31)) + next(counter),
                                 workers=[slot.worker], allow_other_workers=False, pure=False)
@@ -273,7 +275,3 @@ class MatrixFactorization:
                                  f"values from {idx.min()} to {idx.max()}.")
         return np.einsum("nk,nk->n", self.P_[users], self.Q_[items])
 
-
-def _unpack_block(block: tuple[np.ndarray, np.ndarray, np.ndarray], P: np.ndarray,
-                  Q: np.ndarray, lr: float, reg: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    return _block_task(*block, P, Q, lr, reg, seed)

@@ -358,7 +358,12 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
         raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
                          f"{n} rows). Got {k!r} instead.")
-    step = working_memory_rows(n, working_memory)
+    return knn_checked(ring, index, queries, k, p, working_memory_rows(n, working_memory))
+
+
+def knn_checked(ring: Semiring, index: Any, queries: Any, k: int, p: float,
+                step: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`knn` on input already checked and converted, ``step`` queries at a time."""
     nq = queries.shape[0]
     dist = np.empty((nq, k), dtype=np.float64)
     ids = np.empty((nq, k), dtype=np.int64)
