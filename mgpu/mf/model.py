@@ -274,4 +274,3 @@ class MatrixFactorization:
                 raise ValueError(f"The '{name}' parameter of predict must be in [0, {n}). Got "
                                  f"values from {idx.min()} to {idx.max()}.")
         return np.einsum("nk,nk->n", self.P_[users], self.Q_[items])
-
