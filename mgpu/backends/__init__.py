@@ -12,13 +12,18 @@ from dask.utils import Dispatch
 row_norms_lookup = Dispatch("row_norms")
 sddmm_lookup = Dispatch("sddmm")
 namm_lookup = Dispatch("namm")  # union (merge) distances between the rows of two CSR matrices
+knn_lookup = Dispatch("knn")  # (index, queries, k, ring, p, working_memory) -> (dist, ids)
+distances_lookup = Dispatch("distances")  # (X, Y, ring, p) -> dense distance matrix
+knn_prepare_lookup = Dispatch("knn_prepare")  # (tile, ring, p) -> an index ready for queries
 
 
 def _register_cupy() -> None:
     import mgpu.backends.cupy  # noqa: F401  (registers the CuPy side of every lookup)
+    import mgpu.backends.cupy_knn  # noqa: F401
 
 
-for _lookup in (row_norms_lookup, sddmm_lookup):
+for _lookup in (row_norms_lookup, sddmm_lookup, knn_lookup, distances_lookup,
+                knn_prepare_lookup):
     _lookup.register_lazy("cupy", _register_cupy)
     _lookup.register_lazy("cupyx", _register_cupy)
 

@@ -12,7 +12,26 @@ _INDICES = ("int", "long long")
 _VECTOR = {"float": 4, "double": 2}
 _LANES = (4, 8, 16, 32)
 
+# kNN, compiled in groups (an accumulated operation of kernels/knn.cu's KnnOp and a dtype)
+# so that a metric builds only its own kernels. Index pointers are int: cupyx CSR is 32-bit.
+# (queries per lane, list length): lists of 16 for k <= 16, of 128 for k <= 128 (one query
+# per lane, to bound local memory), 0 for the dense-tile form (pairwise distances, larger k)
+KNN_OPS = range(8)
+KNN_UNION_SUMS = range(2, 7)  # L1, Lp, Canberra, Hamming, Jensen-Shannon
+KNN_SHAPES = ((4, 16), (1, 128), (4, 0))
+KNN_SELECT = (16, 128)
+KNN_GROUPS: dict[str, tuple[str, ...]] = {
+    **{f"op{op}-{t}": tuple(f"mgpu_knn_csr<{t}, int, {op}, {m}, {kmax}>" for m, kmax in KNN_SHAPES)
+       + ((f"mgpu_query_base<{t}, {op}>",) if op in KNN_UNION_SUMS else ())
+       for op in KNN_OPS for t in _FLOATS},
+    "select": tuple(f"mgpu_select_k<{t}, {kmax}>" for t in _FLOATS for kmax in KNN_SELECT)
+    + tuple(f"mgpu_finish_tile<{t}>" for t in _FLOATS),
+    # the benchmark's one-thread-per-pair union peer (NAMM operations)
+    "naive": tuple(f"mgpu_union_naive<{t}, {op}>" for t in _FLOATS for op in range(2, 8)),
+}
+
 INSTANCES: dict[str, tuple[str, ...]] = {
+    "knn.cu": tuple(e for group in KNN_GROUPS.values() for e in group),
     "rows.cu": tuple(
         f"mgpu_row_norms_warp<{t}, {i}, {op}>"
         for t in _FLOATS

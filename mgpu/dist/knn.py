@@ -38,24 +38,17 @@ def merge_top_k(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarra
 
 
 def _prepare_tile(tile: Any, metric: str, p: float) -> Any:
-    """A tile as the CPU path takes it (float64 CSR, checked), once per kNN call."""
-    from mgpu.backends import to_host
-
-    if type(tile).__module__.split(".", 1)[0] == "cupyx":
-        # distances have no GPU kernels yet: a GPU worker computes its tile on its CPU
-        tile = to_host(tile)
-    ring, _ = dist.resolve_metric(metric, p, func="knn")
-    tile = dist._check_input(tile, "index", "knn")
-    dist._check_values(tile, "index", "knn", ring)
-    return tile
+    """A tile checked and prepared where it lives (on its GPU for CuPy tiles), once per call."""
+    ring, p = dist.resolve_metric(metric, p, func="knn")
+    return dist.prepare_index(tile, ring, p)
 
 
-def _local_knn(tile: Any, queries: Any, k: int, metric: str, p: float,
-               offset: int) -> tuple[np.ndarray, np.ndarray]:
+def _local_knn(tile: Any, queries: Any, k: int, metric: str, p: float, offset: int,
+               working_memory: Any) -> tuple[np.ndarray, np.ndarray]:
     """Top-k of one prepared tile for a batch of checked queries, with global ids."""
     ring, p = dist.resolve_metric(metric, p, func="knn")
-    d, i = dist.knn_checked(ring, tile, queries, min(k, tile.shape[0]), p, queries.shape[0])
-    return d, i + offset
+    d, i = dist.knn_prepared(tile, queries, k, ring, p, working_memory)
+    return d.astype(np.float64, copy=False), i.astype(np.int64, copy=False) + offset
 
 
 def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euclidean",
@@ -101,7 +94,8 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
              for t, o, rows in zip(tiles, offsets, index.chunks[0]) if rows]
     for s in range(0, nq, step):
         batch = client.scatter(queries[s:s + step], broadcast=True, hash=False)
-        parts = [client.submit(_local_knn, t, batch, k, ring.name, p, o, pure=False)
+        parts = [client.submit(_local_knn, t, batch, k, ring.name, p, o, working_memory,
+                               pure=False)
                  for t, o in tiles]
         while len(parts) > 1:  # a tree of pairwise merges
             nxt = [client.submit(merge_top_k, parts[j], parts[j + 1], k, ring.similarity,

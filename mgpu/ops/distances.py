@@ -24,7 +24,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu import config
-from mgpu.backends import is_gpu_array, namm_lookup
+from mgpu.backends import (
+    distances_lookup,
+    is_gpu_array,
+    knn_lookup,
+    knn_prepare_lookup,
+    namm_lookup,
+)
 from mgpu.backends.numpy import csr_dot_dense
 from mgpu.ops._validate import is_dask_array, is_sparse
 
@@ -101,9 +107,12 @@ def resolve_metric(metric: Any, p: Any = 2, *, func: str = "pairwise_distances")
 
 def _check_input(X: Any, name: str, func: str) -> Any:
     """X as float64 CSR (sparse input) or float64 C-ordered array (dense), checked."""
-    if is_dask_array(X) or is_gpu_array(X):
-        raise TypeError(f"The '{name}' parameter of {func} takes numpy or scipy input here; "
-                        "GPU and dask input follow with the GPU kernels.")
+    if is_gpu_array(X):
+        raise TypeError(f"The '{name}' parameter of {func} is on the GPU while the other input "
+                        "is not: pass both as numpy/scipy or both as cupy/cupyx.")
+    if is_dask_array(X):
+        raise TypeError(f"The '{name}' parameter of {func} is a dask array: a distributed "
+                        "index goes to mgpu.knn, and queries are numpy/scipy.")
     if not (is_sparse(X) or isinstance(X, np.ndarray)):
         raise TypeError(f"The '{name}' parameter of {func} must be a 2-D numpy array or a scipy "
                         f"sparse matrix. Got {type(X).__name__} instead.")
@@ -285,6 +294,11 @@ def pairwise_distances(X: Any, Y: Any = None, *, metric: str = "euclidean",
            [5., 0.]])
     """
     ring, p = resolve_metric(metric, p)
+    return distances_lookup(X, Y, ring, p)
+
+
+@distances_lookup.register(object)
+def _pairwise_cpu(X: Any, Y: Any, ring: Semiring, p: float) -> np.ndarray:
     X, Y = _checked_pair(X, Y, ring, "pairwise_distances", ("X", "Y"))
     return _distances(ring, X, Y, p)
 
@@ -353,9 +367,19 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     ([[1, 0]], [[0.1, 0.9]])
     """
     ring, p = resolve_metric(metric, p, func="knn")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        n = getattr(index, "shape", ("?",))[0]
+        raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}]. Got {k!r} "
+                         "instead.")
+    return knn_lookup(index, queries, int(k), ring, p, working_memory)
+
+
+@knn_lookup.register(object)
+def _knn_cpu(index: Any, queries: Any, k: int, ring: Semiring, p: float,
+             working_memory: Any = None) -> tuple[np.ndarray, np.ndarray]:
     index, queries = _checked_pair(index, queries, ring, "knn", ("index", "queries"))
     n = index.shape[0]
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
+    if not 1 <= k <= n:
         raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
                          f"{n} rows). Got {k!r} instead.")
     return knn_checked(ring, index, queries, k, p, working_memory_rows(n, working_memory))
@@ -371,6 +395,31 @@ def knn_checked(ring: Semiring, index: Any, queries: Any, k: int, p: float,
         D = _distances(ring, queries[s:s + step], index, p)
         dist[s:s + step], ids[s:s + step] = top_k(D, k, ring.similarity)
     return dist, ids
+
+
+def prepare_index(tile: Any, ring: Semiring, p: float) -> Any:
+    """An index (tile) checked and made ready for repeated queries: float64 CSR or dense on
+    the CPU, an index prepared on its device for CuPy data."""
+    return knn_prepare_lookup(tile, ring, p)
+
+
+@knn_prepare_lookup.register(object)
+def _prepare_cpu(tile: Any, ring: Semiring, p: float) -> Any:
+    tile = _check_input(tile, "index", "knn")
+    _check_values(tile, "index", "knn", ring)
+    return tile
+
+
+def knn_prepared(prepared: Any, queries: Any, k: int, ring: Semiring, p: float,
+                 working_memory: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """kNN of checked host queries against :func:`prepare_index`'s result, on its device;
+    numpy results (k capped at the index's rows)."""
+    k = min(k, prepared.shape[0])
+    if hasattr(prepared, "knn"):  # prepared on a GPU
+        d, i = prepared.knn(queries, k, ring, working_memory)
+        return d.get(), i.get()
+    step = working_memory_rows(prepared.shape[0], working_memory)
+    return knn_checked(ring, prepared, queries, k, p, step)
 
 
 def drop_self(dist: np.ndarray, ind: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,362 @@
+// Exact sparse kNN and pairwise distances through one semiring table (mgpu/ops/distances.py).
+//
+// mgpu_knn_csr<T, I, OP, M, KMAX>: one warp per index row, a batch of up to 32*M queries
+// held dense (features x queries, row-major, so that the queries of one feature are
+// contiguous). The warp reads its row's nonzeros once, 32 at a time, and broadcasts each
+// (feature, value) to the lanes; lane l accumulates queries l, l+32, ... by reading their
+// values of that feature, a coalesced load from the dense query block. Index nonzeros are
+// thus read once per batch (not once per query), and the query block is sized to stay in
+// L2. Rows are taken from a global counter in the order given (longest first), which
+// balances warps without a partition.
+//
+// Every semiring is a sum (or, for L-infinity, a max) over the union of the two rows'
+// nonzeros of a term t(q, x) with t(0, 0) = 0. With the query dense, a pair costs only the
+// index row's nonzeros: sum over the union = sum over the query's nonzeros of t(q, 0)
+// (a per-query constant, qs1) + sum over the index row's nonzeros of t(q, x) - t(q, 0).
+// The dot-product ("expanded") metrics are the case t = q * x, finished by an element-wise
+// formula of the dot product and per-row statistics.
+//
+// KMAX > 0: each lane keeps, per query it owns, the k best (key, row) pairs it has seen,
+// ordered by key and then by row id (ties go to the lower row, as in scikit-learn), and
+// writes them out at the end: k candidates per query leave each warp, never the distances.
+// KMAX == 0: every key is written to a dense (query x index row) tile (pairwise distances,
+// and kNN with k beyond the fused lists).
+//
+// mgpu_select_k<T, KMAX>: the k best of each row of a candidate matrix (keys, optional ids)
+// with the same order: each thread keeps a sorted list of its share, then k rounds of a
+// block-wide arg-min over the list heads.
+//
+// The key is the distance, negated for similarities (inner product), so smaller is better.
+#include "common.cuh"
+
+#define MGPU_KNN_THREADS 256
+#define MGPU_NO_ID 0x7fffffff
+
+namespace mgpu {
+
+// +inf without math.h (NVRTC has no INFINITY)
+template <typename T> __device__ __forceinline__ T pos_inf();
+template <> __device__ __forceinline__ float pos_inf<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double pos_inf<double>() {
+    return __longlong_as_double(0x7ff0000000000000LL);
+}
+
+// Accumulated operation, the template parameter OP of mgpu_knn_csr
+enum KnnOp { OP_DOT = 0, OP_KL = 1, OP_L1 = 2, OP_LP = 3, OP_CANBERRA = 4, OP_HAMMING = 5,
+             OP_JS = 6, OP_LINF = 7 };
+
+// Element-wise finish, the runtime argument fin (mgpu/backends/cupy_knn.py mirrors these)
+enum KnnFinish { FIN_EUCLIDEAN = 0, FIN_SQEUCLIDEAN = 1, FIN_COSINE = 2, FIN_CORRELATION = 3,
+                 FIN_INNER = 4, FIN_DICE = 5, FIN_JACCARD = 6, FIN_RUSSELLRAO = 7,
+                 FIN_HELLINGER = 8, FIN_KL = 9, FIN_L1 = 10, FIN_LP = 11, FIN_CANBERRA = 12,
+                 FIN_HAMMING = 13, FIN_JS = 14, FIN_LINF = 15 };
+
+// the union term of the NAMM metrics, as mgpu/backends/numpy.py's _namm_term
+template <int OP>
+__device__ __forceinline__ double namm_term(double q, double x, double p) {
+    const double d = fabs(q - x);
+    if (OP == OP_L1 || OP == OP_LINF) return d;
+    if (OP == OP_LP) return pow(d, p);
+    if (OP == OP_CANBERRA) {
+        const double s = fabs(q) + fabs(x);
+        return s > 0.0 ? d / s : 0.0;
+    }
+    if (OP == OP_HAMMING) return q != x ? 1.0 : 0.0;
+    // Jensen-Shannon on rows normalised to sum 1
+    const double m = q + x;
+    double t = 0.0;
+    if (q > 0.0) t += q * log(2.0 * q / m);
+    if (x > 0.0) t += x * log(2.0 * x / m);
+    return t;
+}
+
+// a: dot / cross term / max; b: the query's own term at the row's features (NAMM sums) or
+// the number of query nonzeros the row covers (KL)
+template <int OP>
+__device__ __forceinline__ void accumulate(double& a, double& b, double q, double x, double p) {
+    if (OP == OP_DOT) {
+        a = fma(q, x, a);
+    } else if (OP == OP_KL) {  // x holds log(x) here
+        a = fma(q, x, a);
+        b += (q != 0.0) ? 1.0 : 0.0;
+    } else if (OP == OP_LINF) {
+        a = fmax(a, fabs(q - x));
+    } else {
+        a += namm_term<OP>(q, x, p);
+        b += namm_term<OP>(q, 0.0, p);
+    }
+}
+
+__device__ __forceinline__ double finish(int fin, double a, double b, double x1, double x2,
+                                         double q1, double q2, double n, double p) {
+    switch (fin) {
+        case FIN_EUCLIDEAN: return sqrt(fmax(x1 + q1 - 2.0 * a, 0.0));
+        case FIN_SQEUCLIDEAN: return fmax(x1 + q1 - 2.0 * a, 0.0);
+        case FIN_COSINE:
+        case FIN_CORRELATION: {
+            double dot = a, den;
+            if (fin == FIN_CORRELATION) {
+                dot = a - n * x1 * q1;  // x1, q1: row means; x2, q2: centred norms
+                den = x2 * q2;
+            } else {
+                den = x1 * q1;  // norms
+            }
+            const double d = den > 0.0 ? 1.0 - dot / den : 1.0;
+            return fmin(fmax(d, 0.0), 2.0);
+        }
+        case FIN_INNER: return -a;
+        case FIN_DICE:
+        case FIN_JACCARD: {  // x1, q1: nonzeros per row; a: shared nonzeros
+            const double num = x1 + q1 - 2.0 * a;
+            const double den = fin == FIN_DICE ? x1 + q1 : x1 + q1 - a;
+            return den > 0.0 ? num / den : 0.0;
+        }
+        case FIN_RUSSELLRAO: return n > 0.0 ? (n - a) / n : 0.0;
+        case FIN_HELLINGER: return sqrt(fmax(1.0 - a, 0.0));
+        case FIN_KL:  // q1: sum q log q; q2: the query's nonzeros; b: those the row covers
+            return b < q2 ? pos_inf<double>() : q1 - a;
+        default: break;
+    }
+    // NAMM sums: q1 is the sum of t(q, 0) over the query's nonzeros
+    const double s = fmax(a + (q1 - b), 0.0);
+    switch (fin) {
+        case FIN_LP: return pow(s, 1.0 / p);
+        case FIN_HAMMING: return n > 0.0 ? s / n : 0.0;
+        case FIN_JS: return sqrt(s / 2.0);
+        default: return s;  // L1, Canberra
+    }
+}
+
+// (ka, ia) before (kb, ib): smaller key, then lower id
+template <typename T>
+__device__ __forceinline__ bool before(T ka, int ia, T kb, int ib) {
+    return ka < kb || (ka == kb && ia < ib);
+}
+
+// insert into a sorted list of at most k entries (count n)
+template <typename T, int KMAX>
+__device__ __forceinline__ void list_insert(T* keys, int* ids, int& n, int k, T key, int id) {
+    if (n == k && !before(key, id, keys[k - 1], ids[k - 1])) return;
+    int pos = n < k ? n : k - 1;
+    while (pos > 0 && before(key, id, keys[pos - 1], ids[pos - 1])) {
+        keys[pos] = keys[pos - 1];
+        ids[pos] = ids[pos - 1];
+        --pos;
+    }
+    keys[pos] = key;
+    ids[pos] = id;
+    if (n < k) ++n;
+}
+
+}  // namespace mgpu
+
+template <typename T, typename I, int OP, int M, int KMAX>
+__global__ void __launch_bounds__(MGPU_KNN_THREADS)
+mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
+             const T* __restrict__ data, const int* __restrict__ order, int n_rows,
+             const T* __restrict__ qd, int n_q,
+             const double* __restrict__ xs1, const double* __restrict__ xs2,
+             const double* __restrict__ qs1, const double* __restrict__ qs2,
+             const int* __restrict__ lq_ptr, const int* __restrict__ lq_idx,
+             const T* __restrict__ lq_val,
+             int fin, double n_features, double p, int k, int* __restrict__ counter,
+             T* __restrict__ out_key, int* __restrict__ out_id, long long ld_out) {
+    const int lane = threadIdx.x & 31;
+    const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const long long n_warps = (long long)gridDim.x * (blockDim.x >> 5);
+
+    // per owned query: sorted (key, row) lists; sized by KMAX, filled to k
+    T keys[M][KMAX > 0 ? KMAX : 1];
+    int ids[M][KMAX > 0 ? KMAX : 1];
+    int filled[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) filled[m] = 0;
+
+    for (;;) {
+        int r = 0;
+        if (lane == 0) r = atomicAdd(counter, 1);
+        r = __shfl_sync(MGPU_FULL_MASK, r, 0);
+        if (r >= n_rows) break;
+        const int row = order[r];
+        const I start = indptr[row];
+        const I end = indptr[row + 1];
+
+        double a[M], b[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) { a[m] = 0.0; b[m] = 0.0; }
+
+        for (I base = start; base < end; base += 32) {
+            const I mine = base + lane;
+            int j = 0;
+            T x = T(0);
+            if (mine < end) {
+                j = indices[mine];
+                x = data[mine];
+            }
+            const int n = (int)((end - base) < 32 ? (end - base) : 32);
+#pragma unroll 4
+            for (int t = 0; t < n; ++t) {
+                const int jt = __shfl_sync(MGPU_FULL_MASK, j, t);
+                const double xt = (double)__shfl_sync(MGPU_FULL_MASK, x, t);
+                const T* qrow = qd + (long long)jt * n_q;
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    const int c = lane + 32 * m;
+                    const double q = c < n_q ? (double)qrow[c] : 0.0;
+                    mgpu::accumulate<OP>(a[m], b[m], q, xt, p);
+                }
+            }
+        }
+
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const int c = lane + 32 * m;
+            if (c >= n_q) continue;
+            double d;
+            if (OP == mgpu::OP_LINF) {
+                // the query's features outside the row: walk them by decreasing |q| until
+                // one is absent from the row, or they can no longer beat the max so far
+                d = a[m];
+                for (int s = lq_ptr[c]; s < lq_ptr[c + 1]; ++s) {
+                    const double v = (double)lq_val[s];
+                    if (v <= d) break;
+                    const int f = lq_idx[s];
+                    I lo = start, hi = end;
+                    while (lo < hi) {
+                        const I mid = lo + (hi - lo) / 2;
+                        if (indices[mid] < f) lo = mid + 1; else hi = mid;
+                    }
+                    if (lo == end || indices[lo] != f) { d = v; break; }
+                }
+            } else {
+                d = mgpu::finish(fin, a[m], b[m], xs1 ? xs1[row] : 0.0, xs2 ? xs2[row] : 0.0,
+                                 qs1 ? qs1[c] : 0.0, qs2 ? qs2[c] : 0.0, n_features, p);
+            }
+            if (KMAX == 0) {
+                out_key[(long long)c * ld_out + row] = (T)d;
+            } else {
+                mgpu::list_insert<T, KMAX>(keys[m], ids[m], filled[m], k, (T)d, row);
+            }
+        }
+    }
+
+    if (KMAX > 0) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const int c = lane + 32 * m;
+            if (c >= n_q) continue;
+            const long long base = ((long long)c * n_warps + warp) * k;
+            for (int t = 0; t < k; ++t) {
+                out_key[base + t] = t < filled[m] ? keys[m][t] : mgpu::pos_inf<T>();
+                out_id[base + t] = t < filled[m] ? ids[m][t] : MGPU_NO_ID;
+            }
+        }
+    }
+}
+
+// The k best of each of n_rows rows of m candidates (keys[r*m + j], ids[r*m + j] or j when
+// ids is null), best first; one block per row.
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(MGPU_KNN_THREADS)
+mgpu_select_k(const T* __restrict__ keys, const int* __restrict__ ids, long long m, int k,
+              T* __restrict__ out_key, int* __restrict__ out_id) {
+    __shared__ T s_key[MGPU_KNN_THREADS / 32];
+    __shared__ int s_id[MGPU_KNN_THREADS / 32];
+    const long long r = blockIdx.x;
+    const T* rk = keys + r * m;
+    const int* ri = ids ? ids + r * m : nullptr;
+
+    T lk[KMAX];
+    int li[KMAX];
+    int n = 0;
+    for (long long j = threadIdx.x; j < m; j += blockDim.x) {
+        mgpu::list_insert<T, KMAX>(lk, li, n, k, rk[j], ri ? ri[j] : (int)j);
+    }
+
+    const int lane = threadIdx.x & 31;
+    const int wid = threadIdx.x >> 5;
+    int head = 0;
+    for (int t = 0; t < k; ++t) {
+        T bk = head < n ? lk[head] : mgpu::pos_inf<T>();
+        int bi = head < n ? li[head] : MGPU_NO_ID;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const T ok = __shfl_xor_sync(MGPU_FULL_MASK, bk, off);
+            const int oi = __shfl_xor_sync(MGPU_FULL_MASK, bi, off);
+            if (mgpu::before(ok, oi, bk, bi)) { bk = ok; bi = oi; }
+        }
+        if (lane == 0) { s_key[wid] = bk; s_id[wid] = bi; }
+        __syncthreads();
+        bk = s_key[0];
+        bi = s_id[0];
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+            if (mgpu::before(s_key[w], s_id[w], bk, bi)) { bk = s_key[w]; bi = s_id[w]; }
+        }
+        __syncthreads();
+        // ids are distinct within a row (fillers only lose), so one thread owns the winner
+        if (head < n && li[head] == bi && lk[head] == bk) ++head;
+        if (threadIdx.x == 0) {
+            out_key[r * k + t] = bk;
+            out_id[r * k + t] = bi;
+        }
+    }
+}
+
+// The peer of the benchmark's NAMM rows: one thread per (query, index row) pair walks the
+// union of the two sorted rows, the plain form of the union semiring.
+template <typename T, int OP>
+__global__ void mgpu_union_naive(const int* __restrict__ qp, const int* __restrict__ qi,
+                                 const T* __restrict__ qv, int n_q,
+                                 const int* __restrict__ xp, const int* __restrict__ xi,
+                                 const T* __restrict__ xv, int n_rows, double p,
+                                 T* __restrict__ out) {
+    const long long pair = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (pair >= (long long)n_q * n_rows) return;
+    const int c = (int)(pair / n_rows);
+    const int row = (int)(pair % n_rows);
+    int i = qp[c], i1 = qp[c + 1], j = xp[row], j1 = xp[row + 1];
+    double acc = 0.0;
+    while (i < i1 || j < j1) {
+        double q = 0.0, x = 0.0;
+        if (j >= j1 || (i < i1 && qi[i] < xi[j])) {
+            q = qv[i++];
+        } else if (i >= i1 || xi[j] < qi[i]) {
+            x = xv[j++];
+        } else {
+            q = qv[i++];
+            x = xv[j++];
+        }
+        const double t = mgpu::namm_term<OP>(q, x, p);
+        acc = OP == mgpu::OP_LINF ? fmax(acc, t) : acc + t;
+    }
+    out[pair] = (T)acc;
+}
+
+// The expanded metrics of dense input: the dot products come from cuBLAS (g, n_q x n_rows,
+// row stride ld), finished in place into keys.
+template <typename T>
+__global__ void mgpu_finish_tile(T* __restrict__ g, int n_q, int n_rows, long long ld,
+                                 const double* __restrict__ xs1, const double* __restrict__ xs2,
+                                 const double* __restrict__ qs1, const double* __restrict__ qs2,
+                                 int fin, double n_features, double p) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)n_q * n_rows) return;
+    const int c = (int)(i / n_rows);
+    const int row = (int)(i % n_rows);
+    T* at = g + (long long)c * ld + row;
+    *at = (T)mgpu::finish(fin, (double)*at, 0.0, xs1 ? xs1[row] : 0.0, xs2 ? xs2[row] : 0.0,
+                          qs1 ? qs1[c] : 0.0, qs2 ? qs2[c] : 0.0, n_features, p);
+}
+
+// The per-query constant of the NAMM sums: the sum of t(q, 0) over a row's nonzeros, one
+// thread per row, in column order as the fused kernel sums t(q, 0) over an index row's
+// features, so that a row equal to the query cancels exactly (distance 0, not rounding).
+template <typename T, int OP>
+__global__ void mgpu_query_base(const int* __restrict__ indptr, const T* __restrict__ data,
+                                int n_rows, double p, double* __restrict__ out) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n_rows) return;
+    double s = 0.0;
+    for (int i = indptr[r]; i < indptr[r + 1]; ++i) s += mgpu::namm_term<OP>((double)data[i], 0.0, p);
+    out[r] = s;
+}

@@ -1,0 +1,546 @@
+"""GPU pairwise distances and exact kNN: CuPy input, the kernels of ``kernels/knn.cu``.
+
+The index (CSR, or dense turned CSR) is prepared once: values transformed as its metric
+needs (pattern, square root, logarithm, rows normalised), rows ordered longest first for
+the kernel's row counter, per-row statistics in float64. Queries come in batches held dense
+(features × queries), as many as keep that block in half the L2 and within the working
+memory. Each batch runs one fused kernel (dot/union pass, element-wise finish, per-lane top-k
+lists) and one selection over the k candidates each warp left.
+
+Dense index and queries with an expanded metric go through cuBLAS (``cupy.matmul``) instead:
+dot products per batch, finished in place, then the same selection.
+
+Arithmetic is in float64 (accumulators, statistics, the finish); keys and results are in
+the input's dtype (float32 or float64).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import cupy
+import cupyx.scipy.sparse as csp
+import numpy as np
+
+from mgpu.backends import distances_lookup, knn_lookup, knn_prepare_lookup
+from mgpu.backends.cupy import row_reduce_csr_kernel
+from mgpu.backends.instances import KNN_GROUPS
+from mgpu.backends.loader import c_type, get_function
+from mgpu.backends.numpy import ROW_SUM
+
+logger = logging.getLogger(__name__)
+
+_THREADS = 256
+_BLOCKS_PER_SM = 4
+_FUSED_KMAX = (16, 128)  # list lengths the fused kernel is built with
+_LANES_PER_WARP = 32
+_TILE_K = 1 << 30  # a k that no fused list holds: the key-tile form
+
+# kernels/knn.cu's KnnOp and KnnFinish
+OP_DOT, OP_KL, OP_L1, OP_LP, OP_CANBERRA, OP_HAMMING, OP_JS, OP_LINF = range(8)
+(FIN_EUCLIDEAN, FIN_SQEUCLIDEAN, FIN_COSINE, FIN_CORRELATION, FIN_INNER, FIN_DICE, FIN_JACCARD,
+ FIN_RUSSELLRAO, FIN_HELLINGER, FIN_KL, FIN_L1, FIN_LP, FIN_CANBERRA, FIN_HAMMING, FIN_JS,
+ FIN_LINF) = range(16)
+
+Stats = Callable[[csp.csr_matrix, float], tuple[Any, Any]]
+
+
+def _row_sum(X: csp.csr_matrix, fn: Callable[[Any], Any]) -> cupy.ndarray:
+    """Σ fn(value) over each row's stored values, in float64."""
+    Y = csp.csr_matrix((fn(X.data.astype(cupy.float64)), X.indices, X.indptr), shape=X.shape)
+    return row_reduce_csr_kernel(Y, ROW_SUM)
+
+
+def _nnz(X: csp.csr_matrix) -> cupy.ndarray:
+    return cupy.diff(X.indptr).astype(cupy.float64)
+
+
+def _none(X: csp.csr_matrix, p: float) -> tuple[None, None]:
+    return None, None
+
+
+def _sq(X, p):
+    return _row_sum(X, cupy.square), None
+
+
+def _norm(X, p):
+    return cupy.sqrt(_row_sum(X, cupy.square)), None
+
+
+def _centred(X, p):
+    n = X.shape[1]
+    mean = _row_sum(X, lambda v: v) / n if n else cupy.zeros(X.shape[0])
+    return mean, cupy.sqrt(cupy.maximum(_row_sum(X, cupy.square) - n * mean * mean, 0.0))
+
+
+def _count(X, p):
+    return _nnz(X), None
+
+
+def _xlogx(X, p):
+    return _row_sum(X, lambda v: v * cupy.log(v)), _nnz(X)
+
+
+def _union_base(op: int) -> Stats:
+    """Σ t(q, 0) over each row's nonzeros for a NAMM sum, summed as the kernel sums it."""
+
+    def stats(X: csp.csr_matrix, p: float) -> tuple[cupy.ndarray, None]:
+        out = cupy.empty(X.shape[0], dtype=cupy.float64)
+        if X.shape[0]:
+            t = c_type(X.dtype)
+            fn = _kernel(f"op{op}-{t}", f"mgpu_query_base<{t}, {op}>")
+            fn((-(-X.shape[0] // _THREADS),), (_THREADS,),
+               (X.indptr, X.data, np.int32(X.shape[0]), np.float64(p), out))
+        return out, None
+
+    return stats
+
+
+def _pattern(v):
+    return cupy.ones_like(v)
+
+
+@dataclass(frozen=True)
+class Form:
+    """How the GPU computes one metric of :data:`mgpu.ops.distances.SEMIRINGS`."""
+
+    op: int  # accumulated operation
+    fin: int  # element-wise finish
+    x_values: Callable[[Any], Any] | None = None  # transform of the index's values
+    q_values: Callable[[Any], Any] | None = None  # of the queries' values
+    x_stats: Stats = _none  # per-row statistics of the (normalised) raw index rows
+    q_stats: Stats = _none
+    normalise: bool = False  # rows scaled to sum 1 first (Jensen-Shannon)
+
+
+FORMS: dict[str, Form] = {
+    "euclidean": Form(OP_DOT, FIN_EUCLIDEAN, x_stats=_sq, q_stats=_sq),
+    "sqeuclidean": Form(OP_DOT, FIN_SQEUCLIDEAN, x_stats=_sq, q_stats=_sq),
+    "cosine": Form(OP_DOT, FIN_COSINE, x_stats=_norm, q_stats=_norm),
+    "correlation": Form(OP_DOT, FIN_CORRELATION, x_stats=_centred, q_stats=_centred),
+    "inner_product": Form(OP_DOT, FIN_INNER),
+    "dice": Form(OP_DOT, FIN_DICE, _pattern, _pattern, _count, _count),
+    "jaccard": Form(OP_DOT, FIN_JACCARD, _pattern, _pattern, _count, _count),
+    "russellrao": Form(OP_DOT, FIN_RUSSELLRAO, _pattern, _pattern),
+    "hellinger": Form(OP_DOT, FIN_HELLINGER, cupy.sqrt, cupy.sqrt),
+    "kl_divergence": Form(OP_KL, FIN_KL, x_values=cupy.log, q_stats=_xlogx),
+    "manhattan": Form(OP_L1, FIN_L1, q_stats=_union_base(OP_L1)),
+    "minkowski": Form(OP_LP, FIN_LP, q_stats=_union_base(OP_LP)),
+    "canberra": Form(OP_CANBERRA, FIN_CANBERRA, q_stats=_union_base(OP_CANBERRA)),
+    "hamming": Form(OP_HAMMING, FIN_HAMMING, q_stats=_union_base(OP_HAMMING)),
+    "jensenshannon": Form(OP_JS, FIN_JS, q_stats=_union_base(OP_JS), normalise=True),
+    "chebyshev": Form(OP_LINF, FIN_LINF),
+}
+
+
+# ------------------------------------------------------------------------------ input
+
+
+def _first(X: Any, mask: cupy.ndarray) -> tuple[int, int]:
+    p = int(cupy.argmax(mask.ravel()))
+    if isinstance(X, cupy.ndarray):
+        return p // X.shape[1], p % X.shape[1]
+    return int(cupy.searchsorted(X.indptr, p, side="right")) - 1, int(X.indices[p])
+
+
+def check_input(X: Any, name: str, func: str, ring: Any) -> Any:
+    """X as a checked GPU array: float32/float64 (other reals become float64), CSR with
+    summed duplicates, sorted indices and no stored zeros, or a C-ordered dense array.
+
+    The refusals are those of the CPU path (:func:`mgpu.ops.distances._check_input`), in its
+    words.
+    """
+    if isinstance(X, np.ndarray) or type(X).__module__.startswith("scipy"):
+        X = csp.csr_matrix(X) if hasattr(X, "tocsr") else cupy.asarray(X)
+    if not (isinstance(X, cupy.ndarray) or csp.issparse(X)):
+        raise TypeError(f"The '{name}' parameter of {func} must be a 2-D array or a sparse "
+                        f"matrix. Got {type(X).__name__} instead.")
+    if X.ndim != 2:
+        raise ValueError(f"The '{name}' parameter of {func} must be 2-D. Got shape "
+                         f"{tuple(X.shape)} instead.")
+    if X.dtype.kind not in "biuf":
+        raise TypeError(f"The '{name}' parameter of {func} must hold real numbers. Got "
+                        f"{X.dtype}.")
+    dtype = X.dtype if X.dtype.name in ("float32", "float64") else np.dtype(np.float64)
+    if csp.issparse(X):
+        X = csp.csr_matrix(X, dtype=dtype, copy=True)
+        X.sum_duplicates()
+        X = _without_zeros(X)
+        X.sort_indices()
+        vals = X.data
+    else:
+        X = cupy.ascontiguousarray(X, dtype=dtype)
+        vals = X
+    bad = ~cupy.isfinite(vals)
+    if bool(bad.any()):
+        r, c = _first(X, bad)
+        raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at row "
+                         f"{r}, column {c}).")
+    if ring.nonnegative and vals.size and bool((vals < 0).any()):
+        r, c = _first(X, vals < 0)
+        raise ValueError(f"The '{name}' parameter of {func} must be non-negative for metric "
+                         f"'{ring.name}'. Got a negative value at row {r}, column {c}.")
+    if ring.positive_rows:
+        sums = cupy.asarray(X.sum(axis=1)).ravel()
+        if bool((sums <= 0).any()):
+            raise ValueError(f"The '{name}' parameter of {func} has rows that sum to 0 (first: "
+                             f"row {int(cupy.argmax(sums <= 0))}); metric '{ring.name}' "
+                             "compares distributions and needs every row to have mass.")
+    return X
+
+
+def _without_zeros(X: csp.csr_matrix) -> csp.csr_matrix:
+    """X without stored zeros. (cupyx's eliminate_zeros goes through cuSPARSE's compress,
+    which on the CUDA 13 stack also loses negative values: checked on an H100.)"""
+    keep = X.data != 0
+    if bool(keep.all()):
+        return X
+    rows = cupy.searchsorted(X.indptr, cupy.arange(X.nnz), side="right") - 1
+    counts = cupy.bincount(rows[keep], minlength=X.shape[0])
+    indptr = cupy.concatenate([cupy.zeros(1, X.indptr.dtype), cupy.cumsum(counts)]).astype(
+        X.indptr.dtype)
+    return csp.csr_matrix((X.data[keep], X.indices[keep], indptr), shape=X.shape)
+
+
+def _as_csr(X: Any) -> csp.csr_matrix:
+    if csp.issparse(X):
+        return X
+    return csp.csr_matrix(X)  # drops the zeros of a dense array
+
+
+def _normalised(X: csp.csr_matrix) -> csp.csr_matrix:
+    # a row's sum depends on the row alone (one warp per row), so a query equal to an index
+    # row is scaled exactly as that row is, whatever matrix each sits in
+    sums = row_reduce_csr_kernel(X, ROW_SUM).astype(cupy.float64)
+    scale = 1.0 / sums
+    rows = cupy.searchsorted(X.indptr, cupy.arange(X.nnz), side="right") - 1
+    data = (X.data.astype(cupy.float64) * scale[rows]).astype(X.dtype)
+    return csp.csr_matrix((data, X.indices, X.indptr), shape=X.shape)
+
+
+def _transformed(X: csp.csr_matrix, fn: Callable[[Any], Any] | None) -> csp.csr_matrix:
+    if fn is None:
+        return X
+    data = fn(X.data.astype(cupy.float64)).astype(X.dtype)
+    return csp.csr_matrix((data, X.indices, X.indptr), shape=X.shape)
+
+
+# ------------------------------------------------------------------------------ index
+
+
+@dataclass
+class GpuIndex:
+    """An index prepared for one metric on the current device (checked input only)."""
+
+    metric: str
+    p: float
+    X: csp.csr_matrix  # values transformed for the kernel
+    order: cupy.ndarray  # rows, longest first (int32)
+    s1: cupy.ndarray | None
+    s2: cupy.ndarray | None
+    dense: cupy.ndarray | None  # transformed dense rows, kept for the cuBLAS path
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.X.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.X.dtype
+
+    def knn(self, queries: Any, k: int, ring: Any, budget: Any = None
+            ) -> tuple[cupy.ndarray, cupy.ndarray]:
+        """kNN of queries (numpy/scipy or CuPy) against this index, on its device."""
+        Q = check_input(queries, "queries", "knn", ring).astype(self.dtype, copy=False)
+        return knn_prepared(self, Q, min(k, self.shape[0]), ring.similarity, _budget(budget))
+
+
+def prepare_index(X: Any, metric: str, p: float) -> GpuIndex:
+    """The index of checked input ``X`` (:func:`check_input`) made ready for ``metric``."""
+    form = FORMS[metric]
+    dense = None
+    if isinstance(X, cupy.ndarray) and form.op == OP_DOT and form.x_values is None:
+        dense = X
+    C = _as_csr(X)
+    if C.nnz >= 2**31:
+        raise ValueError(f"The index has {C.nnz} nonzeros; one GPU tile takes fewer than 2^31. "
+                         "Split it over workers (mgpu.dist.from_scipy(..., axis=0)).")
+    if form.normalise:
+        C = _normalised(C)
+    s1, s2 = form.x_stats(C, p)
+    Xt = _transformed(C, form.x_values)
+    order = cupy.argsort(-cupy.diff(Xt.indptr), kind="stable").astype(cupy.int32)
+    return GpuIndex(metric, p, Xt, order, s1, s2, dense)
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+@functools.lru_cache(maxsize=None)
+def _device(device_id: int) -> tuple[int, int]:
+    attrs = cupy.cuda.Device(device_id).attributes
+    return attrs["MultiProcessorCount"], attrs["L2CacheSize"]
+
+
+def _kernel(group: str, expression: str):
+    return get_function("knn.cu", expression, KNN_GROUPS[group])
+
+
+def _warps(n_rows: int) -> tuple[int, int]:
+    sms, _ = _device(cupy.cuda.Device().id)
+    blocks = max(1, min(sms * _BLOCKS_PER_SM, -(-n_rows // (_THREADS // 32))))
+    return blocks, blocks * (_THREADS // 32)
+
+
+def batch_size(index: GpuIndex, n_queries: int, k: int, budget: int) -> int:
+    """Queries per kernel launch: the dense query block in half the L2 and, with the
+    candidates (or the key tile) of the launch, within ``budget`` bytes."""
+    n_rows, n_features = index.shape
+    item = index.dtype.itemsize
+    _, l2 = _device(cupy.cuda.Device().id)
+    lanes = 32 if _fused_kmax(k) == 128 else 4 * _LANES_PER_WARP
+    _, n_warps = _warps(n_rows)
+    per_query = n_features * item + (
+        n_warps * k * (item + 4) if _fused_kmax(k) else n_rows * (item + 8))
+    fit_l2 = (l2 // 2) // max(1, n_features * item)
+    nb = int(max(1, min(lanes, n_queries, fit_l2, budget // max(1, per_query))))
+    return nb - nb % 32 if nb > 32 else nb  # whole warps of queries
+
+
+def _fused_kmax(k: int) -> int:
+    """The list length of the fused kernel for k, or 0 for the key-tile form."""
+    return next((m for m in _FUSED_KMAX if k <= m), 0)
+
+
+@dataclass
+class QuerySet:
+    """Checked queries made ready once for a prepared index: values in the kernel's form and
+    per-row statistics (sparse), or the dense rows for the cuBLAS path."""
+
+    C: csp.csr_matrix | None
+    host_ptr: np.ndarray | None  # C.indptr on the host, to cut batches without syncing
+    s1: cupy.ndarray | None
+    s2: cupy.ndarray | None
+    dense: cupy.ndarray | None
+
+    @property
+    def n(self) -> int:
+        return (self.dense if self.dense is not None else self.C).shape[0]
+
+
+def prepare_queries(index: GpuIndex, Q: Any) -> QuerySet:
+    form = FORMS[index.metric]
+    C = _as_csr(Q).astype(index.dtype)
+    if form.normalise:
+        C = _normalised(C)
+    s1, s2 = form.q_stats(C, index.p)
+    if index.dense is not None and isinstance(Q, cupy.ndarray):
+        return QuerySet(None, None, s1, s2, Q.astype(index.dtype, copy=False))
+    C = _transformed(C, form.q_values)
+    return QuerySet(C, C.indptr.get(), s1, s2, None)
+
+
+def _query_block(index: GpuIndex, qs: QuerySet, s: int, e: int, form: Form
+                 ) -> tuple[cupy.ndarray, Any, Any, Any]:
+    """Queries s..e as the kernel reads them: dense (features × queries), their statistics,
+    and for L∞ each query's nonzeros ordered by decreasing |value|."""
+    a, b = int(qs.host_ptr[s]), int(qs.host_ptr[e])
+    ptr = qs.C.indptr[s:e + 1] - a
+    ind, val = qs.C.indices[a:b], qs.C.data[a:b]
+    qd = cupy.zeros((index.shape[1], e - s), dtype=index.dtype)
+    rows = cupy.searchsorted(ptr, cupy.arange(b - a), side="right") - 1
+    qd[ind, rows] = val
+    lq = (None, None, None)
+    if form.op == OP_LINF:
+        # per row: |value| descending (a stable sort of (row, -|value|) pairs)
+        mag = cupy.abs(val)
+        by = cupy.lexsort(cupy.stack([-mag, rows.astype(mag.dtype)]))
+        lq = (ptr.astype(cupy.int32), ind[by].astype(cupy.int32), mag[by])
+
+    def part(x):
+        return None if x is None else x[s:e]
+
+    return qd, part(qs.s1), part(qs.s2), lq
+
+
+def _launch_fused(index: GpuIndex, form: Form, qd: cupy.ndarray, s1: Any, s2: Any, lq: Any,
+                  kmax: int, k: int, out_key: cupy.ndarray, out_id: Any, ld_out: int) -> None:
+    X = index.X
+    n_rows, n_features = X.shape
+    nb = qd.shape[1]
+    t = c_type(X.dtype)
+    lanes = 1 if kmax == 128 else 4
+    blocks, _ = _warps(n_rows)
+    fn = _kernel(f"op{form.op}-{t}", f"mgpu_knn_csr<{t}, int, {form.op}, {lanes}, {kmax}>")
+    counter = cupy.zeros(1, dtype=cupy.int32)
+    null = np.uintp(0)
+
+    def ptr(a):
+        return null if a is None else a
+
+    fn((blocks,), (_THREADS,), (
+        X.indptr, X.indices, X.data, index.order, np.int32(n_rows),
+        qd, np.int32(nb),
+        ptr(index.s1), ptr(index.s2), ptr(s1), ptr(s2),
+        ptr(lq[0]), ptr(lq[1]), ptr(lq[2]),
+        np.int32(form.fin), np.float64(n_features), np.float64(index.p), np.int32(k),
+        counter, out_key, ptr(out_id), np.int64(ld_out)))
+
+
+def _select(keys: cupy.ndarray, ids: cupy.ndarray | None, k: int) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """The k best of each row of ``keys`` (ties to the lower id)."""
+    rows, m = keys.shape
+    kmax = _fused_kmax(k)
+    if kmax == 0:  # beyond the lists: a stable sort keeps the lower id first among ties
+        order = cupy.argsort(keys, axis=1)[:, :k]
+        sel_ids = order if ids is None else cupy.take_along_axis(ids, order, axis=1)
+        return cupy.take_along_axis(keys, order, axis=1), sel_ids.astype(cupy.int32)
+    out_key = cupy.empty((rows, k), dtype=keys.dtype)
+    out_id = cupy.empty((rows, k), dtype=cupy.int32)
+    if rows:
+        fn = _kernel("select", f"mgpu_select_k<{c_type(keys.dtype)}, {kmax}>")
+        fn((rows,), (_THREADS,), (keys, np.uintp(0) if ids is None else ids, np.int64(m),
+                                  np.int32(k), out_key, out_id))
+    return out_key, out_id
+
+
+def _dense_dot_keys(index: GpuIndex, form: Form, qs: QuerySet, s: int, e: int,
+                    out: cupy.ndarray) -> None:
+    """Keys of dense queries s..e against a dense index: cuBLAS, then the finish in place."""
+    cupy.matmul(qs.dense[s:e], index.dense.T, out=out)
+    nb, n_rows = out.shape
+    n = nb * n_rows
+    if n:
+        null = np.uintp(0)
+
+        def ptr(x):
+            return null if x is None else x
+
+        fn = _kernel("select", f"mgpu_finish_tile<{c_type(out.dtype)}>")
+        fn((-(-n // _THREADS),), (_THREADS,), (
+            out, np.int32(nb), np.int32(n_rows), np.int64(out.strides[0] // out.itemsize),
+            ptr(index.s1), ptr(index.s2),
+            ptr(None if qs.s1 is None else qs.s1[s:e]),
+            ptr(None if qs.s2 is None else qs.s2[s:e]),
+            np.int32(form.fin), np.float64(index.shape[1]), np.float64(index.p)))
+
+
+def batch_keys(index: GpuIndex, qs: QuerySet, s: int, e: int, out: cupy.ndarray) -> None:
+    """Every key of queries s..e against the index, into ``out`` (e - s × index rows)."""
+    form = FORMS[index.metric]
+    if qs.dense is not None:
+        _dense_dot_keys(index, form, qs, s, e, out)
+        return
+    qd, s1, s2, lq = _query_block(index, qs, s, e, form)
+    _launch_fused(index, form, qd, s1, s2, lq, 0, 0, out, None, out.strides[0] // out.itemsize)
+
+
+def batch_knn(index: GpuIndex, qs: QuerySet, s: int, e: int, k: int
+              ) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """Keys and int32 ids of the k best index rows for queries s..e."""
+    form = FORMS[index.metric]
+    n_rows = index.shape[0]
+    kmax = _fused_kmax(k)
+    if kmax == 0 or qs.dense is not None:
+        keys = cupy.empty((e - s, n_rows), dtype=index.dtype)
+        batch_keys(index, qs, s, e, keys)
+        return _select(keys, None, k)
+    qd, s1, s2, lq = _query_block(index, qs, s, e, form)
+    _, n_warps = _warps(n_rows)
+    cand_key = cupy.empty((e - s, n_warps * k), dtype=index.dtype)
+    cand_id = cupy.empty((e - s, n_warps * k), dtype=cupy.int32)
+    _launch_fused(index, form, qd, s1, s2, lq, kmax, k, cand_key, cand_id, 0)
+    return _select(cand_key, cand_id, k)
+
+
+def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget: int
+                 ) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """kNN of checked queries against a prepared index; distances in the index's dtype."""
+    qs = prepare_queries(index, queries)
+    nq = qs.n
+    step = batch_size(index, nq, k, budget)
+    if qs.dense is not None:
+        step = int(max(1, min(nq, budget // max(1, index.shape[0] * (index.dtype.itemsize + 8)))))
+    dist = cupy.empty((nq, k), dtype=index.dtype)
+    ids = cupy.empty((nq, k), dtype=cupy.int64)
+    for s in range(0, nq, step):
+        e = min(nq, s + step)
+        d, i = batch_knn(index, qs, s, e, k)
+        dist[s:e] = -d if similarity else d
+        ids[s:e] = i
+    return dist, ids
+
+
+def _budget(working_memory: Any) -> int:
+    from dask.utils import parse_bytes
+
+    from mgpu import config
+
+    b = config.get("knn.working-memory") if working_memory is None else working_memory
+    return parse_bytes(b) if isinstance(b, str) else int(b)
+
+
+def _pair(index: Any, queries: Any, ring: Any, func: str, names: tuple[str, str]
+          ) -> tuple[Any, Any]:
+    X = check_input(index, names[0], func, ring)
+    Q = X if queries is None else check_input(queries, names[1], func, ring)
+    if X.shape[1] != Q.shape[1]:
+        raise ValueError(f"The '{names[0]}' and '{names[1]}' parameters of {func} must have the "
+                         f"same number of columns. Got {X.shape[1]} and {Q.shape[1]}.")
+    if Q.dtype != X.dtype:
+        Q = Q.astype(X.dtype)
+    return X, Q
+
+
+@knn_prepare_lookup.register((cupy.ndarray, csp.spmatrix))
+def prepare(X: Any, ring: Any, p: float) -> GpuIndex:
+    """An index tile checked and prepared where it lives (distributed kNN)."""
+    return prepare_index(check_input(X, "index", "knn", ring), ring.name, p)
+
+
+@knn_lookup.register((cupy.ndarray, csp.spmatrix))
+def knn(index: Any, queries: Any, k: int, ring: Any, p: float, working_memory: Any = None
+        ) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """:func:`mgpu.knn` for a CuPy index: checks, prepares, runs the batches."""
+    X, Q = _pair(index, queries, ring, "knn", ("index", "queries"))
+    n = X.shape[0]
+    if not 1 <= k <= n:
+        raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
+                         f"{n} rows). Got {k!r} instead.")
+    prepared = prepare_index(X, ring.name, p)
+    return knn_prepared(prepared, Q, k, ring.similarity, _budget(working_memory))
+
+
+@distances_lookup.register((cupy.ndarray, csp.spmatrix))
+def pairwise_distances(X: Any, Y: Any, ring: Any, p: float) -> cupy.ndarray:
+    """:func:`mgpu.pairwise_distances` for CuPy input: rows of X against rows of Y (or X)."""
+    # X's rows play the queries (held dense), Y's rows the index (walked by nonzeros)
+    if Y is None:
+        index, Q = _pair(X, None, ring, "pairwise_distances", ("X", "X"))
+    else:
+        index, Q = _pair(Y, X, ring, "pairwise_distances", ("Y", "X"))
+    prepared = prepare_index(index, ring.name, p)
+    out = cupy.empty((Q.shape[0], index.shape[0]), dtype=index.dtype)
+    # the key-tile form writes into out itself: only the query block counts against the budget
+    step = batch_size(prepared, Q.shape[0], _TILE_K, _budget(None) + out.nbytes)
+    qs = prepare_queries(prepared, Q)
+    for s in range(0, Q.shape[0], step):
+        e = min(Q.shape[0], s + step)
+        batch_keys(prepared, qs, s, e, out[s:e])
+    return -out if ring.similarity else out
+
+
+def naive_union(index: csp.csr_matrix, queries: csp.csr_matrix, op: int, p: float) -> cupy.ndarray:
+    """Union distances (before the finish) by the one-thread-per-pair peer kernel."""
+    nq, n = queries.shape[0], index.shape[0]
+    out = cupy.empty((nq, n), dtype=index.dtype)
+    if nq * n:
+        t = c_type(index.dtype)
+        fn = get_function("knn.cu", f"mgpu_union_naive<{t}, {op}>", KNN_GROUPS["naive"])
+        fn((-(-nq * n // _THREADS),), (_THREADS,), (
+            queries.indptr, queries.indices, queries.data, np.int32(nq),
+            index.indptr, index.indices, index.data, np.int32(n), np.float64(p), out))
+    return out

@@ -1,0 +1,212 @@
+"""GPU pairwise distances and kNN (kernels/knn.cu) against the float64 references and the
+CPU path, on random CSR with empty, duplicate and long rows, and on real data."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from test_distances import _matrix, _reference, _rows_with_mass
+
+import mgpu
+from mgpu.ops.distances import SEMIRINGS
+
+pytestmark = pytest.mark.gpu
+
+# metrics where scipy's reference is NaN on rows without mass
+_NEED_MASS = ("cosine", "correlation", "jensenshannon", "dice")
+
+
+def _inputs(metric, m, n, seed, density=0.2):
+    rng = np.random.default_rng(seed)
+    ring = SEMIRINGS[metric]
+    X = _matrix(rng, m, 30, density=density, nonnegative=ring.nonnegative)
+    Y = _matrix(rng, n, 30, density=density, nonnegative=ring.nonnegative)
+    if metric in _NEED_MASS:
+        X, Y = _rows_with_mass(X), _rows_with_mass(Y)
+    return X, Y
+
+
+def _gpu(S, dense, dtype=np.float64):
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    return cupy.asarray(S.toarray(), dtype=dtype) if dense else csp.csr_matrix(S.astype(dtype))
+
+
+@pytest.mark.parametrize("metric", sorted(SEMIRINGS))
+@pytest.mark.parametrize("dense", [False, True])
+def test_gpu_pairwise_matches_float64_reference(metric, dense):
+    import cupy
+
+    X, Y = _inputs(metric, 37, 29, len(metric))
+    p = 3.0 if metric == "minkowski" else 2
+    ref = _reference(metric, X.toarray(), Y.toarray(), p)
+    got = mgpu.pairwise_distances(_gpu(X, dense), _gpu(Y, dense), metric=metric, p=p)
+    assert isinstance(got, cupy.ndarray) and got.dtype == np.float64
+    got = got.get()
+    assert got.shape == ref.shape
+    assert np.array_equal(np.isinf(got), np.isinf(ref))
+    fin = np.isfinite(ref)
+    scale = max(1.0, float(np.abs(ref[fin]).max(initial=0.0)))
+    np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-5, atol=1e-7 * scale)
+    # Y omitted: X against itself
+    self_d = mgpu.pairwise_distances(_gpu(X, dense), metric=metric, p=p).get()
+    ref_self = _reference(metric, X.toarray(), X.toarray(), p)
+    fin = np.isfinite(ref_self)
+    np.testing.assert_allclose(self_d[fin], ref_self[fin], rtol=1e-5, atol=1e-7 * scale)
+
+
+def _ties_only(index, queries, metric, p, d, i, ref_i, rtol):
+    """Ids equal to the reference's except where distances tie; ties to the lower id."""
+    full = mgpu.pairwise_distances(queries, index, metric=metric, p=p)
+    ref_d = np.take_along_axis(full, ref_i, axis=1)
+    differ = i != ref_i
+    np.testing.assert_allclose(d[differ], ref_d[differ], rtol=rtol, atol=rtol)
+    ties = d[:, 1:] == d[:, :-1]
+    assert (i[:, 1:][ties] > i[:, :-1][ties]).all()
+
+
+@pytest.mark.parametrize("metric", sorted(SEMIRINGS))
+@pytest.mark.parametrize("k", [1, 10, 40, 150])
+def test_gpu_knn_equals_cpu_knn(metric, k):
+    """Every metric through the fused lists (k <= 16, k <= 128) and the key tile (k > 128),
+    with a budget small enough to need several query batches."""
+    import cupy
+
+    X, Q = _inputs(metric, 400, 90, k + len(metric), density=0.1)
+    X = sp.vstack([X, X[:30]]).tocsr()  # equal rows far apart: ties across warps
+    p = 3.0 if metric == "minkowski" else 2
+    rd, ri = mgpu.knn(X, Q, k, metric=metric, p=p)
+    d, i = mgpu.knn(_gpu(X, False), _gpu(Q, False), k, metric=metric, p=p,
+                    working_memory=200_000)
+    assert isinstance(d, cupy.ndarray) and d.shape == (Q.shape[0], k) and i.dtype == np.int64
+    d, i = d.get(), i.get()
+    assert np.array_equal(np.isinf(d), np.isinf(rd))
+    fin = np.isfinite(rd)
+    np.testing.assert_allclose(d[fin], rd[fin], rtol=1e-9, atol=1e-9)
+    _ties_only(X, Q, metric, p, d, i, ri, 1e-9)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product", "manhattan",
+                                    "chebyshev", "jensenshannon"])
+def test_gpu_knn_float32_and_dense(metric):
+    """float32 keeps float32 results to float32 accuracy; dense input (cuBLAS for the
+    expanded metrics) gives what sparse input gives."""
+    X, Q = _inputs(metric, 500, 70, 3, density=0.15)
+    rd, ri = mgpu.knn(X, Q, 8, metric=metric)
+    for dense in (False, True):
+        d, i = mgpu.knn(_gpu(X, dense, np.float32), _gpu(Q, dense, np.float32), 8,
+                        metric=metric)
+        assert d.dtype == np.float32
+        d, i = d.get(), i.get()
+        np.testing.assert_allclose(d, rd, rtol=2e-5, atol=2e-5)
+        _ties_only(X, Q, metric, 2, d, i, ri, 1e-4)
+        d64, i64 = mgpu.knn(_gpu(X, dense), _gpu(Q, dense), 8, metric=metric)
+        np.testing.assert_allclose(d64.get(), rd, rtol=1e-9, atol=1e-9)
+
+
+def test_gpu_ties_go_to_the_lower_index():
+    import cupy
+
+    index = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [5.0, 5.0]] * 40)
+    d, i = mgpu.knn(cupy.asarray(index), cupy.asarray([[0.5, 0.5]]), 12, metric="manhattan")
+    assert i.get().tolist() == [[0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13]]
+    d, i = mgpu.knn(sp.csr_matrix(index), sp.csr_matrix([[1.0, 0.0]]), 3,
+                    metric="inner_product")
+    gd, gi = mgpu.knn(_gpu(sp.csr_matrix(index), False), _gpu(sp.csr_matrix([[1.0, 0.0]]), False),
+                      3, metric="inner_product")
+    assert gi.get().tolist() == i.tolist() == [[4, 9, 14]] and gd.get().tolist() == [[5.0] * 3]
+
+
+def test_gpu_bad_input_is_refused():
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    X = cupy.asarray(np.random.default_rng(1).standard_normal((6, 5)))
+    with pytest.raises(ValueError, match=r"'k' parameter of knn must be an int in \[1, 6\]"):
+        mgpu.knn(X, X, 7)
+    with pytest.raises(ValueError, match=r"same number of columns\. Got 5 and 3"):
+        mgpu.knn(X, X[:, :3], 2)
+    bad = X.copy()
+    bad[2, 3] = cupy.nan
+    with pytest.raises(ValueError, match=r"'queries' parameter of knn holds NaN or infinity "
+                                         r"\(first at row 2, column 3\)"):
+        mgpu.knn(X, bad, 2)
+    S = csp.csr_matrix(abs(X))
+    S.data[4] = -1.0
+    with pytest.raises(ValueError, match=r"non-negative for metric 'hellinger'\. Got a "
+                                         r"negative value at row 0, column 4"):
+        mgpu.pairwise_distances(S, metric="hellinger")
+    with pytest.raises(TypeError, match="is on the GPU while the other input is not"):
+        mgpu.knn(X.get(), X, 2)
+    with pytest.raises(ValueError, match="'metric' parameter of knn"):
+        mgpu.knn(X, X, 2, metric="nope")
+
+
+def test_gpu_tile_of_distributed_knn_stays_on_the_device():
+    """What a GPU worker does with its tile: prepare once on the device, answer host query
+    batches with host results and global ids."""
+    from mgpu.backends.cupy_knn import GpuIndex
+    from mgpu.dist.knn import _local_knn, _prepare_tile
+
+    X, Q = _inputs("cosine", 300, 40, 9)
+    tile = _prepare_tile(_gpu(X, False), "cosine", 2)
+    assert isinstance(tile, GpuIndex)
+    d, i = _local_knn(tile, Q, 5, "cosine", 2, 1000, None)
+    rd, ri = mgpu.knn(X, Q, 5, metric="cosine")
+    assert isinstance(d, np.ndarray) and np.array_equal(i, ri + 1000)
+    np.testing.assert_allclose(d, rd, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("metric", ["manhattan", "chebyshev", "canberra", "hamming",
+                                    "jensenshannon", "minkowski"])
+def test_naive_union_peer_matches(metric):
+    """The benchmark's one-thread-per-pair union kernel computes the same sums."""
+    from mgpu.backends.cupy_knn import FORMS, naive_union
+
+    X, Q = _inputs(metric, 60, 20, 4)
+    if metric == "jensenshannon":
+        X = sp.csr_matrix(sp.diags(1.0 / np.asarray(X.sum(1)).ravel()) @ X)
+        Q = sp.csr_matrix(sp.diags(1.0 / np.asarray(Q.sum(1)).ravel()) @ Q)
+    for S in (X, Q):
+        S.sort_indices()  # the merge walks sorted rows (a product leaves them unsorted)
+    got = naive_union(_gpu(X, False), _gpu(Q, False), FORMS[metric].op, 3.0).get()
+    ref = _reference(metric, Q.toarray(), X.toarray(), 3.0)
+    if metric == "minkowski":
+        ref = ref ** 3
+    elif metric == "hamming":
+        ref = ref * X.shape[1]
+    elif metric == "jensenshannon":
+        ref = 2 * ref ** 2
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_gpu_real_corpus_neighbours(data_dir):
+    import cupyx.scipy.sparse as csp
+    from sklearn.neighbors import NearestNeighbors as SkNN
+
+    from mgpu import io
+
+    S = _rows_with_mass(io.load(str(data_dir / "bow" / "ap.dat.gz")).tocsr().astype(np.float64))
+    Q = S[:200]
+    for metric in ("cosine", "euclidean", "manhattan"):
+        d, i = mgpu.knn(csp.csr_matrix(S), csp.csr_matrix(Q), 10, metric=metric)
+        sk = "cityblock" if metric == "manhattan" else metric
+        rd, ri = SkNN(n_neighbors=10, metric=sk, algorithm="brute").fit(S).kneighbors(Q)
+        np.testing.assert_allclose(d.get(), rd, rtol=1e-5, atol=1e-9)
+        _ties_only(S, Q, metric, 2, d.get(), i.get(), ri, 1e-7)
+
+
+@pytest.mark.parametrize("metric", ["manhattan", "minkowski", "canberra", "hamming",
+                                    "jensenshannon", "chebyshev"])
+def test_gpu_equal_rows_are_at_exactly_zero(metric):
+    """A query equal to index rows finds them at distance 0 (the union sums cancel exactly,
+    Minkowski's root included), first the lower id."""
+    X, _ = _inputs(metric, 120, 5, 6)
+    X = sp.vstack([X, X[:30]]).tocsr()
+    d, i = mgpu.knn(_gpu(X, False), _gpu(X[:30], False), 2, metric=metric, p=3)
+    d, i = d.get(), i.get()
+    has_mass = np.diff(X[:30].indptr) > 0
+    assert (d[has_mass] == 0).all()
+    assert (i[:, 0] <= np.arange(30)).all()
+    assert np.array_equal(i, mgpu.knn(X, X[:30], 2, metric=metric, p=3)[1])
