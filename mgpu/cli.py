@@ -624,24 +624,36 @@ def bench_sddmm(data_dir: str | None, powerlaw: str, nnz: float, ks: str, device
 
 
 @bench.command("knn")
+@click.argument("input", required=False, type=click.Path(exists=True))
 @click.option("--corpus", default="100000x50000", show_default=True, metavar="DOCSxTERMS",
-              help="Shape of the synthetic power-law corpus.")
+              help="Shape of the synthetic power-law corpus (without INPUT).")
 @click.option("--density", default=0.002, show_default=True, type=float,
               help="Density of the corpus.")
+@click.option("--dense", is_flag=True, help="Run INPUT as dense vectors (e.g. MNIST).")
 @click.option("--queries", "n_queries", default=2000, show_default=True, type=int,
               help="Queries (the corpus's first rows).")
 @click.option("-k", "--k", "k", default=10, show_default=True, type=int)
 @click.option("--metrics", default="cosine,euclidean,manhattan", show_default=True,
               help="Comma-separated metrics.")
-@click.option("--device", type=click.Choice(["cpu"]), default="cpu", show_default=True,
-              help="Where mgpu runs (the GPU kernels are not written yet).")
+@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="cpu: mgpu's CPU path against scikit-learn; gpu: mgpu's kernels (float32) "
+              "against the cuSPARSE routes, the naive union kernel and scikit-learn.")
+@click.option("--sklearn-queries", default=1000, show_default=True, type=int,
+              help="GPU runs: queries timed through scikit-learn (a tenth for NAMM metrics).")
 @click.option("--repeats", default=1, show_default=True, type=int, help="Timed runs (median).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write every measurement to this JSON file.")
-def bench_knn(corpus: str, density: float, n_queries: int, k: int, metrics: str, device: str,
-              repeats: int, json_path: str | None) -> None:
-    """Exact kNN queries/s of mgpu and scikit-learn's brute force on one corpus, one run."""
+def bench_knn(input: str | None, corpus: str, density: float, dense: bool, n_queries: int,
+              k: int, metrics: str, device: str, sklearn_queries: int, repeats: int,
+              json_path: str | None) -> None:
+    """Exact kNN queries/s of mgpu and its peers on one corpus, one run.
+
+    INPUT is any file mgpu.io.load reads (a 10x folder gives spots × genes); without it a
+    power-law corpus of --corpus/--density is generated (the peer timings' generator).
+    """
     import json
+
+    import scipy.sparse as sp
 
     from mgpu.bench import knn as b
     from mgpu.ops.distances import resolve_metric
@@ -653,17 +665,44 @@ def bench_knn(corpus: str, density: float, n_queries: int, k: int, metrics: str,
             resolve_metric(m, 2, func="bench knn")
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--metrics") from None
-    n_docs, n_terms = _parse_shape(corpus)
-    if not 1 <= k <= n_docs or not 1 <= n_queries <= n_docs:
-        raise click.BadParameter(f"-k and --queries must be in [1, {n_docs}]")
     t0 = time.perf_counter()
-    X = powerlaw_corpus(n_docs, n_terms, density, seed=0).astype(np.float64)
-    X = X[np.flatnonzero(np.diff(X.indptr))]  # empty documents have no cosine neighbours
-    label = f"power-law {X.shape[0]:,}×{n_terms:,}"
-    click.echo(f"{label}: {X.nnz:,} nonzeros (made in {time.perf_counter() - t0:.1f} s), "
-               f"{n_queries:,} queries, k={k}, {os.cpu_count()} CPU cores")
-    rows = b.bench_cpu(X, X[:n_queries], k, tuple(names), repeats=repeats)
-    click.echo(b.markdown(rows, label))
+    if input is not None:
+        from mgpu import io
+
+        data = io.load(input)
+        if hasattr(data, "matrix"):  # 10x: features × barcodes
+            data = data.matrix.T
+        X = data.reshape(data.shape[0], -1) if isinstance(data, np.ndarray) else data
+        X = np.asarray(X, dtype=np.float64) if dense and isinstance(X, np.ndarray) else X
+        X = X.toarray() if dense and sp.issparse(X) else X
+        if not dense:
+            X = sp.csr_matrix(X, dtype=np.float64)
+        label = Path(input).name + (" (dense)" if dense else "")
+    else:
+        n_docs, n_terms = _parse_shape(corpus)
+        X = powerlaw_corpus(n_docs, n_terms, density, seed=0).astype(np.float64)
+        label = f"power-law {n_docs:,}×{n_terms:,}"
+    # empty rows have no cosine neighbours
+    keep = np.flatnonzero(np.count_nonzero(X, axis=1) if isinstance(X, np.ndarray)
+                          else np.diff(X.indptr))
+    X = X[keep]
+    n_docs = X.shape[0]
+    if not 1 <= k <= n_docs or not 1 <= n_queries:
+        raise click.BadParameter(f"-k must be in [1, {n_docs}] and --queries >= 1")
+    n_queries = min(n_queries, n_docs)
+    nnz = np.count_nonzero(X) if isinstance(X, np.ndarray) else X.nnz
+    click.echo(f"{label}: {X.shape[0]:,}×{X.shape[1]:,}, {nnz:,} nonzeros (ready in "
+               f"{time.perf_counter() - t0:.1f} s), {n_queries:,} queries, k={k}, "
+               f"{os.cpu_count()} CPU cores")
+    if device == "gpu":
+        rows = b.bench_gpu(X, X[:n_queries], k, tuple(names), sklearn_queries=sklearn_queries,
+                           repeats=max(repeats, 3))
+        click.echo(b.markdown_gpu(rows, label))
+    else:
+        rows = b.bench_cpu(X, X[:n_queries], k, tuple(names), repeats=repeats)
+        click.echo(b.markdown(rows, label))
+    for r in rows:
+        r["corpus"] = label
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
         click.echo(f"measurements written to {json_path}")

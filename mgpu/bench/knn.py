@@ -58,3 +58,169 @@ def markdown(rows: list[dict[str, Any]], label: str) -> str:
                      f"{'yes' if r['differing_ids_are_ties'] else 'NO'} | "
                      f"{r['max_abs_distance_diff']:.1e} |")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------- GPU
+
+
+def _peer_batches(fn, Q, bs: int) -> None:
+    for s in range(0, Q.shape[0], bs):
+        fn(Q[s:s + bs])
+
+
+def _expanded_peers(Xg, metric: str, k: int):
+    """The two cuSPARSE routes of the peer timings (cupyx), for cosine and euclidean: the
+    sparse product per query batch (SpGEMM, Q·Xᵀ) or the index times a densified query block
+    (SpMM), the distance formula, then ``argpartition`` for the k best."""
+    import cupy
+
+    sq = cupy.asarray(Xg.multiply(Xg).sum(axis=1)).ravel()
+    norms = cupy.sqrt(sq)
+    XgT = Xg.T.tocsr()
+
+    def finish(S, Qb):
+        qsq = cupy.asarray(Qb.multiply(Qb).sum(axis=1)).ravel()
+        if metric == "cosine":
+            D = 1 - S / (cupy.sqrt(qsq)[:, None] * norms[None, :] + 1e-30)
+        else:
+            D = cupy.sqrt(cupy.maximum(qsq[:, None] + sq[None, :] - 2 * S, 0))
+        idx = cupy.argpartition(D, k, axis=1)[:, :k]
+        return cupy.take_along_axis(D, idx, 1), idx
+
+    def spgemm(Qb):
+        return finish((Qb @ XgT).toarray(), Qb)
+
+    def spmm(Qb):
+        return finish((Xg @ Qb.toarray().T).T, Qb)
+
+    return {"spgemm": spgemm, "spmm": spmm}
+
+
+def _naive_peer(Xg, metric: str, k: int):
+    """One thread per (query, row) pair over the union of the two rows, then the k best."""
+    import cupy
+
+    from mgpu.backends.cupy_knn import FORMS, naive_union
+
+    op = FORMS[metric].op
+
+    def run(Qb):
+        D = naive_union(Xg, Qb, op, 2.0)
+        idx = cupy.argpartition(D, k, axis=1)[:, :k]
+        return cupy.take_along_axis(D, idx, 1), idx
+
+    return run
+
+
+def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
+              sklearn_queries: int = 1000, naive_queries: int = 200, repeats: int = 3
+              ) -> list[dict[str, Any]]:
+    """Queries/s of mgpu on the GPU (float32) and of its peers, in one run, per metric.
+
+    Peers: the cuSPARSE SpGEMM route (batches of 100 and 500 queries) and SpMM route (500 and
+    2,000) for cosine and euclidean; the naive union kernel for the NAMM metrics; scikit-learn
+    brute force on all cores (float64, on the first ``sklearn_queries`` queries, a tenth of
+    that for NAMM metrics). mgpu's neighbour ids are checked against scikit-learn's.
+    """
+    import cupy
+    import cupyx.scipy.sparse as csp
+    from sklearn.neighbors import NearestNeighbors
+
+    import mgpu
+    from mgpu.backends.timing import time_gpu
+    from mgpu.ops.distances import resolve_metric
+
+    dense = isinstance(index, np.ndarray)
+    f32 = index.astype(np.float32)
+    Xg = cupy.asarray(f32) if dense else csp.csr_matrix(f32)
+    Qh = queries.astype(np.float32)
+    Qg = cupy.asarray(Qh) if dense else csp.csr_matrix(Qh)
+    nq = queries.shape[0]
+    out = []
+    for metric in metrics:
+        ring, _ = resolve_metric(metric, 2, func="bench knn")
+        row: dict[str, Any] = {"metric": ring.name, "k": k, "n_index": index.shape[0],
+                               "n_features": index.shape[1], "n_queries": nq,
+                               "index_nnz": int(np.count_nonzero(index) if dense else index.nnz),
+                               "dense": dense, "device": cupy.cuda.runtime.getDeviceProperties(
+                                   cupy.cuda.Device().id)["name"].decode()}
+        d, i = mgpu.knn(Xg, Qg, k, metric=ring.name)
+        t = time_gpu(lambda: mgpu.knn(Xg, Qg, k, metric=ring.name), repeats=repeats, warmup=0)
+        row["mgpu_qps"] = nq / t
+        peers: dict[str, Any] = {}
+        if not dense and ring.name in ("cosine", "euclidean"):
+            routes = _expanded_peers(Xg, ring.name, k)
+            for name, bs in (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000)):
+                key = f"{name}_{bs}"
+                try:
+                    t = time_gpu(lambda: _peer_batches(routes[name], Qg, bs),
+                                 repeats=repeats, warmup=1)
+                    peers[key] = nq / t
+                except Exception as exc:  # the peer's own failure is a result
+                    peers[key] = f"{type(exc).__name__}: {str(exc)[:60]}"
+                    cupy.get_default_memory_pool().free_all_blocks()
+        if not dense and ring.kind == "namm":
+            nn_q = min(nq, naive_queries)
+            budget_rows = max(1, (1 << 30) // (4 * index.shape[0]))
+            run = _naive_peer(Xg, ring.name, k)
+            t = time_gpu(lambda: _peer_batches(run, Qg[:nn_q], budget_rows), repeats=repeats,
+                         warmup=1)
+            peers["naive_union"] = nn_q / t
+        row["peers"] = peers
+        numeric = [v for name, v in peers.items() if name != "naive_union"
+                   and isinstance(v, float)]
+        if numeric:
+            row["best_cusparse_qps"] = max(numeric)
+            row["speedup_vs_cusparse"] = row["mgpu_qps"] / max(numeric)
+        if "naive_union" in peers:
+            row["speedup_vs_naive"] = row["mgpu_qps"] / peers["naive_union"]
+        sk_q = min(nq, sklearn_queries if ring.kind == "expanded" else
+                   max(1, sklearn_queries // 10))
+        nn = NearestNeighbors(n_neighbors=k, metric=_SKLEARN.get(ring.name, ring.name),
+                              algorithm="brute", n_jobs=-1)
+        try:
+            nn.fit(index)
+        except ValueError:  # scikit-learn has no sparse form of this metric
+            out.append(row)
+            continue
+        rd, ri = nn.kneighbors(queries[:sk_q])
+        t_sk = time_cpu(lambda: nn.kneighbors(queries[:sk_q]), repeats=1, warmup=0)
+        row["sklearn_qps"] = sk_q / t_sk
+        row["sklearn_queries"] = sk_q
+        row["speedup_vs_sklearn"] = row["mgpu_qps"] / row["sklearn_qps"]
+        dh, ih = d.get()[:sk_q], i.get()[:sk_q]
+        same = ih == ri
+        row["ids_equal"] = float(same.mean())
+        # float32 against scikit-learn's float64: where ids differ the distances must tie
+        # to float32 rounding
+        row["differing_ids_are_ties"] = bool(np.allclose(dh[~same], rd[~same], rtol=1e-4,
+                                                         atol=1e-5))
+        row["max_rel_distance_diff"] = float(
+            (np.abs(dh - rd) / np.maximum(np.abs(rd), 1e-12)).max(initial=0.0))
+        out.append(row)
+    return out
+
+
+def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
+    head = ("| corpus | metric | mgpu q/s | SpGEMM 100 | SpGEMM 500 | SpMM 500 | SpMM 2000 | "
+            "naive union | scikit-learn | vs best cuSPARSE | vs naive | vs scikit-learn | "
+            "ids equal | others tie |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+
+    def fmt(v):
+        if v is None:
+            return "–"
+        return f"{v:,.0f}" if isinstance(v, float) else "fails"
+
+    for r in rows:
+        p = r["peers"]
+        ratio = lambda key: f"{r[key]:.1f}×" if key in r else "–"  # noqa: E731
+        lines.append(
+            f"| {label} | {r['metric']} | {r['mgpu_qps']:,.0f} | {fmt(p.get('spgemm_100'))} | "
+            f"{fmt(p.get('spgemm_500'))} | {fmt(p.get('spmm_500'))} | "
+            f"{fmt(p.get('spmm_2000'))} | {fmt(p.get('naive_union'))} | "
+            f"{fmt(r.get('sklearn_qps'))} | {ratio('speedup_vs_cusparse')} | "
+            f"{ratio('speedup_vs_naive')} | {ratio('speedup_vs_sklearn')} | "
+            + (f"{r['ids_equal']:.1%} | {'yes' if r['differing_ids_are_ties'] else 'NO'} |"
+               if "ids_equal" in r else "– | – |"))
+    return "\n".join(lines)
