@@ -210,3 +210,21 @@ def test_gpu_equal_rows_are_at_exactly_zero(metric):
     assert (d[has_mass] == 0).all()
     assert (i[:, 0] <= np.arange(30)).all()
     assert np.array_equal(i, mgpu.knn(X, X[:30], 2, metric=metric, p=3)[1])
+
+
+def test_gpu_nearest_neighbors_estimator_equals_cpu():
+    import cupyx.scipy.sparse as csp
+
+    X, Q = _inputs("manhattan", 150, 20, 11)
+    X = sp.vstack([X, X[:10]]).tocsr()
+    cpu = mgpu.NearestNeighbors(n_neighbors=4, metric="manhattan").fit(X)
+    gpu = mgpu.NearestNeighbors(n_neighbors=4, metric="manhattan").fit(_gpu(X, False))
+    for q in (None, Q):
+        d, i = cpu.kneighbors(q)
+        gd, gi = gpu.kneighbors(None if q is None else _gpu(q, False))
+        np.testing.assert_allclose(gd.get(), d, rtol=1e-12, atol=1e-12)
+        assert np.array_equal(gi.get(), i)
+    G = gpu.kneighbors_graph(mode="distance")
+    assert isinstance(G, csp.csr_matrix) and G.shape == (160, 160)
+    ref = cpu.kneighbors_graph(mode="distance")
+    assert abs(G.get() - ref).max() == 0 and G.nnz == ref.nnz

@@ -431,7 +431,10 @@ def drop_self(dist: np.ndarray, ind: np.ndarray, k: int) -> tuple[np.ndarray, np
     >>> drop_self(np.array([[0.0, 0.0, 1.0]]), np.array([[1, 0, 2]]), 2)[1].tolist()
     [[1, 2]]
     """
-    own = ind == np.arange(ind.shape[0])[:, None]
+    xp = np
+    if is_gpu_array(ind):
+        import cupy as xp
+    own = ind == xp.arange(ind.shape[0])[:, None]
     own[~own.any(axis=1), -1] = True
     keep = ~own
     return dist[keep].reshape(ind.shape[0], k), ind[keep].reshape(ind.shape[0], k)

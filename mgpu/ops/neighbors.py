@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from mgpu.backends import is_gpu_array
 from mgpu.ops._validate import check_option
 from mgpu.ops.distances import _check_input, drop_self, knn, resolve_metric
 
@@ -59,7 +60,8 @@ class NearestNeighbors:
         """Keep X (checked and converted once) as the index."""
         resolve_metric(self.metric, self.p, func="NearestNeighbors")
         self._check_k(self.n_neighbors, "n_neighbors", None)
-        self._fit_X = _check_input(X, "X", "NearestNeighbors.fit")
+        # CuPy data stays on its device as given: each kneighbors call checks it there
+        self._fit_X = X if is_gpu_array(X) else _check_input(X, "X", "NearestNeighbors.fit")
         self.n_samples_fit_, self.n_features_in_ = self._fit_X.shape
         return self
 
@@ -97,10 +99,19 @@ class NearestNeighbors:
 
     def kneighbors_graph(self, X: Any = None, n_neighbors: int | None = None,
                          mode: str = "connectivity") -> sp.csr_matrix:
-        """The kNN graph as CSR of shape (n_queries, n_samples_fit): ones or distances."""
+        """The kNN graph as CSR of shape (n_queries, n_samples_fit): ones or distances
+        (cupyx CSR when the index is CuPy data)."""
         check_option("mode", "kneighbors_graph", mode, ("connectivity", "distance"))
         dist, ind = self.kneighbors(X, n_neighbors, return_distance=True)
         n_q, k = ind.shape
-        data = np.ones(n_q * k) if mode == "connectivity" else dist.ravel()
-        return sp.csr_matrix((data, ind.ravel(), np.arange(0, n_q * k + 1, k)),
-                             shape=(n_q, self.n_samples_fit_))
+        if is_gpu_array(ind):
+            import cupy as xp
+            from cupyx.scipy.sparse import csr_matrix
+
+            id_type = xp.int32  # cupyx CSR indices are 32-bit
+        else:
+            xp, csr_matrix, id_type = np, sp.csr_matrix, np.int64
+        data = xp.ones(n_q * k, dtype=dist.dtype) if mode == "connectivity" else dist.ravel()
+        return csr_matrix((data, ind.ravel().astype(id_type),
+                           xp.arange(0, n_q * k + 1, k, dtype=id_type)),
+                          shape=(n_q, self.n_samples_fit_))
