@@ -15,19 +15,23 @@ namm_lookup = Dispatch("namm")  # union (merge) distances between the rows of tw
 knn_lookup = Dispatch("knn")  # (index, queries, k, ring, p, working_memory) -> (dist, ids)
 distances_lookup = Dispatch("distances")  # (X, Y, ring, p) -> dense distance matrix
 knn_prepare_lookup = Dispatch("knn_prepare")  # (tile, ring, p) -> an index ready for queries
+spmv_lookup = Dispatch("spmv")  # (A CSR, x 1-D or X 2-D dense) -> A @ x, merge path
+jaccard_lookup = Dispatch("jaccard")  # (G CSR, weighted) -> Jaccard weights on G's pattern
 
 
 def _register_cupy() -> None:
     import mgpu.backends.cupy  # noqa: F401  (registers the CuPy side of every lookup)
     import mgpu.backends.cupy_knn  # noqa: F401
+    import mgpu.backends.cupy_spmv  # noqa: F401
 
 
 for _lookup in (row_norms_lookup, sddmm_lookup, knn_lookup, distances_lookup,
-                knn_prepare_lookup):
+                knn_prepare_lookup, spmv_lookup, jaccard_lookup):
     _lookup.register_lazy("cupy", _register_cupy)
     _lookup.register_lazy("cupyx", _register_cupy)
 
 import mgpu.backends.numpy  # noqa: E402,F401  (registers the CPU side)
+import mgpu.backends.numpy_spmv  # noqa: E402,F401
 
 
 def is_gpu_array(x: object) -> bool:

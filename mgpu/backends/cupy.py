@@ -15,7 +15,7 @@ import cupy
 import cupyx.scipy.sparse as csp
 import numpy as np
 
-from mgpu.backends import row_norms_lookup, sddmm_lookup
+from mgpu.backends import jaccard_lookup, row_norms_lookup, sddmm_lookup
 from mgpu.backends.instances import INSTANCES
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, dense_row_reduce
@@ -366,3 +366,21 @@ def _sddmm_sparse(S, A, B, hadamard: bool, plan: SDDMMPlan | None = None):
     if sddmm_is_usable_for(S, A, B):
         return sddmm_kernel(S, A, B, hadamard, plan)
     return sddmm_fallback(S, A, B, hadamard)
+
+
+_JACCARD = "jaccard.cu"
+
+
+@jaccard_lookup.register(csp.spmatrix)
+def _jaccard_gpu(G, weighted: bool, r0: int, r1: int) -> cupy.ndarray:
+    """Jaccard weights of the edges of rows r0..r1 of a checked cupyx graph (one thread per
+    edge, ``kernels/jaccard.cu``), in G's dtype."""
+    lo, hi = (int(v) for v in G.indptr[cupy.asarray([r0, r1])].get())
+    out = cupy.empty(hi - lo, dtype=G.dtype)
+    if hi > lo:
+        fn = get_function(_JACCARD, f"mgpu_jaccard<{c_type(G.dtype)}, "
+                          f"{'true' if weighted else 'false'}>", INSTANCES[_JACCARD])
+        dev = cupy.cuda.Device()
+        blocks = int(min(dev.attributes["MultiProcessorCount"] * 32, -(-(hi - lo) // 256)))
+        fn((blocks,), (256,), (G.indptr, G.indices, G.data, np.int32(r0), np.int32(r1), out))
+    return out

@@ -20,6 +20,9 @@ KNN_OPS = range(8)
 KNN_UNION_SUMS = range(2, 7)  # L1, Lp, Canberra, Hamming, Jensen-Shannon
 KNN_SHAPES = ((4, 16), (1, 128), (4, 0))
 KNN_SELECT = (16, 128)
+# merge-path SpMV/SpMM (kernels/spmv.cu): merge items (rows + nonzeros) per piece
+SPMV_ITEMS = (8, 16)
+
 KNN_GROUPS: dict[str, tuple[str, ...]] = {
     **{f"op{op}-{t}": tuple(f"mgpu_knn_csr<{t}, int, {op}, {m}, {kmax}>" for m, kmax in KNN_SHAPES)
        + ((f"mgpu_query_base<{t}, {op}>",) if op in KNN_UNION_SUMS else ())
@@ -31,6 +34,7 @@ KNN_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 INSTANCES: dict[str, tuple[str, ...]] = {
+    "jaccard.cu": tuple(f"mgpu_jaccard<{t}, {w}>" for t in _FLOATS for w in ("false", "true")),
     "knn.cu": tuple(e for group in KNN_GROUPS.values() for e in group),
     "rows.cu": tuple(
         f"mgpu_row_norms_warp<{t}, {i}, {op}>"
@@ -52,6 +56,12 @@ INSTANCES: dict[str, tuple[str, ...]] = {
         for v in _LANES
         for b in ("false", "true")
     ),
+    # merge-path SpMV/SpMM: int32 indices only (cupyx CSR), carries added by the fix-ups
+    "spmv.cu": tuple(
+        f"mgpu_{op}_merge<{t}, {items}>" for op in ("spmv", "spmm") for t in _FLOATS
+        for items in SPMV_ITEMS
+    ) + ("mgpu_spmv_carries", "mgpu_spmm_carries")
+    + tuple(f"mgpu_carry_apply<{t}>" for t in _FLOATS),
     # benchmark probe (float32 factors, as the SDDMM benchmark uses)
     "probe.cu": tuple(
         f"mgpu_gather_rows<float, {i}, {w}, {v}>" for i in _INDICES for w in (1, 4) for v in _LANES

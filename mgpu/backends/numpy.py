@@ -5,7 +5,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import namm_lookup, row_norms_lookup, sddmm_lookup
+from mgpu.backends import jaccard_lookup, namm_lookup, row_norms_lookup, sddmm_lookup
 
 # Reductions of a row, shared with the GPU kernel's OP template argument (kernels/rows.cu).
 ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX = 0, 1, 2, 3
@@ -235,4 +235,83 @@ def csr_dot_dense(X: sp.csr_matrix, Y: sp.spmatrix) -> np.ndarray:
     Yc = sp.csc_matrix(Y, dtype=np.float64)
     out = np.zeros((X.shape[0], Yc.shape[0]), dtype=np.float64)
     _csr_dot_csc(X.indptr, X.indices, X.data, Yc.indptr, Yc.indices, Yc.data, out)
+    return out
+
+
+# ------------------------------------------------------------------ Jaccard edge weights
+
+_GALLOP = 16  # a row this many times longer than the other is searched, not merged
+
+
+@numba.njit(inline="always")
+def _lower_bound(indices, lo, hi, v):
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if indices[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit(inline="always")
+def _edge_jaccard(indptr, indices, data, i, j, weighted):
+    """Jaccard weight of edge (i, j): |N(i) ∩ N(j)| / |N(i) ∪ N(j)|, or for weights the sum
+    of the smaller weight over the union divided by the sum of the larger."""
+    a, a1 = indptr[i], indptr[i + 1]
+    b, b1 = indptr[j], indptr[j + 1]
+    if not weighted:
+        la, lb = a1 - a, b1 - b
+        both = 0
+        if la > _GALLOP * lb or lb > _GALLOP * la:
+            if la < lb:  # search the short row's features in the long one
+                a, a1, b, b1 = b, b1, a, a1
+            lo = a
+            for q in range(b, b1):
+                lo = _lower_bound(indices, lo, a1, indices[q])
+                if lo < a1 and indices[lo] == indices[q]:
+                    both += 1
+        else:
+            while a < a1 and b < b1:
+                if indices[a] < indices[b]:
+                    a += 1
+                elif indices[b] < indices[a]:
+                    b += 1
+                else:
+                    both += 1
+                    a += 1
+                    b += 1
+        return both / (la + lb - both)
+    small = 0.0
+    large = 0.0
+    while a < a1 or b < b1:
+        if b >= b1 or (a < a1 and indices[a] < indices[b]):
+            large += data[a]
+            a += 1
+        elif a >= a1 or indices[b] < indices[a]:
+            large += data[b]
+            b += 1
+        else:
+            small += min(data[a], data[b])
+            large += max(data[a], data[b])
+            a += 1
+            b += 1
+    return small / large if large > 0 else 0.0
+
+
+@numba.njit(parallel=True, nogil=True)
+def _jaccard_rows(indptr, indices, data, r0, r1, weighted, out):
+    base = indptr[r0]
+    for i in numba.prange(r0, r1):
+        for p in range(indptr[i], indptr[i + 1]):
+            out[p - base] = _edge_jaccard(indptr, indices, data, i, indices[p], weighted)
+
+
+@jaccard_lookup.register((sp.spmatrix, sp.sparray))
+def _jaccard_sparse(G, weighted: bool, r0: int, r1: int) -> np.ndarray:
+    """Jaccard weights of the edges of rows r0..r1 of a checked graph (canonical CSR, no
+    self-loops, symmetric), in the order of G's nonzeros; float64."""
+    out = np.empty(int(G.indptr[r1] - G.indptr[r0]), dtype=np.float64)
+    data = G.data.astype(np.float64, copy=False)
+    _jaccard_rows(G.indptr, G.indices, data, r0, r1, weighted, out)
     return out

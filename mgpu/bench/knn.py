@@ -49,7 +49,7 @@ def bench_cpu(index: sp.csr_matrix, queries: sp.csr_matrix, k: int, metrics: tup
 
 def markdown(rows: list[dict[str, Any]], label: str) -> str:
     head = ("| corpus | metric | k | index rows | queries | mgpu q/s | scikit-learn q/s | "
-            "mgpu / scikit-learn | ids equal | others tie | max |Δd| |")
+            "mgpu / scikit-learn | ids equal | others tie | max abs Δd |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(f"| {label} | {r['metric']} | {r['k']} | {r['n_index']:,} | "

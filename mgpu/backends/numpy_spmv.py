@@ -1,0 +1,166 @@
+"""CPU merge-path SpMV and SpMM (numba), registered on :data:`mgpu.backends.spmv_lookup`.
+
+The work of ``y = A @ x`` on CSR is the merge of two sorted lists, the row ends
+``indptr[1:]`` and the nonzero indices ``0 .. nnz-1`` (Merrill & Garland; Dalton et al.,
+"Optimizing Sparse Matrix Operations on GPUs using Merge Path"). The ``m + nnz`` merge
+items are cut into equal pieces; each piece finds its start by a binary search along its
+diagonal, writes the rows it ends, and leaves a carry ``(row, partial sum)`` for the row cut
+at its end, which a fix-up pass adds. Pieces are equal whatever the row lengths: a single
+very long row is spread over every thread, and an empty row costs one item (no compaction
+pass is needed to skip them). The same scheme runs on the GPU in ``kernels/spmv.cu``.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+from mgpu.backends import spmv_lookup
+
+__all__ = ["merge_path_rows", "piece_items", "spmm_merge", "spmv_merge"]
+
+# Merge items per piece: at least this many (the two searches and the carry are then a small
+# part of a piece), else enough pieces for every thread several times over.
+_MIN_ITEMS = 2048
+_PIECES_PER_THREAD = 4
+
+
+def piece_items(m: int, nnz: int, k: int = 1) -> int:
+    """Merge items per piece for an ``m``-row matrix with ``nnz`` nonzeros and ``k`` columns
+    of x: ``_PIECES_PER_THREAD`` pieces per numba thread, none smaller than about
+    ``_MIN_ITEMS / k`` items (a wide X makes each item k times the work)."""
+    total = m + nnz
+    per_thread = -(-total // (_PIECES_PER_THREAD * numba.get_num_threads()))
+    return int(max(1, max(_MIN_ITEMS // max(k, 1), per_thread)))
+
+
+@numba.njit(nogil=True, inline="always")
+def merge_path_rows(d, indptr, m, nnz):
+    """Rows consumed before diagonal ``d`` of the merge of ``indptr[1:]`` and ``0..nnz-1``:
+    the largest r in [max(0, d - nnz), min(d, m)] with ``indptr[r] <= d - r``."""
+    lo = max(d - nnz, 0)
+    hi = min(d, m)
+    while lo < hi:
+        pivot = (lo + hi) >> 1
+        if indptr[pivot + 1] <= d - pivot - 1:
+            lo = pivot + 1
+        else:
+            hi = pivot
+    return lo
+
+
+@numba.njit(parallel=True, nogil=True)
+def _spmv_merge(indptr, indices, data, x, items, y, carry_row, carry_val):
+    m = y.shape[0]
+    nnz = np.int64(indptr[m])
+    total = m + nnz
+    for p in numba.prange(carry_row.shape[0]):
+        d0 = min(np.int64(p) * items, total)
+        d1 = min(d0 + items, total)
+        row = merge_path_rows(d0, indptr, m, nnz)
+        row_end = merge_path_rows(d1, indptr, m, nnz)
+        nz = d0 - row
+        nz_end = d1 - row_end
+        acc = 0.0
+        while row < row_end:
+            stop = np.int64(indptr[row + 1])
+            while nz < stop:
+                acc += np.float64(data[nz]) * np.float64(x[indices[nz]])
+                nz += 1
+            y[row] = acc
+            acc = 0.0
+            row += 1
+        while nz < nz_end:
+            acc += np.float64(data[nz]) * np.float64(x[indices[nz]])
+            nz += 1
+        carry_row[p] = row_end
+        carry_val[p] = acc
+
+
+@numba.njit(parallel=True, nogil=True)
+def _spmm_merge(indptr, indices, data, X, items, Y, carry_row, carry_val):
+    m = Y.shape[0]
+    k = Y.shape[1]
+    nnz = np.int64(indptr[m])
+    total = m + nnz
+    for p in numba.prange(carry_row.shape[0]):
+        d0 = min(np.int64(p) * items, total)
+        d1 = min(d0 + items, total)
+        row = merge_path_rows(d0, indptr, m, nnz)
+        row_end = merge_path_rows(d1, indptr, m, nnz)
+        nz = d0 - row
+        nz_end = d1 - row_end
+        acc = np.zeros(k)
+        while row < row_end:
+            stop = np.int64(indptr[row + 1])
+            while nz < stop:
+                v = np.float64(data[nz])
+                j = indices[nz]
+                for c in range(k):
+                    acc[c] += v * np.float64(X[j, c])
+                nz += 1
+            for c in range(k):
+                Y[row, c] = acc[c]
+                acc[c] = 0.0
+            row += 1
+        while nz < nz_end:
+            v = np.float64(data[nz])
+            j = indices[nz]
+            for c in range(k):
+                acc[c] += v * np.float64(X[j, c])
+            nz += 1
+        carry_row[p] = row_end
+        for c in range(k):
+            carry_val[p, c] = acc[c]
+
+
+def _fixup(y: np.ndarray, carry_row: np.ndarray, carry_val: np.ndarray) -> None:
+    """Add each piece's carry to the row cut at its end (row m means none was cut)."""
+    cut = carry_row < y.shape[0]
+    # add.at accumulates repeated rows: a row may be cut by many pieces
+    np.add.at(y, carry_row[cut], carry_val[cut])
+
+
+def spmv_merge(A: sp.csr_matrix, x: np.ndarray, *, items: int | None = None) -> np.ndarray:
+    """``A @ x`` by merge path, accumulated in float64 and returned in ``x``'s dtype.
+
+    ``A`` is CSR (sorted or unsorted indices, duplicates summed as scipy does) with
+    ``indptr[0] == 0``; ``x`` is 1-D of length ``A.shape[1]``. ``items`` (merge items per
+    piece) defaults to :func:`piece_items`.
+    """
+    m = A.shape[0]
+    nnz = int(A.indptr[m]) if m else 0
+    items = piece_items(m, nnz) if items is None else int(items)
+    n_pieces = -(-(m + nnz) // items)
+    y = np.empty(m, dtype=np.float64)
+    carry_row = np.empty(n_pieces, dtype=np.int64)
+    carry_val = np.empty(n_pieces, dtype=np.float64)
+    if n_pieces:
+        _spmv_merge(A.indptr, A.indices, A.data, x, np.int64(items), y, carry_row, carry_val)
+        _fixup(y, carry_row, carry_val)
+    return y.astype(x.dtype, copy=False)
+
+
+def spmm_merge(A: sp.csr_matrix, X: np.ndarray, *, items: int | None = None) -> np.ndarray:
+    """``A @ X`` for a dense 2-D ``X`` by merge path: each piece covers all columns of X."""
+    m = A.shape[0]
+    k = X.shape[1]
+    nnz = int(A.indptr[m]) if m else 0
+    items = piece_items(m, nnz, k) if items is None else int(items)
+    n_pieces = -(-(m + nnz) // items)
+    Y = np.zeros((m, k), dtype=np.float64)
+    carry_row = np.empty(n_pieces, dtype=np.int64)
+    carry_val = np.empty((n_pieces, k), dtype=np.float64)
+    if n_pieces and k:
+        _spmm_merge(A.indptr, A.indices, A.data, X, np.int64(items), Y, carry_row, carry_val)
+        _fixup(Y, carry_row, carry_val)
+    return Y.astype(X.dtype, copy=False)
+
+
+@spmv_lookup.register((sp.spmatrix, sp.sparray))
+def _spmv_sparse(A, x: np.ndarray) -> np.ndarray:
+    """A @ x for CSR A and a C-contiguous x of A's float dtype (checked by the caller)."""
+    A = A.tocsr()
+    if x.ndim == 1:
+        return spmv_merge(A, x)
+    return spmm_merge(A, x)

@@ -1,0 +1,164 @@
+"""``mgpu bench spmv``: mgpu's merge-path SpMV against its peer on the same matrices, in one run.
+
+GPU peer: cupyx ``A @ x`` (cuSPARSE's SpMV). CPU peer: scipy ``A @ x``. Both sides get the
+same CSR matrix and vector in float32; every row also records the largest error of mgpu's
+result relative to the largest value of a float64 scipy reference. GFLOP/s counts 2 per
+nonzero.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from mgpu.backends.timing import time_cpu, time_gpu
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["bench_spmv", "markdown", "nnz_time_correlation"]
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, or a driver without devices
+        return False
+
+
+def _rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-300)
+    return float(np.abs(got.astype(np.float64) - ref).max(initial=0.0) / scale)
+
+
+def _row_stats(A: sp.csr_matrix) -> dict[str, Any]:
+    lengths = np.diff(A.indptr)
+    return {
+        "rows": int(A.shape[0]),
+        "cols": int(A.shape[1]),
+        "nnz": int(A.nnz),
+        "empty_rows": int((lengths == 0).sum()),
+        "max_row": int(lengths.max(initial=0)),
+    }
+
+
+def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *,
+               device: str = "auto", seed: int = 0) -> list[dict[str, Any]]:
+    """Time ``mgpu.spmv`` against the peer on each matrix, medians over ``repeats``.
+
+    Parameters
+    ----------
+    matrices : sequence of (name, sparse matrix)
+        Any scipy format; each is used as float32 CSR.
+    repeats : int, default=10
+        Timed calls per method (after warm-up calls); the median is reported.
+    device : {'auto', 'gpu', 'cpu'}, default='auto'
+        'auto' runs on the GPU when one is visible, else on the CPU.
+    seed : int, default=0
+        Of the random vector x.
+
+    Returns
+    -------
+    rows : list of dict
+        One per matrix: ``name, device, rows, cols, nnz, empty_rows, max_row, mgpu_ms,
+        peer, peer_ms, speedup`` (peer time / mgpu time), ``mgpu_gflops, peer_gflops`` and
+        ``rel_err`` (of mgpu's result against a float64 reference).
+    """
+    if device not in ("auto", "gpu", "cpu"):
+        raise ValueError("The 'device' parameter of bench_spmv must be a str among {'auto', "
+                         f"'cpu', 'gpu'}}. Got {device!r} instead.")
+    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
+        raise ValueError(f"The 'repeats' parameter of bench_spmv must be a positive integer. "
+                         f"Got {repeats!r} instead.")
+    on_gpu = _gpu_available() if device == "auto" else device == "gpu"
+    import mgpu
+
+    out = []
+    for name, M in matrices:
+        A = sp.csr_matrix(M, dtype=np.float32)
+        A.sum_duplicates()
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal(A.shape[1]).astype(np.float32)
+        ref = A.astype(np.float64) @ x.astype(np.float64)
+        row = {"name": name, **_row_stats(A)}
+        if on_gpu:
+            import cupy
+            import cupyx.scipy.sparse as csp
+
+            Ag, xg = csp.csr_matrix(A), cupy.asarray(x)
+            got = mgpu.spmv(Ag, xg).get()
+            t_mgpu = time_gpu(lambda: mgpu.spmv(Ag, xg), repeats=repeats)
+            t_peer = time_gpu(lambda: Ag @ xg, repeats=repeats)
+            row.update(device="gpu", peer="cuSPARSE (cupyx A @ x)")
+        else:
+            got = mgpu.spmv(A, x)
+            t_mgpu = time_cpu(lambda: mgpu.spmv(A, x), repeats=repeats)
+            t_peer = time_cpu(lambda: A @ x, repeats=repeats)
+            row.update(device="cpu", peer="scipy A @ x")
+        flops = 2.0 * A.nnz
+        row.update(
+            mgpu_ms=1e3 * t_mgpu,
+            peer_ms=1e3 * t_peer,
+            speedup=t_peer / t_mgpu if t_mgpu > 0 else math.nan,
+            mgpu_gflops=flops / t_mgpu / 1e9 if t_mgpu > 0 else math.nan,
+            peer_gflops=flops / t_peer / 1e9 if t_peer > 0 else math.nan,
+            rel_err=_rel_err(got, ref),
+        )
+        logger.info("spmv %s: mgpu %.3f ms, %s %.3f ms", name, row["mgpu_ms"], row["peer"],
+                    row["peer_ms"])
+        out.append(row)
+    return out
+
+
+def nnz_time_correlation(rows: Sequence[dict[str, Any]], key: str = "mgpu_ms") -> float:
+    """Pearson correlation coefficient between ``nnz`` and the time ``key`` over the rows.
+
+    Near 1 says the time follows the nonzeros, as a load-balanced SpMV's should, whatever
+    the row lengths; NaN with fewer than two rows or no spread.
+
+    Examples
+    --------
+    >>> rows = [{"nnz": 10, "mgpu_ms": 1.0}, {"nnz": 20, "mgpu_ms": 2.0},
+    ...         {"nnz": 40, "mgpu_ms": 4.1}]
+    >>> round(nnz_time_correlation(rows), 4)
+    0.9999
+    """
+    nnz = np.array([r["nnz"] for r in rows], dtype=np.float64)
+    t = np.array([r[key] for r in rows], dtype=np.float64)
+    if nnz.size < 2 or nnz.std() == 0 or t.std() == 0:
+        return math.nan
+    return float(np.corrcoef(nnz, t)[0, 1])
+
+
+def markdown(rows: Sequence[dict[str, Any]], label: str = "") -> str:
+    """The rows of :func:`bench_spmv` as a Markdown table, with the nnz-time correlations.
+
+    Examples
+    --------
+    >>> print(markdown([{"name": "m", "device": "cpu", "rows": 2, "cols": 2, "nnz": 3,
+    ...                  "empty_rows": 0, "max_row": 2, "mgpu_ms": 1.0, "peer": "scipy A @ x",
+    ...                  "peer_ms": 2.0, "speedup": 2.0, "mgpu_gflops": 0.1,
+    ...                  "peer_gflops": 0.05, "rel_err": 0.0}]).splitlines()[2])
+    | m | cpu | 2×2 | 3 | 0 | 2 | 1.000 | 2.000 | 2.00 | 0.10 | 0.05 | 0.0e+00 |
+    """
+    head = ("| matrix | device | shape | nnz | empty rows | longest row | mgpu ms | peer ms | "
+            "speedup | mgpu GFLOP/s | peer GFLOP/s | rel. error |")
+    lines = ([f"**{label}**", ""] if label else []) + [head, "|" + "---|" * 12]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['device']} | {r['rows']}×{r['cols']} | {r['nnz']} | "
+            f"{r['empty_rows']} | {r['max_row']} | {r['mgpu_ms']:.3f} | {r['peer_ms']:.3f} | "
+            f"{r['speedup']:.2f} | {r['mgpu_gflops']:.2f} | {r['peer_gflops']:.2f} | "
+            f"{r['rel_err']:.1e} |"
+        )
+    if rows:
+        peer = rows[0]["peer"]
+        lines += ["", f"Peer: {peer}. Correlation of time with nnz: mgpu "
+                  f"{nnz_time_correlation(rows, 'mgpu_ms'):.3f}, peer "
+                  f"{nnz_time_correlation(rows, 'peer_ms'):.3f}."]
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""Jaccard edge weights on one device or spread over the cluster, and the public
+``mgpu.jaccard``.
+
+Spread: the graph is sent once to every worker (an edge's weight needs the neighbour lists of
+both ends, so no row block is enough alone) and each task computes the weights of a block of
+rows cut at nnz prefix sums (:func:`mgpu.partition.split`); GPU workers copy the graph to
+their device once per call and run the GPU kernel.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from mgpu.backends import is_gpu_array, jaccard_lookup, to_host
+from mgpu.dist.cluster import current_client
+from mgpu.ops.jaccard import check_graph, jaccard_local
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["jaccard"]
+
+_device_graphs: dict[int, tuple[weakref.ref, Any]] = {}
+_lock = threading.Lock()
+
+
+def _graph_here(G: sp.csr_matrix, gpu: bool) -> Any:
+    """G on this worker's GPU (copied once per graph object) for GPU workers, else G."""
+    if not gpu:
+        return G
+    import cupyx.scipy.sparse as csp
+
+    key = id(G)
+    with _lock:
+        hit = _device_graphs.get(key)
+        if hit is not None and hit[0]() is G:
+            return hit[1]
+    dev = csp.csr_matrix(G)
+    with _lock:
+        _device_graphs[key] = (weakref.ref(G, lambda _r, key=key: _device_graphs.pop(key, None)),
+                               dev)
+    return dev
+
+
+def _rows_block(G: sp.csr_matrix, weighted: bool, r0: int, r1: int, gpu: bool) -> np.ndarray:
+    """The weights of the edges of rows r0..r1, on this worker's device, as numpy."""
+    return np.asarray(to_host(jaccard_lookup(_graph_here(G, gpu), weighted, r0, r1)),
+                      dtype=np.float64)
+
+
+def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
+            parts: int | None = None, client: Any = None,
+            progress: Callable[[int], None] | None = None) -> Any:
+    """Jaccard weights of the edges of an undirected graph.
+
+    Parameters
+    ----------
+    G : {scipy, cupyx} sparse matrix of shape (n_nodes, n_nodes)
+        Adjacency of an undirected graph: a symmetric pattern (symmetric weights when
+        ``weighted``). Self-loops are dropped and stored zeros are not edges.
+    weighted : bool, default=False
+        Use the edge weights: ``Σ_k min(w_ik, w_jk) / Σ_k max(w_ik, w_jk)`` over the union of
+        the two neighbourhoods, instead of ``|N(i) ∩ N(j)| / |N(i) ∪ N(j)|``.
+    symmetrize : bool, default=False
+        Use ``G + Gᵀ`` (for weights, the larger of ``w_ij`` and ``w_ji``) instead of refusing
+        a directed graph.
+    parts : int, optional
+        Spread the work over the current cluster (:func:`mgpu.connect`) in this many row
+        blocks of equal nnz; scipy input only. Default: on G's own device.
+    client : distributed.Client, optional
+        With ``parts``: the cluster to use (default: the current one).
+    progress : callable, optional
+        With ``parts``: called with the number of edges done as each block finishes.
+
+    Returns
+    -------
+    J : {scipy, cupyx} CSR matrix of shape (n_nodes, n_nodes)
+        G's pattern (without self-loops) holding the weights: float64 from scipy input,
+        G's float dtype from cupyx input.
+
+    Raises
+    ------
+    ValueError
+        Non-square G, a pattern (or weights) that is not symmetric (the message names an
+        asymmetric entry and offers ``symmetrize=True``), NaN/inf, negative weights with
+        ``weighted``, ``parts < 1``.
+    TypeError
+        Dense or non-numeric input, a dask array, cupyx input with ``parts``.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> path = sp.csr_matrix(([1, 1, 1, 1], ([0, 1, 1, 2], [1, 0, 2, 1])), shape=(3, 3))
+    >>> J = jaccard(path)  # an edge of a path shares no neighbour: every weight is 0
+    >>> J.nnz, J.data.tolist()
+    (4, [0.0, 0.0, 0.0, 0.0])
+    >>> tri = sp.csr_matrix(1 - np.eye(3))
+    >>> jaccard(tri).toarray()[0].round(3).tolist()
+    [0.0, 0.333, 0.333]
+    """
+    if parts is not None and (isinstance(parts, bool) or not isinstance(parts, (int, np.integer))
+                              or parts < 1):
+        raise ValueError(f"The 'parts' parameter of jaccard must be an int >= 1. Got {parts!r} "
+                         "instead.")
+    if parts is not None and is_gpu_array(G):
+        raise TypeError("The 'G' parameter of jaccard is on the GPU: parts=N spreads a scipy "
+                        "graph over the cluster's workers; call without parts to run on this "
+                        "GPU.")
+    G = check_graph(G, "jaccard", weighted=weighted, symmetrize=symmetrize)
+    if parts is None:
+        return jaccard_local(G, weighted)
+    from mgpu.partition import split
+
+    client = client or current_client()
+    if client is None:
+        raise ValueError("jaccard with parts=N needs a cluster: call mgpu.connect() first.")
+    bounds = split(G, int(parts), axis=0)
+    logger.info("jaccard: %d nodes, %d edge entries in %d row blocks", G.shape[0], G.nnz,
+                len(bounds) - 1)
+    from mgpu.dist.collection import _workers_have_gpus
+
+    gpu = _workers_have_gpus(client)
+    shared = client.scatter(G, broadcast=True, hash=False)
+    futures = [client.submit(_rows_block, shared, weighted, int(r0), int(r1), gpu, pure=False,
+                             key=f"mgpu-jaccard-{r0}-{r1}-{id(shared)}")
+               for r0, r1 in zip(bounds[:-1], bounds[1:]) if r1 > r0]
+    from distributed import as_completed
+
+    by_key = {}
+    for fut in as_completed(futures):
+        by_key[fut.key] = fut.result()
+        if progress is not None:
+            progress(len(by_key[fut.key]))
+    vals = np.concatenate([by_key[f.key] for f in futures]) if futures else np.empty(0)
+    return sp.csr_matrix((vals, G.indices.copy(), G.indptr.copy()), shape=G.shape)

@@ -1,0 +1,185 @@
+"""Distributed SpMV/SpMM over a dask array of CSR row tiles, and the public ``mgpu.spmv`` and
+``mgpu.spmm``.
+
+A is cut into row tiles at nnz prefix sums (``mgpu.dist.from_scipy(A, parts, axis=0)``) and
+stays on the workers; x is sent once to every worker (a broadcast scatter when a cluster is
+connected) and each tile computes its rows of the result with the one-device merge path.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+
+from mgpu.backends import is_gpu_array, to_host
+from mgpu.dist.cluster import current_client
+from mgpu.ops._validate import is_dask_array
+from mgpu.ops.spmv import (
+    check_dense_operand,
+    check_sparse_operand,
+    check_sparse_shape,
+    spmv_dtype,
+    spmv_local,
+)
+from mgpu.ops.spmv import spmm as spmm_one_device
+from mgpu.ops.spmv import spmv as spmv_one_device
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["spmm", "spmv"]
+
+_X = "mgpu-spmv-x-"
+
+
+def _spmv_block(A: Any, x: Any, op_name: str) -> Any:
+    """One row tile: refuse NaN/inf in it (only the worker sees its values), move x to the
+    tile's device, run the merge path."""
+    # j (A's columns) is contracted, so blockwise hands A and x over as one-block lists;
+    # taking the blocks (not concatenate=True) keeps x the object the worker holds.
+    A = A[0] if isinstance(A, list) else A
+    x = x[0] if isinstance(x, list) else x
+    A = check_sparse_operand(A, op_name)
+    if is_gpu_array(A) and not is_gpu_array(x):
+        import cupy
+
+        x = cupy.asarray(x)
+    elif not is_gpu_array(A) and is_gpu_array(x):
+        x = to_host(x)
+    return spmv_local(A, x)
+
+
+def _broadcast(x: Any, client: Any) -> da.Array:
+    """x as a one-chunk dask array, sent once to every worker when there is a cluster.
+
+    x changes between calls of an iterative method: a fresh name, not a hash of its values.
+    """
+    name = f"{_X}{uuid.uuid4().hex}"
+    chunks = tuple((s,) for s in x.shape)
+    if client is None:
+        return da.from_array(x, chunks=chunks, asarray=False, name=name)
+    fut = client.scatter(x, broadcast=True, hash=False)
+    key = (name,) + (0,) * x.ndim
+    return da.Array({key: fut}, name, chunks=chunks, dtype=x.dtype, meta=x[:0])
+
+
+def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int) -> da.Array:
+    check_sparse_shape(A, func)
+    if any(np.isnan(c).any() for c in (np.array(A.chunks[0], float),
+                                       np.array(A.chunks[1], float))):
+        raise ValueError(f"The 'A' parameter of {func} has unknown chunk sizes; call "
+                         "A.compute_chunk_sizes() first.")
+    if A.numblocks[1] != 1:
+        raise ValueError(
+            f"The 'A' parameter of {func} must be cut into row tiles (one tile across all "
+            f"{A.shape[1]} columns). Got {A.numblocks[1]} column tiles; make it with "
+            "mgpu.dist.from_scipy(A, parts, axis=0)."
+        )
+    if is_dask_array(x):
+        raise TypeError(f"The '{name}' parameter of {func} must be a numpy or cupy array with a "
+                        f"dask A (it is sent to every worker). Got a dask array; pass "
+                        f"{name}.compute().")
+    check_dense_operand(x, A.shape[1], name, func, ndim)
+    client = current_client()
+    x_d = _broadcast(x, client)
+    dt = spmv_dtype(A.dtype, x.dtype)
+    if is_gpu_array(A._meta):
+        import cupy
+
+        meta = cupy.empty((0,) * ndim, dtype=dt)
+    else:
+        meta = np.empty((0,) * ndim, dtype=dt)
+    logger.debug("%s: %d row tiles of A %s, x %s", func, A.numblocks[0], A.shape, x.shape)
+    out_ind, x_ind = ("i", "j") if ndim == 1 else ("ik", "jk")
+    return da.blockwise(
+        _spmv_block, out_ind,
+        A, "ij", x_d, x_ind,
+        op_name=func,
+        concatenate=False,
+        dtype=dt,
+        meta=meta,
+        name=f"mgpu-{func}-" + tokenize(A, x_d),
+    )
+
+
+def spmv(A: Any, x: Any) -> Any:
+    """Sparse matrix times dense vector ``y = A @ x`` on one device or across a cluster.
+
+    Parameters
+    ----------
+    A : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR row tiles
+        scipy or cupyx (one device, see :func:`mgpu.ops.spmv`), or a dask array made by
+        ``mgpu.dist.from_scipy(A, parts, axis=0)``, which stays on the workers.
+    x : ndarray of shape (n_cols,)
+        numpy or cupy. With a dask A it is checked here and sent once to every worker (a
+        broadcast scatter when a cluster is connected); on a GPU tile a host x is copied to
+        the device.
+
+    Returns
+    -------
+    y : ndarray of shape (n_rows,), or dask array
+        For a dask A, a **dask array** chunked like A's rows (numpy chunks for CPU tiles,
+        cupy for GPU tiles): call ``.compute()`` for the numpy result. Otherwise numpy for
+        CPU input and cupy for GPU input. dtype: numpy's promotion of A's and x's, float64
+        unless that is float32 or float64.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`mgpu.ops.spmv`, before any task is submitted, for everything that can be
+        seen without computing: kinds, shapes, column tiles, NaN/inf in x. NaN or infinity
+        in a tile of a dask A fails that tile's task with the same message.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp
+    >>> from mgpu.dist import from_scipy
+    >>> A = sp.random(300, 50, density=0.05, format="csr", random_state=0)
+    >>> x = np.arange(50.0)
+    >>> tiles = from_scipy(A, 3, axis=0)
+    >>> y = spmv(tiles, x)
+    >>> y.chunks == (tiles.chunks[0],), np.allclose(y.compute(), A @ x)
+    (True, True)
+    """
+    if not is_dask_array(A):
+        return spmv_one_device(A, x)
+    return _distributed(A, x, "x", "spmv", 1)
+
+
+def spmm(A: Any, X: Any) -> Any:
+    """Sparse matrix times dense matrix ``Y = A @ X`` on one device or across a cluster.
+
+    Parameters
+    ----------
+    A : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR row tiles
+        As in :func:`spmv`.
+    X : ndarray of shape (n_cols, n_vectors)
+        numpy or cupy; with a dask A, sent once to every worker.
+
+    Returns
+    -------
+    Y : ndarray of shape (n_rows, n_vectors), or dask array
+        For a dask A, a dask array chunked like A's rows and one chunk of columns;
+        otherwise numpy (CPU) or cupy (GPU). dtype as in :func:`spmv`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`spmv`, with X 2-D and ``X.shape[0] == A.shape[1]``.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp
+    >>> from mgpu.dist import from_scipy
+    >>> A = sp.random(200, 40, density=0.1, format="csr", random_state=1)
+    >>> X = np.ones((40, 3))
+    >>> Y = spmm(from_scipy(A, 4, axis=0), X)
+    >>> Y.shape, np.allclose(Y.compute(), A @ X)
+    ((200, 3), True)
+    """
+    if not is_dask_array(A):
+        return spmm_one_device(A, X)
+    return _distributed(A, X, "X", "spmm", 2)

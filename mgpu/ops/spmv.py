@@ -1,0 +1,227 @@
+"""Sparse matrix times dense vector (SpMV) or dense matrix (SpMM) on one CPU or GPU.
+
+Both run the merge-path scheme (:mod:`mgpu.backends.numpy_spmv` on the CPU,
+``kernels/spmv.cu`` on the GPU): the rows and nonzeros of A are shared out in equal pieces,
+so a few very long rows or many empty rows do not unbalance the work.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mgpu.backends import is_gpu_array, spmv_lookup, to_host
+from mgpu.ops._validate import is_dask_array, is_sparse
+
+__all__ = [
+    "check_dense_operand",
+    "check_sparse_operand",
+    "spmm",
+    "spmv",
+    "spmv_dtype",
+    "spmv_local",
+]
+
+
+def spmv_dtype(a_dtype: Any, x_dtype: Any) -> np.dtype:
+    """The result dtype: numpy's promotion of A's and x's, float64 unless that is float32 or
+    float64 (integers and booleans compute in float64).
+
+    Examples
+    --------
+    >>> spmv_dtype(np.float32, np.float32), spmv_dtype(np.float32, np.float64)
+    (dtype('float32'), dtype('float64'))
+    >>> spmv_dtype(np.int64, np.float32), spmv_dtype(bool, np.int8)
+    (dtype('float64'), dtype('float64'))
+    """
+    dt = np.result_type(np.dtype(a_dtype), np.dtype(x_dtype))
+    return dt if dt in (np.dtype(np.float32), np.dtype(np.float64)) else np.dtype(np.float64)
+
+
+def _check_real(dtype: Any, name: str, func: str) -> None:
+    if np.dtype(dtype).kind not in "biuf":
+        raise TypeError(f"The '{name}' parameter of {func} must hold real numbers (bool, int or "
+                        f"float). Got dtype {np.dtype(dtype)} instead.")
+
+
+def check_sparse_shape(A: Any, func: str) -> None:
+    """Refuse an A that is not a sparse matrix (or dask array of them), not 2-D, or complex."""
+    if not (is_sparse(A) or is_dask_array(A)):
+        raise TypeError(
+            f"The 'A' parameter of {func} must be a scipy or cupyx sparse matrix, or a dask "
+            f"array of CSR row tiles (mgpu.dist.from_scipy). Got {type(A).__name__} instead"
+            + ("; for a dense A use A @ x." if isinstance(A, np.ndarray) or is_gpu_array(A)
+               else ".")
+        )
+    if len(A.shape) != 2:
+        raise ValueError(f"The 'A' parameter of {func} must be 2-D. Got shape {tuple(A.shape)} "
+                         "instead.")
+    _check_real(A.dtype, "A", func)
+
+
+def check_sparse_operand(A: Any, func: str) -> Any:
+    """A as CSR (scipy or cupyx), refusing NaN or infinity among its stored values."""
+    check_sparse_shape(A, func)
+    A = A.tocsr()
+    if np.dtype(A.dtype).kind == "f" and A.nnz:
+        isfinite = np.isfinite if isinstance(A.data, np.ndarray) else _cupy_isfinite
+        bad = ~isfinite(A.data)
+        if bool(bad.any()):
+            p = int(np.flatnonzero(to_host(bad))[0])
+            row = int(np.searchsorted(to_host(A.indptr), p, side="right") - 1)
+            col = int(to_host(A.indices[p:p + 1])[0])
+            raise ValueError(
+                f"The 'A' parameter of {func} holds NaN or infinity (first at row {row}, "
+                f"column {col}); it would spread over the whole row of the result. Clean A "
+                "first."
+            )
+    return A
+
+
+def _cupy_isfinite(x: Any) -> Any:
+    import cupy
+
+    return cupy.isfinite(x)
+
+
+def check_dense_operand(x: Any, n: int, name: str, func: str, ndim: int) -> None:
+    """Refuse an x that is not a dense numpy/cupy array of ``ndim`` dimensions with ``n``
+    entries (rows) along its first axis, or that holds NaN or infinity."""
+    if is_sparse(x) or is_dask_array(x) or not (isinstance(x, np.ndarray) or is_gpu_array(x)):
+        raise TypeError(f"The '{name}' parameter of {func} must be a dense numpy or cupy array. "
+                        f"Got {type(x).__name__} instead.")
+    if x.ndim != ndim:
+        other = "spmm" if ndim == 1 else "spmv"
+        raise ValueError(
+            f"The '{name}' parameter of {func} must be {ndim}-D. Got shape {tuple(x.shape)} "
+            f"instead; use mgpu.{other} for a {x.ndim}-D operand." if x.ndim in (1, 2) else
+            f"The '{name}' parameter of {func} must be {ndim}-D. Got shape {tuple(x.shape)} "
+            "instead."
+        )
+    _check_real(x.dtype, name, func)
+    if x.shape[0] != n:
+        what = "length" if ndim == 1 else "number of rows"
+        raise ValueError(
+            f"The '{name}' parameter of {func} must have {what} A.shape[1] = {n} (one "
+            f"{'entry' if ndim == 1 else 'row'} per column of A). Got {what} {x.shape[0]} "
+            "instead."
+        )
+    if np.dtype(x.dtype).kind == "f" and x.size:
+        bad = ~(np.isfinite(x) if isinstance(x, np.ndarray) else _cupy_isfinite(x))
+        if bool(bad.any()):
+            where = np.argwhere(to_host(bad))[0]
+            at = (f"index {int(where[0])}" if ndim == 1
+                  else f"row {int(where[0])}, column {int(where[1])}")
+            raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at "
+                             f"{at}). Clean it first.")
+
+
+def check_same_device(A: Any, x: Any, name: str, func: str) -> None:
+    """Refuse operands on different devices (scipy with cupy, cupyx with numpy)."""
+    a_gpu, x_gpu = is_gpu_array(A), is_gpu_array(x)
+    if a_gpu != x_gpu:
+        def where(v: Any, gpu: bool) -> str:
+            return f"on the {'GPU' if gpu else 'CPU'} ({type(v).__name__})"
+
+        raise ValueError(
+            f"The operands of {func} must be on one device. Got A {where(A, a_gpu)} and "
+            f"{name} {where(x, x_gpu)}. Move them with cupy.asarray / "
+            "cupyx.scipy.sparse.csr_matrix or cupy.asnumpy / .get()."
+        )
+
+
+def spmv_local(A: Any, x: Any) -> Any:
+    """The kernel call on already-validated CSR A and dense x (1-D or 2-D) of one device."""
+    dt = spmv_dtype(A.dtype, x.dtype)
+    if A.dtype != dt:
+        A = A.astype(dt)
+    if is_gpu_array(A):
+        import cupy
+
+        x = cupy.ascontiguousarray(x, dtype=dt)
+    else:
+        x = np.ascontiguousarray(x, dtype=dt)
+    return spmv_lookup(A, x)
+
+
+def _one_device(A: Any, x: Any, name: str, func: str, ndim: int) -> Any:
+    if is_dask_array(A):
+        raise TypeError(f"mgpu.ops.{func} runs on one device; for a dask array A use "
+                        f"mgpu.{func}, which runs the distributed version.")
+    check_sparse_shape(A, func)
+    check_dense_operand(x, A.shape[1], name, func, ndim)
+    check_same_device(A, x, name, func)
+    return spmv_local(check_sparse_operand(A, func), x)
+
+
+def spmv(A: Any, x: Any) -> Any:
+    """Sparse matrix times dense vector, ``y = A @ x``, by merge path on one CPU or GPU.
+
+    Parameters
+    ----------
+    A : sparse matrix of shape (n_rows, n_cols)
+        scipy (CPU) or cupyx (GPU) sparse matrix, any format (converted to CSR); duplicate
+        entries are summed, as in scipy.
+    x : ndarray of shape (n_cols,)
+        numpy with a scipy A, cupy with a cupyx A.
+
+    Returns
+    -------
+    y : ndarray of shape (n_rows,)
+        numpy for CPU input, cupy for GPU input. Its dtype is numpy's promotion of A's and
+        x's (float32 only when both are float32 or smaller floats), float64 for integers.
+
+    Raises
+    ------
+    TypeError
+        If A is not sparse, x is not a dense array, or either is complex.
+    ValueError
+        If A is not 2-D, x is not 1-D or its length is not ``A.shape[1]``, the operands are on
+        different devices, or either holds NaN or infinity (the message gives where).
+
+    See Also
+    --------
+    spmm : the same product with a 2-D dense X.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp
+    >>> A = sp.csr_matrix(np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0], [0.0, 3.0, 0.0]]))
+    >>> spmv(A, np.array([1.0, 2.0, 3.0]))
+    array([7., 0., 6.])
+    """
+    return _one_device(A, x, "x", "spmv", 1)
+
+
+def spmm(A: Any, X: Any) -> Any:
+    """Sparse matrix times dense matrix, ``Y = A @ X``, by merge path on one CPU or GPU.
+
+    Each piece of A's merge path is applied to every column of X (on the GPU, one warp per
+    piece and block of 32 columns), so A's indices are read once per column block.
+
+    Parameters
+    ----------
+    A : sparse matrix of shape (n_rows, n_cols)
+        scipy (CPU) or cupyx (GPU) sparse matrix, any format.
+    X : ndarray of shape (n_cols, n_vectors)
+        numpy with a scipy A, cupy with a cupyx A; any memory order.
+
+    Returns
+    -------
+    Y : ndarray of shape (n_rows, n_vectors)
+        C-ordered; numpy for CPU input, cupy for GPU input; dtype as in :func:`spmv`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`spmv`, with X 2-D and ``X.shape[0] == A.shape[1]``.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp
+    >>> A = sp.csr_matrix(np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]))
+    >>> spmm(A, np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+    array([[3., 2.],
+           [0., 3.]])
+    """
+    return _one_device(A, X, "X", "spmm", 2)

@@ -1,0 +1,381 @@
+"""Merge-path SpMV/SpMM: one device against float64 scipy, bad input, distributed, real data."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import mgpu
+from mgpu.dist import from_scipy
+from mgpu.synthetic import powerlaw_csr
+
+
+def _random_csr(rng, m, n, density, dtype=np.float64) -> sp.csr_matrix:
+    """Random values in [-5, 5), never exactly zero where stored."""
+    A = sp.random(m, n, density=density, format="csr", random_state=rng, dtype=np.float64)
+    A.data = (A.data - 0.5) * 10 + 1e-3
+    return A.astype(dtype)
+
+
+def _with_empty_rows(rng, m, n, density, empty_fraction, dtype=np.float64) -> sp.csr_matrix:
+    A = _random_csr(rng, m, n, density, dtype)
+    keep = (rng.random(m) >= empty_fraction).astype(np.float64)
+    A = (sp.diags(keep) @ A).tocsr().astype(dtype)
+    A.eliminate_zeros()
+    return A
+
+
+def _long_row(rng, m, n, dtype=np.float64) -> sp.csr_matrix:
+    """A sparse matrix whose row m // 2 is completely dense (thousands of pieces' worth)."""
+    A = _random_csr(rng, m, n, 0.001, dtype).tolil()
+    A[m // 2, :] = rng.uniform(0.5, 1.5, size=n)
+    return A.tocsr().astype(dtype)
+
+
+def _matrices(rng, dtype):
+    return {
+        "random": _random_csr(rng, 700, 500, 0.02, dtype),
+        "no-empty-rows": (_random_csr(rng, 400, 300, 0.05, dtype)
+                          + sp.eye(400, 300, dtype=dtype, format="csr")).tocsr(),
+        "many-empty-rows": _with_empty_rows(rng, 2000, 300, 0.01, 0.9, dtype),
+        "all-empty": sp.csr_matrix((50, 30), dtype=dtype),
+        "long-row": _long_row(rng, 300, 20_000, dtype),
+        "zero-rows": sp.csr_matrix((0, 40), dtype=dtype),
+        "one-column": _random_csr(rng, 500, 1, 0.5, dtype),
+        "one-row": _random_csr(rng, 1, 3000, 0.5, dtype),
+        "powerlaw": powerlaw_csr(3000, 2000, 40_000, dtype=dtype, seed=int(rng.integers(1000))),
+    }
+
+
+def _on(xp, A, x):
+    if xp is np:
+        return A, x
+    import cupyx.scipy.sparse as csp
+
+    return csp.csr_matrix(A), xp.asarray(x)
+
+
+def _host(v):
+    return v.get() if hasattr(v, "get") else v
+
+
+def _rel_err(got, ref) -> float:
+    """Largest error relative to the largest reference magnitude."""
+    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-300)
+    return float(np.abs(np.asarray(got, np.float64) - ref).max(initial=0.0) / scale)
+
+
+def _tol(dtype) -> float:
+    return 1e-6 if dtype == np.float32 else 1e-13
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_spmv_matches_float64_scipy(xp, dtype):
+    rng = np.random.default_rng(0)
+    for name, A in _matrices(rng, dtype).items():
+        x = rng.standard_normal(A.shape[1]).astype(dtype)
+        ref = A.astype(np.float64) @ x.astype(np.float64)
+        y = mgpu.spmv(*_on(xp, A, x))
+        assert type(y).__module__.split(".")[0] == xp.__name__, name
+        assert y.dtype == dtype and y.shape == (A.shape[0],), name
+        assert _rel_err(_host(y), ref) <= _tol(dtype), name
+        if A.shape[0]:
+            # empty rows are exactly zero, not left over memory
+            empty = np.diff(A.indptr) == 0
+            assert np.all(_host(y)[empty] == 0), name
+
+
+@pytest.mark.parametrize("width", [1, 2, 5, 32, 33, 70])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_spmm_matches_float64_scipy(xp, width, dtype):
+    rng = np.random.default_rng(width)
+    for name, A in _matrices(rng, dtype).items():
+        X = rng.standard_normal((A.shape[1], width)).astype(dtype)
+        ref = A.astype(np.float64) @ X.astype(np.float64)
+        Y = mgpu.spmm(*_on(xp, A, X))
+        assert type(Y).__module__.split(".")[0] == xp.__name__, name
+        assert Y.dtype == dtype and Y.shape == (A.shape[0], width), name
+        assert _rel_err(_host(Y), ref) <= _tol(dtype), name
+
+
+def test_spmm_fortran_order_and_empty_width(xp):
+    rng = np.random.default_rng(3)
+    A = _with_empty_rows(rng, 300, 200, 0.05, 0.3)
+    X = np.asfortranarray(rng.standard_normal((200, 6)))
+    Y = mgpu.spmm(*_on(xp, A, X))
+    assert _rel_err(_host(Y), A @ X) <= 1e-13
+    Y0 = mgpu.spmm(*_on(xp, A, np.zeros((200, 0))))
+    assert Y0.shape == (300, 0)
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csc", "lil", "bsr", "dok"])
+def test_any_scipy_format_and_sparray(fmt):
+    rng = np.random.default_rng(4)
+    A = _random_csr(rng, 120, 90, 0.1)
+    x = rng.standard_normal(90)
+    ref = A @ x
+    assert _rel_err(mgpu.spmv(A.asformat(fmt), x), ref) <= 1e-13
+    assert _rel_err(mgpu.spmv(sp.csr_array(A), x), ref) <= 1e-13
+
+
+def test_duplicates_and_unsorted_indices_are_summed_like_scipy():
+    rng = np.random.default_rng(5)
+    coo = _random_csr(rng, 80, 60, 0.2).tocoo()
+    order = rng.permutation(coo.nnz)
+    rows, cols, vals = coo.row[order], coo.col[order], coo.data[order]
+    D = sp.csr_matrix((np.concatenate([vals / 2, vals / 2]),
+                       (np.concatenate([rows, rows]), np.concatenate([cols, cols]))),
+                      shape=coo.shape)
+    # the same entries as CSR built by hand: each split into two duplicates, columns of a
+    # row in random order
+    r2, c2, v2 = (np.concatenate([a, a]) for a in (rows, cols, vals / 2))
+    by_row = np.argsort(r2, kind="stable")
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(r2, minlength=80))]).astype(np.int32)
+    U = sp.csr_matrix((v2[by_row], c2[by_row].astype(np.int32), indptr), shape=coo.shape)
+    assert not U.has_canonical_format and not U.has_sorted_indices
+    x = rng.standard_normal(60)
+    ref = coo.toarray() @ x
+    assert _rel_err(mgpu.spmv(U, x), ref) <= 1e-13
+    assert _rel_err(mgpu.spmv(D, x), ref) <= 1e-13
+
+
+def test_integer_and_mixed_dtypes_promote():
+    A = sp.csr_matrix(np.array([[1, 0, 2], [0, 0, 0], [0, 3, 0]], dtype=np.int64))
+    y = mgpu.spmv(A, np.array([1, 2, 3], dtype=np.int32))
+    assert y.dtype == np.float64 and y.tolist() == [7.0, 0.0, 6.0]
+    A32 = A.astype(np.float32)
+    assert mgpu.spmv(A32, np.ones(3, np.float32)).dtype == np.float32
+    assert mgpu.spmv(A32, np.ones(3, np.float64)).dtype == np.float64
+    assert mgpu.spmv(A.astype(bool), np.ones(3, bool)).tolist() == [2.0, 0.0, 1.0]
+
+
+def test_merge_path_kernel_every_piece_size():
+    """Every cut of the merge, down to one item per piece: carries of rows spanning many
+    pieces, pieces ending exactly at a row end, runs of empty rows inside one piece."""
+    from mgpu.backends.numpy_spmv import spmm_merge, spmv_merge
+
+    rng = np.random.default_rng(6)
+    A = sp.vstack([_with_empty_rows(rng, 60, 40, 0.1, 0.5), _long_row(rng, 5, 40),
+                   sp.csr_matrix((7, 40))]).tocsr()
+    x = rng.standard_normal(40)
+    X = rng.standard_normal((40, 3))
+    for items in (1, 2, 3, 5, 8, 13, 64, A.shape[0] + A.nnz, 10**6):
+        assert _rel_err(spmv_merge(A, x, items=items), A @ x) <= 1e-13, items
+        assert _rel_err(spmm_merge(A, X, items=items), A @ X) <= 1e-13, items
+
+
+def test_bad_input_is_refused():
+    A = sp.random(5, 4, density=0.5, format="csr", random_state=0)
+    with pytest.raises(ValueError, match=r"The 'x' parameter of spmv must have length "
+                       r"A.shape\[1\] = 4 \(one entry per column of A\). Got length 3 instead."):
+        mgpu.spmv(A, np.ones(3))
+    with pytest.raises(ValueError, match=r"The 'X' parameter of spmm must have number of rows "
+                       r"A.shape\[1\] = 4 .* Got number of rows 5 instead."):
+        mgpu.spmm(A, np.ones((5, 2)))
+    with pytest.raises(ValueError, match=r"must be 1-D. Got shape \(4, 2\) instead; use "
+                       "mgpu.spmm"):
+        mgpu.spmv(A, np.ones((4, 2)))
+    with pytest.raises(ValueError, match=r"must be 2-D. Got shape \(4,\) instead; use mgpu.spmv"):
+        mgpu.spmm(A, np.ones(4))
+    with pytest.raises(ValueError, match=r"The 'x' parameter of spmv must be 1-D. Got shape "
+                       r"\(4, 1, 1\)"):
+        mgpu.spmv(A, np.ones((4, 1, 1)))
+    with pytest.raises(TypeError, match="The 'A' parameter of spmv must be a scipy or cupyx "
+                       "sparse matrix.* Got ndarray instead; for a dense A use A @ x."):
+        mgpu.spmv(A.toarray(), np.ones(4))
+    with pytest.raises(TypeError, match="must be a dense numpy or cupy array. Got list"):
+        mgpu.spmv(A, [1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(TypeError, match="must be a dense numpy or cupy array. Got csr_matrix"):
+        mgpu.spmv(A, sp.csr_matrix(np.ones((4, 1))))
+    with pytest.raises(TypeError, match=r"The 'A' parameter of spmv must hold real numbers.*"
+                       "complex128"):
+        mgpu.spmv(A.astype(complex), np.ones(4))
+    with pytest.raises(TypeError, match=r"The 'x' parameter of spmv must hold real numbers.*"
+                       "complex64"):
+        mgpu.spmv(A, np.ones(4, dtype=np.complex64))
+    with pytest.raises(ValueError, match=r"The 'A' parameter of spmv must be 2-D. Got shape "
+                       r"\(6,\)"):
+        mgpu.spmv(sp.coo_array(np.arange(6.0)), np.ones(6))
+
+
+def test_nan_and_inf_are_refused_with_location():
+    A = sp.csr_matrix(np.array([[1.0, 0.0, 0.0], [0.0, 2.0, np.inf], [np.nan, 0.0, 1.0]]))
+    with pytest.raises(ValueError, match=r"The 'A' parameter of spmv holds NaN or infinity "
+                       r"\(first at row 1, column 2\)"):
+        mgpu.spmv(A, np.ones(3))
+    good = sp.identity(3, format="csr")
+    x = np.array([1.0, np.nan, 2.0])
+    with pytest.raises(ValueError, match=r"The 'x' parameter of spmv holds NaN or infinity "
+                       r"\(first at index 1\)"):
+        mgpu.spmv(good, x)
+    X = np.ones((3, 4))
+    X[2, 3] = -np.inf
+    with pytest.raises(ValueError, match=r"The 'X' parameter of spmm holds NaN or infinity "
+                       r"\(first at row 2, column 3\)"):
+        mgpu.spmm(good, X)
+
+
+def test_one_device_op_refuses_dask():
+    from mgpu.ops import spmv as spmv_local
+
+    t = from_scipy(sp.identity(4, format="csr"), 2, client=None)
+    with pytest.raises(TypeError, match="for a dask array A use mgpu.spmv"):
+        spmv_local(t, np.ones(4))
+
+
+# ------------------------------------------------------------------------------ distributed
+
+
+def test_distributed_spmv_and_spmm(client):
+    rng = np.random.default_rng(7)
+    A = sp.vstack([_with_empty_rows(rng, 900, 400, 0.02, 0.4), _long_row(rng, 100, 400),
+                   powerlaw_csr(1000, 400, 20_000, dtype=np.float64, seed=1)]).tocsr()
+    tiles = from_scipy(A, 4, axis=0)
+    x = rng.standard_normal(400)
+    y = mgpu.spmv(tiles, x)
+    assert y.chunks == (tiles.chunks[0],) and y.dtype == np.float64
+    got = y.compute()
+    assert isinstance(got, np.ndarray) and _rel_err(got, A @ x) <= 1e-13
+    X = rng.standard_normal((400, 5)).astype(np.float32)
+    Y = mgpu.spmm(tiles, X)
+    assert Y.shape == (2000, 5) and Y.dtype == np.float64  # float64 A, float32 X
+    assert _rel_err(Y.compute(), A @ X.astype(np.float64)) <= 1e-13
+    # float32 throughout stays float32
+    t32 = from_scipy(A.astype(np.float32), 3, axis=0)
+    y32 = mgpu.spmv(t32, x.astype(np.float32)).compute()
+    assert y32.dtype == np.float32 and _rel_err(y32, A @ x) <= 1e-5
+
+
+def test_distributed_bad_input(client):
+    A = sp.random(60, 30, density=0.2, format="csr", random_state=8)
+    rows, cols = from_scipy(A, 2, axis=0), from_scipy(A, 2, axis=1)
+    with pytest.raises(ValueError, match=r"must have length A.shape\[1\] = 30 .* Got length 29"):
+        mgpu.spmv(rows, np.ones(29))
+    with pytest.raises(ValueError, match="must be cut into row tiles .* Got 2 column tiles; "
+                       r"make it with mgpu.dist.from_scipy\(A, parts, axis=0\)"):
+        mgpu.spmv(cols, np.ones(30))
+    with pytest.raises(ValueError, match=r"holds NaN or infinity \(first at index 4\)"):
+        x = np.ones(30)
+        x[4] = np.nan
+        mgpu.spmv(rows, x)
+    B = A.copy()
+    B.data[-1] = np.inf
+    with pytest.raises(ValueError, match=r"The 'A' parameter of spmv holds NaN or infinity"):
+        mgpu.spmv(from_scipy(B, 2, axis=0), np.ones(30)).compute()
+
+
+# ------------------------------------------------------------------------------- real data
+
+
+@pytest.mark.parametrize("path", ["graphs/email-Enron.txt.gz", "graphs/soc-Slashdot0902.txt.gz",
+                                  "matrices/memplus.mtx.gz"])
+def test_real_matrices(xp, data_dir, path):
+    import mgpu.io
+
+    f = data_dir / path
+    if not f.exists():
+        pytest.skip(f"{f} not present")
+    A = sp.csr_matrix(mgpu.io.load(f), dtype=np.float64)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(A.shape[1])
+    assert _rel_err(_host(mgpu.spmv(*_on(xp, A, x))), A @ x) <= 1e-13
+    X = rng.standard_normal((A.shape[1], 4)).astype(np.float32)
+    A32 = A.astype(np.float32)
+    Y = mgpu.spmm(*_on(xp, A32, X))
+    assert Y.dtype == np.float32
+    assert _rel_err(_host(Y), A @ X.astype(np.float64)) <= 1e-6
+
+
+# ------------------------------------------------------------------------------ benchmark
+
+
+def test_bench_spmv_on_cpu():
+    from mgpu.bench.spmv import bench_spmv, markdown, nnz_time_correlation
+
+    rng = np.random.default_rng(10)
+    mats = [("small", _random_csr(rng, 300, 200, 0.05)),
+            ("powerlaw", powerlaw_csr(3000, 2000, 30_000, seed=2))]
+    rows = bench_spmv(mats, repeats=2, device="cpu")
+    assert [r["name"] for r in rows] == ["small", "powerlaw"]
+    for r in rows:
+        assert r["device"] == "cpu" and r["mgpu_ms"] > 0 and r["peer_ms"] > 0
+        assert r["rel_err"] <= 1e-6
+    assert rows[1]["nnz"] == powerlaw_csr(3000, 2000, 30_000, seed=2).nnz
+    table = markdown(rows, "cpu")
+    assert "| powerlaw | cpu | 3000×2000 |" in table and "Correlation of time with nnz" in table
+    c = nnz_time_correlation([{"nnz": 1, "mgpu_ms": 2.0}, {"nnz": 2, "mgpu_ms": 1.0}])
+    assert c == pytest.approx(-1.0)
+    assert np.isnan(nnz_time_correlation(rows[:1]))
+
+
+# ----------------------------------------------------------------------------------- GPU only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_kernels_each_items_and_fallback(dtype):
+    """Both ITEMS instantiations of both kernels, the cuSPARSE fallback, against float64."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu.backends import cupy_spmv as gpu
+    from mgpu.backends.instances import SPMV_ITEMS
+
+    rng = np.random.default_rng(11)
+    for name, A in _matrices(rng, dtype).items():
+        G = csp.csr_matrix(A)
+        x = rng.standard_normal(A.shape[1]).astype(dtype)
+        X = rng.standard_normal((A.shape[1], 37)).astype(dtype)
+        xg, Xg = cupy.asarray(x), cupy.asarray(X)
+        assert gpu.spmv_is_usable_for(G, xg) and gpu.spmv_is_usable_for(G, Xg)
+        ref = A.astype(np.float64) @ x.astype(np.float64)
+        REF = A.astype(np.float64) @ X.astype(np.float64)
+        for items in SPMV_ITEMS:
+            y = gpu.spmv_merge(G, xg, items=items)
+            assert y.dtype == dtype and _rel_err(y.get(), ref) <= _tol(dtype), (name, items)
+            Y = gpu.spmm_merge(G, Xg, items=items)
+            assert Y.dtype == dtype and _rel_err(Y.get(), REF) <= _tol(dtype), (name, items)
+        tol = 1e-5 if dtype == np.float32 else 1e-12  # cuSPARSE sums in T
+        assert _rel_err(gpu.spmv_fallback(G, xg).get(), ref) <= tol, name
+
+
+@pytest.mark.gpu
+def test_gpu_result_types_and_device_mismatch():
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    A = sp.random(50, 40, density=0.1, format="csr", random_state=12)
+    G = csp.csr_matrix(A)
+    y = mgpu.spmv(G, cupy.ones(40, dtype=cupy.float32))  # float64 A, float32 x
+    assert isinstance(y, cupy.ndarray) and y.dtype == np.float64
+    assert _rel_err(y.get(), A @ np.ones(40)) <= 1e-13
+    assert isinstance(mgpu.spmv(G.tocoo(), cupy.ones(40)), cupy.ndarray)
+    with pytest.raises(ValueError, match=r"The operands of spmv must be on one device. Got A on "
+                       r"the CPU \(csr_matrix\) and x on the GPU \(ndarray\)"):
+        mgpu.spmv(A, cupy.ones(40))
+    with pytest.raises(ValueError, match=r"Got A on the GPU \(csr_matrix\) and X on the CPU"):
+        mgpu.spmm(G, np.ones((40, 2)))
+    x = cupy.ones(40)
+    x[7] = cupy.nan
+    with pytest.raises(ValueError, match=r"holds NaN or infinity \(first at index 7\)"):
+        mgpu.spmv(G, x)
+    with pytest.raises(ValueError, match=r"Got length 39 instead"):
+        mgpu.spmv(G, cupy.ones(39))
+
+
+@pytest.mark.gpu
+def test_gpu_single_row_spanning_many_pieces():
+    """One row of a million nonzeros: ~10⁵ pieces carry into it, gathered in double by
+    the carry passes; the rest of the matrix is empty rows."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    rng = np.random.default_rng(13)
+    n = 1_000_000
+    A = sp.csr_matrix((rng.uniform(0.5, 1.5, n), np.arange(n), [0, 0, n, n, n]), shape=(4, n))
+    x = rng.standard_normal(n)
+    for dtype in (np.float32, np.float64):
+        y = mgpu.spmv(csp.csr_matrix(A.astype(dtype)), cupy.asarray(x, dtype=dtype)).get()
+        ref = A.astype(dtype).astype(np.float64) @ x.astype(dtype).astype(np.float64)
+        assert y[0] == 0 and y[2] == 0 and y[3] == 0
+        assert abs(y[1] - ref[1]) <= _tol(dtype) * np.abs(A.data).sum() * np.abs(x).max()
