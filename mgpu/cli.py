@@ -708,6 +708,352 @@ def bench_knn(input: str | None, corpus: str, density: float, dense: bool, n_que
         click.echo(f"measurements written to {json_path}")
 
 
+@run.command("jaccard")
+@click.argument("input", type=click.Path(exists=True))
+@click.option("--weighted", is_flag=True, help="Use the edge weights (Σ min / Σ max).")
+@click.option("--directed-ok/--strict", "symmetrize", default=True, show_default=True,
+              help="Use G + Gᵀ for a directed edge list (SNAP lists are often one-way), or "
+              "refuse it.")
+@click.option("--top", default=10, show_default=True, type=int,
+              help="Print this many strongest edges.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the weights (scipy .npz, G's pattern).")
+@click.option("--parts", default=None, type=int,
+              help="Row blocks over the cluster (default: four per worker).")
+@click.option("--address", default=None, help="Scheduler to join (default: embedded cluster).")
+@click.option("--gpus/--no-gpus", default=None, help="Force or forbid GPU workers.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write the histogram of the weights to this PNG.")
+def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out_path: str,
+                parts: int | None, address: str | None, gpus: bool | None,
+                plot: str | None) -> None:
+    """Jaccard weights of every edge of a graph, computed on the cluster.
+
+    INPUT is a SNAP edge list (plain or gzip; read as undirected) or any adjacency matrix
+    mgpu.io.load reads. Prints the distribution and the strongest edges (original node ids).
+    """
+    import scipy.sparse as sp
+    from tqdm import tqdm
+
+    from mgpu import io
+    from mgpu.dist import connect
+    from workflows import jaccard as wf
+
+    if plot is not None:
+        _need_matplotlib()
+    out = Path(out_path)
+    if out.suffix != ".npz":
+        raise click.BadParameter("the weights are written as scipy .npz: give a path ending in "
+                                 ".npz", param_hint="--out")
+    if not out.parent.exists():
+        raise click.BadParameter(f"folder {out.parent} does not exist", param_hint="--out")
+    t0 = time.perf_counter()
+    try:
+        if io.detect_format(input) == "snap":
+            G, ids = io.load_snap(input, relabel=True, return_ids=True, dtype=np.float64)
+        else:
+            data = io.load(input)
+            G = sp.csr_matrix(getattr(data, "matrix", data))
+            ids = np.arange(G.shape[0])
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{Path(input).name}: {G.shape[0]:,} nodes, {G.nnz:,} stored edges "
+               f"(loaded in {time.perf_counter() - t0:.1f} s)")
+    with connect(address, gpus=gpus) as client:
+        t0 = time.perf_counter()
+        n_parts = parts or 4 * max(1, len(client.scheduler_info()["workers"]))
+        try:
+            from mgpu.ops.jaccard import check_graph
+
+            checked = check_graph(G, "jaccard", weighted=weighted, symmetrize=symmetrize)
+        except (TypeError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+        with tqdm(total=checked.nnz, unit="edge", desc="jaccard", file=sys.stderr,
+                  disable=None) as bar:
+            J = wf.edge_weights(checked, weighted=weighted, symmetrize=False, parts=n_parts,
+                                client=client, progress=bar.update)
+        elapsed = time.perf_counter() - t0
+    tmp = out.with_name(out.name + ".partial.npz")
+    sp.save_npz(tmp, J, compressed=True)
+    tmp.replace(out)  # nothing half written under the final name
+    h = wf.histogram(J)
+    click.echo(f"weights of {h['edges']:,} edges in {elapsed:.1f} s "
+               f"({J.nnz / max(elapsed, 1e-9):,.0f} edge entries/s), written to {out}")
+    click.echo(f"mean {h['mean']:.4f}, median {h['median']:.4f}; weight 0: {h['zero']:.1%}, "
+               f"weight 1: {h['one']:.1%}")
+    for u, v, w in wf.top_edges(J, top):
+        click.echo(f"  {int(ids[u])} -- {int(ids[v])}: {w:.4f}")
+    if plot is not None:
+        wf.plot(J, plot, f"Jaccard weights, {Path(input).name} ({h['edges']:,} edges)")
+        click.echo(f"plot written to {plot}")
+
+
+@run.command("als")
+@click.argument("ratings", type=click.Path(exists=True, dir_okay=False))
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu", "both"]), default="auto",
+              show_default=True, help="Where the SDDMM + SpMM steps run (both: the CPU and the "
+              "GPU from the same start, and their per-step times compared).")
+@click.option("-k", "--k", "k", default=32, show_default=True, type=int)
+@click.option("--iters", default=100, show_default=True, type=int, help="Gradient steps.")
+@click.option("--lr", default=0.01, show_default=True, type=float, help="Adam step size.")
+@click.option("--reg", default=0.1, show_default=True, type=float, help="L2 penalty.")
+@click.option("--test-fraction", default=0.1, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for <device>-factors.npz and history.json.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write test RMSE against the step to this PNG.")
+def run_als(ratings: str, device: str, k: int, iters: int, lr: float, reg: float,
+            test_fraction: float, seed: int, out_dir: str, plot: str | None) -> None:
+    """Matrix factorisation of a ratings file by SDDMM + SpMM gradient steps.
+
+    Every step computes the predictions at the training ratings (mgpu.sddmm) and the two
+    gradients (mgpu.spmm of the residual with V, of its transpose with U); the step's time and
+    the test RMSE are reported, per device.
+    """
+    import json
+
+    from tqdm import tqdm
+
+    from mgpu.io import load_ratings
+    from mgpu.dist.cluster import visible_gpus
+    from workflows import als
+
+    if plot is not None:
+        _need_matplotlib()
+    try:
+        R = load_ratings(ratings).matrix
+        train, test = als.split(R, test_fraction, seed)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    devices = {"auto": ["gpu" if visible_gpus() else "cpu"], "both": ["cpu", "gpu"]}.get(
+        device, [device])
+    if "gpu" in devices and not visible_gpus():
+        raise click.BadParameter("no GPU is visible on this machine", param_hint="--device")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    click.echo(f"{Path(ratings).name}: {R.shape[0]:,} users x {R.shape[1]:,} items, "
+               f"{train.nnz:,} training and {test.nnz:,} test ratings; k={k}, {iters} steps")
+    histories: dict[str, list[dict[str, float]]] = {}
+    for dev in devices:
+        tr, te = train, test
+        if dev == "gpu":
+            import cupyx.scipy.sparse as csp
+
+            tr, te = csp.csr_matrix(train), csp.csr_matrix(test)
+        with tqdm(total=iters, unit="step", desc=dev, file=sys.stderr, disable=None) as bar:
+            def progress(rec: dict[str, float], bar=bar) -> None:
+                bar.update(1)
+                bar.set_postfix(test_rmse=f"{rec['test_rmse']:.4f}")
+
+            model = als.train(tr, te, k=k, reg=reg, lr=lr, iters=iters, seed=seed,
+                              progress=progress)
+        hist = model.history
+        histories[dev] = hist
+        steps = np.array([h["step_s"] for h in hist[1:]] or [hist[0]["step_s"]])
+        U, V = (np.asarray(A.get() if hasattr(A, "get") else A) for A in (model.U, model.V))
+        tmp = out / f".{dev}-factors.partial.npz"
+        np.savez(tmp, U=U, V=V, mean=model.mean)
+        tmp.replace(out / f"{dev}-factors.npz")
+        click.echo(f"{dev}: test RMSE {hist[-1]['test_rmse']:.4f} after {iters} steps "
+                   f"(best {min(h['test_rmse'] for h in hist):.4f}); SDDMM + SpMM step median "
+                   f"{np.median(steps) * 1e3:.2f} ms")
+    if len(histories) == 2:
+        med = {d: float(np.median([h["step_s"] for h in hist[1:]] or [hist[0]["step_s"]]))
+               for d, hist in histories.items()}
+        click.echo(f"GPU step {med['cpu'] / med['gpu']:.1f}x faster than the CPU backend")
+    tmp = out / ".history.partial.json"
+    tmp.write_text(json.dumps(histories, indent=1))
+    tmp.replace(out / "history.json")
+    if plot is not None:
+        als.plot(histories, plot, f"SDDMM + SpMM matrix factorisation, {Path(ratings).name}")
+        click.echo(f"plot written to {plot}")
+
+
+@run.command("gap")
+@click.argument("corpus", type=click.Path(exists=True, dir_okay=False))
+@click.option("--vocab", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="One word per line (plain or gzip), for the topics' top words.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu", "both"]), default="auto",
+              show_default=True, help="Where the SDDMM + SpMM updates run.")
+@click.option("--topics", default=20, show_default=True, type=int)
+@click.option("--iters", default=50, show_default=True, type=int)
+@click.option("--alpha", default=1.1, show_default=True, type=float,
+              help="Shape of the Gamma prior of the loadings (>= 1).")
+@click.option("--beta", default=10.0, show_default=True, type=float,
+              help="Scale of the Gamma prior of the loadings.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for <device>-topics.npz, topics.json and history.json.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write the log-likelihood per token against the iteration to this PNG.")
+def run_gap(corpus: str, vocab: str | None, device: str, topics: int, iters: int,
+            alpha: float, beta: float, seed: int, out_dir: str, plot: str | None) -> None:
+    """GaP topic model of a bag-of-words corpus (documents x words counts).
+
+    CORPUS is any bag-of-words file mgpu.io.load reads (UCI docword, LDA-C). Every update is
+    an SDDMM (the Poisson rates at the nonzero counts) followed by an SpMM.
+    """
+    import gzip
+    import json
+
+    import scipy.sparse as sp
+    from tqdm import tqdm
+
+    from mgpu import io
+    from mgpu.dist.cluster import visible_gpus
+    from workflows import gap
+
+    if plot is not None:
+        _need_matplotlib()
+    try:
+        S = sp.csr_matrix(io.load(corpus))
+        model_args = dict(iters=iters, alpha=alpha, beta=beta, seed=seed)
+        if topics < 1 or iters < 1 or alpha < 1 or beta <= 0:
+            raise ValueError("--topics and --iters must be >= 1, --alpha >= 1, --beta > 0")
+    except (ValueError, TypeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    words = None
+    if vocab is not None:
+        opener = gzip.open if vocab.endswith(".gz") else open
+        with opener(vocab, "rt") as f:
+            words = [w.strip() for w in f if w.strip()]
+    devices = {"auto": ["gpu" if visible_gpus() else "cpu"], "both": ["cpu", "gpu"]}.get(
+        device, [device])
+    if "gpu" in devices and not visible_gpus():
+        raise click.BadParameter("no GPU is visible on this machine", param_hint="--device")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    click.echo(f"{Path(corpus).name}: {S.shape[0]:,} documents x {S.shape[1]:,} words, "
+               f"{S.nnz:,} nonzero counts; {topics} topics, {iters} iterations")
+    histories: dict[str, list[dict[str, float]]] = {}
+    listing: dict[str, list[list[str]]] = {}
+    for dev in devices:
+        data = S
+        if dev == "gpu":
+            import cupyx.scipy.sparse as csp
+
+            data = csp.csr_matrix(S)
+        with tqdm(total=iters, unit="iter", desc=dev, file=sys.stderr, disable=None) as bar:
+            def progress(rec: dict[str, float], bar=bar) -> None:
+                bar.update(1)
+                bar.set_postfix(loglik=f"{rec['loglik_per_token']:.4f}")
+
+            model = gap.fit(data, topics, progress=progress, **model_args)
+        histories[dev] = model.history
+        listing[dev] = gap.top_words(model.L, words)
+        X, L = (np.asarray(A.get() if hasattr(A, "get") else A) for A in (model.X, model.L))
+        tmp = out / f".{dev}-topics.partial.npz"
+        np.savez(tmp, X=X, L=L)
+        tmp.replace(out / f"{dev}-topics.npz")
+        steps = [h["step_s"] for h in model.history[1:]] or [model.history[0]["step_s"]]
+        click.echo(f"{dev}: log-likelihood per token {model.history[-1]['loglik_per_token']:.4f}"
+                   f"; iteration median {np.median(steps) * 1e3:.2f} ms")
+    first = listing[devices[0]]
+    for t, ws in enumerate(first[:10]):
+        click.echo(f"  topic {t:2d}: {' '.join(ws)}")
+    for name, payload in (("history.json", histories), ("topics.json", listing)):
+        tmp = out / f".{name}.partial"
+        tmp.write_text(json.dumps(payload, indent=1))
+        tmp.replace(out / name)
+    if plot is not None:
+        gap.plot(histories, plot, f"GaP topic model, {Path(corpus).name}")
+        click.echo(f"plot written to {plot}")
+
+
+@bench.command("spmv")
+@click.argument("inputs", nargs=-1, type=click.Path(exists=True))
+@click.option("--powerlaw", "powerlaw", multiple=True, metavar="ROWSxCOLS:NNZ",
+              help="Add a synthetic power-law matrix (repeatable), e.g. 1000000x1000000:2e7.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto",
+              show_default=True)
+@click.option("--repeats", default=10, show_default=True, type=int, help="Timed runs (median).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every measurement to this JSON file.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write time against nnz (both methods) to this PNG.")
+def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], device: str,
+                   repeats: int, json_path: str | None, plot: str | None) -> None:
+    """Merge-path SpMV against cuSPARSE (GPU) or scipy (CPU) on real and synthetic matrices,
+    and how closely the time follows nnz (the merge path's promise)."""
+    import json
+
+    import scipy.sparse as sp
+
+    from mgpu import io
+    from mgpu.bench import spmv as b
+    from mgpu.synthetic import powerlaw_csr
+
+    if plot is not None:
+        _need_matplotlib()
+    mats = []
+    for path in inputs:
+        data = io.load(path)
+        mats.append((Path(path).name, sp.csr_matrix(getattr(data, "matrix", data))))
+    for spec in powerlaw:
+        try:
+            shape, nnz = spec.split(":")
+            m, n = _parse_shape(shape)
+            mats.append((f"power-law {m:,}x{n:,}", powerlaw_csr(m, n, int(float(nnz)), seed=0)))
+        except ValueError as exc:
+            raise click.BadParameter(f"{spec!r}: {exc}", param_hint="--powerlaw") from None
+    if not mats:
+        raise click.UsageError("give matrix files (INPUTS) and/or --powerlaw ROWSxCOLS:NNZ")
+    rows = b.bench_spmv(mats, repeats, device=device)
+    click.echo(b.markdown(rows))
+    r = b.nnz_time_correlation(rows)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"rows": rows, "nnz_time_correlation": r},
+                                              indent=1))
+        click.echo(f"measurements written to {json_path}")
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        nnz = [row["nnz"] for row in rows]
+        ax.loglog(nnz, [row["mgpu_ms"] for row in rows], "o", label="mgpu merge path")
+        ax.loglog(nnz, [row["peer_ms"] for row in rows], "s", label=rows[0]["peer"])
+        ax.set_xlabel("nonzeros")
+        ax.set_ylabel("ms per SpMV")
+        ax.set_title(f"SpMV time against nnz (r = {r:.3f})")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(plot, dpi=120)
+        plt.close(fig)
+        click.echo(f"plot written to {plot}")
+
+
+@bench.command("jaccard")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
+@click.option("--repeats", default=5, show_default=True, type=int, help="Timed runs (median).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every measurement to this JSON file.")
+def bench_jaccard(inputs: tuple[str, ...], device: str, repeats: int,
+                  json_path: str | None) -> None:
+    """Jaccard weights of real graphs: mgpu's kernel against the SpGEMM route (A·A at A's
+    pattern; scipy on the CPU, cuSPARSE through cupyx on the GPU), edges per second."""
+    import json
+
+    from mgpu import io
+    from mgpu.bench import jaccard as b
+
+    rows = []
+    for path in inputs:
+        G = io.load_snap(path, symmetric=True, dtype=np.float64) \
+            if io.detect_format(path) == "snap" else io.load(path)
+        r = b.bench_graph(G, device, repeats)
+        r["graph"] = Path(path).name
+        rows.append(r)
+        click.echo(b.markdown([r]).splitlines()[-1] if len(rows) > 1 else b.markdown([r]))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+        click.echo(f"measurements written to {json_path}")
+
+
 @bench.command("sddmm-scaling")
 @click.argument("input", required=False, type=click.Path(exists=True))
 @click.option("--powerlaw", default=None, metavar="ROWSxCOLS",

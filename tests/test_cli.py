@@ -219,3 +219,115 @@ def test_run_mf_on_movielens(runner, tmp_path, data_dir):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = runner.invoke(main, ["run", "mf", str(path), "--modes", "gpu", "--out", str(tmp_path)])
     assert r.exit_code != 0 and "modes must be among sequential, cpu" in r.output
+
+
+def test_run_jaccard_on_a_snap_file(runner, tmp_path):
+    import gzip
+
+    import numpy as np
+    import scipy.sparse as sp
+
+    import mgpu
+
+    # a one-way edge list with sparse ids, a comment and a self-loop
+    edges = [(10, 20), (20, 30), (10, 30), (30, 40), (40, 40), (50, 10)]
+    path = tmp_path / "g.txt.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("# toy\n" + "".join(f"{u}\t{v}\n" for u, v in edges))
+    out, png = tmp_path / "j.npz", tmp_path / "j.png"
+    r = runner.invoke(main, ["run", "jaccard", str(path), "--out", str(out), "--no-gpus",
+                             "--top", "2", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    J = sp.load_npz(out)
+    # nodes 10, 20, 30, 40, 50 -> 0..4: 10-20 and 20-30 share one of four neighbours,
+    # 10-30 one of five, the two pendant edges none
+    A = sp.csr_matrix((np.ones(5), ([0, 1, 0, 2, 4], [1, 2, 2, 3, 0])), shape=(5, 5))
+    ref = mgpu.jaccard(A, symmetrize=True)
+    assert (J != ref).nnz == 0 and J.nnz == 10
+    assert "weights of 5 edges" in r.output
+    assert "  10 -- 20: 0.2500\n  20 -- 30: 0.2500\n" in r.output
+    assert sorted(np.round(J.data, 4).tolist()) == [0, 0, 0, 0, 0.2, 0.2, 0.25, 0.25, 0.25, 0.25]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(tmp_path.glob("*.partial*"))
+    r = runner.invoke(main, ["run", "jaccard", str(path), "--out", str(tmp_path / "j2.npz"),
+                             "--no-gpus", "--strict"])
+    assert r.exit_code != 0 and "Pass symmetrize=True" in r.output
+    assert not (tmp_path / "j2.npz").exists()
+
+
+def test_bench_jaccard_cpu(runner, tmp_path):
+    import gzip
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "g.txt.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("".join(f"{u} {v}\n" for u, v in rng.integers(0, 300, (3000, 2))))
+    out = tmp_path / "b.json"
+    r = runner.invoke(main, ["bench", "jaccard", str(path), "--repeats", "1", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads(out.read_text())
+    assert row["max_abs_diff"] < 1e-12 and row["mgpu_edges_per_s"] > 0 and row["speedup"] > 0
+
+
+def test_run_als_cpu(runner, tmp_path):
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    U, V = rng.normal(size=(60, 3)), rng.normal(size=(40, 3))
+    users, items = rng.integers(0, 60, 1500), rng.integers(0, 40, 1500)
+    pairs = sorted(set(zip(users.tolist(), items.tolist())))
+    path = tmp_path / "ratings.csv"
+    path.write_text("userId,movieId,rating,timestamp\n" + "".join(
+        f"{u},{i},{3 + U[u] @ V[i]:.3f},0\n" for u, i in pairs))
+    out, png = tmp_path / "als", tmp_path / "als.png"
+    r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--iters", "150",
+                             "-k", "3", "--lr", "0.05", "--reg", "0.001", "--out", str(out),
+                             "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    hist = json.loads((out / "history.json").read_text())["cpu"]
+    assert len(hist) == 150 and all(h["step_s"] > 0 for h in hist)
+    # a rank-3 matrix is learnt: the test error falls far below the ratings' spread
+    spread = float(np.std([3 + U[u] @ V[i] for u, i in pairs]))
+    assert hist[-1]["test_rmse"] < 0.3 * spread < hist[0]["test_rmse"]
+    with np.load(out / "cpu-factors.npz") as f:
+        assert f["U"].shape == (60, 3) and f["V"].shape == (40, 3)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = runner.invoke(main, ["run", "als", str(path), "--test-fraction", "1.5", "--out",
+                             str(out)])
+    assert r.exit_code != 0 and "'test_fraction' parameter of split must be in (0, 1)" in r.output
+
+
+def test_run_gap_on_a_corpus(runner, tmp_path):
+    import json
+
+    import numpy as np
+
+    # two clear topics: documents draw from words 0-4 or from words 5-9
+    rng = np.random.default_rng(1)
+    lines = []
+    docs = []
+    for d in range(40):
+        words = rng.choice(5, 4, replace=False) + (5 if d % 2 else 0)
+        docs.append([(int(w), int(rng.integers(1, 6))) for w in sorted(words)])
+    for d, doc in enumerate(docs):
+        lines += [f"{d + 1} {w + 1} {c}" for w, c in doc]
+    path = tmp_path / "docword.toy.txt"
+    path.write_text(f"40\n10\n{len(lines)}\n" + "\n".join(lines) + "\n")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(f"w{i}" for i in range(10)) + "\n")
+    out, png = tmp_path / "gap", tmp_path / "gap.png"
+    r = runner.invoke(main, ["run", "gap", str(path), "--vocab", str(vocab), "--device", "cpu",
+                             "--topics", "2", "--iters", "40", "--out", str(out), "--plot",
+                             str(png)])
+    assert r.exit_code == 0, r.output
+    hist = json.loads((out / "history.json").read_text())["cpu"]
+    ll = [h["loglik_per_token"] for h in hist]
+    assert len(ll) == 40 and ll[-1] > ll[0] and all(b >= a - 1e-6 for a, b in zip(ll, ll[1:]))
+    topics = json.loads((out / "topics.json").read_text())["cpu"]
+    halves = [{int(w[1:]) // 5 for w in t[:5]} for t in topics]
+    assert sorted(map(len, halves)) == [1, 1] and halves[0] != halves[1]  # the two topics found
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

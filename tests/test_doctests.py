@@ -18,9 +18,16 @@ MODULES = [
     "mgpu.ops.distances",
     "mgpu.ops.neighbors",
     "mgpu.dist.knn",
+    "mgpu.dist.jaccard",
+    "workflows.als",
+    "workflows.jaccard",
+    "workflows.gap",
     "mgpu.sched.cost",
     "mgpu.mf.sgd",
     "mgpu.mf.model",
+    "mgpu.ops.spmv",
+    "mgpu.dist.spmv",
+    "mgpu.bench.spmv",
 ]
 
 

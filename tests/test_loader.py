@@ -95,6 +95,7 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
     for k in kernels:
         assert f"mgpu/_kernels/{k}" in names, names
     assert "mgpu/mgpu.yaml" in names
+    assert "workflows/jaccard.py" in names  # `mgpu run NAME` imports the workflows package
     site = tmp_path / "site"
     out = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
@@ -106,6 +107,7 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
         "import mgpu.backends.loader as L, mgpu\n"
         "print(mgpu.__file__)\nprint(L.kernel_dir())\n"
         "assert 'mgpu_row_norms_warp' in L.read_source('rows.cu')\n"
+        "import workflows.jaccard\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(site)

@@ -1,0 +1,1 @@
+"""End-to-end jobs built on mgpu's primitives, each run as ``mgpu run NAME``."""
