@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import inspect
 import io
 import logging
 import os
@@ -333,6 +334,10 @@ def _first_bad_row(mask: np.ndarray) -> int | None:
 # --------------------------------------------------------------------------------------
 
 _MM_LINE = re.compile(r"^Line (\d+):\s*(.*)$", re.DOTALL)
+# scipy >= 1.17 takes spmatrix= and newer releases warn when it is left to its default (which
+# turns to sparse arrays in 1.20); the loader converts to csr_matrix either way
+_MMREAD_KW = ({"spmatrix": True}
+              if "spmatrix" in inspect.signature(scipy.io.mmread).parameters else {})
 
 
 def _mm_from_bytes(path: StrPath, data: bytes) -> sp.csr_matrix:
@@ -340,7 +345,7 @@ def _mm_from_bytes(path: StrPath, data: bytes) -> sp.csr_matrix:
         first = data.split(b"\n", 1)[0].decode("utf-8", "replace")
         raise MalformedFileError(path, 1, "a '%%MatrixMarket matrix ...' banner", _show(first))
     try:
-        m = scipy.io.mmread(io.BytesIO(data))
+        m = scipy.io.mmread(io.BytesIO(data), **_MMREAD_KW)
     except (ValueError, OverflowError) as exc:
         msg = str(exc)
         hit = _MM_LINE.match(msg)
