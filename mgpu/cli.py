@@ -264,12 +264,7 @@ def run_knn_graph(input: str | None, powerlaw: str | None, nnz: float, seed: int
         raise click.BadParameter(str(exc), param_hint="--metric/--p") from None
     if plot is not None:
         _need_matplotlib()
-    out = Path(out_path)
-    if out.suffix != ".npz":
-        raise click.BadParameter("the graph is written as scipy .npz: give a path ending in "
-                                 ".npz", param_hint="--out")
-    if not out.parent.exists():
-        raise click.BadParameter(f"folder {out.parent} does not exist", param_hint="--out")
+    out = _npz_out(out_path, "the graph")
     t0 = time.perf_counter()
     S, label = _load_input(input, powerlaw, nnz, seed)
     S = sp.csr_matrix(S)
@@ -448,6 +443,17 @@ def _plot_rmse(histories: dict[str, list[dict[str, Any]]], target: float, title:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _npz_out(out_path: str, what: str) -> Path:
+    """The --out path of a job that writes a scipy .npz, checked before any work."""
+    out = Path(out_path)
+    if out.suffix != ".npz":
+        raise click.BadParameter(f"{what} is written as scipy .npz: give a path ending in "
+                                 ".npz", param_hint="--out")
+    if not out.parent.exists():
+        raise click.BadParameter(f"folder {out.parent} does not exist", param_hint="--out")
+    return out
 
 
 def _need_matplotlib() -> None:
@@ -741,12 +747,7 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out_path
 
     if plot is not None:
         _need_matplotlib()
-    out = Path(out_path)
-    if out.suffix != ".npz":
-        raise click.BadParameter("the weights are written as scipy .npz: give a path ending in "
-                                 ".npz", param_hint="--out")
-    if not out.parent.exists():
-        raise click.BadParameter(f"folder {out.parent} does not exist", param_hint="--out")
+    out = _npz_out(out_path, "the weights")
     t0 = time.perf_counter()
     try:
         if io.detect_format(input) == "snap":

@@ -18,6 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import mgpu
+from workflows._sparse import transpose_map
 
 __all__ = ["Factors", "split", "train"]
 
@@ -70,22 +71,6 @@ def _pattern(S: Any) -> Any:
     return P
 
 
-def _transpose_map(S: Any) -> tuple[Any, Any, Any]:
-    """Sᵀ's CSR structure and where each of its entries sits in S.data, so that a matrix of
-    S's pattern is transposed by one gather."""
-    host = S.get() if hasattr(S, "get") else S
-    pos = sp.csr_matrix((np.arange(host.nnz, dtype=np.float64) + 1, host.indices, host.indptr),
-                        shape=host.shape)
-    T = pos.T.tocsr()
-    T.sort_indices()
-    perm = T.data.astype(np.int64) - 1
-    if hasattr(S, "get"):
-        import cupy
-
-        return cupy.asarray(T.indptr), cupy.asarray(T.indices), cupy.asarray(perm)
-    return T.indptr, T.indices, perm
-
-
 def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float = 0.01,
           iters: int = 100, seed: int = 0,
           progress: Callable[[dict[str, float]], None] | None = None) -> Factors:
@@ -118,7 +103,7 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
     U = xp.asarray(rng.normal(0, 0.1, (m, k)).astype(dtype))
     V = xp.asarray(rng.normal(0, 0.1, (n, k)).astype(dtype))
     S = _pattern(R)
-    t_ptr, t_ind, perm = _transpose_map(R)
+    t_ptr, t_ind, perm = transpose_map(R)
     cnt_u = xp.maximum(xp.diff(R.indptr), 1).astype(dtype)[:, None]
     cnt_v = xp.maximum(xp.diff(t_ptr), 1).astype(dtype)[:, None]
     state = {name: [xp.zeros_like(A), xp.zeros_like(A)] for name, A in (("U", U), ("V", V))}

@@ -23,6 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import mgpu
+from workflows._sparse import transpose_map
 
 __all__ = ["Topics", "fit", "top_words"]
 
@@ -42,17 +43,6 @@ def _xp(S: Any) -> Any:
 
         return cupy
     return np
-
-
-def _transpose_map(S: Any) -> tuple[Any, Any, Any]:
-    host = S.get() if hasattr(S, "get") else S
-    pos = sp.csr_matrix((np.arange(host.nnz, dtype=np.float64) + 1, host.indices, host.indptr),
-                        shape=host.shape)
-    T = pos.T.tocsr()
-    T.sort_indices()
-    perm = T.data.astype(np.int64) - 1
-    xp = _xp(S)
-    return xp.asarray(T.indptr), xp.asarray(T.indices), xp.asarray(perm)
 
 
 def fit(S: Any, topics: int = 20, *, iters: int = 50, alpha: float = 1.1, beta: float = 10.0,
@@ -100,7 +90,7 @@ def fit(S: Any, topics: int = 20, *, iters: int = 50, alpha: float = 1.1, beta: 
     X *= (S.sum() / n_docs / topics)
     pattern = S.copy()
     pattern.data[:] = 1
-    t_ptr, t_ind, perm = _transpose_map(S)
+    t_ptr, t_ind, perm = transpose_map(S)
     host = S.get() if hasattr(S, "get") else S
     log_fact = float(sum(lgamma(v + 1.0) for v in np.asarray(host.data, dtype=np.float64)))
     tokens = float(host.data.sum())
