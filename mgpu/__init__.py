@@ -10,6 +10,7 @@ from mgpu import config as _config  # noqa: F401  (registers the mgpu.* defaults
 __version__ = "0.1.0"
 
 from mgpu.dist.sddmm import sddmm  # noqa: E402
+from mgpu.dist.cluster import connect  # noqa: E402,F401
 from mgpu.dist.knn import knn  # noqa: E402
 from mgpu.dist.spmv import spmm, spmv  # noqa: E402,F401
 from mgpu.dist.jaccard import jaccard  # noqa: E402,F401

@@ -22,6 +22,7 @@ MODULES = [
     "workflows.als",
     "workflows.jaccard",
     "workflows.gap",
+    "mgpu.deploy",
     "mgpu.sched.cost",
     "mgpu.mf.sgd",
     "mgpu.mf.model",

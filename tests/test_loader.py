@@ -96,6 +96,7 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
         assert f"mgpu/_kernels/{k}" in names, names
     assert "mgpu/mgpu.yaml" in names
     assert "workflows/jaccard.py" in names  # `mgpu run NAME` imports the workflows package
+    assert "mgpu/_deploy/slurm/mgpu.sbatch" in names  # `mgpu slurm script` fills it
     site = tmp_path / "site"
     out = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
@@ -108,6 +109,8 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
         "print(mgpu.__file__)\nprint(L.kernel_dir())\n"
         "assert 'mgpu_row_norms_warp' in L.read_source('rows.cu')\n"
         "import workflows.jaccard\n"
+        "import mgpu.deploy as D\n"
+        "assert str(D.deploy_dir()).endswith('_deploy'), D.deploy_dir()\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(site)

@@ -61,12 +61,63 @@ def _timeout_error(what: str, timeout: float, hint: str) -> TimeoutError:
     return TimeoutError(f"{what} did not come up within {timeout:g} s. {hint}")
 
 
+def _wait_for_workers(client: Any, n: int, timeout: float, where: str, logs: str) -> None:
+    """Block until ``n`` workers are connected; on timeout close the client and say how many
+    came up and where their logs are."""
+    try:
+        client.wait_for_workers(n, timeout=timeout)
+    except TimeoutError as exc:
+        have = len(client.scheduler_info().get("workers", {}))
+        client.close()
+        raise TimeoutError(f"{n} worker(s) of {where} did not come up within {timeout:g} s "
+                           f"({have} did). {logs}") from exc
+
+
+def slurm_cluster(options: dict[str, Any], gpus: bool | None = None) -> tuple[Any, int, int]:
+    """dask-jobqueue's SLURMCluster for ``connect(slurm=options)``, not yet scaled: the
+    cluster, the jobs to submit and the workers each job brings."""
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError as exc:
+        raise ImportError("connect(slurm=...) needs dask-jobqueue: pip install "
+                          "'mgpu[slurm]'") from exc
+    kw = dict(options)
+    jobs = int(kw.pop("jobs", 1))
+    gpus_per_job = int(kw.pop("gpus_per_job", 1 if gpus else 0))
+    if jobs < 1 or gpus_per_job < 0:
+        raise ValueError(f"The 'slurm' parameter of connect needs jobs >= 1 and gpus_per_job "
+                         f">= 0. Got jobs={jobs}, gpus_per_job={gpus_per_job}.")
+    kw.setdefault("processes", 1)
+    if gpus_per_job:
+        # dask-cuda's worker: one worker per GPU that SLURM gives the job
+        kw.setdefault("worker_command", "dask_cuda.cli")
+        kw["job_extra_directives"] = [*kw.get("job_extra_directives", []),
+                                      f"--gres=gpu:{gpus_per_job}"]
+    cluster = SLURMCluster(**kw)
+    return cluster, jobs, gpus_per_job or int(kw["processes"])
+
+
+def _connect_slurm(options: dict[str, Any], gpus: bool | None, timeout: float) -> Client:
+    """Workers as SLURM jobs through dask-jobqueue (see :func:`connect`)."""
+    options = {"death_timeout": timeout, **options}
+    cluster, jobs, per_job = slurm_cluster(options, gpus)
+    logger.info("submitting %d SLURM job(s):\n%s", jobs, cluster.job_script())
+    cluster.scale(jobs=jobs)
+    client = Client(cluster, timeout=timeout)
+    client._mgpu_cluster = cluster
+    _wait_for_workers(client, jobs * per_job, timeout, f"{jobs} SLURM job(s)",
+                      f"Check them with squeue; their logs are in "
+                      f"{options.get('log_directory') or 'the folder they were submitted from'}.")
+    return client
+
+
 def connect(
     address: str | None = None,
     *,
     gpus: bool | None = None,
     n_workers: int | None = None,
     timeout: float | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> Client:
     """Connect to a Dask cluster, starting an embedded one when no address is given.
 
@@ -82,9 +133,17 @@ def connect(
         GPUs when any are visible.
     n_workers : int, optional
         Workers of the embedded cluster (default: every GPU, or ``mgpu.connect.n-workers``,
-        or one per four cores).
+        or one per four cores). With ``address``: wait until this many workers have joined
+        (default ``mgpu.connect.min-workers``; 0 does not wait).
     timeout : float, optional
         Seconds to wait for the scheduler and the workers (default ``mgpu.connect.timeout``).
+    slurm : dict, optional
+        Start the workers as SLURM jobs through dask-jobqueue's ``SLURMCluster`` (needs
+        ``mgpu[slurm]``): its keyword arguments (``cores``, ``memory``, ``walltime``,
+        ``queue``, ``account``, ...) over the ``jobqueue.slurm`` section of dask's config
+        (``deploy/jobqueue.yaml`` is an example), plus ``jobs`` (how many to submit, default
+        1). With ``gpus=True`` each job asks for ``gpus_per_job`` GPUs (default 1,
+        ``--gres=gpu:N``) and runs dask-cuda's worker, one worker per GPU.
 
     Returns
     -------
@@ -117,7 +176,7 @@ def connect(
         else:
             kw["address"] = address
         try:
-            return Client(**kw)
+            client = Client(**kw)
         except (OSError, TimeoutError) as exc:
             raise _timeout_error(
                 f"The scheduler at {address}",
@@ -125,6 +184,14 @@ def connect(
                 "Check that it is running and reachable from here (its log says which "
                 "address it listens on); raise mgpu.connect.timeout if it is slow to start.",
             ) from exc
+        want = n_workers or int(config.get("connect.min-workers") or 0)
+        if want:
+            _wait_for_workers(client, want, timeout, f"the scheduler at {address}",
+                              "Their logs are where they were started (for the SLURM batch "
+                              "script: the job's output file).")
+        return client
+    if slurm is not None:
+        return _connect_slurm(slurm, gpus, timeout)
 
     n_gpus = visible_gpus()
     use_gpus = n_gpus > 0 if gpus is None else gpus
@@ -146,7 +213,7 @@ def connect(
             dashboard_address=dashboard,
             death_timeout=timeout,
         )
-        what = f"{n} GPU worker(s) of the embedded LocalCUDACluster"
+        what = "LocalCUDACluster (GPU workers)"
     else:
         from distributed.deploy.utils import nprocesses_nthreads
 
@@ -166,19 +233,12 @@ def connect(
             dashboard_address=dashboard,
             death_timeout=timeout,
         )
-        what = f"{n} CPU worker(s) of the embedded LocalCluster"
+        what = "LocalCluster (CPU workers)"
     client = Client(cluster, timeout=timeout)
     client._mgpu_cluster = cluster
-    try:
-        client.wait_for_workers(n, timeout=timeout)
-    except TimeoutError as exc:
-        client.close()
-        raise _timeout_error(
-            what,
-            timeout,
-            "Worker logs go to this process's stderr (set DASK_LOGGING__DISTRIBUTED=debug "
-            "for more).",
-        ) from exc
+    _wait_for_workers(client, n, timeout, f"the embedded {what}",
+                      "Worker logs go to this process's stderr (set "
+                      "DASK_LOGGING__DISTRIBUTED=debug for more).")
     return client
 
 

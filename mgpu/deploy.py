@@ -1,0 +1,134 @@
+"""Deployment files: the SLURM batch script of ``deploy/slurm/`` filled in for one job.
+
+``deploy/`` stays at the top level of the source tree; the wheel carries it as
+``mgpu/_deploy`` and :func:`deploy_dir` finds either.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+__all__ = ["CLUSTER_JOBS", "deploy_dir", "slurm_script"]
+
+# `mgpu run` jobs that work on a cluster (they take --address): what a batch job can run
+CLUSTER_JOBS = ("jaccard", "knn-graph", "mf", "partition")
+
+_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+
+
+def deploy_dir() -> Path:
+    """Folder of the deployment files: the wheel's copy first, then the source checkout's."""
+    here = Path(__file__).resolve().parent
+    for c in (here / "_deploy", here.parent / "deploy"):
+        if (c / "slurm" / "mgpu.sbatch").is_file():
+            return c
+    raise FileNotFoundError("mgpu's deploy/ files were not found; reinstall mgpu (the wheel "
+                            "carries them in mgpu/_deploy).")
+
+
+def slurm_script(workflow: list[str], *, nodes: int = 1, gpus_per_node: int = 0,
+                 workers_per_node: int | None = None, cpus_per_worker: int = 4,
+                 mem: str = "16G", time: str = "01:00:00", shared_dir: str = ".",
+                 log_dir: str | None = None, job_name: str = "mgpu", wait: int = 300,
+                 partition: str | None = None, account: str | None = None,
+                 python: str | None = None) -> str:
+    """The batch script that runs ``mgpu <workflow>`` on a Dask cluster inside one SLURM job.
+
+    Parameters
+    ----------
+    workflow : list of str
+        The mgpu command line without ``mgpu`` and without ``--address``, e.g.
+        ``["run", "jaccard", "graph.txt.gz", "--out", "j.npz"]``; one of the ``mgpu run``
+        jobs of :data:`CLUSTER_JOBS`.
+    nodes, gpus_per_node
+        Nodes, and GPUs asked for on each (``--gres=gpu:N``); 0 starts CPU workers.
+    workers_per_node : int, optional
+        Default: one per GPU, or 1 on CPU nodes.
+    cpus_per_worker, mem, time
+        ``--cpus-per-task`` of each worker, ``--mem`` per node, ``--time``.
+    shared_dir : str
+        A folder every node sees: the scheduler file goes there.
+    log_dir : str, optional
+        Where SLURM writes the job's output (default: ``shared_dir``).
+    wait : int
+        Seconds any start-up wait may take before the job stops with a message.
+    python : str, optional
+        The Python that has mgpu (default: this one).
+
+    Examples
+    --------
+    >>> s = slurm_script(["run", "partition", "--powerlaw", "1000x100"], gpus_per_node=2)
+    >>> "#SBATCH --gres=gpu:2" in s and "--ntasks-per-node=2" in s and "-m dask_cuda.cli" in s
+    True
+    """
+    _check(workflow, nodes, gpus_per_node, workers_per_node, cpus_per_worker, mem, time, wait)
+    per_node = workers_per_node or max(gpus_per_node, 1)
+    python = python or sys.executable
+    extra = []
+    if gpus_per_node:
+        extra.append(f"#SBATCH --gres=gpu:{gpus_per_node}")
+    if partition:
+        extra.append(f"#SBATCH --partition={partition}")
+    if account:
+        extra.append(f"#SBATCH --account={account}")
+    q = shlex.quote
+    if gpus_per_node:
+        worker = f"{q(python)} -m dask_cuda.cli"
+        srun_opts = f"--cpus-per-task={cpus_per_worker} --gpus-per-task=1"
+        kind = "GPU"
+    else:
+        worker = (f"{q(python)} -m distributed.cli.dask_worker --nworkers 1 "
+                  f"--nthreads {cpus_per_worker}")
+        srun_opts = f"--cpus-per-task={cpus_per_worker}"
+        kind = "CPU"
+    fill = {
+        "JOB_NAME": job_name,
+        "NODES": str(nodes),
+        "WORKERS_PER_NODE": str(per_node),
+        "CPUS_PER_WORKER": str(cpus_per_worker),
+        "MEM": mem,
+        "TIME": time,
+        "LOG_DIR": log_dir or shared_dir,
+        "SBATCH_EXTRA": "\n".join(extra),
+        "WAIT_S": str(int(wait)),
+        "SHARED_DIR": q(shared_dir),
+        "PYTHON": q(python),
+        "WORKER_KIND": kind,
+        "WORKER_COMMAND": worker,
+        "SRUN_WORKER_OPTIONS": srun_opts,
+        "WORKFLOW": " ".join(q(w) for w in workflow),
+    }
+    text = (deploy_dir() / "slurm" / "mgpu.sbatch").read_text()
+    for key, value in fill.items():
+        text = text.replace(f"@{key}@", value)
+    left = sorted(set(re.findall(r"@([A-Z_]+)@", text)))
+    if left:  # a template and its filler out of step
+        raise AssertionError(f"unfilled fields in deploy/slurm/mgpu.sbatch: {left}")
+    return text
+
+
+def _check(workflow: list[str], nodes: int, gpus: int, per_node: int | None, cpus: int,
+           mem: str, time: str, wait: int) -> None:
+    if len(workflow) < 2 or workflow[0] != "run" or workflow[1] not in CLUSTER_JOBS:
+        raise ValueError(f"The workflow must be an 'mgpu run' job that runs on a cluster, one "
+                         f"of {', '.join(CLUSTER_JOBS)} (e.g. run partition --powerlaw "
+                         f"100000x5000). Got {' '.join(workflow) or 'nothing'!r}.")
+    if "--address" in workflow:
+        raise ValueError("The workflow must not give --address: the batch script passes its "
+                         "own scheduler file.")
+    for name, value in (("nodes", nodes), ("cpus_per_worker", cpus), ("wait", wait)):
+        if value < 1:
+            raise ValueError(f"The '{name}' parameter of slurm_script must be >= 1. Got {value}.")
+    if gpus < 0 or (per_node is not None and per_node < 1):
+        raise ValueError("gpus_per_node must be >= 0 and workers_per_node >= 1.")
+    if gpus and per_node is not None and per_node != gpus:
+        raise ValueError(f"With GPUs the job runs one worker per GPU: workers_per_node must be "
+                         f"{gpus} (or left out). Got {per_node}.")
+    if not _MEM.match(mem):
+        raise ValueError(f"mem must be a SLURM size such as 16G or 64000M. Got {mem!r}.")
+    if not _TIME.match(time):
+        raise ValueError(f"time must be a SLURM time such as 01:00:00 or 1-00:00:00. Got "
+                         f"{time!r}.")

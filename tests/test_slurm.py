@@ -1,0 +1,259 @@
+"""SLURM deployment: the batch script and dask-jobqueue, run for real on a one-node SLURM.
+
+The `slurm` tests use the SLURM that answers here, or start one with
+deploy/slurm/local-slurm.sh (root with apt-get: it installs Debian's slurm-wlm and munge) and
+stop it afterwards. The script-making tests need no SLURM.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from click.testing import CliRunner
+from conftest import REPO_ROOT
+
+import mgpu
+from mgpu.cli import main
+from mgpu.deploy import slurm_script
+
+LOCAL_SLURM = REPO_ROOT / "deploy" / "slurm" / "local-slurm.sh"
+
+
+def _answers(env: dict[str, str]) -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=env,
+                         timeout=30)
+    return out.returncode == 0 and any(s in out.stdout for s in ("idle", "mix", "alloc"))
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """Environment variables for a SLURM that takes jobs."""
+    env = dict(os.environ)
+    if _answers(env):
+        yield env
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
+        pytest.skip("no SLURM answers here and none can be started (needs root, and apt-get "
+                    "or an installed slurm-wlm)")
+    state = tmp_path_factory.mktemp("slurm")
+    out = subprocess.run(["bash", str(LOCAL_SLURM), "start", str(state)], capture_output=True,
+                         text=True, timeout=900)
+    if out.returncode == 3:
+        pytest.skip(f"SLURM could not be installed: {out.stderr.strip()}")
+    assert out.returncode == 0, f"the local SLURM did not start:\n{out.stderr}"
+    env["SLURM_CONF"] = str(state / "slurm.conf")
+    try:
+        yield env
+    finally:
+        subprocess.run(["bash", str(LOCAL_SLURM), "stop", str(state)], timeout=120)
+
+
+def _script(args: list[str]) -> str:
+    r = CliRunner().invoke(main, ["slurm", "script", *args])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def _sbatch(path, env, timeout=300) -> tuple[int, str]:
+    """Submit, wait for the job; its exit status and job id. A job still queued or running
+    after ``timeout`` s is cancelled and the test fails with SLURM's reason."""
+    sub = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True,
+                         env=env, timeout=60, cwd=path.parent)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True,
+                           text=True, env=env, timeout=30)
+        if not q.stdout.strip():
+            break
+        time.sleep(1)
+    else:
+        subprocess.run(["scancel", job], env=env, timeout=30)
+        pytest.fail(f"job {job} did not finish within {timeout} s: {q.stdout.strip()}")
+    info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
+                          env=env, timeout=30).stdout
+    code = re.search(r"\bExitCode=(\d+):(\d+)", info)
+    assert code, info
+    return int(code.group(1)), job
+
+
+def _no_job_left(env: dict[str, str], user_jobs_before: set[str]) -> bool:
+    for _ in range(30):
+        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                             env=env, timeout=30)
+        if not set(out.stdout.split()) - user_jobs_before:
+            return True
+        time.sleep(1)
+    return False
+
+
+@pytest.mark.slurm
+def test_batch_script_runs_a_workflow_on_real_data(slurm, data_dir, tmp_path):
+    from mgpu import io
+
+    graph = data_dir / "graphs" / "facebook_combined.txt.gz"
+    out = tmp_path / "fb.npz"
+    script = tmp_path / "job.sbatch"
+    script.write_text(_script(["--cpus-per-worker", "1", "--workers-per-node", "2", "--mem",
+                               "2G", "--time", "00:10:00", "--wait", "120", "--shared-dir",
+                               str(tmp_path), "--", "run", "jaccard", str(graph), "--out",
+                               str(out)]))
+    status, job = _sbatch(script, slurm)
+    log = (tmp_path / f"mgpu-{job}.out").read_text()
+    assert status == 0, log
+    assert "2 CPU worker(s)" in log and "weights of 88,234 edges" in log
+    assert f"mgpu: job {job} finished with status 0" in log
+    G = io.load_snap(graph, symmetric=True, dtype=np.float64)
+    J = sp.load_npz(out)
+    assert (J != mgpu.jaccard(G)).nnz == 0 and J.nnz == 2 * 88_234
+    # everything shut down: no scheduler file, no job, no step left
+    assert not list(tmp_path.glob("mgpu-scheduler-*.json"))
+    assert _no_job_left(slurm, set())
+
+
+@pytest.mark.slurm
+def test_batch_script_reports_a_failing_workflow_and_cleans_up(slurm, tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(_script(["--cpus-per-worker", "1", "--mem", "1G", "--time", "00:05:00",
+                               "--wait", "60", "--shared-dir", str(tmp_path), "--", "run",
+                               "jaccard", str(tmp_path / "missing.txt"), "--out",
+                               str(tmp_path / "j.npz")]))
+    status, job = _sbatch(script, slurm)
+    log = (tmp_path / f"mgpu-{job}.out").read_text()
+    assert status != 0
+    assert f"mgpu: job {job} finished with status" in log and "status 0" not in log
+    assert not list(tmp_path.glob("mgpu-scheduler-*.json"))
+    assert _no_job_left(slurm, set())
+
+
+@pytest.mark.slurm
+def test_dask_jobqueue_workers_run_a_distributed_op(slurm, tmp_path, monkeypatch):
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    rng = np.random.default_rng(0)
+    A = sp.random(300, 300, density=0.03, random_state=rng, format="csr")
+    G = ((A + A.T) > 0).astype(np.float64).tocsr()
+    with mgpu.connect(slurm=dict(cores=1, memory="1GiB", walltime="00:10:00", jobs=2,
+                                 log_directory=str(tmp_path), local_directory=str(tmp_path),
+                                 python=sys.executable), timeout=180) as client:
+        assert len(client.scheduler_info()["workers"]) == 2
+        J = mgpu.jaccard(G, parts=4, client=client)
+    assert (J != mgpu.jaccard(G)).nnz == 0
+    assert _no_job_left(slurm, set())  # closing the client cancelled the worker jobs
+
+
+# ------------------------------------------------------------- scripts, without SLURM
+
+
+def test_cpu_and_gpu_scripts_are_filled_and_valid_bash(tmp_path):
+    cpu = slurm_script(["run", "partition", "--powerlaw", "1000x100"], cpus_per_worker=2,
+                       workers_per_node=3, shared_dir=str(tmp_path))
+    gpu = slurm_script(["run", "knn-graph", "data file.mtx", "--out", "g.npz"], nodes=2,
+                       gpus_per_node=4, partition="gpu", account="proj")
+    for text in (cpu, gpu):
+        assert not re.search(r"@[A-Z_]+@", text)  # every field filled
+        path = tmp_path / "s.sh"
+        path.write_text(text)
+        assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    assert "--ntasks-per-node=3" in cpu and "distributed.cli.dask_worker" in cpu
+    assert "--nthreads 2" in cpu and "--gres" not in cpu
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gres=gpu:4",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=proj", "-m dask_cuda.cli",
+                 "--gpus-per-task=1", "'data file.mtx'", "mgpu-kernels-"):
+        assert line in gpu, line
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(workflow=["run", "als", "r.csv"]), "one of jaccard, knn-graph, mf, partition"),
+    (dict(workflow=["info"]), "must be an 'mgpu run' job"),
+    (dict(workflow=["run", "mf", "r.csv", "--address", "x"]), "must not give --address"),
+    (dict(mem="lots"), "mem must be a SLURM size"),
+    (dict(time="1h"), "time must be a SLURM time"),
+    (dict(gpus_per_node=2, workers_per_node=3), "workers_per_node must be 2"),
+    (dict(nodes=0), "'nodes' parameter of slurm_script must be >= 1"),
+])
+def test_bad_script_requests_are_refused(kw, match):
+    kw = {"workflow": ["run", "partition", "--powerlaw", "10x10"], **kw}
+    with pytest.raises(ValueError, match=match):
+        slurm_script(kw.pop("workflow"), **kw)
+
+
+def test_cli_prints_the_script_or_a_usage_error():
+    r = CliRunner().invoke(main, ["slurm", "script", "--", "run", "gap", "c.txt"])
+    assert r.exit_code == 2 and "one of jaccard, knn-graph, mf, partition" in r.output
+    text = _script(["--gpus-per-node", "2", "--", "run", "partition", "--powerlaw", "10x10"])
+    assert text.startswith("#!/bin/bash") and "--gres=gpu:2" in text
+
+
+def test_joining_waits_for_the_workers_it_was_told_to_expect():
+    with mgpu.connect(gpus=False, n_workers=1) as client:
+        address = client.scheduler.address
+        with mgpu.connect(address, n_workers=1, timeout=20) as joined:
+            assert len(joined.scheduler_info()["workers"]) == 1
+        with pytest.raises(TimeoutError, match=r"3 worker\(s\) of the scheduler at .* did not "
+                                               r"come up within 2 s \(1 did\)"):
+            mgpu.connect(address, n_workers=3, timeout=2)
+
+
+def test_jobqueue_config_and_gpu_jobs_make_valid_job_scripts(tmp_path):
+    """deploy/jobqueue.yaml is read by dask-jobqueue as it stands; GPU jobs ask SLURM for
+    their GPUs and start dask-cuda's worker."""
+    import dask.config
+    import yaml
+
+    from mgpu.dist.cluster import slurm_cluster
+
+    import dask_jobqueue  # noqa: F401  (its defaults, under the file's settings)
+
+    section = yaml.safe_load((REPO_ROOT / "deploy" / "jobqueue.yaml").read_text())
+    # the file's keys one by one over dask-jobqueue's defaults, as a user config file merges
+    conf = {f"jobqueue.slurm.{k}": v for k, v in section["jobqueue"]["slurm"].items()}
+    with dask.config.set(conf):
+        cluster, jobs, per_job = slurm_cluster({"jobs": 3, "queue": "gpu",
+                                                "log_directory": str(tmp_path)}, gpus=True)
+        try:
+            text = cluster.job_script()
+        finally:
+            cluster.close()
+    assert (jobs, per_job) == (3, 1)
+    for piece in ("#SBATCH -p gpu", "#SBATCH --gres=gpu:1", "--mem=", "-m dask_cuda.cli",
+                  "mgpu-kernels-", "#SBATCH -t 01:00:00"):
+        assert piece in text, (piece, text)
+    with dask.config.set(conf):
+        cluster, jobs, per_job = slurm_cluster({"processes": 2, "cores": 4})
+        try:
+            text = cluster.job_script()
+        finally:
+            cluster.close()
+    assert per_job == 2 and "distributed.cli.dask_worker" in text and "--gres" not in text
+    with pytest.raises(ValueError, match="needs jobs >= 1"):
+        slurm_cluster({"jobs": 0})
+
+
+def test_local_cluster_script_runs_a_job_on_mixed_workers(tmp_path):
+    """deploy/local_cuda_cluster.py with CPU workers only (no GPU here): the job joins, waits
+    for both workers and runs; a failing job's status comes back."""
+    script = REPO_ROOT / "deploy" / "local_cuda_cluster.py"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    out = subprocess.run([sys.executable, str(script), "--devices", "none", "--cpu-workers",
+                          "2", "--timeout", "60", "--", "run", "partition", "--powerlaw",
+                          "2000x500", "--nnz", "20000", "--parts", "2"],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "0 GPU worker(s), 2 CPU worker(s)" in out.stdout
+    assert "row-norm check on the workers: max relative error" in out.stdout
+    bad = subprocess.run([sys.executable, str(script), "--devices", "none", "--cpu-workers",
+                          "1", "--", "run", "jaccard", str(tmp_path / "missing.txt"), "--out",
+                          str(tmp_path / "j.npz")], capture_output=True, text=True, env=env,
+                         timeout=300, cwd=tmp_path)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
