@@ -456,6 +456,17 @@ def _npz_out(out_path: str, what: str) -> Path:
     return out
 
 
+def _devices(device: str) -> list[str]:
+    """The devices a --device auto|cpu|gpu|both option asks for, refused when absent."""
+    from mgpu.dist.cluster import visible_gpus
+
+    have = visible_gpus() > 0
+    devices = {"auto": ["gpu" if have else "cpu"], "both": ["cpu", "gpu"]}.get(device, [device])
+    if "gpu" in devices and not have:
+        raise click.BadParameter("no GPU is visible on this machine", param_hint="--device")
+    return devices
+
+
 def _need_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
@@ -867,7 +878,6 @@ def run_als(ratings: str, device: str, k: int, iters: int, lr: float, reg: float
     from tqdm import tqdm
 
     from mgpu.io import load_ratings
-    from mgpu.dist.cluster import visible_gpus
     from workflows import als
 
     if plot is not None:
@@ -877,10 +887,7 @@ def run_als(ratings: str, device: str, k: int, iters: int, lr: float, reg: float
         train, test = als.split(R, test_fraction, seed)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    devices = {"auto": ["gpu" if visible_gpus() else "cpu"], "both": ["cpu", "gpu"]}.get(
-        device, [device])
-    if "gpu" in devices and not visible_gpus():
-        raise click.BadParameter("no GPU is visible on this machine", param_hint="--device")
+    devices = _devices(device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     click.echo(f"{Path(ratings).name}: {R.shape[0]:,} users x {R.shape[1]:,} items, "
@@ -952,7 +959,6 @@ def run_gap(corpus: str, vocab: str | None, device: str, topics: int, iters: int
     from tqdm import tqdm
 
     from mgpu import io
-    from mgpu.dist.cluster import visible_gpus
     from workflows import gap
 
     if plot is not None:
@@ -969,10 +975,7 @@ def run_gap(corpus: str, vocab: str | None, device: str, topics: int, iters: int
         opener = gzip.open if vocab.endswith(".gz") else open
         with opener(vocab, "rt") as f:
             words = [w.strip() for w in f if w.strip()]
-    devices = {"auto": ["gpu" if visible_gpus() else "cpu"], "both": ["cpu", "gpu"]}.get(
-        device, [device])
-    if "gpu" in devices and not visible_gpus():
-        raise click.BadParameter("no GPU is visible on this machine", param_hint="--device")
+    devices = _devices(device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     click.echo(f"{Path(corpus).name}: {S.shape[0]:,} documents x {S.shape[1]:,} words, "

@@ -22,3 +22,11 @@ dask.config.update_defaults(_defaults)
 def get(key: str, default: Any = None) -> Any:
     """Read ``mgpu.<key>`` from dask.config (``key`` without the ``mgpu.`` prefix)."""
     return dask.config.get(f"mgpu.{key}", default=default)
+
+
+def get_bytes(key: str, value: Any = None) -> int:
+    """``value`` (bytes, or a size such as "256 MiB"), or ``mgpu.<key>`` when it is None."""
+    from dask.utils import parse_bytes
+
+    v = get(key) if value is None else value
+    return parse_bytes(v) if isinstance(v, str) else int(v)

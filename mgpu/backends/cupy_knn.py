@@ -475,12 +475,9 @@ def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget
 
 
 def _budget(working_memory: Any) -> int:
-    from dask.utils import parse_bytes
-
     from mgpu import config
 
-    b = config.get("knn.working-memory") if working_memory is None else working_memory
-    return parse_bytes(b) if isinstance(b, str) else int(b)
+    return config.get_bytes("knn.working-memory", working_memory)
 
 
 def _pair(index: Any, queries: Any, ring: Any, func: str, names: tuple[str, str]

@@ -49,18 +49,24 @@ def merge_path_rows(d, indptr, m, nnz):
     return lo
 
 
+@numba.njit(inline="always")
+def _piece(p, items, indptr, m):
+    """Piece p's merge range: first row, row where it ends (cut or m), first nonzero and the
+    nonzero where it ends."""
+    nnz = np.int64(indptr[m])
+    total = m + nnz
+    d0 = min(np.int64(p) * items, total)
+    d1 = min(d0 + items, total)
+    row = merge_path_rows(d0, indptr, m, nnz)
+    row_end = merge_path_rows(d1, indptr, m, nnz)
+    return row, row_end, d0 - row, d1 - row_end
+
+
 @numba.njit(parallel=True, nogil=True)
 def _spmv_merge(indptr, indices, data, x, items, y, carry_row, carry_val):
     m = y.shape[0]
-    nnz = np.int64(indptr[m])
-    total = m + nnz
     for p in numba.prange(carry_row.shape[0]):
-        d0 = min(np.int64(p) * items, total)
-        d1 = min(d0 + items, total)
-        row = merge_path_rows(d0, indptr, m, nnz)
-        row_end = merge_path_rows(d1, indptr, m, nnz)
-        nz = d0 - row
-        nz_end = d1 - row_end
+        row, row_end, nz, nz_end = _piece(p, items, indptr, m)
         acc = 0.0
         while row < row_end:
             stop = np.int64(indptr[row + 1])
@@ -81,15 +87,8 @@ def _spmv_merge(indptr, indices, data, x, items, y, carry_row, carry_val):
 def _spmm_merge(indptr, indices, data, X, items, Y, carry_row, carry_val):
     m = Y.shape[0]
     k = Y.shape[1]
-    nnz = np.int64(indptr[m])
-    total = m + nnz
     for p in numba.prange(carry_row.shape[0]):
-        d0 = min(np.int64(p) * items, total)
-        d1 = min(d0 + items, total)
-        row = merge_path_rows(d0, indptr, m, nnz)
-        row_end = merge_path_rows(d1, indptr, m, nnz)
-        nz = d0 - row
-        nz_end = d1 - row_end
+        row, row_end, nz, nz_end = _piece(p, items, indptr, m)
         acc = np.zeros(k)
         while row < row_end:
             stop = np.int64(indptr[row + 1])

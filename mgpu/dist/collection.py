@@ -7,6 +7,8 @@ and stays there (as cupyx CSR on GPU workers), so iterative jobs move only dense
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -21,9 +23,39 @@ from mgpu.partition import axis_counts, part_sums, split_counts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["chunk_nnz", "chunk_workers", "from_scipy", "gather"]
+__all__ = ["chunk_nnz", "chunk_workers", "device_copy", "from_scipy", "gather"]
 
 _INT32_MAX = np.iinfo(np.int32).max
+
+_device_copies: dict[int, tuple[weakref.ref, Any]] = {}
+_device_lock = threading.Lock()
+
+
+def device_copy(X: Any, convert: Callable[[Any], Any]) -> Any:
+    """``convert(X)`` made once per object a worker holds and kept while it holds it.
+
+    Data sent to a worker stays on the host (a placed SDDMM factor, a broadcast graph); the
+    GPU copy is made on first use and found again on the next call, so it crosses PCIe once,
+    not every call. Objects that cannot be weakly referenced are converted every time.
+
+    >>> import numpy as np
+    >>> X = np.ones(3)
+    >>> device_copy(X, np.copy) is device_copy(X, np.copy)
+    True
+    """
+    key = id(X)
+    with _device_lock:
+        hit = _device_copies.get(key)
+        if hit is not None and hit[0]() is X:
+            return hit[1]
+    dev = convert(X)
+    try:
+        ref = weakref.ref(X, lambda _r, key=key: _device_copies.pop(key, None))
+    except TypeError:  # not weak-referenceable: no cache
+        return dev
+    with _device_lock:
+        _device_copies[key] = (ref, dev)
+    return dev
 
 
 def _to_device(chunk: sp.csr_matrix) -> Any:

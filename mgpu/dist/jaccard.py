@@ -9,8 +9,6 @@ their device once per call and run the GPU kernel.
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -19,15 +17,12 @@ import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array, jaccard_lookup, to_host
 from mgpu.dist.cluster import current_client
+from mgpu.dist.collection import device_copy
 from mgpu.ops.jaccard import check_graph, jaccard_local
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["jaccard"]
-
-_device_graphs: dict[int, tuple[weakref.ref, Any]] = {}
-_lock = threading.Lock()
-
 
 def _graph_here(G: sp.csr_matrix, gpu: bool) -> Any:
     """G on this worker's GPU (copied once per graph object) for GPU workers, else G."""
@@ -35,16 +30,7 @@ def _graph_here(G: sp.csr_matrix, gpu: bool) -> Any:
         return G
     import cupyx.scipy.sparse as csp
 
-    key = id(G)
-    with _lock:
-        hit = _device_graphs.get(key)
-        if hit is not None and hit[0]() is G:
-            return hit[1]
-    dev = csp.csr_matrix(G)
-    with _lock:
-        _device_graphs[key] = (weakref.ref(G, lambda _r, key=key: _device_graphs.pop(key, None)),
-                               dev)
-    return dev
+    return device_copy(G, csp.csr_matrix)
 
 
 def _rows_block(G: sp.csr_matrix, weighted: bool, r0: int, r1: int, gpu: bool) -> np.ndarray:

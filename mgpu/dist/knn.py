@@ -14,6 +14,7 @@ import dask.array as da
 import numpy as np
 from dask.core import flatten
 
+from mgpu import config
 from mgpu.dist.cluster import current_client
 from mgpu.ops import distances as dist
 
@@ -83,6 +84,8 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     by_key = {f.key: f for f in futures_of(index)}
     tiles = [by_key[key] for key in flatten(index.__dask_keys__())]
     offsets = np.concatenate([[0], np.cumsum(index.chunks[0])[:-1]]).astype(np.int64)
+    # the budget is read here, once: tasks get bytes, never the workers' own config
+    working_memory = config.get_bytes("knn.working-memory", working_memory)
     step = dist.working_memory_rows(max(index.chunks[0]), working_memory)
     nq = queries.shape[0]
     out_d = np.empty((nq, k), dtype=np.float64)

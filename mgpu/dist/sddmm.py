@@ -9,9 +9,7 @@ factor is larger, so that the smaller one is the one copied to every worker.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-import weakref
 from typing import Any
 
 import dask.array as da
@@ -20,7 +18,7 @@ from dask.base import tokenize
 
 from mgpu.backends import is_gpu_array, to_host
 from mgpu.dist.cluster import current_client
-from mgpu.dist.collection import chunk_workers
+from mgpu.dist.collection import chunk_workers, device_copy
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
     check_dense_factor,
@@ -52,30 +50,15 @@ def sddmm_axis(shape: tuple[int, int]) -> int:
 
 # Keys of factors that were checked on the client and sent by _factor (place_factors).
 _PLACED = "mgpu-sddmm-factor-"
-_device_copies: dict[int, tuple[weakref.ref, Any]] = {}
-_device_lock = threading.Lock()
 
 
 def _on_device(X: Any) -> Any:
-    """X as a CuPy array. A host factor held by the worker is copied once and the copy kept
-    while the worker holds the factor, so placed factors cross PCIe once, not every call."""
+    """X as a CuPy array; a host factor held by the worker is copied once (device_copy)."""
     if is_gpu_array(X):
         return X
     import cupy
 
-    key = id(X)
-    with _device_lock:
-        hit = _device_copies.get(key)
-        if hit is not None and hit[0]() is X:
-            return hit[1]
-    dev = cupy.asarray(X)
-    try:
-        ref = weakref.ref(X, lambda _r, key=key: _device_copies.pop(key, None))
-    except TypeError:  # not weak-referenceable: no cache
-        return dev
-    with _device_lock:
-        _device_copies[key] = (ref, dev)
-    return dev
+    return device_copy(X, cupy.asarray)
 
 
 def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool]) -> Any:

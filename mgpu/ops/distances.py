@@ -305,10 +305,7 @@ def _pairwise_cpu(X: Any, Y: Any, ring: Semiring, p: float) -> np.ndarray:
 
 def working_memory_rows(n_index: int, budget: Any = None) -> int:
     """Query rows per batch so that one batch's distances fit the working-memory budget."""
-    from dask.utils import parse_bytes
-
-    budget = config.get("knn.working-memory") if budget is None else budget
-    nbytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
+    nbytes = config.get_bytes("knn.working-memory", budget)
     return max(1, nbytes // (8 * max(1, n_index)))
 
 
