@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     helpers = [subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", "1",
          "--nthreads", str(args.cpu_threads), "--resources", "CPU=1", "--death-timeout",
-         str(args.timeout), "--name", f"cpu-{i}"]) for i in range(args.cpu_workers)]
+         str(args.timeout), "--name", f"cpu-{i}"],
+        # a CPU worker sees no GPU, so that nothing it runs makes a CUDA context
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}) for i in range(args.cpu_workers)]
     env = {**os.environ, "DASK_MGPU__CONNECT__MIN_WORKERS": str(n_gpu + args.cpu_workers),
            "DASK_MGPU__CONNECT__TIMEOUT": str(args.timeout)}
     print(f"cluster at {address}: {n_gpu} GPU worker(s), {args.cpu_workers} CPU worker(s)",

@@ -8,6 +8,7 @@ import platform
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -389,7 +390,11 @@ def run_mf(ratings: str, modes: str, k: int, lr: float, reg: float, epochs: int,
     click.echo(f"{Path(ratings).name}: {R.shape[0]:,} users x {R.shape[1]:,} items, "
                f"{train.nnz:,} training and {test.nnz:,} test ratings; k={k}, lr={lr}, reg={reg}")
     histories = {}
-    client = connect(address, gpus=False) if any(m != "sequential" for m in names) else None
+    # GPU workers only where a mode runs on them (cpu mode alone keeps to a CPU cluster)
+    gpus = None if any(m in ("gpu", "hsgd") for m in names) else False
+    client = connect(address, gpus=gpus) if any(m != "sequential" for m in names) else None
+    if client is not None:
+        click.echo(f"cluster: {_describe(client)}")
     try:
         for mode in names:
             mf = MatrixFactorization(k, lr=lr, reg=reg, epochs=epochs, mode=mode, seed=seed,
@@ -401,13 +406,16 @@ def run_mf(ratings: str, modes: str, k: int, lr: float, reg: float, epochs: int,
                     bar.update(1)
                 try:
                     mf.fit(train, test, callback=tick)
-                except FloatingPointError as exc:
+                except (FloatingPointError, ValueError) as exc:
                     raise click.ClickException(f"{mode}: {exc}") from None
             h = mf.history_
             histories[mode] = h
             tmp = out / f"{mode}-factors.partial.npz"
             np.savez(tmp, P=mf.P_, Q=mf.Q_, user_ids=data.user_ids, item_ids=data.item_ids)
             tmp.replace(out / f"{mode}-factors.npz")
+            events = getattr(mf, "schedule_events_", None)
+            if events:
+                click.echo(f"{mode}: {_placement(events)}")
             reached = next((e for e in h if target_rmse and e["test_rmse"] <= target_rmse), None)
             click.echo(f"{mode}: {len(h)} epochs in {h[-1]['seconds']:.1f} s, test RMSE "
                        f"{h[-1]['test_rmse']:.4f}" + (
@@ -422,6 +430,17 @@ def run_mf(ratings: str, modes: str, k: int, lr: float, reg: float, epochs: int,
     if plot is not None:
         _plot_rmse(histories, target_rmse, f"{Path(ratings).name}, k={k}", plot)
         click.echo(f"plot written to {plot}")
+
+
+def _placement(events: list[Any]) -> str:
+    """Where the block scheduler ran the blocks: runs and steals per kind of slot."""
+    runs: dict[str, list[int]] = {}
+    for ev in events:
+        if ev.kind in ("assign", "steal"):
+            kind = "GPU" if ev.slot.endswith("#gpu") else "CPU"
+            runs.setdefault(kind, [0, 0])[ev.kind == "steal"] += 1
+    return "; ".join(f"{n + st} block runs on {kind} slots ({st} stolen)"
+                     for kind, (n, st) in sorted(runs.items()))
 
 
 def _plot_rmse(histories: dict[str, list[dict[str, Any]]], target: float, title: str,
@@ -465,6 +484,17 @@ def _devices(device: str) -> list[str]:
     if "gpu" in devices and not have:
         raise click.BadParameter("no GPU is visible on this machine", param_hint="--device")
     return devices
+
+
+def _describe(client: Any) -> str:
+    """'2 GPU worker(s)' or '4 CPU worker(s)' (or both) for a client's cluster."""
+    from mgpu.dist import describe_workers
+
+    infos = describe_workers(client).values()
+    n_gpu = sum(1 for i in infos if i.get("gpu"))
+    kinds = [f"{n} {kind} worker(s)" for n, kind in ((n_gpu, "GPU"), (len(infos) - n_gpu, "CPU"))
+             if n]
+    return ", ".join(kinds) or "no workers"
 
 
 def _need_matplotlib() -> None:
@@ -593,7 +623,7 @@ def bench_partition(data_dir: str | None, parts: str) -> None:
     root = _data_root(data_dir)
     if not root.is_dir():
         raise click.ClickException(f"no data folder at {root}; pass --data")
-    ps = [int(p) for p in parts.split(",")]
+    ps = _parse_ints(parts, "--parts")
     click.echo("| dataset | shape | nnz | axis | P | max w | nnz/P | imbalance | "
                "1 + w/(nnz/P) | split ms |")
     click.echo("|---|---|---|---|---|---|---|---|---|---|")
@@ -657,7 +687,7 @@ def bench_sddmm(data_dir: str | None, powerlaw: str, nnz: float, ks: str, device
     from mgpu.dist import visible_gpus
     from mgpu.synthetic import powerlaw_csr
 
-    Ks = tuple(int(k) for k in ks.split(","))
+    Ks = _parse_ints(ks, "--k")
     on_gpu = device == "gpu" or (device == "auto" and visible_gpus() > 0)
     sets: list[tuple[str, Any]] = []
     root = _data_root(data_dir)
@@ -690,6 +720,36 @@ def bench_sddmm(data_dir: str | None, powerlaw: str, nnz: float, ks: str, device
         click.echo(f"measurements written to {json_path}")
 
 
+def _corpus(input: str | None, corpus: str, density: float, dense: bool = False
+            ) -> tuple[Any, str]:
+    """The kNN benchmarks' data: INPUT's rows (a 10x folder: spots × genes) or a power-law
+    corpus (the peer timings' generator), float64, empty rows dropped (they have no cosine
+    neighbours)."""
+    import scipy.sparse as sp
+
+    from mgpu.synthetic import powerlaw_corpus
+
+    if input is not None:
+        from mgpu import io
+
+        data = io.load(input)
+        if hasattr(data, "matrix"):  # 10x: features × barcodes
+            data = data.matrix.T
+        X = data.reshape(data.shape[0], -1) if isinstance(data, np.ndarray) else data
+        X = np.asarray(X, dtype=np.float64) if dense and isinstance(X, np.ndarray) else X
+        X = X.toarray() if dense and sp.issparse(X) else X
+        if not dense:
+            X = sp.csr_matrix(X, dtype=np.float64)
+        label = Path(input).name + (" (dense)" if dense else "")
+    else:
+        n_docs, n_terms = _parse_shape(corpus)
+        X = powerlaw_corpus(n_docs, n_terms, density, seed=0).astype(np.float64)
+        label = f"power-law {n_docs:,}×{n_terms:,}"
+    keep = np.flatnonzero(np.count_nonzero(X, axis=1) if isinstance(X, np.ndarray)
+                          else np.diff(X.indptr))
+    return X[keep], label
+
+
 @bench.command("knn")
 @click.argument("input", required=False, type=click.Path(exists=True))
 @click.option("--corpus", default="100000x50000", show_default=True, metavar="DOCSxTERMS",
@@ -720,11 +780,8 @@ def bench_knn(input: str | None, corpus: str, density: float, dense: bool, n_que
     """
     import json
 
-    import scipy.sparse as sp
-
     from mgpu.bench import knn as b
     from mgpu.ops.distances import resolve_metric
-    from mgpu.synthetic import powerlaw_corpus
 
     names = [m.strip() for m in metrics.split(",") if m.strip()]
     for m in names:
@@ -733,26 +790,7 @@ def bench_knn(input: str | None, corpus: str, density: float, dense: bool, n_que
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--metrics") from None
     t0 = time.perf_counter()
-    if input is not None:
-        from mgpu import io
-
-        data = io.load(input)
-        if hasattr(data, "matrix"):  # 10x: features × barcodes
-            data = data.matrix.T
-        X = data.reshape(data.shape[0], -1) if isinstance(data, np.ndarray) else data
-        X = np.asarray(X, dtype=np.float64) if dense and isinstance(X, np.ndarray) else X
-        X = X.toarray() if dense and sp.issparse(X) else X
-        if not dense:
-            X = sp.csr_matrix(X, dtype=np.float64)
-        label = Path(input).name + (" (dense)" if dense else "")
-    else:
-        n_docs, n_terms = _parse_shape(corpus)
-        X = powerlaw_corpus(n_docs, n_terms, density, seed=0).astype(np.float64)
-        label = f"power-law {n_docs:,}×{n_terms:,}"
-    # empty rows have no cosine neighbours
-    keep = np.flatnonzero(np.count_nonzero(X, axis=1) if isinstance(X, np.ndarray)
-                          else np.diff(X.indptr))
-    X = X[keep]
+    X, label = _corpus(input, corpus, density, dense)
     n_docs = X.shape[0]
     if not 1 <= k <= n_docs or not 1 <= n_queries:
         raise click.BadParameter(f"-k must be in [1, {n_docs}] and --queries >= 1")
@@ -773,6 +811,73 @@ def bench_knn(input: str | None, corpus: str, density: float, dense: bool, n_que
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
         click.echo(f"measurements written to {json_path}")
+
+
+@bench.command("knn-scaling")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@click.option("--corpus", default="300000x100000", show_default=True, metavar="DOCSxTERMS",
+              help="Shape of the synthetic power-law corpus (without INPUT).")
+@click.option("--density", default=0.002, show_default=True, type=float,
+              help="Density of the corpus.")
+@click.option("--queries", "n_queries", default=16384, show_default=True, type=int,
+              help="Queries (the corpus's first rows).")
+@click.option("-k", "--k", "k", default=10, show_default=True, type=int)
+@click.option("--metric", default="cosine", show_default=True)
+@click.option("--workers", default="1,2,4", show_default=True,
+              help="Comma-separated worker counts (GPUs, on a GPU machine).")
+@click.option("--tiles-per-worker", default=1, show_default=True, type=int,
+              help="Row tiles of the index per worker.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto",
+              show_default=True, help="Worker kind (auto: GPU workers when GPUs are visible).")
+@click.option("--repeats", default=3, show_default=True, type=int, help="Timed calls (median).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every measurement to this JSON file.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of speedup against workers.")
+def bench_knn_scaling(input: str | None, corpus: str, density: float, n_queries: int, k: int,
+                      metric: str, workers: str, tiles_per_worker: int, device: str,
+                      repeats: int, json_path: str | None, plot: str | None) -> None:
+    """Distributed exact kNN on 1, 2, 4, … workers with the index resident on them.
+
+    Reports queries/s of the public call on the dask index, the speedup against one worker,
+    the nnz imbalance of the tiles and whether every worker count returns the ids of the
+    one-device call, all from one run.
+    """
+    import json
+
+    from mgpu.bench import knn as b
+    from mgpu.ops.distances import resolve_metric
+
+    try:
+        ring, _ = resolve_metric(metric, 2, func="bench knn-scaling")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--metric") from None
+    counts = _worker_counts(workers, device)
+    for name, v in (("-k", k), ("--queries", n_queries), ("--tiles-per-worker", tiles_per_worker),
+                    ("--repeats", repeats)):
+        if v < 1:
+            raise click.BadParameter(f"must be >= 1, got {v}", param_hint=name)
+    if plot is not None:
+        _need_matplotlib()
+    t0 = time.perf_counter()
+    X, label = _corpus(input, corpus, density)
+    if k > X.shape[0]:
+        raise click.BadParameter(f"must be at most the {X.shape[0]:,} rows", param_hint="-k")
+    Q = X[: min(n_queries, X.shape[0])]
+    click.echo(f"{label}: {X.shape[0]:,}×{X.shape[1]:,}, {X.nnz:,} nonzeros (ready in "
+               f"{time.perf_counter() - t0:.0f} s), {Q.shape[0]:,} queries, k={k}, {ring.name}")
+    gpus = {"auto": None, "cpu": False, "gpu": True}[device]
+    rows = b.bench_scaling(X, Q, k, ring.name, counts, tiles_per_worker=tiles_per_worker,
+                           repeats=repeats, gpus=gpus, progress=click.echo)
+    click.echo(b.scaling_markdown(rows, label))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+        click.echo(f"measurements written to {json_path}")
+    if plot:
+        _plot_scaling([r for r in rows if isinstance(r["workers"], int)],
+                      f"kNN ({ring.name}, k={k}), {label}", plot,
+                      lambda r: f"{r['qps']:,.0f} q/s")
+        click.echo(f"plot written to {plot}")
 
 
 @run.command("jaccard")
@@ -932,8 +1037,17 @@ def run_als(ratings: str, device: str, k: int, iters: int, lr: float, reg: float
 @click.argument("corpus", type=click.Path(exists=True, dir_okay=False))
 @click.option("--vocab", type=click.Path(exists=True, dir_okay=False), default=None,
               help="One word per line (plain or gzip), for the topics' top words.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "gpu", "both"]), default="auto",
-              show_default=True, help="Where the SDDMM + SpMM updates run.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu", "both", "cluster"]),
+              default="auto", show_default=True,
+              help="Where the SDDMM + SpMM updates run: one device (auto: the GPU when one is "
+              "visible), or 'cluster': the documents in row tiles of equal nnz on the workers "
+              "of the embedded cluster (GPU workers when GPUs are visible) or of --address.")
+@click.option("--parts", default=None, type=int,
+              help="--device cluster: row tiles of the corpus (default: one per worker).")
+@click.option("--workers", "n_workers", default=None, type=int,
+              help="--device cluster: workers of the embedded cluster (default: every GPU, or "
+              "Dask's sizing on CPUs).")
+@click.option("--address", default=None, help="--device cluster: scheduler to join.")
 @click.option("--topics", default=20, show_default=True, type=int)
 @click.option("--iters", default=50, show_default=True, type=int)
 @click.option("--alpha", default=1.1, show_default=True, type=float,
@@ -945,12 +1059,14 @@ def run_als(ratings: str, device: str, k: int, iters: int, lr: float, reg: float
               help="Folder for <device>-topics.npz, topics.json and history.json.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write the log-likelihood per token against the iteration to this PNG.")
-def run_gap(corpus: str, vocab: str | None, device: str, topics: int, iters: int,
+def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
+            n_workers: int | None, address: str | None, topics: int, iters: int,
             alpha: float, beta: float, seed: int, out_dir: str, plot: str | None) -> None:
     """GaP topic model of a bag-of-words corpus (documents x words counts).
 
     CORPUS is any bag-of-words file mgpu.io.load reads (UCI docword, LDA-C). Every update is
-    an SDDMM (the Poisson rates at the nonzero counts) followed by an SpMM.
+    an SDDMM (the Poisson rates at the nonzero counts) followed by an SpMM; on a cluster the
+    documents stay on the workers and only the topics move.
     """
     import gzip
     import json
@@ -959,6 +1075,7 @@ def run_gap(corpus: str, vocab: str | None, device: str, topics: int, iters: int
     from tqdm import tqdm
 
     from mgpu import io
+    from mgpu.dist import connect
     from workflows import gap
 
     if plot is not None:
@@ -975,7 +1092,13 @@ def run_gap(corpus: str, vocab: str | None, device: str, topics: int, iters: int
         opener = gzip.open if vocab.endswith(".gz") else open
         with opener(vocab, "rt") as f:
             words = [w.strip() for w in f if w.strip()]
-    devices = _devices(device)
+    if device != "cluster" and (parts is not None or n_workers is not None or address):
+        raise click.BadParameter("--parts, --workers and --address go with --device cluster",
+                                 param_hint="--device")
+    for name, v in (("--parts", parts), ("--workers", n_workers)):
+        if v is not None and v < 1:
+            raise click.BadParameter(f"must be >= 1, got {v}", param_hint=name)
+    devices = ["cluster"] if device == "cluster" else _devices(device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     click.echo(f"{Path(corpus).name}: {S.shape[0]:,} documents x {S.shape[1]:,} words, "
@@ -993,7 +1116,13 @@ def run_gap(corpus: str, vocab: str | None, device: str, topics: int, iters: int
                 bar.update(1)
                 bar.set_postfix(loglik=f"{rec['loglik_per_token']:.4f}")
 
-            model = gap.fit(data, topics, progress=progress, **model_args)
+            if dev == "cluster":
+                with connect(address, n_workers=n_workers) as client:
+                    click.echo(f"cluster: {_describe(client)}")
+                    model = gap.fit_distributed(data, topics, parts=parts, client=client,
+                                                progress=progress, **model_args)
+            else:
+                model = gap.fit(data, topics, progress=progress, **model_args)
         histories[dev] = model.history
         listing[dev] = gap.top_words(model.L, words)
         X, L = (np.asarray(A.get() if hasattr(A, "get") else A) for A in (model.X, model.L))
@@ -1013,6 +1142,95 @@ def run_gap(corpus: str, vocab: str | None, device: str, topics: int, iters: int
     if plot is not None:
         gap.plot(histories, plot, f"GaP topic model, {Path(corpus).name}")
         click.echo(f"plot written to {plot}")
+
+
+@bench.command("gap")
+@click.argument("corpus", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--corpus-shape", "shape", default="300000x100000", show_default=True,
+              metavar="DOCSxTERMS", help="Synthetic power-law corpus (without CORPUS).")
+@click.option("--density", default=0.002, show_default=True, type=float,
+              help="Density of the synthetic corpus.")
+@click.option("--topics", default=20, show_default=True, type=int)
+@click.option("--iters", default=12, show_default=True, type=int)
+@click.option("--workers", default="1,2,4", show_default=True,
+              help="Comma-separated worker counts (GPUs, on a GPU machine).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto",
+              show_default=True, help="Worker kind (auto: GPU workers when GPUs are visible).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every measurement to this JSON file.")
+def bench_gap(corpus: str | None, shape: str, density: float, topics: int, iters: int,
+              workers: str, device: str, json_path: str | None) -> None:
+    """Per-iteration time of the GaP topic model (2 SDDMM + 2 SpMM + the log-likelihood's
+    SDDMM an iteration) on one device and on 1, 2, 4, … workers, in one run."""
+    import json
+
+    import scipy.sparse as sp
+
+    from mgpu import io
+    from mgpu.synthetic import powerlaw_corpus
+    from workflows import gap
+
+    counts = _worker_counts(workers, device)
+    if topics < 1:
+        raise click.BadParameter(f"must be >= 1, got {topics}", param_hint="--topics")
+    if iters < 3:  # the median leaves out the first two iterations
+        raise click.BadParameter(f"must be >= 3, got {iters}", param_hint="--iters")
+    if corpus is not None:
+        S, label = sp.csr_matrix(io.load(corpus)), Path(corpus).name
+    else:
+        n_docs, n_terms = _parse_shape(shape)
+        S = powerlaw_corpus(n_docs, n_terms, density, seed=0)
+        label = f"power-law {n_docs:,}×{n_terms:,}"
+    click.echo(f"{label}: {S.shape[0]:,} documents x {S.shape[1]:,} words, {S.nnz:,} nonzero "
+               f"counts; {topics} topics, {iters} iterations")
+    gpus = {"auto": None, "cpu": False, "gpu": True}[device]
+    rows = gap.scaling(S, topics, iters, counts, gpus=gpus, progress=click.echo)
+    click.echo(gap.scaling_markdown(rows, label))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+        click.echo(f"measurements written to {json_path}")
+
+
+@bench.command("sgd")
+@click.option("--shape", default="480189x17770", show_default=True, metavar="USERSxITEMS",
+              help="Users × items of the synthetic ratings (default: Netflix's).")
+@click.option("--ratings", "n_ratings", default=100_000_000, show_default=True, type=int)
+@click.option("--k", "ks", default="32,128,256", show_default=True,
+              help="Comma-separated numbers of factors.")
+@click.option("--conflicts", default="none,4", show_default=True,
+              help="Comma-separated bounds on the updates in flight on the busiest row "
+              "('none': every warp the GPU holds; mgpu.mf.gpu-conflicts is what MF uses).")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
+              show_default=True)
+@click.option("--repeats", default=5, show_default=True, type=int)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every measurement to this JSON file.")
+def bench_sgd(shape: str, n_ratings: int, ks: str, conflicts: str, dtype: str, repeats: int,
+              json_path: str | None) -> None:
+    """Updates/s of the GPU SGD block kernel of matrix factorisation (one pass = every rating
+    once, power-law user and item degrees, drawn on the GPU)."""
+    import json
+
+    from mgpu.bench import sgd as b
+    from mgpu.dist import visible_gpus
+
+    if visible_gpus() == 0:
+        raise click.UsageError("bench sgd times the GPU kernel; no GPU is visible.")
+    n_users, n_items = _parse_shape(shape)
+    k_list = _parse_ints(ks, "--k")
+    if n_ratings < 1 or repeats < 1 or max(k_list) > 256:
+        raise click.BadParameter("--ratings and --repeats must be >= 1 and every k <= 256")
+    try:
+        bounds = tuple(None if c.strip() == "none" else float(c) for c in conflicts.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected numbers or 'none', got {conflicts!r}",
+                                 param_hint="--conflicts") from None
+    rows = b.bench_gpu(n_users, n_items, n_ratings, k_list, conflicts=bounds,
+                       dtype=np.dtype(dtype), repeats=repeats)
+    click.echo(b.markdown(rows))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+        click.echo(f"measurements written to {json_path}")
 
 
 @bench.command("spmv")
@@ -1115,7 +1333,8 @@ def bench_jaccard(inputs: tuple[str, ...], device: str, repeats: int,
               "(the issue's: 300000x100000 with --nnz 6e7).")
 @click.option("--nnz", default=6e7, show_default=True, type=float,
               help="Nonzeros drawn for --powerlaw.")
-@click.option("--k", "K", default=128, show_default=True, type=int, help="Columns of A and B.")
+@click.option("--k", "Ks", default="128", show_default=True,
+              help="Columns of A and B, comma-separated for several.")
 @click.option("--workers", default="1,2,4", show_default=True,
               help="Comma-separated worker counts (GPUs, on a GPU machine).")
 @click.option("--tiles-per-worker", default=1, show_default=True, type=int,
@@ -1127,7 +1346,7 @@ def bench_jaccard(inputs: tuple[str, ...], device: str, repeats: int,
               help="Write every measurement to this JSON file.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of speedup against workers.")
-def bench_sddmm_scaling(input: str | None, powerlaw: str | None, nnz: float, K: int,
+def bench_sddmm_scaling(input: str | None, powerlaw: str | None, nnz: float, Ks: str,
                         workers: str, tiles_per_worker: int, device: str, repeats: int,
                         json_path: str | None, plot: str | None) -> None:
     """Distributed SDDMM on 1, 2, 4, … workers with S and the factors resident on them.
@@ -1138,43 +1357,60 @@ def bench_sddmm_scaling(input: str | None, powerlaw: str | None, nnz: float, K: 
     import json
 
     from mgpu.bench import sddmm as b
-    from mgpu.dist import visible_gpus
 
-    try:
-        counts = tuple(int(w) for w in workers.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected counts such as 1,2,4, got {workers!r}",
-                                 param_hint="--workers") from None
-    if not counts or min(counts) < 1:
-        raise click.BadParameter("worker counts must be >= 1", param_hint="--workers")
-    for name, v in (("--k", K), ("--tiles-per-worker", tiles_per_worker), ("--repeats", repeats)):
+    counts = _worker_counts(workers, device)
+    K_list = _parse_ints(Ks, "--k")
+    for name, v in (("--tiles-per-worker", tiles_per_worker), ("--repeats", repeats)):
         if v < 1:
             raise click.BadParameter(f"must be >= 1, got {v}", param_hint=name)
     if plot is not None:
         _need_matplotlib()
-    n_gpus = visible_gpus()
     gpus = {"auto": None, "cpu": False, "gpu": True}[device]
-    if (gpus or (gpus is None and n_gpus)) and max(counts) > n_gpus:
-        raise click.UsageError(f"--workers asks for {max(counts)} GPU workers but {n_gpus} "
-                               "GPU(s) are visible; lower it or pass --device cpu.")
     t0 = time.perf_counter()
     S, label = _load_input(input, powerlaw, nnz, 0)
     S = S.tocsr().astype(np.float32)
     S.sum_duplicates()
     click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
                f"(ready in {time.perf_counter() - t0:.0f} s)")
-    rows = b.bench_scaling(S, K, counts, tiles_per_worker=tiles_per_worker, repeats=repeats,
-                           gpus=gpus, progress=click.echo)
+    rows = b.bench_scaling(S, K_list, counts, tiles_per_worker=tiles_per_worker,
+                           repeats=repeats, gpus=gpus, progress=click.echo)
     click.echo(b.scaling_markdown(rows, label))
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
         click.echo(f"measurements written to {json_path}")
     if plot is not None:
-        _plot_scaling(rows, f"SDDMM, {label}, K={K}", plot)
+        K = K_list[-1]
+        _plot_scaling([r for r in rows if r["K"] == K and isinstance(r["workers"], int)],
+                      f"SDDMM, {label}, K={K}", plot, lambda r: f"{r['gflops']:.0f} GFLOP/s")
         click.echo(f"plot written to {plot}")
 
 
-def _plot_scaling(rows: list[dict[str, Any]], title: str, path: str) -> None:
+def _parse_ints(text: str, hint: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers (``1,2,4``), or a usage error naming it."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected positive integers such as 1,2,4, got {text!r}",
+                                 param_hint=hint) from None
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"every value must be >= 1, got {text!r}", param_hint=hint)
+    return values
+
+
+def _worker_counts(workers: str, device: str) -> tuple[int, ...]:
+    """--workers as counts, refused before any work when GPU workers are more than GPUs."""
+    from mgpu.dist import visible_gpus
+
+    counts = _parse_ints(workers, "--workers")
+    n_gpus = visible_gpus()
+    if (device == "gpu" or (device == "auto" and n_gpus)) and max(counts) > n_gpus:
+        raise click.UsageError(f"--workers asks for {max(counts)} GPU workers but {n_gpus} "
+                               "GPU(s) are visible; lower it or pass --device cpu.")
+    return counts
+
+
+def _plot_scaling(rows: list[dict[str, Any]], title: str, path: str,
+                  rate: Callable[[dict[str, Any]], str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1185,7 +1421,7 @@ def _plot_scaling(rows: list[dict[str, Any]], title: str, path: str) -> None:
     ax.plot(w, [r["speedup"] for r in rows], "o-", label="measured")
     ax.plot(w, [x / w[0] for x in w], "k--", lw=1, label="linear")
     for r in rows:
-        ax.annotate(f"{r['gflops']:.0f} GFLOP/s", (r["workers"], r["speedup"]),
+        ax.annotate(rate(r), (r["workers"], r["speedup"]),
                     textcoords="offset points", xytext=(4, -12), fontsize="small")
     ax.set_xlabel(f"{rows[0]['kind']} workers" if rows else "workers")
     ax.set_ylabel(f"speedup against {w[0]}" if w else "speedup")

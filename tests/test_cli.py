@@ -122,22 +122,45 @@ def test_bench_sddmm_scaling_on_cpu_workers(runner, tmp_path):
     import json
 
     rows = json.loads(out.read_text())
-    assert [(row["workers"], row["tiles"], row["kind"]) for row in rows] == [(1, 2, "CPU"),
-                                                                            (2, 4, "CPU")]
+    assert [(row["workers"], row["tiles"], row["kind"]) for row in rows] == [
+        ("one device, no cluster", 1, "CPU"), (1, 2, "CPU"), (2, 4, "CPU")]
     for row in rows:
         assert row["max_rel_err"] <= 1e-6 and row["median_s"] > 0
         assert 1.0 <= row["imbalance"] < 1.5
-    assert rows[0]["speedup"] == 1.0
-    assert rows[1]["speedup"] == pytest.approx(rows[0]["median_s"] / rows[1]["median_s"])
+    assert "speedup" not in rows[0]
+    assert rows[1]["speedup"] == 1.0
+    assert rows[2]["speedup"] == pytest.approx(rows[1]["median_s"] / rows[2]["median_s"])
     assert "| 2 CPU | 4 |" in r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_knn_scaling_on_cpu_workers(runner, tmp_path):
+    out, png = tmp_path / "knn.json", tmp_path / "knn.png"
+    r = runner.invoke(main, ["bench", "knn-scaling", "--corpus", "3000x800", "--density", "0.01",
+                             "--queries", "300", "--workers", "1,2", "--device", "cpu",
+                             "--repeats", "1", "--metric", "manhattan", "--json", str(out),
+                             "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    import json
+
+    rows = json.loads(out.read_text())
+    assert [(row["workers"], row["kind"]) for row in rows] == [
+        ("one device, no cluster", "CPU"), (1, "CPU"), (2, "CPU")]
+    assert [row.get("tiles") for row in rows] == [None, 1, 2]
+    # every worker count finds exactly the one-device neighbours (ties to the lower id)
+    assert [row.get("ids_equal_first") for row in rows] == [None, True, True]
+    assert rows[1]["speedup"] == 1.0
+    assert rows[2]["speedup"] == pytest.approx(rows[1]["median_s"] / rows[2]["median_s"])
+    assert all(row["n_queries"] == 300 and row["qps"] > 0 for row in rows)
+    assert "| power-law 3,000×800 | manhattan | 10 | 2 CPU | 2 |" in r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_sddmm_scaling_refuses_bad_counts(runner):
     r = runner.invoke(main, ["bench", "sddmm-scaling", "--powerlaw", "30x20", "--workers", "0"])
-    assert r.exit_code != 0 and "worker counts must be >= 1" in r.output
+    assert r.exit_code != 0 and "every value must be >= 1" in r.output
     r = runner.invoke(main, ["bench", "sddmm-scaling", "--powerlaw", "30x20", "--workers", "a"])
-    assert r.exit_code != 0 and "expected counts such as 1,2,4" in r.output
+    assert r.exit_code != 0 and "expected positive integers such as 1,2,4" in r.output
     r = runner.invoke(main, ["bench", "sddmm-scaling", "--powerlaw", "30x20", "--workers", "64",
                              "--device", "gpu"])
     assert r.exit_code != 0 and "GPU(s) are visible" in r.output
@@ -198,6 +221,16 @@ def test_bench_knn_cpu(runner, tmp_path):
     assert r.exit_code != 0 and "'metric' parameter of bench knn" in r.output
 
 
+def test_run_mf_gpu_mode_on_a_cluster_without_gpus(runner, tmp_path, data_dir, monkeypatch):
+    import mgpu.dist.cluster as cl
+
+    monkeypatch.setattr(cl, "visible_gpus", lambda: 0)
+    path = data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz"
+    r = runner.invoke(main, ["run", "mf", str(path), "--modes", "gpu", "--epochs", "1",
+                             "--out", str(tmp_path)])
+    assert r.exit_code != 0 and "gpu: mode='gpu' needs GPU workers" in r.output
+
+
 def test_run_mf_on_movielens(runner, tmp_path, data_dir):
     import json
 
@@ -217,8 +250,8 @@ def test_run_mf_on_movielens(runner, tmp_path, data_dir):
         assert z["user_ids"].shape == (671,)
     assert "sequential: 5 epochs in" in r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    r = runner.invoke(main, ["run", "mf", str(path), "--modes", "gpu", "--out", str(tmp_path)])
-    assert r.exit_code != 0 and "modes must be among sequential, cpu" in r.output
+    r = runner.invoke(main, ["run", "mf", str(path), "--modes", "hsgd*", "--out", str(tmp_path)])
+    assert r.exit_code != 0 and "modes must be among sequential, cpu, gpu, hsgd;" in r.output
 
 
 def test_run_jaccard_on_a_snap_file(runner, tmp_path):
@@ -301,12 +334,11 @@ def test_run_als_cpu(runner, tmp_path):
     assert r.exit_code != 0 and "'test_fraction' parameter of split must be in (0, 1)" in r.output
 
 
-def test_run_gap_on_a_corpus(runner, tmp_path):
-    import json
-
+def _toy_corpus(tmp_path):
+    """A UCI docword file with two clear topics (documents draw from words 0-4 or 5-9) and
+    its vocabulary."""
     import numpy as np
 
-    # two clear topics: documents draw from words 0-4 or from words 5-9
     rng = np.random.default_rng(1)
     lines = []
     docs = []
@@ -319,6 +351,39 @@ def test_run_gap_on_a_corpus(runner, tmp_path):
     path.write_text(f"40\n10\n{len(lines)}\n" + "\n".join(lines) + "\n")
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(f"w{i}" for i in range(10)) + "\n")
+    return path, vocab
+
+
+def test_run_gap_on_the_cluster_and_bench_gap(runner, tmp_path):
+    import json
+
+    path, vocab = _toy_corpus(tmp_path)
+    out = tmp_path / "gap"
+    r = runner.invoke(main, ["run", "gap", str(path), "--device", "cluster", "--workers", "2",
+                             "--parts", "3", "--topics", "2", "--iters", "5", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "cluster: 2 CPU worker(s)" in r.output
+    hist = json.loads((out / "history.json").read_text())["cluster"]
+    assert [h["iteration"] for h in hist] == [1, 2, 3, 4, 5]
+    r = runner.invoke(main, ["run", "gap", str(path), "--device", "cpu", "--parts", "2",
+                             "--out", str(out)])
+    assert r.exit_code != 0 and "go with --device cluster" in r.output
+    js = tmp_path / "gap.json"
+    r = runner.invoke(main, ["bench", "gap", str(path), "--workers", "1,2", "--device", "cpu",
+                             "--topics", "2", "--iters", "4", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(js.read_text())
+    assert [row["workers"] for row in rows] == ["one device, no cluster", 1, 2]
+    assert all(row["loglik_diff"] < 1e-6 for row in rows[1:])
+    assert rows[1]["speedup"] == 1.0 and all(row["median_step_s"] > 0 for row in rows)
+    r = runner.invoke(main, ["bench", "gap", str(path), "--iters", "2"])
+    assert r.exit_code != 0 and "must be >= 3" in r.output
+
+
+def test_run_gap_on_a_corpus(runner, tmp_path):
+    import json
+
+    path, vocab = _toy_corpus(tmp_path)
     out, png = tmp_path / "gap", tmp_path / "gap.png"
     r = runner.invoke(main, ["run", "gap", str(path), "--vocab", str(vocab), "--device", "cpu",
                              "--topics", "2", "--iters", "40", "--out", str(out), "--plot",

@@ -110,6 +110,15 @@ def test_embedded_cluster_closes_with_the_client():
     assert cluster.status.name == "closed"
 
 
+def test_connect_sends_without_distributeds_10ms_batching():
+    import dask.config
+
+    with dask.config.set({"mgpu.connect.batch-interval": "3ms"}):
+        with connect(gpus=False, n_workers=1) as c:
+            assert c.scheduler_comm.interval == pytest.approx(0.003)
+            assert c.submit(lambda: 2 * 21).result() == 42
+
+
 def test_connect_to_nothing_times_out_with_a_message():
     with pytest.raises(TimeoutError, match=r"The scheduler at tcp://127.0.0.1:9 did not come up "
                        r"within 2 s"):
@@ -152,3 +161,15 @@ def test_collection_spans_every_gpu():
         where = chunk_workers(x, c)
         assert {w[0] for w in where.values()} == set(infos)
         assert (gather(x) != S).nnz == 0
+
+
+@pytest.mark.gpu
+def test_gpu_tiles_are_sized_by_their_arrays():
+    import cupyx.scipy.sparse as csp
+    from dask.sizeof import sizeof
+
+    S = powerlaw_csr(2000, 500, 30_000, seed=4)
+    for X in (csp.csr_matrix(S), csp.coo_matrix(S)):
+        names = ("data", "indices", "indptr", "row", "col")
+        arrays = [getattr(X, n) for n in names if hasattr(X, n)]
+        assert sizeof(X) == sum(a.nbytes for a in arrays) > S.nnz * 8

@@ -46,7 +46,7 @@ def test_sgd_kernel_matches_a_plain_python_pass():
     ({"lr": 0.0}, "'lr' parameter"),
     ({"reg": -1.0}, "'reg' parameter"),
     ({"mode": "hsgd*"}, r"'mode' parameter of MatrixFactorization must be a str among "
-                        r"\{'cpu', 'sequential'\}"),
+                        r"\{'cpu', 'gpu', 'hsgd', 'sequential'\}"),
 ])
 def test_bad_parameters(kwargs, match):
     R = sp.coo_matrix(np.array([[1.0, 2.0], [3.0, 0.0]]))
@@ -109,3 +109,101 @@ def test_blocked_cpu_mode_reaches_the_movielens_target(client, data_dir):
     for e in starts:
         counts[e.block] = counts.get(e.block, 0) + 1
     assert set(counts.values()) == {len(h)}  # equal update counts per block
+
+
+@pytest.mark.parametrize("mode", ["gpu", "hsgd"])
+def test_gpu_modes_refuse_a_cluster_without_gpus(client, mode):
+    R = sp.coo_matrix(np.array([[1.0, 2.0], [3.0, 0.0]]))
+    with pytest.raises(ValueError, match=f"mode='{mode}' needs GPU workers; the cluster has none"):
+        mgpu.MatrixFactorization(k=2, mode=mode, epochs=1).fit(R)
+
+
+def _independent_ratings(n: int, seed: int):
+    """n ratings touching n distinct users and n distinct items: no two updates of one pass
+    share a row of P or Q, so the GPU's concurrent updates must equal the sequential pass."""
+    rng = np.random.default_rng(seed)
+    return (rng.permutation(n).astype(np.int32), rng.permutation(n).astype(np.int32),
+            rng.uniform(1, 5, n))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 2e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("k", [7, 32, 128, 200, 256])
+def test_gpu_sgd_kernel_equals_the_cpu_pass_without_conflicts(dtype, rtol, k):
+    import cupy
+
+    u, i, r = _independent_ratings(5000, k)
+    rng = np.random.default_rng(1)
+    P0, Q0 = rng.random((5000, k)).astype(dtype), rng.random((5000, k)).astype(dtype)
+    P, Q = P0.astype(np.float64), Q0.astype(np.float64)
+    sgd_block(u, i, r, P, Q, 0.01, 0.05, 0.02)
+    Pg, Qg = cupy.asarray(P0), cupy.asarray(Q0)
+    order = cupy.asarray(np.random.default_rng(2).permutation(5000))
+    sgd_block(cupy.asarray(u), cupy.asarray(i), cupy.asarray(r.astype(dtype)), Pg, Qg, 0.01,
+              0.05, 0.02, order)
+    np.testing.assert_allclose(Pg.get(), P, rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(Qg.get(), Q, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.gpu
+def test_gpu_sgd_kernel_refuses_what_it_cannot_take():
+    import cupy
+
+    u, i, r = (cupy.asarray(a) for a in _independent_ratings(10, 0))
+    P, Q = cupy.ones((10, 300)), cupy.ones((10, 300))
+    with pytest.raises(ValueError, match=r"1 <= k <= 256. Got P float64 \(10, 300\)"):
+        sgd_block(u, i, r, P, Q, 0.01, 0.0, 0.0)
+    with pytest.raises(ValueError, match="int32 ids"):
+        sgd_block(u.astype(cupy.int64), i, r, P[:, :8].copy(), Q[:, :8].copy(), 0.01, 0.0, 0.0)
+
+
+@pytest.mark.gpu
+def test_gpu_mode_reaches_the_movielens_target(data_dir):
+    from mgpu.dist import connect
+
+    R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
+    train, test = _split(R.tocoo())
+    with connect(gpus=True, n_workers=1):
+        mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80, target_rmse=0.98,
+                                      mode="gpu")
+        mf.fit(train, test)
+    assert mf.history_[-1]["test_rmse"] <= 0.98 and len(mf.history_) < 80
+    starts = [e for e in mf.schedule_events_ if e.kind in ("assign", "steal")]
+    assert starts and all(e.slot.endswith("#gpu") for e in starts)
+
+
+@pytest.mark.gpu
+def test_hsgd_runs_blocks_on_gpu_and_cpu_workers_of_one_cluster(data_dir):
+    """A mixed cluster (a GPU worker from dask-cuda and a CPU worker): GPU slots run on the
+    GPU worker, CPU slots on the CPU worker, and the model still reaches the target."""
+    import os
+    import subprocess
+    import sys
+
+    from mgpu.dist import connect, describe_workers
+
+    R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
+    train, test = _split(R.tocoo())
+    with connect(gpus=True, n_workers=1) as client:
+        cpu = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
+                                client.scheduler.address, "--nworkers", "1", "--nthreads", "2",
+                                "--name", "cpu-0", "--no-nanny"],
+                               env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        try:
+            client.wait_for_workers(2, timeout=60)
+            infos = describe_workers(client)
+            gpu_workers = {a for a, i in infos.items() if i["gpu"]}
+            assert len(gpu_workers) == 1 and len(infos) == 2
+            mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
+                                          target_rmse=0.98, mode="hsgd")
+            mf.fit(train, test)
+        finally:
+            cpu.terminate()
+            cpu.wait(30)
+    assert mf.history_[-1]["test_rmse"] <= 0.98
+    starts = [e for e in mf.schedule_events_ if e.kind in ("assign", "steal")]
+    on_gpu = [e for e in starts if e.slot.endswith("#gpu")]
+    on_cpu = [e for e in starts if not e.slot.endswith("#gpu")]
+    assert on_gpu and on_cpu
+    assert {e.slot.split("#")[0] for e in on_gpu} == gpu_workers
+    assert not {e.slot.split("#")[0] for e in on_cpu} & gpu_workers

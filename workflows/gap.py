@@ -25,7 +25,7 @@ import scipy.sparse as sp
 import mgpu
 from workflows._sparse import transpose_map
 
-__all__ = ["Topics", "fit", "top_words"]
+__all__ = ["Topics", "fit", "fit_distributed", "top_words"]
 
 
 @dataclass
@@ -67,62 +67,327 @@ def fit(S: Any, topics: int = 20, *, iters: int = 50, alpha: float = 1.1, beta: 
     >>> t.history[-1]["loglik_per_token"] > t.history[0]["loglik_per_token"]
     True
     """
+    _check_params(topics, iters, alpha, beta)
+    tile = _Tile.of(S)
+    X, L = _start(tile.S, topics, seed)
+    xp = _xp(tile.S)
+    X, L = xp.asarray(X), xp.asarray(L)
+    log_fact, tokens = _constants(tile.S)
+    tiny = np.finfo(tile.S.dtype).tiny
+    model = Topics(X, L)
+    t_start = time.perf_counter()
+    for it in range(1, iters + 1):
+        t0 = time.perf_counter()
+        X = tile.update_loadings(X, L, alpha, beta, tiny, tile.rates(X, L))
+        part, xs = tile.topic_parts(X, L, tiny)
+        L = L * part / xp.maximum(xs, tiny)
+        ll, xsum = tile.loglik_parts(tile.rates(X, L), X, tiny)
+        loglik = ll - float((xsum * L.sum(axis=0).astype(xp.float64)).sum()) - log_fact
+        rec = {"iteration": it, "loglik_per_token": loglik / tokens,
+               "step_s": time.perf_counter() - t0, "elapsed_s": time.perf_counter() - t_start}
+        model.history.append(rec)
+        if progress is not None:
+            progress(rec)
+    model.X, model.L = X, L
+    return model
+
+
+def _check_params(topics: int, iters: int, alpha: float, beta: float) -> None:
     if topics < 1 or iters < 1 or alpha < 1 or beta <= 0:
         raise ValueError(f"topics and iters must be >= 1, alpha >= 1 and beta > 0. Got "
                          f"topics={topics}, iters={iters}, alpha={alpha}, beta={beta}.")
-    xp = _xp(S)
-    if xp is np:
-        sparse = sp
-    else:
-        import cupyx.scipy.sparse as sparse
+
+
+def _canonical(S: Any) -> Any:
+    """S as float CSR with sorted, summed entries, refusing negative counts."""
     S = S.tocsr()
     S.sum_duplicates()
     S.sort_indices()
     if S.nnz and float(S.data.min()) < 0:
         raise ValueError("The 'S' parameter of fit must hold non-negative counts.")
     dtype = S.dtype if S.dtype in (np.float32, np.float64) else np.float64
-    S = S.astype(dtype)
+    return S.astype(dtype)
+
+
+def _start(S: Any, topics: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The starting loadings and topics (numpy), the same for every device and split."""
     n_docs, n_words = S.shape
     rng = np.random.default_rng(seed)
-    X = xp.asarray(rng.gamma(1.0, 1.0, (n_docs, topics)).astype(dtype))
-    L = xp.asarray(rng.gamma(1.0, 1.0, (n_words, topics)).astype(dtype))
+    X = rng.gamma(1.0, 1.0, (n_docs, topics)).astype(S.dtype)
+    L = rng.gamma(1.0, 1.0, (n_words, topics)).astype(S.dtype)
     L /= L.sum(axis=0, keepdims=True)
-    X *= (S.sum() / n_docs / topics)
-    pattern = S.copy()
-    pattern.data[:] = 1
-    t_ptr, t_ind, perm = transpose_map(S)
-    host = S.get() if hasattr(S, "get") else S
-    log_fact = float(sum(lgamma(v + 1.0) for v in np.asarray(host.data, dtype=np.float64)))
-    tokens = float(host.data.sum())
-    tiny = np.finfo(dtype).tiny
-    model = Topics(X, L)
-    t_start = time.perf_counter()
+    X *= float(S.sum()) / n_docs / topics
+    return X, L
 
-    def ratio(Xf: Any, Lf: Any) -> Any:
-        R = mgpu.sddmm(pattern, Xf, Lf)  # the rates ŝ at the nonzeros
-        R.data = S.data / xp.maximum(R.data, tiny)
+
+def _constants(S: Any) -> tuple[float, float]:
+    """Σ log s! over the nonzero counts, and the number of tokens."""
+    host = S.get() if hasattr(S, "get") else S
+    data = np.asarray(host.data, dtype=np.float64)
+    return float(sum(lgamma(v + 1.0) for v in data)), float(data.sum())
+
+
+@dataclass
+class _Tile:
+    """Documents (rows) of the corpus with what the updates need: the counts, their
+    pattern, and the map that transposes a matrix of that pattern by one gather."""
+
+    S: Any
+    pattern: Any
+    t_ptr: Any
+    t_ind: Any
+    perm: Any
+
+    @classmethod
+    def of(cls, S: Any) -> _Tile:
+        S = _canonical(S)
+        pattern = S.copy()
+        pattern.data[:] = 1
+        return cls(S, pattern, *transpose_map(S))
+
+    def rates(self, X: Any, L: Any) -> Any:
+        """ŝ = S's pattern ∘ (X Λᵀ): the Poisson rates at the nonzero counts (SDDMM)."""
+        return mgpu.sddmm(self.pattern, X, L)
+
+    def _ratio(self, R: Any, tiny: float) -> Any:
+        R.data = self.S.data / _xp(self.S).maximum(R.data, tiny)
         return R
 
-    for it in range(1, iters + 1):
-        t0 = time.perf_counter()
-        Q = ratio(X, L)
-        X *= mgpu.spmm(Q, L)
+    def update_loadings(self, X: Any, L: Any, alpha: float, beta: float, tiny: float,
+                        R: Any) -> Any:
+        """X ← (X ∘ ((S / ŝ) Λ) + α − 1) / (1ᵀΛ + 1/β), given ŝ = ``R``."""
+        X = X * mgpu.spmm(self._ratio(R, tiny), L)
         X += alpha - 1.0
         X /= L.sum(axis=0) + 1.0 / beta
-        Q = ratio(X, L)
-        QT = sparse.csr_matrix((Q.data[perm], t_ind, t_ptr), shape=(n_words, n_docs))
-        L *= mgpu.spmm(QT, X) / xp.maximum(X.sum(axis=0), tiny)
-        rates = mgpu.sddmm(pattern, X, L)
-        loglik = float((S.data.astype(xp.float64) * xp.log(xp.maximum(
-            rates.data.astype(xp.float64), tiny))).sum()
-            - float((X.sum(axis=0).astype(xp.float64) * L.sum(axis=0).astype(xp.float64))
-                    .sum()) - log_fact)
-        rec = {"iteration": it, "loglik_per_token": loglik / tokens,
-               "step_s": time.perf_counter() - t0, "elapsed_s": time.perf_counter() - t_start}
-        model.history.append(rec)
-        if progress is not None:
-            progress(rec)
+        return X
+
+    def topic_parts(self, X: Any, L: Any, tiny: float) -> tuple[Any, Any]:
+        """(S / ŝ)ᵀ X and 1ᵀX for these documents: the sums behind Λ's update."""
+        Q = self._ratio(self.rates(X, L), tiny)
+        sparse = sp if _xp(self.S) is np else _cupyx_sparse()
+        QT = sparse.csr_matrix((Q.data[self.perm], self.t_ind, self.t_ptr),
+                               shape=(self.S.shape[1], self.S.shape[0]))
+        return mgpu.spmm(QT, X), X.sum(axis=0)
+
+    def loglik_parts(self, R: Any, X: Any, tiny: float) -> tuple[float, Any]:
+        """Σ s log ŝ over these documents (given ŝ = ``R``) and 1ᵀX, in float64."""
+        xp = _xp(self.S)
+        ll = float((self.S.data.astype(xp.float64)
+                    * xp.log(xp.maximum(R.data.astype(xp.float64), tiny))).sum())
+        return ll, X.sum(axis=0).astype(xp.float64)
+
+
+def _cupyx_sparse() -> Any:
+    import cupyx.scipy.sparse
+
+    return cupyx.scipy.sparse
+
+
+# ------------------------------------------------------------------- across a cluster
+
+
+def _tile_task(S: Any) -> _Tile:
+    return _Tile.of(S)
+
+
+def _on_device_of(tile: _Tile, X: Any) -> Any:
+    """X on the tile's device (a host piece sent to a GPU worker crosses once)."""
+    if _xp(tile.S) is np:
+        return X
+    import cupy
+
+    return cupy.asarray(X)
+
+
+def _step_task(tile: _Tile, X: Any, L: Any, update: bool, alpha: float, beta: float,
+               tiny: float) -> tuple[Any, tuple]:
+    """One round on one tile: the log-likelihood sums of the current state, then (unless this
+    is the last round) the loadings' update and this tile's share of the topics' update."""
+    X, L = _on_device_of(tile, X), _on_device_of(tile, L)
+    R = tile.rates(X, L)
+    ll, xsum = tile.loglik_parts(R, X, tiny)
+    parts: tuple = (ll, xsum)
+    if update:
+        X = tile.update_loadings(X, L, alpha, beta, tiny, R)
+        parts += tile.topic_parts(X, L, tiny)
+    from mgpu.backends import synchronize
+
+    return synchronize(X), parts
+
+
+def _reduce_task(L: Any, tiny: float, *parts: tuple) -> tuple[Any, float, Any]:
+    """Sum the tiles' shares: (Λ updated, or None in the last round; Σ s log ŝ; the
+    Σ_k (1ᵀX)_k (1ᵀΛ)_k term of the log-likelihood)."""
+    ll = sum(p[0] for p in parts)
+    xsum = sum(_host(p[1]) for p in parts)
+    penalty = float((xsum * _host(L.sum(axis=0)).astype(np.float64)).sum())
+    L_next = None
+    if len(parts[0]) == 4:
+        part = parts[0][2]
+        xs = parts[0][3]
+        for p in parts[1:]:
+            part = part + _on_device_of_array(part, p[2])
+            xs = xs + _on_device_of_array(xs, p[3])
+        L = _on_device_of_array(part, L)
+        L_next = L * part / _xp_of(part).maximum(xs, tiny)
+    return L_next, ll, penalty
+
+
+def _host(a: Any) -> np.ndarray:
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def _xp_of(a: Any) -> Any:
+    if hasattr(a, "get"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _on_device_of_array(like: Any, a: Any) -> Any:
+    return _xp_of(like).asarray(a)
+
+
+def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = None,
+                    client: Any = None, iters: int = 50, alpha: float = 1.1, beta: float = 10.0,
+                    seed: int = 0, progress: Callable[[dict[str, float]], None] | None = None
+                    ) -> Topics:
+    """:func:`fit` with the documents cut into row tiles of equal nnz on a cluster's workers.
+
+    Each tile and its loadings X stay on their worker (its GPU on GPU workers); per iteration
+    only the topics Λ (words × topics) move: each tile returns its share of Λ's update, one
+    task sums them, and the new Λ goes to every tile. The log-likelihood of an iteration is
+    summed in the next round, from the same rates that start that round's update, so one
+    round per iteration suffices; the result equals :func:`fit` up to rounding.
+
+    ``step_s`` in the history is the time between consecutive iterations as the client sees
+    them finish. Returns numpy X and Λ.
+    """
+    from collections import deque
+
+    from mgpu.dist import from_scipy
+    from mgpu.dist.cluster import current_client
+    from mgpu.dist.collection import block_futures
+
+    _check_params(topics, iters, alpha, beta)
+    if not sp.issparse(S):
+        raise TypeError(f"The 'S' parameter of fit_distributed must be a scipy sparse matrix. "
+                        f"Got {type(S).__name__} instead.")
+    S = _canonical(S)
+    X0, L0 = _start(S, topics, seed)
+    log_fact, tokens = _constants(S)
+    tiny = float(np.finfo(S.dtype).tiny)
+    client = client or current_client()
+    if client is None:
+        raise ValueError("fit_distributed runs on a cluster: call mgpu.connect() first.")
+    Sd = from_scipy(S, parts, axis=0, client=client)
+    blocks = block_futures(Sd, client)
+    where = client.who_has(list(blocks.values()))
+    bounds = np.concatenate([[0], np.cumsum(Sd.chunks[0])]).astype(np.int64)
+    tiles, X = [], []
+    for i in range(Sd.numblocks[0]):
+        fut = blocks[(i, 0)]
+        pin = {"workers": list(where.get(fut.key, ()))[:1] or None, "allow_other_workers": False}
+        tiles.append((client.submit(_tile_task, fut, pure=False, **pin), pin))
+        X.append(client.scatter(X0[bounds[i]:bounds[i + 1]], hash=False, **{
+            "workers": pin["workers"]}))
+    L = client.scatter(L0, broadcast=True, hash=False)
+    model = Topics(None, None)
+    t_start = last = time.perf_counter()
+    pending: deque = deque()
+    for r in range(1, iters + 2):
+        update = r <= iters
+        steps = [client.submit(_step_task, t, x, L, update, alpha, beta, tiny, pure=False,
+                               **pin) for (t, pin), x in zip(tiles, X)]
+        X = [client.submit(_first, st, pure=False, **pin) for st, (_, pin) in zip(steps, tiles)]
+        shares = [client.submit(_second, st, pure=False, **pin)
+                  for st, (_, pin) in zip(steps, tiles)]
+        red = client.submit(_reduce_task, L, tiny, *shares, pure=False)
+        if update:
+            L = client.submit(_first, red, pure=False)
+        if r >= 2:
+            pending.append((r - 1, red))
+        while pending and (len(pending) > 1 or not update):
+            it, fut = pending.popleft()
+            _, ll, penalty = fut.result()
+            now = time.perf_counter()
+            rec = {"iteration": it, "loglik_per_token": (ll - penalty - log_fact) / tokens,
+                   "step_s": now - last, "elapsed_s": now - t_start}
+            last = now
+            model.history.append(rec)
+            if progress is not None:
+                progress(rec)
+    model.X = np.vstack([_host(x) for x in client.gather(X)])
+    model.L = _host(client.gather(L))
     return model
+
+
+def scaling(S: sp.spmatrix, topics: int, iters: int, workers: tuple[int, ...], *,
+            gpus: bool | None = None, progress: Callable[[str], None] | None = None
+            ) -> list[dict[str, Any]]:
+    """Per-iteration time of GaP on one device and on clusters of 1, 2, 4, … workers.
+
+    One run: :func:`fit` on one device (the GPU when ``gpus`` or GPUs are visible), then
+    :func:`fit_distributed` with one row tile per worker on embedded clusters of each size.
+    The median iteration leaves out the first two (compilation, tuning). Every run starts
+    from the same state, so the log-likelihood must agree across them up to rounding.
+    """
+    from mgpu.dist import connect, visible_gpus
+
+    use_gpus = visible_gpus() > 0 if gpus is None else gpus
+    rows: list[dict[str, Any]] = []
+
+    def record(label: Any, kind: str, model: Topics) -> None:
+        steps = [h["step_s"] for h in model.history[2:]] or [model.history[-1]["step_s"]]
+        row = {"workers": label, "kind": kind, "topics": topics, "iters": iters,
+               "n_docs": S.shape[0], "n_words": S.shape[1], "nnz": int(S.nnz),
+               "median_step_s": float(np.median(steps)),
+               "loglik_per_token": model.history[-1]["loglik_per_token"]}
+        cluster = [r for r in rows if isinstance(r["workers"], int)]
+        if isinstance(label, int):
+            row["speedup"] = cluster[0]["median_step_s"] / row["median_step_s"] if cluster \
+                else 1.0
+        if rows:
+            row["loglik_diff"] = abs(row["loglik_per_token"] - rows[0]["loglik_per_token"])
+        rows.append(row)
+        if progress is not None:
+            progress(f"{label} {kind}: {row['median_step_s'] * 1e3:.1f} ms per iteration, "
+                     f"log-likelihood per token {row['loglik_per_token']:.6f}")
+
+    data = S.astype(np.float32)
+    if use_gpus:
+        import cupyx.scipy.sparse as csp
+
+        record("one device, no cluster", "GPU", fit(csp.csr_matrix(data), topics, iters=iters))
+    else:
+        record("one device, no cluster", "CPU", fit(data, topics, iters=iters))
+    for n in workers:
+        with connect(n_workers=n, gpus=gpus) as client:
+            record(n, "GPU" if use_gpus else "CPU",
+                   fit_distributed(data, topics, parts=n, client=client, iters=iters))
+    return rows
+
+
+def scaling_markdown(rows: list[dict[str, Any]], label: str) -> str:
+    head = ("| corpus | topics | workers | median ms per iteration | speedup vs 1 worker | "
+            "log-likelihood per token | difference to one device |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(f"| {label} | {r['topics']} | {r['workers']} {r['kind']} | "
+                     f"{r['median_step_s'] * 1e3:.2f} | "
+                     + (f"{r['speedup']:.2f}× | " if "speedup" in r else "– | ")
+                     + f"{r['loglik_per_token']:.6f} | "
+                     + (f"{r['loglik_diff']:.1e} |" if "loglik_diff" in r else "– |"))
+    return "\n".join(lines)
+
+
+def _first(pair: tuple) -> Any:
+    return pair[0]
+
+
+def _second(pair: tuple) -> Any:
+    return pair[1]
 
 
 def top_words(L: Any, vocab: list[str] | None, n: int = 8) -> list[list[str]]:

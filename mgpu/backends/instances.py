@@ -22,6 +22,8 @@ KNN_SHAPES = ((4, 16), (1, 128), (4, 0))
 KNN_SELECT = (16, 128)
 # merge-path SpMV/SpMM (kernels/spmv.cu): merge items (rows + nonzeros) per piece
 SPMV_ITEMS = (8, 16)
+# SGD (kernels/sgd.cu): factor elements per lane, so k <= 32 * the largest
+SGD_KPL = (1, 2, 4, 8)
 
 KNN_GROUPS: dict[str, tuple[str, ...]] = {
     **{f"op{op}-{t}": tuple(f"mgpu_knn_csr<{t}, int, {op}, {m}, {kmax}>" for m, kmax in KNN_SHAPES)
@@ -62,6 +64,8 @@ INSTANCES: dict[str, tuple[str, ...]] = {
         for items in SPMV_ITEMS
     ) + ("mgpu_spmv_carries", "mgpu_spmm_carries")
     + tuple(f"mgpu_carry_apply<{t}>" for t in _FLOATS),
+    # SGD block kernel of matrix factorisation: k <= 32 * KPL
+    "sgd.cu": tuple(f"mgpu_sgd_block<{t}, {kpl}>" for t in _FLOATS for kpl in SGD_KPL),
     # benchmark probe (float32 factors, as the SDDMM benchmark uses)
     "probe.cu": tuple(
         f"mgpu_gather_rows<float, {i}, {w}, {v}>" for i in _INDICES for w in (1, 4) for v in _LANES

@@ -224,3 +224,108 @@ def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
             + (f"{r['ids_equal']:.1%} | {'yes' if r['differing_ids_are_ties'] else 'NO'} |"
                if "ids_equal" in r else "– | – |"))
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- several workers
+
+
+def bench_scaling(index: sp.csr_matrix, queries: sp.csr_matrix, k: int, metric: str,
+                  workers: tuple[int, ...], *, tiles_per_worker: int = 1, repeats: int = 3,
+                  gpus: bool | None = None, progress: Any = None) -> list[dict[str, Any]]:
+    """The distributed kNN on 1, 2, 4, … workers, the index resident on them, in one run.
+
+    For each worker count an embedded cluster is started (GPU workers when ``gpus`` or when
+    GPUs are visible) and the index is cut by nnz into ``tiles_per_worker`` row tiles per
+    worker (:func:`mgpu.dist.from_scipy`). A timed call is the public ``mgpu.knn`` on the
+    dask index with host queries: tiles checked and prepared on their workers, query batches
+    broadcast, local top-k, merge tree, results gathered on the client. The first call, on
+    a few queries, compiles and is not timed. Every worker count must return the same ids as
+    the first (ties go to the lower id everywhere); the one-device call (no cluster) on the
+    same data is the first row.
+    """
+    import time
+
+    import mgpu
+    from mgpu.backends import is_gpu_array
+    from mgpu.dist import chunk_nnz, connect, from_scipy, visible_gpus
+
+    use_gpus = visible_gpus() > 0 if gpus is None else gpus
+    X = index.astype(np.float32) if use_gpus else index
+    Q = queries.astype(X.dtype)
+    nq = Q.shape[0]
+    out: list[dict[str, Any]] = []
+
+    def timed(fn) -> tuple[float, Any]:
+        times, res = [], None
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            res = fn()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times)), res
+
+    def row(workers: Any, kind: str, t: float, ids: np.ndarray, imbalance: float) -> dict:
+        r = {"workers": workers, "kind": kind, "metric": metric, "k": k, "n_index": X.shape[0],
+             "index_nnz": int(X.nnz), "n_queries": nq, "median_s": t, "qps": nq / t,
+             "imbalance": imbalance}
+        if out:
+            r["speedup"] = out[1]["median_s"] / t if len(out) > 1 else 1.0
+            r["ids_equal_first"] = bool(np.array_equal(ids, out[0]["_ids"]))
+        r["_ids"] = ids
+        return r
+
+    if use_gpus:
+        import cupy
+        import cupyx.scipy.sparse as csp
+
+        Xg, Qg = csp.csr_matrix(X), csp.csr_matrix(Q)
+        mgpu.knn(Xg, Qg[: min(nq, 256)], k, metric=metric)
+        t, (_, ids) = timed(lambda: _synced(mgpu.knn(Xg, Qg, k, metric=metric)))
+        del Xg, Qg
+        cupy.get_default_memory_pool().free_all_blocks()
+    else:
+        mgpu.knn(X, Q[: min(nq, 256)], k, metric=metric)
+        t, (_, ids) = timed(lambda: mgpu.knn(X, Q, k, metric=metric))
+    out.append(row("one device, no cluster", "GPU" if use_gpus else "CPU", t, np.asarray(
+        ids.get() if hasattr(ids, "get") else ids), 1.0))
+    if progress is not None:
+        progress(f"one device: {nq / t:,.0f} queries/s")
+    for n in workers:
+        with connect(n_workers=n, gpus=gpus) as client:
+            Xd = from_scipy(X, n * tiles_per_worker, axis=0, client=client)
+            kind = "GPU" if is_gpu_array(Xd._meta) else "CPU"
+            mgpu.knn(Xd, Q[: min(nq, 256)], k, metric=metric)
+            t, (_, ids) = timed(lambda: mgpu.knn(Xd, Q, k, metric=metric))
+            nnz = chunk_nnz(Xd).ravel()
+            r = row(n, kind, t, ids, float(nnz.max() / nnz.mean()) if nnz.size else 1.0)
+            r["tiles"] = int(nnz.size)
+            out.append(r)
+            if progress is not None:
+                progress(f"{n} {kind} worker(s): {r['qps']:,.0f} queries/s, speedup "
+                         f"{r['speedup']:.2f}×, nnz imbalance {r['imbalance']:.4f}, ids "
+                         f"{'identical' if r['ids_equal_first'] else 'DIFFER'}")
+    for r in out:
+        r.pop("_ids")
+    return out
+
+
+def _synced(res: Any) -> Any:
+    import cupy
+
+    cupy.cuda.get_current_stream().synchronize()
+    return res
+
+
+def scaling_markdown(rows: list[dict[str, Any]], label: str) -> str:
+    """The scaling table: queries/s and speedup against one worker, nnz imbalance, ids."""
+    head = ("| corpus | metric | k | workers | tiles | nnz imbalance | queries | median s | "
+            "queries/s | speedup vs 1 worker | ids equal to one device |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        same = r.get("ids_equal_first")
+        lines.append(
+            f"| {label} | {r['metric']} | {r['k']} | {r['workers']} {r['kind']} | "
+            f"{r.get('tiles', '–')} | {r['imbalance']:.4f} | {r['n_queries']:,} | "
+            f"{r['median_s']:.3f} | {r['qps']:,.0f} | "
+            + (f"{r['speedup']:.2f}× | " if "speedup" in r else "– | ")
+            + ("– |" if same is None else ("yes |" if same else "NO |")))
+    return "\n".join(lines)

@@ -180,68 +180,95 @@ def markdown(rows: list[dict[str, Any]], label: str) -> str:
     return "\n".join(lines)
 
 
-def bench_scaling(S: sp.csr_matrix, K: int, workers: tuple[int, ...], *,
+def bench_scaling(S: sp.csr_matrix, Ks: tuple[int, ...], workers: tuple[int, ...], *,
                   tiles_per_worker: int = 1, repeats: int = 5, gpus: bool | None = None,
                   progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The distributed SDDMM on 1, 2, 4, … workers, S and the factors resident on them.
 
     For each worker count an embedded cluster is started (GPU workers when ``gpus`` or when
     GPUs are visible), S is cut at nnz prefix sums into ``tiles_per_worker`` tiles per worker
-    along :func:`mgpu.dist.sddmm_axis`, the factors are placed once
-    (:func:`mgpu.dist.place_factors`), and each timed call runs ``mgpu.sddmm`` to a persisted
-    (not gathered) result. The first call is a warm-up (kernel compilation, tuning) and is
-    checked against a float64 reference on sampled nonzeros.
+    along :func:`mgpu.dist.sddmm_axis`, and for each K the factors are placed once
+    (:func:`mgpu.dist.place_factors`) and each timed call runs ``mgpu.sddmm`` to a persisted
+    (not gathered) result; a GPU task returns once its kernel has finished. The first call is a
+    warm-up (kernel compilation, tuning) and is checked against a float64 reference on sampled
+    nonzeros. The same product on one device without a cluster is the first row of each K.
     """
     from distributed import wait
 
     import mgpu
-    from mgpu.dist import chunk_nnz, connect, from_scipy, gather, place_factors, sddmm_axis
+    from mgpu.dist import (
+        chunk_nnz,
+        connect,
+        from_scipy,
+        gather,
+        place_factors,
+        sddmm_axis,
+        visible_gpus,
+    )
 
-    A, B = _factors(S, K, K)
-    flop = 2.0 * K * S.nnz
+    use_gpus = visible_gpus() > 0 if gpus is None else gpus
     axis = sddmm_axis(S.shape)
+    factors = {K: _factors(S, K, K) for K in Ks}
     out: list[dict[str, Any]] = []
+
+    def record(n: Any, kind: str, K: int, times: list[float], tiles: int, imbalance: float,
+               err: float) -> None:
+        t = float(np.median(times))
+        row = {"workers": n, "kind": kind, "tiles": tiles, "axis": axis, "K": K,
+               "nnz": int(S.nnz), "median_s": t, "gflops": 2.0 * K * S.nnz / t / 1e9,
+               "imbalance": imbalance, "max_rel_err": err}
+        first = [r for r in out if r["K"] == K and isinstance(r["workers"], int)]
+        if isinstance(n, int):
+            row["speedup"] = first[0]["median_s"] / t if first else 1.0
+        out.append(row)
+        if progress is not None:
+            progress(f"K={K}, {n} {kind} worker(s): {t * 1e3:.1f} ms, {row['gflops']:.0f} GFLOP/s"
+                     + (f", speedup {row['speedup']:.2f}×" if "speedup" in row else "")
+                     + f", nnz imbalance {imbalance:.4f}")
+
+    for K in Ks:  # the one-device reference
+        A, B = factors[K]
+        if use_gpus:
+            import cupy
+            import cupyx.scipy.sparse as csp
+
+            Sg, Ag, Bg = csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B)
+            P = mgpu.sddmm(Sg, Ag, Bg, hadamard=False)
+            err = _sample_error(S, A, B, P.data.get(), K)
+            del P
+            t = time_gpu(lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False), repeats=repeats)
+            del Sg, Ag, Bg
+            cupy.get_default_memory_pool().free_all_blocks()
+        else:
+            err = _sample_error(S, A, B, mgpu.sddmm(S, A, B, hadamard=False).data, K)
+            t = time_cpu(lambda: mgpu.sddmm(S, A, B, hadamard=False), repeats=repeats)
+        record("one device, no cluster", "GPU" if use_gpus else "CPU", K, [t], 1, 1.0, err)
     for n in workers:
         with connect(n_workers=n, gpus=gpus) as client:
             kind = "GPU" if all(client.run(_has_gpu_worker).values()) else "CPU"
             Sd = from_scipy(S, n * tiles_per_worker, axis=axis, client=client)
-            A_d, B_d = place_factors(Sd, A, B, client=client)
-
-            def call() -> Any:
-                P = mgpu.sddmm(Sd, A_d, B_d, hadamard=False).persist()
-                wait(P)
-                if kind == "GPU":
-                    # a task ends when its kernel is queued: wait for the devices too
-                    client.run(_synchronize_device)
-                return P
-
-            P = call()
-            err = _sample_error(S, A, B, gather(P).tocsr().data, K)
-            del P
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                P = call()
-                times.append(time.perf_counter() - t0)
-                del P
             nnz = chunk_nnz(Sd).ravel()
-            t = float(np.median(times))
-            row = {"workers": n, "kind": kind, "tiles": int(nnz.size), "axis": axis, "K": K,
-                   "nnz": int(S.nnz), "median_s": t, "gflops": flop / t / 1e9,
-                   "imbalance": float(nnz.max() / nnz.mean()) if nnz.size else 1.0,
-                   "max_rel_err": err}
-            row["speedup"] = out[0]["median_s"] / t if out else 1.0
-            out.append(row)
-            if progress is not None:
-                progress(f"{n} {kind} worker(s): {t * 1e3:.1f} ms, {row['gflops']:.0f} GFLOP/s, "
-                         f"speedup {row['speedup']:.2f}×, nnz imbalance {row['imbalance']:.4f}")
+            imbalance = float(nnz.max() / nnz.mean()) if nnz.size else 1.0
+            for K in Ks:
+                A, B = factors[K]
+                A_d, B_d = place_factors(Sd, A, B, client=client)
+
+                def call() -> Any:
+                    P = mgpu.sddmm(Sd, A_d, B_d, hadamard=False).persist()
+                    wait(P)
+                    return P
+
+                P = call()
+                err = _sample_error(S, A, B, gather(P).tocsr().data, K)
+                del P
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    P = call()
+                    times.append(time.perf_counter() - t0)
+                    del P
+                record(n, kind, K, times, int(nnz.size), imbalance, err)
     return out
-
-
-def _synchronize_device() -> None:
-    import cupy
-
-    cupy.cuda.Device().synchronize()
 
 
 def _has_gpu_worker(dask_worker: Any = None) -> bool:
@@ -256,7 +283,8 @@ def scaling_markdown(rows: list[dict[str, Any]], label: str) -> str:
             "speedup vs 1 | max rel err |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
+        speedup = f"{r['speedup']:.2f}×" if "speedup" in r else "–"
         lines.append(f"| {label} | {r['K']} | {r['workers']} {r['kind']} | {r['tiles']} | "
                      f"{r['imbalance']:.4f} | {r['median_s'] * 1e3:.1f} | {r['gflops']:.0f} | "
-                     f"{r['speedup']:.2f}× | {r['max_rel_err']:.1e} |")
+                     f"{speedup} | {r['max_rel_err']:.1e} |")
     return "\n".join(lines)

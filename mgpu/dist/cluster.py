@@ -7,6 +7,7 @@ import socket
 from typing import Any
 
 import distributed
+from dask.utils import parse_timedelta
 
 from mgpu import config
 
@@ -166,6 +167,28 @@ def connect(
     ...     print(len(client.scheduler_info()["workers"]))
     1
     """
+    return _low_latency(_connect(address, gpus=gpus, n_workers=n_workers, timeout=timeout,
+                                 slurm=slurm))
+
+
+def _low_latency(client: Client) -> Client:
+    """Lower the client's message batching to ``mgpu.connect.batch-interval``.
+
+    distributed batches what a client sends to the scheduler for 10 ms, so one iterative call
+    after another (an SDDMM, an SpMM, a kNN batch) waits up to 10 ms to be sent, however
+    short its tasks: measured on a 2-GPU node, a no-op task took 10.6 ms from submit to
+    result. The batching is an attribute of the client's stream (``scheduler_comm``), not a
+    setting; a client without it is left as it is.
+    """
+    interval = parse_timedelta(config.get("connect.batch-interval"))
+    comm = getattr(client, "scheduler_comm", None)
+    if interval is not None and hasattr(comm, "interval"):
+        comm.interval = interval
+    return client
+
+
+def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
+             timeout: float | None, slurm: dict[str, Any] | None) -> Client:
     timeout = float(timeout if timeout is not None else config.get("connect.timeout"))
     if n_workers is not None and n_workers < 1:
         raise ValueError(f"The 'n_workers' parameter of connect must be >= 1. Got {n_workers}.")

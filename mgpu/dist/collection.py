@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal
@@ -15,7 +16,6 @@ from typing import Any, Literal
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
-from dask.base import tokenize
 from dask.core import flatten
 
 from mgpu.dist.cluster import current_client, describe_workers
@@ -23,7 +23,8 @@ from mgpu.partition import axis_counts, part_sums, split_counts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["chunk_nnz", "chunk_workers", "device_copy", "from_scipy", "gather"]
+__all__ = ["block_futures", "chunk_nnz", "chunk_workers", "device_copy", "from_scipy", "gather",
+           "scatter_as"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -56,6 +57,18 @@ def device_copy(X: Any, convert: Callable[[Any], Any]) -> Any:
     with _device_lock:
         _device_copies[key] = (ref, dev)
     return dev
+
+
+def scatter_as(client: Any, key: Any, value: Any, *, workers: list[str] | None = None,
+               broadcast: bool = False) -> Any:
+    """Send ``value`` to the workers under the dask key ``key`` and return its future.
+
+    A dask array whose graph maps each key to the future *of that same key* is what
+    ``client.persist`` returns: later graphs use the data where it is. A future under another
+    key would make every later graph add an alias task per chunk, run on one worker, so that
+    a chunk copied to every worker (a broadcast factor) is fetched by the others each time.
+    """
+    return client.scatter({key: value}, workers=workers, broadcast=broadcast)[key]
 
 
 def _to_device(chunk: sp.csr_matrix) -> Any:
@@ -185,8 +198,9 @@ def from_scipy(
             f"use parts >= {int(-(-int(nnz.sum()) // _INT32_MAX))}."
         )
 
-    token = tokenize(S.indptr, S.indices, S.data, S.shape, parts, axis, on_gpu)
-    name = f"mgpu-from-scipy-{token}"
+    # A fresh name, not a hash of S: hashing every value costs a pass over the matrix, and a
+    # name that two calls share could meet a release of the same key still in flight.
+    name = f"mgpu-from-scipy-{uuid.uuid4().hex}"
     meta: Any = sp.csr_matrix((0, 0), dtype=S.dtype)
     keys = [(name, i, 0) if axis == 0 else (name, 0, i) for i in range(parts)]
     graph: dict[Any, Any] = {}
@@ -196,20 +210,19 @@ def from_scipy(
             if progress is not None:
                 progress(int(nnz[i]))
     else:
-        futures = []
-        for i in range(parts):
+        for i, key in enumerate(keys):
             w = workers[i % len(workers)]
-            fut = client.scatter(piece(i), workers=[w], hash=False)
             if on_gpu:
-                fut = client.submit(
-                    _to_device, fut, key=f"mgpu-to-gpu-{token}-{i}",
-                    workers=[w], allow_other_workers=False,
-                )
+                host = client.scatter(piece(i), workers=[w], hash=False)
+                fut = client.submit(_to_device, host, key=key, workers=[w],
+                                    allow_other_workers=False)
                 fut.result()  # surfaces a GPU error now, not at the first compute
+                del host
+            else:
+                fut = scatter_as(client, key, piece(i), workers=[w])
             if progress is not None:
                 progress(int(nnz[i]))
-            futures.append(fut)
-        graph.update(zip(keys, futures))
+            graph[key] = fut
         if on_gpu:
             import cupyx.scipy.sparse as csp
 
@@ -245,6 +258,22 @@ def chunk_workers(x: da.Array, client: Any) -> dict[tuple[int, ...], tuple[str, 
             placed[tuple(k[1:])] = v
     who = client.who_has(list(placed.values())) if placed else {}
     return {idx: tuple(who.get(f.key, ())) for idx, f in placed.items()}
+
+
+def block_futures(x: da.Array, client: Any) -> dict[tuple[int, ...], Any]:
+    """The future of every block of ``x``, by block index, persisting ``x`` only if needed.
+
+    An array made by :func:`from_scipy` (or persisted) already maps each key to its own
+    future, and is taken as it is: no round trip, no alias task.
+    """
+    from distributed import Future
+
+    keys = list(flatten(x.__dask_keys__()))
+    graph = x.__dask_graph__()
+    if not all(isinstance(graph.get(k), Future) and graph[k].key == k for k in keys):
+        x = client.persist(x)
+        graph = x.__dask_graph__()
+    return {tuple(k[1:]): graph[k] for k in keys}
 
 
 def gather(x: da.Array) -> sp.csr_matrix:

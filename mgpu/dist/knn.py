@@ -1,5 +1,6 @@
 """Distributed exact kNN: the index in nnz-balanced row tiles on the workers, queries sent
-in batches, a local top-k per tile with global ids, and a tree of k-way merges.
+in batches, a local top-k per tile with global ids, merged on the client in a tree of
+pairwise merges.
 
 Ties go to the lower global id at every step (within a tile by the local top-k, across tiles
 by the merge), so the result equals the one-device :func:`mgpu.knn`.
@@ -7,15 +8,17 @@ by the merge), so the result equals the one-device :func:`mgpu.knn`.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
 import numpy as np
-from dask.core import flatten
 
 from mgpu import config
+from mgpu.backends import is_gpu_array
 from mgpu.dist.cluster import current_client
+from mgpu.dist.collection import block_futures
 from mgpu.ops import distances as dist
 
 logger = logging.getLogger(__name__)
@@ -59,11 +62,11 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     """kNN over an index held by the workers as row tiles (:func:`mgpu.dist.from_scipy`).
 
     Query batches are sized so that a tile's distances for one batch stay within
-    ``working_memory`` (default ``mgpu.knn.working-memory``) on its worker; ``progress`` is
-    called with the number of queries finished after each batch.
+    ``working_memory`` (default ``mgpu.knn.working-memory``) on its worker; GPU tiles take
+    ``mgpu.knn.gpu-task-queries`` queries a task and batch them within the budget on the
+    device. ``mgpu.knn.batches-in-flight`` batches run at once; ``progress`` is called with
+    the number of queries finished after each batch.
     """
-    from distributed import futures_of
-
     ring, p = dist.resolve_metric(metric, p, func="knn")
     if index.numblocks[1] != 1:
         raise ValueError("The 'index' parameter of knn must be cut into row tiles (from_scipy "
@@ -80,37 +83,59 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     client = client or current_client()
     if client is None:
         raise ValueError("a distributed index needs a cluster: call mgpu.connect() first.")
-    index = client.persist(index)
-    by_key = {f.key: f for f in futures_of(index)}
-    tiles = [by_key[key] for key in flatten(index.__dask_keys__())]
+    blocks = block_futures(index, client)
+    tiles = [blocks[(i, 0)] for i in range(index.numblocks[0])]
+    where = client.who_has(tiles)
     offsets = np.concatenate([[0], np.cumsum(index.chunks[0])[:-1]]).astype(np.int64)
-    # the budget is read here, once: tasks get bytes, never the workers' own config
+    # settings are read here, once: tasks get values, never the workers' own config
     working_memory = config.get_bytes("knn.working-memory", working_memory)
-    step = dist.working_memory_rows(max(index.chunks[0]), working_memory)
+    if is_gpu_array(index._meta):
+        # a GPU tile keeps k candidates per query, never a row of distances, and cuts its
+        # task into batches within the budget itself
+        step = int(config.get("knn.gpu-task-queries"))
+    else:
+        step = dist.working_memory_rows(max(index.chunks[0]), working_memory)
+    in_flight = max(1, int(config.get("knn.batches-in-flight")))
     nq = queries.shape[0]
     out_d = np.empty((nq, k), dtype=np.float64)
     out_i = np.empty((nq, k), dtype=np.int64)
-    logger.info("knn: %d queries in batches of %d over %d tile(s), k=%d, %s", nq, step,
-                len(tiles), k, ring.name)
-    # each tile converted and checked once, where it lives, not once per batch
-    tiles = [(client.submit(_prepare_tile, t, ring.name, p, pure=False), int(o))
-             for t, o, rows in zip(tiles, offsets, index.chunks[0]) if rows]
-    for s in range(0, nq, step):
+    logger.info("knn: %d queries in batches of %d (%d in flight) over %d tile(s), k=%d, %s",
+                nq, step, in_flight, len(tiles), k, ring.name)
+    # Each tile is checked and prepared once per call where it lives, and its queries run
+    # there: a prepared GPU tile belongs to its device.
+    prepared = []
+    for t, o, rows in zip(tiles, offsets, index.chunks[0]):
+        if rows:
+            holders = list(where.get(t.key, ()))
+            pin = {"workers": holders[:1] or None, "allow_other_workers": False}
+            prepared.append((client.submit(_prepare_tile, t, ring.name, p, pure=False, **pin),
+                             int(o), pin))
+
+    def submit_batch(s: int) -> list[Any]:
         batch = client.scatter(queries[s:s + step], broadcast=True, hash=False)
-        parts = [client.submit(_local_knn, t, batch, k, ring.name, p, o, working_memory,
-                               pure=False)
-                 for t, o in tiles]
-        while len(parts) > 1:  # a tree of pairwise merges
-            nxt = [client.submit(merge_top_k, parts[j], parts[j + 1], k, ring.similarity,
-                                 pure=False)
-                   for j in range(0, len(parts) - 1, 2)]
-            if len(parts) % 2:
-                nxt.append(parts[-1])
-            parts = nxt
-        d, i = parts[0].result()
+        return [client.submit(_local_knn, t, batch, k, ring.name, p, o, working_memory,
+                              pure=False, **pin)
+                for t, o, pin in prepared]
+
+    def collect(s: int, parts: list[Any]) -> None:
+        # The tiles' lists (k per query) are merged here, in a tree of pairwise merges:
+        # a merge task would take the thread of a GPU worker from its next batch.
+        lists = client.gather(parts)
+        while len(lists) > 1:
+            lists = [merge_top_k(lists[j], lists[j + 1], k, ring.similarity)
+                     for j in range(0, len(lists) - 1, 2)] + lists[len(lists) - len(lists) % 2:]
+        d, i = lists[0]
         out_d[s:s + step], out_i[s:s + step] = d, i
         if progress is not None:
-            progress(min(step, nq - s))
+            progress(d.shape[0])
+
+    pending: deque[tuple[int, list[Any]]] = deque()
+    for s in range(0, nq, step):
+        pending.append((s, submit_batch(s)))
+        if len(pending) >= in_flight:
+            collect(*pending.popleft())
+    while pending:
+        collect(*pending.popleft())
     return out_d, out_i
 
 

@@ -16,9 +16,9 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from mgpu.backends import is_gpu_array, to_host
+from mgpu.backends import is_gpu_array, synchronize, to_host
 from mgpu.dist.cluster import current_client
-from mgpu.dist.collection import chunk_workers, device_copy
+from mgpu.dist.collection import block_futures, chunk_workers, device_copy, scatter_as
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
     check_dense_factor,
@@ -77,37 +77,35 @@ def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool
         A, B = _on_device(A), _on_device(B)
     elif is_gpu_array(A) or is_gpu_array(B):
         A, B = to_host(A), to_host(B)
-    return sddmm_local(check_sparse(S, hadamard), A, B, hadamard)
+    return synchronize(sddmm_local(check_sparse(S, hadamard), A, B, hadamard))
 
 
-def _factor(X: Any, name: str, row_chunks: tuple[int, ...], holders: list[list[str]],
-            client: Any) -> da.Array:
-    """A dense factor as a dask array chunked like S's rows (A) or columns (B).
+def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any) -> da.Array:
+    """A dense factor as a dask array chunked like S's rows (A, ``axis=0``) or columns (B).
 
     A numpy/cupy factor is checked here, before any task runs, and sent to the workers:
-    one broadcast copy when it is not split, else each piece to the worker of its tiles.
+    one broadcast copy when it is not split, else each piece to the workers of its tiles.
     """
     K = X.shape[1]
+    row_chunks = S.chunks[axis]
     chunks = (row_chunks, (K,))
     if is_dask_array(X):
         return X.rechunk(chunks) if X.chunks != chunks else X
     check_dense_factor(X, name)
     # Factors change every call of an iterative method: a fresh name instead of hashing
     # hundreds of MB of values for a deterministic one.
-    token = uuid.uuid4().hex
+    key = f"{_PLACED}{name}-{uuid.uuid4().hex}"
     if client is None:
-        return da.from_array(X, chunks=chunks, asarray=False, name=f"{_PLACED}{name}-{token}")
+        return da.from_array(X, chunks=chunks, asarray=False, name=key)
     bounds = np.concatenate([[0], np.cumsum(row_chunks)]).astype(np.int64)
+    holders = _holders(S, client, axis) if len(row_chunks) > 1 else [[]]
     graph = {}
     for i in range(len(row_chunks)):
         piece = X[bounds[i]:bounds[i + 1]]
-        if len(row_chunks) == 1:
-            fut = client.scatter(piece, broadcast=True, hash=False)
-        else:
-            fut = client.scatter(piece, workers=holders[i] or None, hash=False)
-        graph[(f"{_PLACED}{name}-{token}", i, 0)] = fut
-    meta = X[:0]
-    return da.Array(graph, f"{_PLACED}{name}-{token}", chunks=chunks, dtype=X.dtype, meta=meta)
+        graph[(key, i, 0)] = scatter_as(client, (key, i, 0), piece,
+                                        workers=holders[i] or None,
+                                        broadcast=len(row_chunks) == 1)
+    return da.Array(graph, key, chunks=chunks, dtype=X.dtype, meta=X[:0])
 
 
 def place_factors(S: da.Array, A: Any, B: Any, *, client: Any = None) -> tuple[da.Array, da.Array]:
@@ -143,8 +141,7 @@ def place_factors(S: da.Array, A: Any, B: Any, *, client: Any = None) -> tuple[d
     client = client or current_client()
     if client is None:
         raise ValueError("place_factors needs a cluster: call mgpu.connect() first.")
-    return (_factor(A, "A", S.chunks[0], _holders(S, client, 0), client),
-            _factor(B, "B", S.chunks[1], _holders(S, client, 1), client))
+    return _factor(A, "A", S, 0, client), _factor(B, "B", S, 1, client)
 
 
 def _holders(S: da.Array, client: Any, axis: int) -> list[list[str]]:
@@ -212,18 +209,39 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) ->
         raise ValueError("The 'S' parameter of sddmm has unknown chunk sizes; call "
                          "S.compute_chunk_sizes() first.")
     client = current_client()
-    A_d = _factor(A, "A", S.chunks[0], _holders(S, client, 0), client)
-    B_d = _factor(B, "B", S.chunks[1], _holders(S, client, 1), client)
+    A_d = _factor(A, "A", S, 0, client)
+    B_d = _factor(B, "B", S, 1, client)
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
     meta = S._meta.astype(dt) if hasattr(S._meta, "astype") else S._meta
+    check = tuple(is_dask_array(X) and not X.name.startswith(_PLACED) for X in (A, B))
     logger.debug("sddmm: %s tiles of S, K=%d, hadamard=%s", S.numblocks, A.shape[1], hadamard)
-    return da.blockwise(
-        _sddmm_block, "ij",
-        S, "ij", A_d, "ik", B_d, "jk",
-        hadamard=bool(hadamard),
-        check=tuple(is_dask_array(X) and not X.name.startswith(_PLACED) for X in (A, B)),
-        concatenate=False,
-        dtype=dt,
-        meta=meta,
-        name="mgpu-sddmm-" + tokenize(S, A_d, B_d, hadamard),
-    )
+    if client is None:
+        return da.blockwise(
+            _sddmm_block, "ij", S, "ij", A_d, "ik", B_d, "jk",
+            hadamard=bool(hadamard), check=check, concatenate=False, dtype=dt, meta=meta,
+            name="mgpu-sddmm-" + tokenize(S, A_d, B_d, hadamard),
+        )
+    return _submit_tiles(S, A_d, B_d, bool(hadamard), check, dt, meta, client)
+
+
+def _submit_tiles(S: da.Array, A_d: da.Array, B_d: da.Array, hadamard: bool,
+                  check: tuple[bool, bool], dt: np.dtype, meta: Any, client: Any) -> da.Array:
+    """One task per tile of S, started now, each asked to run where its tile is.
+
+    Dask alone would run a tile's task where the largest inputs are, and a GPU tile can look
+    small next to a factor, so S would follow the factors. The loose restriction keeps S
+    where :func:`mgpu.dist.from_scipy` put it, while a worker that is busy or gone can
+    still hand the task to another.
+    """
+    tiles = block_futures(S, client)
+    a, b = block_futures(A_d, client), block_futures(B_d, client)
+    where = client.who_has(list(tiles.values()))
+    name = f"mgpu-sddmm-{uuid.uuid4().hex}"
+    graph = {}
+    for (i, j), tile in tiles.items():
+        key = (name, i, j)
+        graph[key] = client.submit(
+            _sddmm_block, tile, a[(i, 0)], b[(j, 0)], hadamard, check, key=key,
+            workers=list(where.get(tile.key, ())) or None, allow_other_workers=True,
+        )
+    return da.Array(graph, name, chunks=S.chunks, dtype=dt, meta=meta)

@@ -7,12 +7,18 @@ Modes so far:
     reference of the HSGD* benchmarks.
 ``cpu``
     FPSGD-style: users and items shuffled, cut into a (t+1)×(t+1) grid for t worker slots
-    (one per thread of the cluster's CPU workers), the blocks run by
+    (one per thread of the cluster's workers), the blocks run by
     :class:`mgpu.sched.BlockScheduler` so that no two running blocks share users or items;
     factor segments are futures, so each block sees the latest ones.
+``gpu``
+    The same grid on the cluster's GPU workers only, one slot per GPU, each block run by the
+    GPU kernel (``kernels/sgd.cu``, cuMF_SGD's warp-per-rating scheme).
+``hsgd``
+    The thesis's uniform baseline: GPU workers and the threads of the CPU workers together,
+    a uniform grid owned round-robin, and dynamic work stealing between them.
 
-The GPU modes of HSGD* (``gpu``, ``hsgd``, ``hsgd-linear``, ``hsgd-static``, ``hsgd*``) need the
-GPU block kernel and are not here yet.
+HSGD*'s own modes (``hsgd-linear``, ``hsgd-static``, ``hsgd*``: the cost-model split and the
+non-uniform division) are not here yet.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from mgpu import config
 from mgpu.mf.sgd import rmse, sgd_block
 from mgpu.ops._validate import check_option
 
@@ -34,18 +41,51 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["MODES", "MatrixFactorization"]
 
-MODES = ("sequential", "cpu")
+MODES = ("sequential", "cpu", "gpu", "hsgd")
 
 
 def _block_task(block: tuple[np.ndarray, np.ndarray, np.ndarray], P: np.ndarray,
-                Q: np.ndarray, lr: float, reg: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+                Q: np.ndarray, lr: float, reg: float, seed: int, device: str = "cpu",
+                conflicts: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One block (users, items, ratings in segment-local ids): SGD over its ratings in a
-    random order, on copies of its two factor segments."""
+    random order, on copies of its two factor segments.
+
+    On a GPU slot the segments and the block's ratings cross to the device and back (the
+    transfer HSGD*'s GPU cost curve accounts for), and ``kernels/sgd.cu`` runs the pass.
+    """
     users, items, ratings = block
-    P, Q = P.copy(), Q.copy()
     order = np.random.default_rng(seed).permutation(users.shape[0])
+    if device == "gpu":
+        import cupy
+
+        Pg, Qg = cupy.array(P), cupy.array(Q)
+        sgd_block(cupy.asarray(users[order].astype(np.int32)),
+                  cupy.asarray(items[order].astype(np.int32)),
+                  cupy.asarray(ratings[order].astype(P.dtype)), Pg, Qg, lr, reg, reg,
+                  conflicts=conflicts)
+        return Pg.get(), Qg.get()
+    P, Q = P.copy(), Q.copy()
     sgd_block(users, items, ratings, P, Q, lr, reg, reg, order)
     return P, Q
+
+
+def _slots(client: Any, mode: str) -> list[Any]:
+    """The scheduler's slots for a mode: every thread of every worker (``cpu``), every GPU
+    worker (``gpu``), or the GPU workers and the threads of the CPU workers (``hsgd``)."""
+    from mgpu.dist.cluster import describe_workers
+    from mgpu.sched import Slot
+
+    infos = describe_workers(client)
+    has_gpu = {a: bool(i.get("gpu")) and "error" not in i["gpu"] for a, i in infos.items()}
+    threads = [Slot(f"{a}#{t}", a, "cpu") for a, i in infos.items()
+               for t in range(i.get("nthreads") or 1) if mode == "cpu" or not has_gpu[a]]
+    gpus = [Slot(f"{a}#gpu", a, "gpu") for a in infos if has_gpu[a]]
+    if mode == "cpu":
+        return threads
+    if not gpus:
+        raise ValueError(f"mode={mode!r} needs GPU workers; the cluster has none "
+                         "(mgpu.connect() starts them where GPUs are visible).")
+    return gpus if mode == "gpu" else gpus + threads
 
 
 class MatrixFactorization:
@@ -61,7 +101,7 @@ class MatrixFactorization:
     epochs : int, default=60
     target_rmse : float, optional
         Stop once the test RMSE reaches it.
-    mode : {'sequential', 'cpu'}, default='sequential'
+    mode : {'sequential', 'cpu', 'gpu', 'hsgd'}, default='sequential'
     seed : int, default=0
     checkpoint_dir : str, optional
         Write ``P`` and ``Q`` after every epoch to ``<dir>/mf-epoch-<n>.npz``.
@@ -73,7 +113,8 @@ class MatrixFactorization:
     history_ : list of dict
         Per epoch: ``epoch``, ``seconds`` (since fit started), ``train_rmse``, ``test_rmse``.
     schedule_events_ : list of mgpu.sched.Event
-        ``mode='cpu'`` only: every assignment, steal and completion of the block scheduler.
+        Block modes only: every assignment, steal and completion of the block scheduler
+        (slot names end in ``#gpu`` for GPU slots, ``#<thread>`` for CPU threads).
 
     Examples
     --------
@@ -172,7 +213,7 @@ class MatrixFactorization:
         Q = rng.random((shape[1], self.k)) * scale
         self.history_: list[dict[str, Any]] = []
         t0 = time.perf_counter()
-        epoch_fn = self._sequential_epochs if self.mode == "sequential" else self._cpu_epochs
+        epoch_fn = self._sequential_epochs if self.mode == "sequential" else self._block_epochs
         for epoch, (P, Q) in enumerate(epoch_fn(u, i, r, P, Q, rng), start=1):
             entry = {"epoch": epoch, "seconds": time.perf_counter() - t0,
                      "train_rmse": rmse(u, i, r, P, Q),
@@ -204,16 +245,15 @@ class MatrixFactorization:
             sgd_block(u, i, r, P, Q, self.lr, self.reg, self.reg, rng.permutation(r.size))
             yield P, Q
 
-    def _cpu_epochs(self, u, i, r, P, Q, rng):
+    def _block_epochs(self, u, i, r, P, Q, rng):
         from mgpu.dist.cluster import current_client
         from mgpu.sched import Block, BlockScheduler, Slot
 
         client = current_client()
         if client is None:
-            raise ValueError("mode='cpu' runs on a cluster: call mgpu.connect() first.")
-        workers = client.scheduler_info()["workers"]
-        slots = [Slot(f"{addr}#{t}", addr) for addr, w in sorted(workers.items())
-                 for t in range(w.get("nthreads", 1))]
+            raise ValueError(f"mode={self.mode!r} runs on a cluster: call mgpu.connect() first.")
+        slots = _slots(client, self.mode)
+        conflicts = config.get("mf.gpu-conflicts")  # read here, passed to the tasks
         g = len(slots) + 1
         # shuffled users and items, cut into g strata each
         ru = rng.permutation(P.shape[0]) % g
@@ -242,8 +282,9 @@ class MatrixFactorization:
         def run(block: Block, slot: Slot):
             fut = client.submit(_block_task, data[block.id], p_seg[block.row],
                                 q_seg[block.col], self.lr, self.reg,
-                                int(rng.integers(1 << 31)) + next(counter),
-                                workers=[slot.worker], allow_other_workers=False, pure=False)
+                                int(rng.integers(1 << 31)) + next(counter), slot.kind,
+                                conflicts, workers=[slot.worker], allow_other_workers=False,
+                                pure=False)
             p_seg[block.row] = client.submit(operator.getitem, fut, 0, workers=[slot.worker],
                                              pure=False)
             q_seg[block.col] = client.submit(operator.getitem, fut, 1, workers=[slot.worker],

@@ -2,8 +2,12 @@
 block kernel and the RMSE, in numba (nogil, so one worker's threads run blocks at once)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
+
+from mgpu.backends import sgd_lookup
 
 __all__ = ["rmse", "sgd_block"]
 
@@ -25,23 +29,34 @@ def _sgd(users, items, ratings, order, P, Q, lr, reg_p, reg_q):
             Q[i, f] = q + lr * (e * p - reg_q * q)
 
 
-def sgd_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.ndarray,
-              Q: np.ndarray, lr: float, reg_p: float, reg_q: float,
-              order: np.ndarray | None = None) -> None:
+def sgd_block(users: Any, items: Any, ratings: Any, P: Any, Q: Any, lr: float, reg_p: float,
+              reg_q: float, order: Any = None, conflicts: float | None = None) -> None:
     """One SGD pass over the given ratings, updating P and Q in place.
 
     ``users`` and ``items`` index rows of P and Q; ``order`` is the visiting order (default
     as given). For each rating: e = r − pᵤ·qᵢ, pᵤ += lr·(e·qᵢ − reg_p·pᵤ),
-    qᵢ += lr·(e·pᵤ − reg_q·qᵢ), both from the old values.
+    qᵢ += lr·(e·pᵤ − reg_q·qᵢ), both from the old values. numpy arrays run the numba kernel
+    (one rating after the other); CuPy arrays (int32 ids, one float dtype) run
+    ``kernels/sgd.cu``, one warp per rating and lock-free between warps (cuMF_SGD's scheme);
+    ``conflicts`` (GPU only) bounds the warps in flight so that the busiest user or item is
+    in about that many updates at once (None: as many warps as the device holds).
 
     >>> P, Q = np.full((1, 2), 0.5), np.full((1, 2), 0.5)
     >>> sgd_block(np.array([0]), np.array([0]), np.array([1.5]), P, Q, 0.1, 0.0, 0.0)
     >>> P.round(3).tolist()
     [[0.55, 0.55]]
     """
+    kw = {} if conflicts is None else {"conflicts": float(conflicts)}
+    sgd_lookup(users, items, ratings, P, Q, float(lr), float(reg_p), float(reg_q), order, **kw)
+
+
+@sgd_lookup.register(np.ndarray)
+def _sgd_cpu(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.ndarray,
+             Q: np.ndarray, lr: float, reg_p: float, reg_q: float,
+             order: np.ndarray | None = None) -> None:
     if order is None:
         order = np.arange(users.shape[0], dtype=np.int64)
-    _sgd(users, items, ratings, order, P, Q, float(lr), float(reg_p), float(reg_q))
+    _sgd(users, items, ratings, order, P, Q, lr, reg_p, reg_q)
 
 
 @numba.njit(nogil=True, parallel=True)
