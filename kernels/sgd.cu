@@ -2,6 +2,9 @@
 // cuMF_SGD, one warp per rating at a time, the k factors of p_u and q_i spread over the
 // lanes (KPL per lane), the dot product by a warp reduction, and no locks: two warps that
 // meet on the same user or item in one launch both write, which SGD tolerates (Hogwild).
+// The factor rows are read and written through L2 only (ld/st .cg): L1 is not coherent
+// between SMs, so a row of a busy user cached in one SM's L1 would feed that SM's later
+// updates a value many updates old, and a lost update is then not one but many.
 // mgpu/mf/sgd.py's numba _sgd is the CPU twin (the same update, from the old values):
 //     e = r − p_u·q_i;  p_u += lr (e q_i − reg_p p_u);  q_i += lr (e p_u − reg_q q_i)
 //
@@ -25,8 +28,8 @@ __global__ void mgpu_sgd_block(const int* __restrict__ users, const int* __restr
 #pragma unroll
         for (int j = 0; j < KPL; ++j) {
             const int f = lane + 32 * j;
-            pv[j] = f < k ? p[f] : T(0);
-            qv[j] = f < k ? q[f] : T(0);
+            pv[j] = f < k ? __ldcg(p + f) : T(0);
+            qv[j] = f < k ? __ldcg(q + f) : T(0);
             acc += pv[j] * qv[j];
         }
         const T e = ratings[t] - mgpu::warp_sum(acc);
@@ -34,8 +37,8 @@ __global__ void mgpu_sgd_block(const int* __restrict__ users, const int* __restr
         for (int j = 0; j < KPL; ++j) {
             const int f = lane + 32 * j;
             if (f < k) {
-                p[f] = pv[j] + lr * (e * qv[j] - reg_p * pv[j]);
-                q[f] = qv[j] + lr * (e * pv[j] - reg_q * qv[j]);
+                __stcg(p + f, pv[j] + lr * (e * qv[j] - reg_p * pv[j]));
+                __stcg(q + f, qv[j] + lr * (e * pv[j] - reg_q * qv[j]));
             }
         }
     }

@@ -110,13 +110,37 @@ def test_embedded_cluster_closes_with_the_client():
     assert cluster.status.name == "closed"
 
 
-def test_connect_sends_without_distributeds_10ms_batching():
+def _scheduler_intervals(dask_scheduler):
+    return ([b.interval for b in dask_scheduler.stream_comms.values()],
+            [b.interval for b in dask_scheduler.client_comms.values()])
+
+
+def test_connect_lowers_every_batching_of_the_cluster():
+    """Client → scheduler, scheduler → workers and clients, workers → scheduler all send
+    within mgpu.connect.batch-interval, also for a worker that joins later."""
     import dask.config
 
     with dask.config.set({"mgpu.connect.batch-interval": "3ms"}):
         with connect(gpus=False, n_workers=1) as c:
+            c.cluster.scale(2)
+            c.wait_for_workers(2, timeout=30)
             assert c.scheduler_comm.interval == pytest.approx(0.003)
+            to_workers, to_clients = c.run_on_scheduler(_scheduler_intervals)
+            assert len(to_workers) == 2 and to_workers == pytest.approx([0.003] * 2)
+            assert to_clients == pytest.approx([0.003])
+            assert list(c.run(lambda dask_worker: dask_worker.batched_stream.interval).values()) \
+                == pytest.approx([0.003] * 2)
             assert c.submit(lambda: 2 * 21).result() == 42
+
+
+def test_connect_leaves_the_batching_alone_when_told_to():
+    import dask.config
+
+    with dask.config.set({"mgpu.connect.batch-interval": None}):
+        with connect(gpus=False, n_workers=1) as c:
+            assert c.scheduler_comm.interval == pytest.approx(0.010)  # distributed's own
+            to_workers, _ = c.run_on_scheduler(_scheduler_intervals)
+            assert to_workers == pytest.approx([0.005])
 
 
 def test_connect_to_nothing_times_out_with_a_message():

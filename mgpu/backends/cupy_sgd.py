@@ -22,7 +22,6 @@ def sgd_is_usable_for(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.nd
             and users.dtype == items.dtype == cupy.int32)
 
 
-@sgd_lookup.register(cupy.ndarray)
 def warps_for(users: cupy.ndarray, items: cupy.ndarray, n_users: int, n_items: int,
               conflicts: float | None) -> int:
     """Warps to run: all the device holds, or, with ``conflicts``, so few that the busiest
@@ -42,6 +41,7 @@ def warps_for(users: cupy.ndarray, items: cupy.ndarray, n_users: int, n_items: i
     return int(max(1, min(full, conflicts * n // busiest)))
 
 
+@sgd_lookup.register(cupy.ndarray)
 def sgd_block_gpu(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray,
                   P: cupy.ndarray, Q: cupy.ndarray, lr: float, reg_p: float, reg_q: float,
                   order: cupy.ndarray | None = None, conflicts: float | None = None) -> None:
