@@ -326,41 +326,68 @@ def _plot_knn_graph(dist: np.ndarray, indeg: np.ndarray, title: str, path: str) 
     plt.close(fig)
 
 
-@run.command("mf")
-@click.argument("ratings", type=click.Path(exists=True, dir_okay=False))
-@click.option("--modes", default="sequential,cpu", show_default=True,
-              help="Comma-separated modes of mgpu.MatrixFactorization to train and compare.")
-@click.option("-k", "--k", "k", default=128, show_default=True, type=int)
-@click.option("--lr", default=0.005, show_default=True, type=float, help="Learning rate γ.")
-@click.option("--reg", default=0.05, show_default=True, type=float, help="Regularisation λ.")
-@click.option("--epochs", default=80, show_default=True, type=int)
-@click.option("--target-rmse", default=0.98, show_default=True, type=float,
-              help="Stop a mode once its test RMSE reaches this (0 to run every epoch).")
-@click.option("--test-fraction", default=0.1, show_default=True, type=float,
-              help="Share of the ratings held out at random for the test RMSE.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Folder for the factors (<mode>-factors.npz) and history.json.")
-@click.option("--address", default=None, help="Scheduler to join (default: embedded cluster).")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="Write test RMSE against time for every mode to this PNG.")
-def run_mf(ratings: str, modes: str, k: int, lr: float, reg: float, epochs: int,
-           target_rmse: float, test_fraction: float, seed: int, out_dir: str,
-           address: str | None, plot: str | None) -> None:
-    """Train SGD matrix factorisation on a ratings file in several modes and compare them.
+def _mf_cluster(modes: list[str], address: str | None, cpu_threads: int | None) -> Any:
+    """The cluster the modes need: none (sequential alone), a CPU cluster (cpu), GPU workers
+    (gpu), or GPU workers and a CPU worker of ``cpu_threads`` threads (the hsgd modes; default
+    one thread per core not driving a GPU)."""
+    from mgpu.bench.mf import GPU_MODES, MIXED_MODES
+    from mgpu.dist.cluster import connect, visible_gpus
 
-    RATINGS is a MovieLens file (ratings.csv, ratings.dat or u.data, gzip or not). A random
-    share is held out; every mode trains on the rest from the same start and reports RMSE per
-    epoch. Factors go to OUT as <mode>-factors.npz (P, Q and the original user/item ids).
-    """
-    import json
+    if all(m == "sequential" for m in modes):
+        return None
+    if address is not None:
+        return connect(address)
+    if not any(m in GPU_MODES for m in modes):
+        return connect(gpus=False)
+    n_gpus = visible_gpus()
+    if n_gpus == 0:
+        raise click.UsageError(f"modes {', '.join(m for m in modes if m in GPU_MODES)} run on "
+                               "GPU workers and no GPU is visible; use sequential and cpu, or "
+                               "--address a cluster with GPU workers.")
+    if any(m in MIXED_MODES for m in modes):
+        threads = cpu_threads or max(1, (os.cpu_count() or 1) - n_gpus)
+        return connect(gpus=True, cpu_threads=threads)
+    return connect(gpus=True)
 
-    import scipy.sparse as sp
+
+def _mf_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The training options shared by run mf and bench mf."""
+    from mgpu.mf import MODES
+
+    for opt in reversed([
+        click.option("--modes", default="sequential,cpu", show_default=True,
+                     help=f"Comma-separated modes of mgpu.MatrixFactorization ({', '.join(MODES)})."),
+        click.option("-k", "--k", "k", default=128, show_default=True, type=int),
+        click.option("--lr", default=0.005, show_default=True, type=float, help="Learning rate γ."),
+        click.option("--reg", default=0.05, show_default=True, type=float,
+                     help="Regularisation λ."),
+        click.option("--epochs", default=80, show_default=True, type=int),
+        click.option("--target-rmse", default=None, type=float,
+                     help="Stop a mode once its test RMSE reaches this (default: 0.98 for a "
+                     "ratings file, 1.2 × the noise for --synthetic; 0 runs every epoch)."),
+        click.option("--test-fraction", default=0.1, show_default=True, type=float,
+                     help="Share of the ratings held out at random for the test RMSE."),
+        click.option("--seed", default=0, show_default=True),
+        click.option("--address", default=None,
+                     help="Scheduler to join (default: embedded cluster)."),
+        click.option("--cpu-threads", default=None, type=int,
+                     help="Threads of the CPU worker started beside the GPU workers for the "
+                     "hsgd modes (default: the cores not driving a GPU)."),
+        click.option("--plot", type=click.Path(dir_okay=False), default=None,
+                     help="Write test RMSE against time for every mode to this PNG."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _mf_train(R: Any, label: str, modes: str, k: int, lr: float, reg: float, epochs: int,
+              target_rmse: float, test_fraction: float, seed: int, address: str | None,
+              cpu_threads: int | None, plot: str | None) -> dict[str, Any]:
+    """Split R, train every mode from one start with progress bars, report, plot."""
     from tqdm import tqdm
 
-    from mgpu.dist import connect
-    from mgpu.io import load_ratings
-    from mgpu.mf import MODES, MatrixFactorization
+    from mgpu.bench.mf import split_ratings, train_modes
+    from mgpu.mf import MODES
 
     names = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in names if m not in MODES]
@@ -369,67 +396,202 @@ def run_mf(ratings: str, modes: str, k: int, lr: float, reg: float, epochs: int,
                                  param_hint="--modes")
     if not 0 < test_fraction < 1:
         raise click.BadParameter("must be in (0, 1)", param_hint="--test-fraction")
+    if cpu_threads is not None and cpu_threads < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--cpu-threads")
     if plot is not None:
         _need_matplotlib()
+    try:
+        train, test = split_ratings(R.tocoo(), test_fraction, seed)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{label}: {R.shape[0]:,} users x {R.shape[1]:,} items, {train.nnz:,} training "
+               f"and {test.nnz:,} test ratings; k={k}, lr={lr}, reg={reg}")
+    client = _mf_cluster(names, address, cpu_threads)
+    if client is not None:
+        click.echo(f"cluster: {_describe(client)}")
+    bars: list[Any] = []
+
+    def progress(mode: str) -> Callable[[dict[str, Any]], None]:
+        bar = tqdm(total=epochs, unit="epoch", desc=mode, file=sys.stderr, disable=None)
+        bars.append(bar)
+
+        def tick(entry: dict[str, Any]) -> None:
+            bar.set_postfix(test_rmse=f"{entry['test_rmse']:.4f}")
+            bar.update(1)
+        return tick
+
+    def report(mode: str, mf: Any) -> None:
+        bars[-1].close()
+        h = mf.history_
+        events = getattr(mf, "schedule_events_", None)
+        if events:
+            click.echo(f"{mode}: {_placement(events)}")
+        reached = next((e for e in h if target_rmse and e["test_rmse"] <= target_rmse), None)
+        click.echo(f"{mode}: {len(h)} epochs in {h[-1]['seconds']:.1f} s, test RMSE "
+                   f"{h[-1]['test_rmse']:.4f}" + (
+                       f"; reached {target_rmse} at epoch {reached['epoch']} after "
+                       f"{reached['seconds']:.1f} s" if reached else
+                       (f"; did not reach {target_rmse}" if target_rmse else "")))
+
+    try:
+        mfs = train_modes(train, test, names, k=k, lr=lr, reg=reg, epochs=epochs,
+                          target_rmse=target_rmse or None, seed=seed, callback=progress,
+                          done=report)
+    except (FloatingPointError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        for bar in bars:
+            bar.close()
+        if client is not None:
+            client.close()
+    if plot is not None:
+        _plot_rmse({m: mf.history_ for m, mf in mfs.items()}, target_rmse, f"{label}, k={k}",
+                   plot)
+        click.echo(f"plot written to {plot}")
+    return mfs
+
+
+@run.command("mf")
+@click.argument("ratings", type=click.Path(exists=True, dir_okay=False))
+@_mf_options
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the factors (<mode>-factors.npz) and history.json.")
+def run_mf(ratings: str, modes: str, k: int, lr: float, reg: float, epochs: int,
+           target_rmse: float | None, test_fraction: float, seed: int, address: str | None,
+           cpu_threads: int | None, plot: str | None, out_dir: str) -> None:
+    """Train SGD matrix factorisation on a ratings file in several modes and compare them.
+
+    RATINGS is a MovieLens file (ratings.csv, ratings.dat or u.data, gzip or not). A random
+    share is held out; every mode trains on the rest from the same start and reports RMSE per
+    epoch. Factors go to OUT as <mode>-factors.npz (P, Q and the original user/item ids).
+    """
+    import json
+
+    from mgpu.io import load_ratings
+
     try:
         data = load_ratings(ratings)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    R = data.matrix.tocoo()
-    perm = np.random.default_rng(seed).permutation(R.nnz)
-    n_test = int(round(R.nnz * test_fraction))
-    if n_test == 0 or n_test == R.nnz:
-        raise click.ClickException(f"{R.nnz} ratings cannot be split {test_fraction:.0%} held out.")
-
-    def part(sel: np.ndarray) -> sp.coo_matrix:
-        return sp.coo_matrix((R.data[sel], (R.row[sel], R.col[sel])), shape=R.shape)
-
-    train, test = part(perm[n_test:]), part(perm[:n_test])
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    click.echo(f"{Path(ratings).name}: {R.shape[0]:,} users x {R.shape[1]:,} items, "
-               f"{train.nnz:,} training and {test.nnz:,} test ratings; k={k}, lr={lr}, reg={reg}")
-    histories = {}
-    # GPU workers only where a mode runs on them (cpu mode alone keeps to a CPU cluster)
-    gpus = None if any(m in ("gpu", "hsgd") for m in names) else False
-    client = connect(address, gpus=gpus) if any(m != "sequential" for m in names) else None
-    if client is not None:
-        click.echo(f"cluster: {_describe(client)}")
-    try:
-        for mode in names:
-            mf = MatrixFactorization(k, lr=lr, reg=reg, epochs=epochs, mode=mode, seed=seed,
-                                     target_rmse=target_rmse or None)
-            with tqdm(total=epochs, unit="epoch", desc=mode, file=sys.stderr,
-                      disable=None) as bar:
-                def tick(entry: dict[str, Any], bar: Any = bar) -> None:
-                    bar.set_postfix(test_rmse=f"{entry['test_rmse']:.4f}")
-                    bar.update(1)
-                try:
-                    mf.fit(train, test, callback=tick)
-                except (FloatingPointError, ValueError) as exc:
-                    raise click.ClickException(f"{mode}: {exc}") from None
-            h = mf.history_
-            histories[mode] = h
-            tmp = out / f"{mode}-factors.partial.npz"
-            np.savez(tmp, P=mf.P_, Q=mf.Q_, user_ids=data.user_ids, item_ids=data.item_ids)
-            tmp.replace(out / f"{mode}-factors.npz")
-            events = getattr(mf, "schedule_events_", None)
-            if events:
-                click.echo(f"{mode}: {_placement(events)}")
-            reached = next((e for e in h if target_rmse and e["test_rmse"] <= target_rmse), None)
-            click.echo(f"{mode}: {len(h)} epochs in {h[-1]['seconds']:.1f} s, test RMSE "
-                       f"{h[-1]['test_rmse']:.4f}" + (
-                           f"; reached {target_rmse} at epoch {reached['epoch']} after "
-                           f"{reached['seconds']:.1f} s" if reached else
-                           (f"; did not reach {target_rmse}" if target_rmse else "")))
-    finally:
-        if client is not None:
-            client.close()
-    (out / "history.json").write_text(json.dumps(histories, indent=1))
+    target = 0.98 if target_rmse is None else target_rmse
+    mfs = _mf_train(data.matrix, Path(ratings).name, modes, k, lr, reg, epochs, target,
+                    test_fraction, seed, address, cpu_threads, plot)
+    for mode, mf in mfs.items():
+        tmp = out / f"{mode}-factors.partial.npz"
+        np.savez(tmp, P=mf.P_, Q=mf.Q_, user_ids=data.user_ids, item_ids=data.item_ids)
+        tmp.replace(out / f"{mode}-factors.npz")
+    (out / "history.json").write_text(json.dumps({m: mf.history_ for m, mf in mfs.items()},
+                                                 indent=1))
     click.echo(f"factors and history written to {out}")
+
+
+@main.command("calibrate")
+@click.argument("ratings", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("-k", "--k", "k", default=128, show_default=True, type=int)
+@click.option("--max-ratings", default=4_000_000, show_default=True, type=int,
+              help="Ratings of the shuffled sample whose prefixes are timed.")
+@click.option("--repeats", default=3, show_default=True, type=int)
+@click.option("--address", default=None, help="Scheduler to join (default: embedded cluster).")
+@click.option("--show", is_flag=True, help="Print the cached calibrations and measure nothing.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write the measurements and both models' curves to this PNG.")
+def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
+                  address: str | None, show: bool, plot: str | None) -> None:
+    """Calibrate HSGD*'s cost model on this cluster's CPU and GPU workers, and cache it.
+
+    Times block tasks on growing prefixes of a shuffled sample of RATINGS (default: planted
+    ratings of Netflix's shape) on one CPU thread and on one GPU, fits the thesis's curves
+    and Qilin's lines, and caches them (mgpu.mf.calibration-cache) for this GPU model, CPU
+    model, k and GPU options, where MatrixFactorization's cost-model modes find them.
+    """
+    from mgpu.dist import describe_workers
+    from mgpu.io import load_ratings
+    from mgpu.mf.calibration import _cache_path, calibrate, store
+    from mgpu.mf.model import gpu_options
+    from mgpu.synthetic import planted_ratings
+
+    if show:
+        import json
+
+        try:
+            entries = json.loads(_cache_path().read_text())
+        except FileNotFoundError:
+            raise click.ClickException(f"no calibration cached yet ({_cache_path()}); run "
+                                       "mgpu calibrate") from None
+        from mgpu.mf.calibration import Calibration
+
+        for entry in entries.values():
+            click.echo(Calibration.from_json(entry).describe() + "\n")
+        return
+    if k < 1 or max_ratings < 2 or repeats < 1:
+        raise click.BadParameter("-k and --repeats must be >= 1, --max-ratings >= 2")
     if plot is not None:
-        _plot_rmse(histories, target_rmse, f"{Path(ratings).name}, k={k}", plot)
+        _need_matplotlib()
+    if ratings is not None:
+        try:
+            C = load_ratings(ratings).matrix.tocoo()
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        label = Path(ratings).name
+    else:
+        C = planted_ratings(480_189, 17_770, max_ratings, seed=0)
+        label = "planted ratings 480,189×17,770"
+    from mgpu.dist.cluster import connect, visible_gpus
+
+    if address is not None:
+        client = connect(address)
+    elif visible_gpus():  # a GPU worker and a CPU worker: one thread is all a calibration uses
+        client = connect(gpus=True, cpu_threads=1)
+    else:
+        client = connect(gpus=False, n_workers=1)
+    try:
+        infos = describe_workers(client)
+        gpu = next((a for a, i in infos.items() if i.get("gpu") and "error" not in i["gpu"]),
+                   None)
+        cpu = next((a for a, i in infos.items() if not i.get("gpu")), None)
+        click.echo(f"{label}: {C.nnz:,} ratings; timing on CPU worker {cpu or '(none)'} and GPU "
+                   f"worker {gpu or '(none)'}")
+        cal = calibrate(client, C.row, C.col, C.data, k, cpu_worker=cpu, gpu_worker=gpu,
+                        gpu_kw=gpu_options(), max_ratings=max_ratings, repeats=repeats)
+    finally:
+        client.close()
+    click.echo(cal.describe())
+    click.echo(f"cached in {store(cal)}")
+    if plot is not None:
+        _plot_calibration(cal, plot)
         click.echo(f"plot written to {plot}")
+
+
+def _plot_calibration(cal: Any, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = np.asarray(cal.sizes)
+    grid = np.geomspace(n[0], n[-1], 200)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kind, color in (("cpu", "C0"), ("gpu", "C1")):
+        meas = {"cpu": cal.cpu_s, "gpu": [a + b for a, b in zip(cal.transfer_s, cal.kernel_s)]}
+        if not meas[kind]:
+            continue
+        ovh = cal.overhead_cpu_s if kind == "cpu" else cal.overhead_gpu_s
+        ax.plot(n, n / (np.asarray(meas[kind]) + ovh), "o", color=color,
+                label=f"{kind.upper()} measured")
+        for model, ls in (("hsgd*", "-"), ("linear", ":")):
+            f = cal.predictor(kind, model)
+            ax.plot(grid, grid / np.array([f(x) for x in grid]), ls, color=color,
+                    label=f"{kind.upper()} {model} model")
+    ax.set_xscale("log")
+    ax.set_xlabel("ratings in a block")
+    ax.set_ylabel("updates per second (task round trip included)")
+    ax.set_title(cal.key, fontsize="x-small")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _placement(events: list[Any]) -> str:
@@ -1191,13 +1353,72 @@ def bench_gap(corpus: str | None, shape: str, density: float, topics: int, iters
         click.echo(f"measurements written to {json_path}")
 
 
+@bench.command("mf")
+@click.argument("ratings", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--synthetic", default=None, metavar="USERSxITEMS:RATINGS",
+              help="Planted low-rank ratings instead of a file, e.g. 480189x17770:2e7 "
+              "(Netflix's shape; noise 0.5, so the best test RMSE is about 0.5).")
+@_mf_options
+@click.option("--gpu-warps", default=None, type=int,
+              help="Cap a GPU block's warps (mgpu.mf.gpu-warps), to give the GPUs a smaller "
+              "share of themselves as the thesis does to compare sides of similar speed.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every mode's summary and history to this JSON file.")
+def bench_mf(ratings: str | None, synthetic: str | None, modes: str, k: int, lr: float,
+             reg: float, epochs: int, target_rmse: float | None, test_fraction: float,
+             seed: int, address: str | None, cpu_threads: int | None, plot: str | None,
+             gpu_warps: int | None, json_path: str | None) -> None:
+    """Time to a target test RMSE of every mode, from one start, with the cost model's
+    accuracy: the HSGD* comparison and ablation (linear model against HSGD*'s, with and
+    without stealing)."""
+    import json
+
+    from mgpu.bench import mf as b
+    from mgpu.io import load_ratings
+    from mgpu.synthetic import planted_ratings
+
+    if (ratings is None) == (synthetic is None):
+        raise click.UsageError("give a RATINGS file or --synthetic USERSxITEMS:RATINGS")
+    if gpu_warps is not None and gpu_warps < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--gpu-warps")
+    if synthetic is not None:
+        try:
+            shape, count = synthetic.split(":")
+            n_users, n_items = _parse_shape(shape)
+            n_ratings = int(float(count))
+        except (ValueError, click.BadParameter):
+            raise click.BadParameter(f"expected USERSxITEMS:RATINGS, got {synthetic!r}",
+                                     param_hint="--synthetic") from None
+        noise = 0.5
+        R = planted_ratings(n_users, n_items, n_ratings, noise=noise, seed=seed)
+        label = f"planted ratings {n_users:,}×{n_items:,} (noise {noise})"
+        target = 1.2 * noise if target_rmse is None else target_rmse
+    else:
+        try:
+            R = load_ratings(ratings).matrix
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        label = Path(ratings).name
+        target = 0.98 if target_rmse is None else target_rmse
+    with dask.config.set({"mgpu.mf.gpu-warps": gpu_warps} if gpu_warps else {}):
+        mfs = _mf_train(R, label, modes, k, lr, reg, epochs, target, test_fraction, seed,
+                        address, cpu_threads, plot)
+    rows = [b.summary(mf, target or None) for mf in mfs.values()]
+    click.echo(b.markdown(rows, target or None))
+    if json_path:
+        Path(json_path).write_text(json.dumps(
+            {"data": label, "k": k, "gpu_warps": gpu_warps, "rows": rows,
+             "history": {m: mf.history_ for m, mf in mfs.items()}}, indent=1))
+        click.echo(f"measurements written to {json_path}")
+
+
 @bench.command("sgd")
 @click.option("--shape", default="480189x17770", show_default=True, metavar="USERSxITEMS",
               help="Users × items of the synthetic ratings (default: Netflix's).")
 @click.option("--ratings", "n_ratings", default=100_000_000, show_default=True, type=int)
 @click.option("--k", "ks", default="32,128,256", show_default=True,
               help="Comma-separated numbers of factors.")
-@click.option("--conflicts", default="none,4", show_default=True,
+@click.option("--conflicts", default="none,1,4", show_default=True,
               help="Comma-separated bounds on the updates in flight on the busiest row "
               "('none': every warp the GPU holds; mgpu.mf.gpu-conflicts is what MF uses).")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",

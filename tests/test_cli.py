@@ -226,9 +226,11 @@ def test_run_mf_gpu_mode_on_a_cluster_without_gpus(runner, tmp_path, data_dir, m
 
     monkeypatch.setattr(cl, "visible_gpus", lambda: 0)
     path = data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz"
-    r = runner.invoke(main, ["run", "mf", str(path), "--modes", "gpu", "--epochs", "1",
-                             "--out", str(tmp_path)])
-    assert r.exit_code != 0 and "gpu: mode='gpu' needs GPU workers" in r.output
+    for modes in ("gpu", "cpu,hsgd*"):
+        r = runner.invoke(main, ["run", "mf", str(path), "--modes", modes, "--epochs", "1",
+                                 "--out", str(tmp_path)])
+        assert r.exit_code != 0
+        assert f"modes {modes.split(',')[-1]} run on GPU workers and no GPU is visible" in r.output
 
 
 def test_run_mf_on_movielens(runner, tmp_path, data_dir):
@@ -250,8 +252,45 @@ def test_run_mf_on_movielens(runner, tmp_path, data_dir):
         assert z["user_ids"].shape == (671,)
     assert "sequential: 5 epochs in" in r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    r = runner.invoke(main, ["run", "mf", str(path), "--modes", "hsgd*", "--out", str(tmp_path)])
-    assert r.exit_code != 0 and "modes must be among sequential, cpu, gpu, hsgd;" in r.output
+    r = runner.invoke(main, ["run", "mf", str(path), "--modes", "hsgd+", "--out", str(tmp_path)])
+    assert r.exit_code != 0
+    assert ("modes must be among sequential, cpu, gpu, hsgd, hsgd-linear, hsgd-static, hsgd*; "
+            "got 'hsgd+'") in r.output
+
+
+def test_bench_mf_on_planted_ratings(runner, tmp_path):
+    import json
+
+    out = tmp_path / "mf.json"
+    r = runner.invoke(main, ["bench", "mf", "--synthetic", "3000x400:60000", "--modes",
+                             "sequential,cpu", "-k", "8", "--lr", "0.02", "--epochs", "4",
+                             "--target-rmse", "0", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    got = json.loads(out.read_text())
+    assert [row["mode"] for row in got["rows"]] == ["sequential", "cpu"]
+    for mode in ("sequential", "cpu"):
+        h = got["history"][mode]
+        assert len(h) == 4 and h[-1]["test_rmse"] < h[0]["test_rmse"]
+    assert got["rows"][1]["blocks"] >= 4 and got["rows"][1]["alpha"] is None
+    assert "| sequential | 4 |" in r.output and "| cpu | 4 |" in r.output
+    r = runner.invoke(main, ["bench", "mf", "--modes", "sequential"])
+    assert r.exit_code != 0 and "give a RATINGS file or --synthetic" in r.output
+
+
+def test_calibrate_the_cpu_side_and_show_it(runner, tmp_path):
+    import dask.config
+
+    with dask.config.set({"mgpu.mf.calibration-cache": str(tmp_path / "cal.json")}):
+        r = runner.invoke(main, ["calibrate", "--show"])
+        assert r.exit_code != 0 and "no calibration cached yet" in r.output
+        png = tmp_path / "cal.png"
+        r = runner.invoke(main, ["calibrate", "-k", "8", "--max-ratings", "20000",
+                                 "--repeats", "1", "--plot", str(png)])
+        assert r.exit_code == 0, r.output
+        assert "20,000 |" in r.output and "cpu: linear a=" in r.output
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        r = runner.invoke(main, ["calibrate", "--show"])
+        assert r.exit_code == 0 and "|k=8|float64" in r.output
 
 
 def test_run_jaccard_on_a_snap_file(runner, tmp_path):

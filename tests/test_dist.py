@@ -143,6 +143,20 @@ def test_connect_leaves_the_batching_alone_when_told_to():
             assert to_workers == pytest.approx([0.005])
 
 
+def test_connect_refuses_a_cpu_worker_it_cannot_add(monkeypatch):
+    import mgpu.dist.cluster as cl
+
+    with pytest.raises(ValueError, match="'cpu_threads' parameter of connect adds a CPU worker "
+                       "to an embedded cluster and must be >= 1. Got 2 with an address"):
+        connect("tcp://127.0.0.1:9", cpu_threads=2)
+    with pytest.raises(ValueError, match="must be >= 1. Got 0."):
+        connect(cpu_threads=0)
+    monkeypatch.setattr(cl, "visible_gpus", lambda: 0)
+    with pytest.raises(ValueError, match="adds a CPU worker beside GPU workers; an embedded CPU "
+                       "cluster is sized by n_workers"):
+        connect(gpus=False, cpu_threads=2)
+
+
 def test_connect_to_nothing_times_out_with_a_message():
     with pytest.raises(TimeoutError, match=r"The scheduler at tcp://127.0.0.1:9 did not come up "
                        r"within 2 s"):

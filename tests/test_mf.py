@@ -7,6 +7,7 @@ import scipy.sparse as sp
 
 import mgpu
 from mgpu.io import load_ratings
+from mgpu.mf.calibration import Calibration
 from mgpu.mf import rmse, sgd_block
 
 
@@ -45,13 +46,21 @@ def test_sgd_kernel_matches_a_plain_python_pass():
     ({"k": 0}, "'k' parameter of MatrixFactorization must be an int >= 1"),
     ({"lr": 0.0}, "'lr' parameter"),
     ({"reg": -1.0}, "'reg' parameter"),
-    ({"mode": "hsgd*"}, r"'mode' parameter of MatrixFactorization must be a str among "
-                        r"\{'cpu', 'gpu', 'hsgd', 'sequential'\}"),
+    ({"mode": "hsgd+"}, r"'mode' parameter of MatrixFactorization must be a str among "
+                        r"\{'cpu', 'gpu', 'hsgd', 'hsgd\*', 'hsgd-linear', 'hsgd-static', "
+                        r"'sequential'\}. Got 'hsgd\+' instead."),
 ])
 def test_bad_parameters(kwargs, match):
     R = sp.coo_matrix(np.array([[1.0, 2.0], [3.0, 0.0]]))
     with pytest.raises(ValueError, match=match):
         mgpu.MatrixFactorization(**kwargs).fit(R)
+
+
+def test_calibration_of_another_type_is_refused():
+    R = sp.coo_matrix(np.array([[1.0, 2.0], [3.0, 0.0]]))
+    with pytest.raises(TypeError, match="'calibration' parameter of MatrixFactorization must "
+                       "be a mgpu.mf.calibration.Calibration or None. Got dict instead"):
+        mgpu.MatrixFactorization(calibration={"cpu": 1.0}).fit(R)
 
 
 def test_bad_ratings_and_divergence(tmp_path):
@@ -176,30 +185,18 @@ def test_gpu_mode_reaches_the_movielens_target(data_dir):
 def test_hsgd_runs_blocks_on_gpu_and_cpu_workers_of_one_cluster(data_dir):
     """A mixed cluster (a GPU worker from dask-cuda and a CPU worker): GPU slots run on the
     GPU worker, CPU slots on the CPU worker, and the model still reaches the target."""
-    import os
-    import subprocess
-    import sys
-
     from mgpu.dist import connect, describe_workers
 
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
-    with connect(gpus=True, n_workers=1) as client:
-        cpu = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
-                                client.scheduler.address, "--nworkers", "1", "--nthreads", "2",
-                                "--name", "cpu-0", "--no-nanny"],
-                               env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-        try:
-            client.wait_for_workers(2, timeout=60)
-            infos = describe_workers(client)
-            gpu_workers = {a for a, i in infos.items() if i["gpu"]}
-            assert len(gpu_workers) == 1 and len(infos) == 2
-            mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
-                                          target_rmse=0.98, mode="hsgd")
-            mf.fit(train, test)
-        finally:
-            cpu.terminate()
-            cpu.wait(30)
+    with connect(gpus=True, n_workers=1, cpu_threads=2) as client:
+        infos = describe_workers(client)
+        gpu_workers = {a for a, i in infos.items() if i["gpu"]}
+        assert len(gpu_workers) == 1 and len(infos) == 2
+        assert {a: i["nthreads"] for a, i in infos.items() if not i["gpu"]}.popitem()[1] == 2
+        mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
+                                      target_rmse=0.98, mode="hsgd")
+        mf.fit(train, test)
     assert mf.history_[-1]["test_rmse"] <= 0.98
     starts = [e for e in mf.schedule_events_ if e.kind in ("assign", "steal")]
     on_gpu = [e for e in starts if e.slot.endswith("#gpu")]
@@ -207,3 +204,67 @@ def test_hsgd_runs_blocks_on_gpu_and_cpu_workers_of_one_cluster(data_dir):
     assert on_gpu and on_cpu
     assert {e.slot.split("#")[0] for e in on_gpu} == gpu_workers
     assert not {e.slot.split("#")[0] for e in on_cpu} & gpu_workers
+
+
+def _three_to_one() -> Calibration:
+    """A calibration whose GPU runs 3× as fast as a CPU thread, 0.1 ms per task."""
+    n = [float(2 ** e) for e in range(10, 21)]
+    return Calibration("made-up", n, [x / 1e6 for x in n], [x / 6e6 for x in n],
+                       [x / 6e6 for x in n], 1e-4, 1e-4, "test")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["hsgd*", "hsgd-static", "hsgd-linear"])
+def test_cost_model_modes_on_a_mixed_cluster(data_dir, mode):
+    """With a GPU 3× a CPU thread, HSGD*'s modes use every CPU slot, give the GPU half the
+    ratings (1 GPU against 3 threads) in the non-uniform division, start every slot on its own
+    rows, and reach the target."""
+    from mgpu.dist import connect
+
+    R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
+    train, test = _split(R.tocoo())
+    with connect(gpus=True, n_workers=1, cpu_threads=3):
+        mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80, target_rmse=0.98,
+                                      mode=mode, calibration=_three_to_one())
+        mf.fit(train, test)
+    assert mf.history_[-1]["test_rmse"] <= 0.98
+    d = mf.division_
+    assert (d["gpu_slots"], d["cpu_slots"]) == (1, 3)
+    assert (d["rows"], d["cols"]) == (4 + 4, 3 + 2 + 1)  # ⌈4/1⌉ GPU sub-rows + 4 CPU rows
+    assert 0.4 < d["alpha"] < 0.6
+    h = mf.history_
+    assert all(e["gpu_ratings"] + e["cpu_ratings"] == train.nnz for e in h)
+    assert all(e["gpu_predicted_s"] > 0 and e["cpu_predicted_s"] > 0 for e in h)
+    # a slot's own queue holds its own rows: the GPU's are the first four row strata
+    # (block id // 6 < 4), so every block taken from an own queue ran on its own kind of slot
+    own = [e for e in mf.schedule_events_ if e.kind == "assign"]
+    assert own and all((e.block // 6 < 4) == e.slot.endswith("#gpu") for e in own)
+    if mode == "hsgd-static":
+        assert all(e.kind == "assign" for e in mf.schedule_events_ if e.kind != "finish")
+
+
+@pytest.mark.gpu
+def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_path):
+    """Without a calibration, fit measures one on the cluster, caches it, and divides the
+    ratings as the plan from it says (the CPU slots worth using, α)."""
+    import dask.config
+
+    from mgpu.dist import connect
+    from mgpu.mf.calibration import cached
+    from mgpu.mf.model import _plan
+
+    R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
+    train, test = _split(R.tocoo())
+    with dask.config.set({"mgpu.mf.calibration-cache": str(tmp_path / "cal.json")}):
+        with connect(gpus=True, n_workers=1, cpu_threads=3):
+            mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
+                                          target_rmse=0.98, mode="hsgd*")
+            mf.fit(train, test)
+        cal = mf.calibration_
+        assert cached(cal.key) == cal
+    assert "gpu=NVIDIA" in cal.key and len(cal.kernel_s) == len(cal.cpu_s) == len(cal.sizes)
+    assert mf.history_[-1]["test_rmse"] <= 0.98
+    used, alpha = _plan(train.nnz, {k: cal.predictor(k) for k in ("gpu", "cpu")}, 1, 3)
+    d = mf.division_
+    assert d["cpu_slots"] == used and d["alpha"] == pytest.approx(alpha, abs=0.05)
+    assert d["cols"] == used + 3

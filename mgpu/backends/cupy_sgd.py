@@ -44,7 +44,8 @@ def warps_for(users: cupy.ndarray, items: cupy.ndarray, n_users: int, n_items: i
 @sgd_lookup.register(cupy.ndarray)
 def sgd_block_gpu(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray,
                   P: cupy.ndarray, Q: cupy.ndarray, lr: float, reg_p: float, reg_q: float,
-                  order: cupy.ndarray | None = None, conflicts: float | None = None) -> None:
+                  order: cupy.ndarray | None = None, conflicts: float | None = None,
+                  max_warps: int | None = None) -> None:
     """One pass over the ratings (in ``order``, default as given), P and Q updated in place
     on the GPU (one warp per rating, lock-free between warps as in cuMF_SGD); ``conflicts``
     bounds the warps in flight (:func:`warps_for`)."""
@@ -62,7 +63,8 @@ def sgd_block_gpu(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarra
     kpl = next(w for w in SGD_KPL if k <= 32 * w)
     expr = f"mgpu_sgd_block<{c_type(P.dtype)}, {kpl}>"
     fn = get_function(_SGD, expr, INSTANCES[_SGD])
-    warps = min(warps_for(users, items, P.shape[0], Q.shape[0], conflicts), n)
+    warps = min(warps_for(users, items, P.shape[0], Q.shape[0], conflicts), n,
+                max_warps if max_warps is not None and max_warps > 0 else n)
     per_block = min(warps, _THREADS // 32)
     t = P.dtype.type
     fn((-(-warps // per_block),), (32 * per_block,), (

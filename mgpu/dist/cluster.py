@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import socket
+import subprocess
+import sys
 from typing import Any
 
 import distributed
@@ -26,12 +29,34 @@ class Client(distributed.Client):
 
     _mgpu_cluster: Any = None
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._mgpu_helpers: list[subprocess.Popen] = []
+        super().__init__(*args, **kwargs)
+
     def close(self, *args: Any, **kwargs: Any) -> Any:
         result = super().close(*args, **kwargs)
         cluster, self._mgpu_cluster = self._mgpu_cluster, None
+        helpers, self._mgpu_helpers = self._mgpu_helpers, []
+        for p in helpers:
+            p.terminate()
+        for p in helpers:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
         if cluster is not None:
             cluster.close()
         return result
+
+
+def _cpu_worker(address: str, threads: int, timeout: float) -> subprocess.Popen:
+    """A CPU worker process joined to ``address``, with no GPU visible to it (so that nothing
+    it runs makes a CUDA context) and the resource ``CPU=1``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", "1",
+         "--nthreads", str(threads), "--resources", "CPU=1", "--name", "cpu-0",
+         "--death-timeout", str(timeout)],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
 
 
 def current_client() -> distributed.Client | None:
@@ -120,6 +145,7 @@ def connect(
     n_workers: int | None = None,
     timeout: float | None = None,
     slurm: dict[str, Any] | None = None,
+    cpu_threads: int | None = None,
 ) -> Client:
     """Connect to a Dask cluster, starting an embedded one when no address is given.
 
@@ -146,6 +172,10 @@ def connect(
         (``deploy/jobqueue.yaml`` is an example), plus ``jobs`` (how many to submit, default
         1). With ``gpus=True`` each job asks for ``gpus_per_job`` GPUs (default 1,
         ``--gres=gpu:N``) and runs dask-cuda's worker, one worker per GPU.
+    cpu_threads : int, optional
+        Embedded GPU cluster only: also start one CPU worker with this many threads, which
+        sees no GPU (a mixed cluster, for work split between GPUs and CPUs such as HSGD*).
+        GPU workers carry the resource ``GPU=1`` and the CPU worker ``CPU=1``.
 
     Returns
     -------
@@ -168,8 +198,12 @@ def connect(
     ...     print(len(client.scheduler_info()["workers"]))
     1
     """
+    if cpu_threads is not None and (cpu_threads < 1 or address is not None or slurm is not None):
+        raise ValueError("The 'cpu_threads' parameter of connect adds a CPU worker to an "
+                         f"embedded cluster and must be >= 1. Got {cpu_threads!r}"
+                         + (" with an address or slurm." if cpu_threads >= 1 else "."))
     return _low_latency(_connect(address, gpus=gpus, n_workers=n_workers, timeout=timeout,
-                                 slurm=slurm))
+                                 slurm=slurm, cpu_threads=cpu_threads))
 
 
 class _SchedulerBatching(distributed.diagnostics.plugin.SchedulerPlugin):
@@ -244,7 +278,8 @@ def _low_latency(client: Client) -> Client:
 
 
 def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
-             timeout: float | None, slurm: dict[str, Any] | None) -> Client:
+             timeout: float | None, slurm: dict[str, Any] | None,
+             cpu_threads: int | None = None) -> Client:
     timeout = float(timeout if timeout is not None else config.get("connect.timeout"))
     if n_workers is not None and n_workers < 1:
         raise ValueError(f"The 'n_workers' parameter of connect must be >= 1. Got {n_workers}.")
@@ -279,6 +314,10 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
             "gpus=True but no GPU is visible (dask-cuda is missing or NVML found no device); "
             "install mgpu[gpu] or pass gpus=False."
         )
+    if cpu_threads and not use_gpus:
+        raise ValueError("The 'cpu_threads' parameter of connect adds a CPU worker beside GPU "
+                         "workers; an embedded CPU cluster is sized by n_workers and "
+                         "mgpu.connect.threads-per-worker instead.")
     host = config.get("connect.host")
     dashboard = ":8787" if config.get("connect.dashboard") else None
     if use_gpus:
@@ -291,6 +330,7 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
             host=host,
             dashboard_address=dashboard,
             death_timeout=timeout,
+            resources={"GPU": 1},
         )
         what = "LocalCUDACluster (GPU workers)"
     else:
@@ -315,10 +355,27 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
         what = "LocalCluster (CPU workers)"
     client = Client(cluster, timeout=timeout)
     client._mgpu_cluster = cluster
+    if cpu_threads:
+        client._mgpu_helpers.append(_cpu_worker(cluster.scheduler_address, cpu_threads,
+                                                timeout))
+        n += 1
+        what = "LocalCUDACluster (GPU workers) and its CPU worker"
     _wait_for_workers(client, n, timeout, f"the embedded {what}",
                       "Worker logs go to this process's stderr (set "
                       "DASK_LOGGING__DISTRIBUTED=debug for more).")
     return client
+
+
+def _cpu_model() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def worker_info(dask_worker: Any = None) -> dict[str, Any]:
@@ -332,6 +389,7 @@ def worker_info(dask_worker: Any = None) -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": _cpu_model(),
         "gpu": None,
     }
     if dask_worker is not None:

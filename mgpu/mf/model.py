@@ -16,14 +16,24 @@ Modes so far:
 ``hsgd``
     The thesis's uniform baseline: GPU workers and the threads of the CPU workers together,
     a uniform grid owned round-robin, and dynamic work stealing between them.
+``hsgd*``
+    HSGD*: the cost model (:mod:`mgpu.mf.calibration`, calibrated on the cluster's own
+    workers and cached) gives the GPUs their share α of the ratings, the non-uniform division
+    (:func:`mgpu.mf.division.hsgd_star`) gives each GPU its own users and the CPU threads the
+    rest, each slot starts on its own blocks (the static phase) and a slot that runs dry
+    steals a free block when moving it pays (the dynamic phase).
+``hsgd-static``
+    ``hsgd*`` without stealing: every slot runs exactly its own blocks.
+``hsgd-linear``
+    ``hsgd*`` with α from Qilin's linear model (one straight line per device) instead.
 
-HSGD*'s own modes (``hsgd-linear``, ``hsgd-static``, ``hsgd*``: the cost-model split and the
-non-uniform division) are not here yet.
+GPU blocks cross PCIe every time they run (their factor segments live on the worker's host
+memory between blocks); a GPU keeps its own users in the sense that its blocks run on it.
 """
 from __future__ import annotations
 
 import logging
-import operator
+import math
 import os
 import time
 from collections.abc import Callable
@@ -33,40 +43,86 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from dask.utils import parse_bytes
+
 from mgpu import config
+from mgpu.mf.calibration import Calibration
+from mgpu.mf.division import hsgd_star, uniform
 from mgpu.mf.sgd import rmse, sgd_block
 from mgpu.ops._validate import check_option
+from mgpu.sched.cost import split
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MODES", "MatrixFactorization"]
 
-MODES = ("sequential", "cpu", "gpu", "hsgd")
+MODES = ("sequential", "cpu", "gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
+# modes that split the ratings between GPUs and CPUs by a calibrated cost model
+COST_MODES = ("hsgd-linear", "hsgd-static", "hsgd*")
 
 
-def _block_task(block: tuple[np.ndarray, np.ndarray, np.ndarray], P: np.ndarray,
-                Q: np.ndarray, lr: float, reg: float, seed: int, device: str = "cpu",
-                conflicts: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One block (users, items, ratings in segment-local ids): SGD over its ratings in a
-    random order, on copies of its two factor segments.
+def _gpu_stage(block: tuple[np.ndarray, np.ndarray, np.ndarray], P: np.ndarray, Q: np.ndarray,
+               seed: int) -> tuple[Any, ...]:
+    """A block's ratings (shuffled, int32 ids) on the GPU, and its factor segments there: the
+    device twin a segment kept from the block that made it on this worker (a GPU's own rows
+    stay on the GPU between its blocks), else a fresh copy."""
+    import cupy
 
-    On a GPU slot the segments and the block's ratings cross to the device and back (the
-    transfer HSGD*'s GPU cost curve accounts for), and ``kernels/sgd.cu`` runs the pass.
-    """
+    from mgpu.dist.collection import device_copy
+
     users, items, ratings = block
     order = np.random.default_rng(seed).permutation(users.shape[0])
-    if device == "gpu":
-        import cupy
+    return (cupy.asarray(users[order].astype(np.int32)),
+            cupy.asarray(items[order].astype(np.int32)),
+            cupy.asarray(ratings[order].astype(P.dtype)), device_copy(P, cupy.array),
+            device_copy(Q, cupy.array))
 
-        Pg, Qg = cupy.array(P), cupy.array(Q)
-        sgd_block(cupy.asarray(users[order].astype(np.int32)),
-                  cupy.asarray(items[order].astype(np.int32)),
-                  cupy.asarray(ratings[order].astype(P.dtype)), Pg, Qg, lr, reg, reg,
-                  conflicts=conflicts)
-        return Pg.get(), Qg.get()
+
+def _gpu_unstage(staged: tuple[Any, ...], P: np.ndarray, Q: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The updated segments back on the host, each keeping its device array as its twin; the
+    inputs ``P`` and ``Q`` lose theirs, which the kernel changed in place."""
+    from mgpu.dist.collection import drop_device_copy, keep_device_copy
+
+    out = []
+    for dev, old in ((staged[3], P), (staged[4], Q)):
+        drop_device_copy(old)
+        host = dev.get()
+        keep_device_copy(host, dev)
+        out.append(host)
+    return out[0], out[1]
+
+
+def _block_task(block: tuple[np.ndarray, np.ndarray, np.ndarray], P: Any, p_index: int | None,
+                Q: Any, q_index: int | None, lr: float, reg: float, seed: int,
+                device: str = "cpu", gpu_kw: dict[str, Any] | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """One block (users, items, ratings in segment-local ids): SGD over its ratings in a
+    random order, on copies of its two factor segments; returns the new segments.
+
+    A segment comes as an array (``index`` None) or as the result of the block that last
+    updated it (``index`` 0 for its P, 1 for its Q), so a block is one task. On a GPU slot
+    the ratings cross to the device and the segments come from their device twins where this
+    worker has them (the transfer HSGD*'s GPU cost curve accounts for); ``kernels/sgd.cu``
+    runs the pass with ``gpu_kw`` (:func:`gpu_options`).
+    """
+    P = P if p_index is None else P[p_index]
+    Q = Q if q_index is None else Q[q_index]
+    if device == "gpu":
+        staged = _gpu_stage(block, P, Q, seed)
+        sgd_block(*staged, lr, reg, reg, **(gpu_kw or {}))
+        return _gpu_unstage(staged, P, Q)
+    users, items, ratings = block
+    order = np.random.default_rng(seed).permutation(users.shape[0])
     P, Q = P.copy(), Q.copy()
     sgd_block(users, items, ratings, P, Q, lr, reg, reg, order)
     return P, Q
+
+
+def gpu_options() -> dict[str, Any]:
+    """How GPU blocks run, from ``mgpu.mf.gpu-conflicts`` and ``mgpu.mf.gpu-warps``: the
+    keywords of :func:`mgpu.mf.sgd_block` that only the GPU takes."""
+    return {"conflicts": config.get("mf.gpu-conflicts"), "max_warps": config.get("mf.gpu-warps")}
 
 
 def _slots(client: Any, mode: str) -> list[Any]:
@@ -88,6 +144,77 @@ def _slots(client: Any, mode: str) -> list[Any]:
     return gpus if mode == "gpu" else gpus + threads
 
 
+def _epoch_time(n_ratings: int, predict: dict[str, Callable[[float], float]], n_g: int,
+                n_c: int, alpha: float) -> float:
+    """Predicted seconds of an epoch of HSGD*'s division: the slower side, each side's slot
+    running its blocks (a GPU: ⌈(n_g+n_c)/n_g⌉ sub-rows × n_c+2n_g+1 columns; a CPU slot:
+    (n_c+n_g)/n_c rows × as many columns), each block costing the calibrated time of its
+    share of the ratings plus its task's round trip."""
+    cols = n_c + 2 * n_g + 1
+    per_gpu = -(-(n_g + n_c) // n_g) * cols
+    t_gpu = per_gpu * predict["gpu"](alpha * n_ratings / (n_g * per_gpu))
+    if n_c == 0:
+        return t_gpu
+    per_cpu = (n_c + n_g) * cols / n_c
+    return max(t_gpu, per_cpu * predict["cpu"]((1 - alpha) * n_ratings / (n_c * per_cpu)))
+
+
+def _plan(n_ratings: int, predict: dict[str, Callable[[float], float]], n_g: int,
+          n_c: int) -> tuple[int, float]:
+    """How many of the CPU slots to use, and the GPUs' share α, for the shortest predicted
+    epoch.
+
+    For a given number of CPU slots, α is the thesis's argmin |T_g(α)/n_g − T_c(1−α)/n_c|
+    (:func:`mgpu.sched.cost.split`) on the division's blocks (:func:`_epoch_time`). Every
+    block pays a task's round trip, and the division has more blocks the more slots it
+    serves, so on small data fewer CPU slots (down to none) can finish an epoch sooner: the
+    number is chosen too, which the thesis, on data far larger than a block's overhead, fixes.
+    """
+    best = (math.inf, 0, 1.0)
+    for c in range(n_c + 1):
+        if c == 0:
+            alpha = 1.0
+        else:
+            cols = c + 2 * n_g + 1
+            per_gpu = -(-(n_g + c) // n_g) * cols
+            per_cpu = (c + n_g) * cols / c
+
+            def gpu_side(n: float, per_gpu: int = per_gpu) -> float:
+                return n_g * per_gpu * predict["gpu"](n / (n_g * per_gpu))
+
+            def cpu_side(n: float, c: int = c, per_cpu: float = per_cpu) -> float:
+                return c * per_cpu * predict["cpu"](n / (c * per_cpu))
+
+            alpha = split(float(n_ratings), gpu_side, cpu_side, n_g, c)
+        t = _epoch_time(n_ratings, predict, n_g, c, alpha)
+        if t < best[0]:
+            best = (t, c, alpha)
+    return best[1], best[2]
+
+
+def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float],
+                predict: dict[str, Callable[[float], float]]) -> dict[str, float]:
+    """Per kind of slot in one epoch: seconds its slots were busy (summed over the slots),
+    ratings it updated, and what the cost model predicted for those blocks."""
+    start: dict[int, float] = {}
+    out: dict[str, float] = {}
+    for kind in sorted(set(kinds.values())):
+        out[f"{kind}_busy_s"] = 0.0
+        out[f"{kind}_ratings"] = 0.0
+        if kind in predict:
+            out[f"{kind}_predicted_s"] = 0.0
+    for ev in events:
+        if ev.kind in ("assign", "steal"):
+            start[ev.block] = ev.t
+        elif ev.kind == "finish" and ev.block in start:
+            kind = kinds[ev.slot]
+            out[f"{kind}_busy_s"] += ev.t - start.pop(ev.block)
+            out[f"{kind}_ratings"] += sizes[ev.block]
+            if kind in predict:
+                out[f"{kind}_predicted_s"] += predict[kind](sizes[ev.block])
+    return out
+
+
 class MatrixFactorization:
     """R ≈ P Qᵀ by SGD (no biases), k latent factors.
 
@@ -101,10 +228,16 @@ class MatrixFactorization:
     epochs : int, default=60
     target_rmse : float, optional
         Stop once the test RMSE reaches it.
-    mode : {'sequential', 'cpu', 'gpu', 'hsgd'}, default='sequential'
+    mode : {'sequential', 'cpu', 'gpu', 'hsgd', 'hsgd-linear', 'hsgd-static', 'hsgd*'}, \
+default='sequential'
     seed : int, default=0
     checkpoint_dir : str, optional
         Write ``P`` and ``Q`` after every epoch to ``<dir>/mf-epoch-<n>.npz``.
+    calibration : mgpu.mf.calibration.Calibration, optional
+        The cost model's measurements for ``hsgd-linear``, ``hsgd-static`` and ``hsgd*``.
+        Default: the cached one for the cluster's GPU and CPU models, k and the GPU conflict
+        bound (``mgpu calibrate`` makes it), else measured on the training ratings at the
+        start of ``fit`` and cached.
 
     Attributes
     ----------
@@ -128,7 +261,7 @@ class MatrixFactorization:
 
     def __init__(self, k: int = 128, *, lr: float = 0.005, reg: float = 0.05, epochs: int = 60,
                  target_rmse: float | None = None, mode: str = "sequential", seed: int = 0,
-                 checkpoint_dir: str | None = None):
+                 checkpoint_dir: str | None = None, calibration: Calibration | None = None):
         self.k = k
         self.lr = lr
         self.reg = reg
@@ -137,6 +270,7 @@ class MatrixFactorization:
         self.mode = mode
         self.seed = seed
         self.checkpoint_dir = checkpoint_dir
+        self.calibration = calibration
 
     # ------------------------------------------------------------------ input
     def _check_params(self) -> None:
@@ -154,6 +288,10 @@ class MatrixFactorization:
             raise ValueError(f"The 'epochs' parameter of MatrixFactorization must be an int >= 1."
                              f" Got {self.epochs!r} instead.")
         check_option("mode", "MatrixFactorization", self.mode, MODES)
+        if self.calibration is not None and not isinstance(self.calibration, Calibration):
+            raise TypeError("The 'calibration' parameter of MatrixFactorization must be a "
+                            "mgpu.mf.calibration.Calibration or None. Got "
+                            f"{type(self.calibration).__name__} instead.")
         if self.checkpoint_dir is not None and not Path(self.checkpoint_dir).is_dir():
             raise ValueError(f"The 'checkpoint_dir' parameter of MatrixFactorization must be an "
                              f"existing folder. Got {self.checkpoint_dir!r}.")
@@ -214,11 +352,14 @@ class MatrixFactorization:
         self.history_: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         epoch_fn = self._sequential_epochs if self.mode == "sequential" else self._block_epochs
-        for epoch, (P, Q) in enumerate(epoch_fn(u, i, r, P, Q, rng), start=1):
+        for epoch, (P, Q, extra) in enumerate(epoch_fn(u, i, r, P, Q, rng), start=1):
             entry = {"epoch": epoch, "seconds": time.perf_counter() - t0,
                      "train_rmse": rmse(u, i, r, P, Q),
-                     "test_rmse": rmse(tu, ti, tr, P, Q) if tr is not None else float("nan")}
+                     "test_rmse": rmse(tu, ti, tr, P, Q) if tr is not None else float("nan"),
+                     **extra}
             self.history_.append(entry)
+            logger.info("%s epoch %d: train RMSE %.4f, test RMSE %.4f, %.2f s", self.mode, epoch,
+                        entry["train_rmse"], entry["test_rmse"], entry["seconds"])
             self.P_, self.Q_ = P, Q
             if callback is not None:
                 callback(entry)
@@ -243,64 +384,133 @@ class MatrixFactorization:
     def _sequential_epochs(self, u, i, r, P, Q, rng):
         for _ in range(self.epochs):
             sgd_block(u, i, r, P, Q, self.lr, self.reg, self.reg, rng.permutation(r.size))
-            yield P, Q
+            yield P, Q, {}
 
     def _block_epochs(self, u, i, r, P, Q, rng):
         from mgpu.dist.cluster import current_client
-        from mgpu.sched import Block, BlockScheduler, Slot
+        from mgpu.sched import BlockScheduler
 
         client = current_client()
         if client is None:
             raise ValueError(f"mode={self.mode!r} runs on a cluster: call mgpu.connect() first.")
         slots = _slots(client, self.mode)
-        conflicts = config.get("mf.gpu-conflicts")  # read here, passed to the tasks
-        g = len(slots) + 1
-        # shuffled users and items, cut into g strata each
-        ru = rng.permutation(P.shape[0]) % g
-        ri = rng.permutation(Q.shape[0]) % g
-        rows = [np.flatnonzero(ru == s) for s in range(g)]
-        cols = [np.flatnonzero(ri == s) for s in range(g)]
+        gpu_kw = gpu_options()  # read here, passed to the tasks
+        n_g = sum(s.kind == "gpu" for s in slots)
+        n_c = len(slots) - n_g
+        predict: dict[str, Callable[[float], float]] = {}
+        latency = 1e-3  # a task's round trip, until measured
+        if self.mode in COST_MODES:
+            cal = self._calibration_for(client, slots, u, i, r, gpu_kw)
+            model = "linear" if self.mode == "hsgd-linear" else "hsgd*"
+            predict = {kind: cal.predictor(kind, model) for kind, n in (("gpu", n_g), ("cpu", n_c))
+                       if n}
+            self.calibration_ = cal
+            latency = max(cal.overhead_cpu_s, cal.overhead_gpu_s, latency)
+            used, alpha = _plan(r.size, predict, n_g, n_c)
+            if used < n_c:
+                logger.info("%s: %d of the %d CPU slots make the shortest predicted epoch",
+                            self.mode, used, n_c)
+                slots = slots[:n_g + used]
+                n_c = used
+            div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
+        else:
+            div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
+        self.division_ = {"rows": div.n_rows, "cols": div.n_cols, "blocks": len(div.blocks),
+                          "alpha": div.alpha if predict else None, "gpu_slots": n_g,
+                          "cpu_slots": n_c}
+        logger.info("%s: %d×%d strata, %d blocks, %.3f of the ratings on %d GPU slot(s), "
+                    "%d CPU slot(s)", self.mode, div.n_rows, div.n_cols, len(div.blocks),
+                    div.alpha, n_g, n_c)
+        rows = [np.flatnonzero(div.user_stratum == a) for a in range(div.n_rows)]
+        cols = [np.flatnonzero(div.item_stratum == b) for b in range(div.n_cols)]
         local_u = np.empty(P.shape[0], dtype=np.int64)
         local_i = np.empty(Q.shape[0], dtype=np.int64)
-        for s in range(g):
-            local_u[rows[s]] = np.arange(rows[s].size)
-            local_i[cols[s]] = np.arange(cols[s].size)
-        blocks, data = [], {}
-        for a in range(g):
-            for b in range(g):
-                sel = np.flatnonzero((ru[u] == a) & (ri[i] == b))
-                bid = a * g + b
-                blocks.append(Block(bid, a, b, size=float(sel.size), owner=(a + b) % len(slots)))
-                owner = slots[(a + b) % len(slots)].worker
-                # a one-element list: scatter sends the tuple as one object
-                data[bid] = client.scatter([(local_u[u[sel]], local_i[i[sel]], r[sel])],
-                                           workers=[owner], hash=False)[0]
-        p_seg = {a: client.scatter(P[rows[a]], hash=False) for a in range(g)}
-        q_seg = {b: client.scatter(Q[cols[b]], hash=False) for b in range(g)}
+        for a, members in enumerate(rows):
+            local_u[members] = np.arange(members.size)
+        for b, members in enumerate(cols):
+            local_i[members] = np.arange(members.size)
+        bid = div.block_of(u, i)
+        order = np.argsort(bid, kind="stable")
+        bounds = np.searchsorted(bid[order], np.arange(div.n_rows * div.n_cols + 1))
+        # each block's ratings to its owner's worker, one scatter per worker
+        by_worker: dict[str, list[int]] = {}
+        for blk in div.blocks:
+            by_worker.setdefault(slots[blk.owner].worker, []).append(blk.id)
+        data = {}
+        for worker, ids in by_worker.items():
+            parts = []
+            for b in ids:
+                sel = order[bounds[b]:bounds[b + 1]]
+                parts.append((local_u[u[sel]], local_i[i[sel]], r[sel]))
+            data.update(zip(ids, client.scatter(parts, workers=[worker], hash=False)))
+        home = {blk.row: slots[blk.owner].worker for blk in div.blocks}
+        # a segment: (future, None) for the array sent now, (future, 0 or 1) for the P or Q
+        # of the block result that last updated it
+        p_seg = {a: (client.scatter(P[rows[a]], workers=[home[a]] if a in home else None,
+                                    hash=False), None) for a in range(div.n_rows)}
+        q_seg = {b: (client.scatter(Q[cols[b]], hash=False), None) for b in range(div.n_cols)}
         counter = iter(range(1 << 62))
+        where = {blk.id: slots[blk.owner].worker for blk in div.blocks}
+        bandwidth = float(parse_bytes(config.get("mf.steal-bandwidth")))
+        itemsize = P.dtype.itemsize
 
-        def run(block: Block, slot: Slot):
-            fut = client.submit(_block_task, data[block.id], p_seg[block.row],
-                                q_seg[block.col], self.lr, self.reg,
+        def run(block: Any, slot: Any) -> Any:
+            fut = client.submit(_block_task, data[block.id], *p_seg[block.row],
+                                *q_seg[block.col], self.lr, self.reg,
                                 int(rng.integers(1 << 31)) + next(counter), slot.kind,
-                                conflicts, workers=[slot.worker], allow_other_workers=False,
+                                gpu_kw, workers=[slot.worker], allow_other_workers=False,
                                 pure=False)
-            p_seg[block.row] = client.submit(operator.getitem, fut, 0, workers=[slot.worker],
-                                             pure=False)
-            q_seg[block.col] = client.submit(operator.getitem, fut, 1, workers=[slot.worker],
-                                             pure=False)
+            p_seg[block.row] = (fut, 0)
+            q_seg[block.col] = (fut, 1)
             return fut
 
-        sched = BlockScheduler(blocks, slots, run, client=client)
+        def transfer(block: Any, slot: Any) -> float:
+            """Moving a block's ratings and segments to a slot on another worker."""
+            if where[block.id] == slot.worker:
+                return 0.0
+            nbytes = 24 * block.size + (rows[block.row].size + cols[block.col].size) * self.k \
+                * itemsize * 2
+            return nbytes / bandwidth + latency
+
+        def cost(block: Any, slot: Any) -> float:
+            return predict[slot.kind](block.size)
+
+        sched = BlockScheduler(div.blocks, slots, run, cost=cost if predict else None,
+                               transfer=transfer, deterministic=self.mode == "hsgd-static",
+                               client=client)
         self.schedule_events_ = sched.events  # grows as the epochs run
+        kinds = {s.name: s.kind for s in slots}
+        sizes = {blk.id: blk.size for blk in div.blocks}
         for _ in range(self.epochs):
-            sched.run_epoch()
-            Ps = client.gather([p_seg[a] for a in range(g)])
-            Qs = client.gather([q_seg[b] for b in range(g)])
-            for a in range(g):
-                P[rows[a]] = Ps[a]
-                Q[cols[a]] = Qs[a]
-            yield P, Q
+            t0 = time.perf_counter()
+            events = sched.run_epoch()
+            took = time.perf_counter() - t0
+            Ps = client.gather([f for f, _ in p_seg.values()])
+            Qs = client.gather([f for f, _ in q_seg.values()])
+            for (a, (_, j)), got in zip(p_seg.items(), Ps):
+                P[rows[a]] = got if j is None else got[j]
+            for (b, (_, j)), got in zip(q_seg.items(), Qs):
+                Q[cols[b]] = got if j is None else got[j]
+            yield P, Q, {"epoch_s": took, **_side_times(events, kinds, sizes, predict)}
+
+    def _calibration_for(self, client: Any, slots: list[Any], u: np.ndarray, i: np.ndarray,
+                         r: np.ndarray, gpu_kw: dict[str, Any]) -> Calibration:
+        """The given calibration, the cached one for these workers, or a new one (cached)."""
+        from mgpu.mf.calibration import cached, calibrate, cluster_key, store
+
+        if self.calibration is not None:
+            return self.calibration
+        cpu = next((s.worker for s in slots if s.kind == "cpu"), None)
+        gpu = next((s.worker for s in slots if s.kind == "gpu"), None)
+        key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw)
+        cal = cached(key)
+        if cal is None or (cpu and not cal.cpu_s) or (gpu and not cal.kernel_s):
+            logger.info("no cached calibration for %s: measuring on the training ratings", key)
+            cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,
+                            dtype="float64", gpu_kw=gpu_kw,
+                            max_ratings=int(config.get("mf.calibration-ratings")))
+            logger.info("calibration cached in %s", store(cal))
+        return cal
 
     def predict(self, users: Any, items: Any) -> np.ndarray:
         """Predicted ratings pᵤ·qᵢ for pairs of row and column indices."""

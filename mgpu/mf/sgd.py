@@ -30,7 +30,8 @@ def _sgd(users, items, ratings, order, P, Q, lr, reg_p, reg_q):
 
 
 def sgd_block(users: Any, items: Any, ratings: Any, P: Any, Q: Any, lr: float, reg_p: float,
-              reg_q: float, order: Any = None, conflicts: float | None = None) -> None:
+              reg_q: float, order: Any = None, conflicts: float | None = None,
+              max_warps: int | None = None) -> None:
     """One SGD pass over the given ratings, updating P and Q in place.
 
     ``users`` and ``items`` index rows of P and Q; ``order`` is the visiting order (default
@@ -39,14 +40,17 @@ def sgd_block(users: Any, items: Any, ratings: Any, P: Any, Q: Any, lr: float, r
     (one rating after the other); CuPy arrays (int32 ids, one float dtype) run
     ``kernels/sgd.cu``, one warp per rating and lock-free between warps (cuMF_SGD's scheme);
     ``conflicts`` (GPU only) bounds the warps in flight so that the busiest user or item is
-    in about that many updates at once (None: as many warps as the device holds).
+    in about that many updates at once (None: as many warps as the device holds), and
+    ``max_warps`` (GPU only) caps them outright (a GPU given a smaller share of itself).
 
     >>> P, Q = np.full((1, 2), 0.5), np.full((1, 2), 0.5)
     >>> sgd_block(np.array([0]), np.array([0]), np.array([1.5]), P, Q, 0.1, 0.0, 0.0)
     >>> P.round(3).tolist()
     [[0.55, 0.55]]
     """
-    kw = {} if conflicts is None else {"conflicts": float(conflicts)}
+    kw: dict[str, Any] = {} if conflicts is None else {"conflicts": float(conflicts)}
+    if max_warps is not None:
+        kw["max_warps"] = int(max_warps)
     sgd_lookup(users, items, ratings, P, Q, float(lr), float(reg_p), float(reg_q), order, **kw)
 
 

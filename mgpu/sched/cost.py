@@ -8,6 +8,9 @@ repeats each, averaged (:func:`calibrate`). Then:
 - GPU, below a threshold τ where the speed still grows: transfer ``t = n / (a·sqrt(ln n) + b)``
   and kernel ``t = n / (a·ln n + b)``; above τ both are linear. The GPU's time is the larger
   of the two, because copies and kernels overlap on streams (:func:`fit_gpu_curve`).
+- Every curve is fitted on relative residuals (the sizes grow geometrically; a plain fit
+  follows the largest and misses small blocks by more than their own time), a saturating one
+  with its speed kept positive over the sizes measured and not extrapolated below them.
 - τ is the first size from which the speed (n / t) stays within 2% (:func:`threshold`).
 - α, the share of ratings for the GPUs, makes the two sides finish together:
   ``argmin |T_g(α·N)/n_g − T_c((1−α)·N)/n_c|`` (:func:`split`).
@@ -17,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,18 +40,25 @@ class Curve:
     tau: float = math.inf
     slope: float = 0.0  # the linear part above tau: t = slope·n + icpt
     icpt: float = 0.0
+    lo: float = 0.0  # the smallest size measured: a saturating form is not extrapolated below
 
     def __call__(self, n: float) -> float:
         n = float(n)
         if n <= 0:
             return 0.0
-        if self.form == "linear":
-            return self.a * n + self.b
         if n >= self.tau:
             return self.slope * n + self.icpt
-        g = math.sqrt(math.log(max(n, math.e))) if self.form == "sqrtlog" else \
-            math.log(max(n, math.e))
-        return n / max(self.a * g + self.b, 1e-300)
+        if self.form == "linear":
+            return self.a * n + self.b
+        # below the sizes measured, a block costs what the smallest one did (latency-bound)
+        n = max(n, self.lo)
+        return n / max(self.a * _g(self.form, n) + self.b, 1e-300)
+
+
+def _g(form: str, n: Any) -> Any:
+    """The growth of a saturating form's speed: sqrt(ln n) or ln n."""
+    ln = np.log(np.maximum(n, math.e))
+    return np.sqrt(ln) if form == "sqrtlog" else ln
 
 
 def calibrate(run: Callable[[int], float], sizes: Sequence[int], repeats: int = 3
@@ -60,15 +71,23 @@ def calibrate(run: Callable[[int], float], sizes: Sequence[int], repeats: int = 
     return sizes, times
 
 
+def _line(n: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """``t = a·n + b`` by least squares on relative residuals: calibration sizes grow
+    geometrically, and a plain fit would follow the largest ones and miss the small blocks
+    by their whole size (its intercept alone can exceed a small block's time)."""
+    a, b = np.polyfit(n, t, 1, w=1.0 / np.maximum(t, 1e-300))
+    return float(a), float(b)
+
+
 def fit_linear(n: np.ndarray, t: np.ndarray) -> Curve:
-    """Least-squares ``t = a·n + b``.
+    """Least-squares ``t = a·n + b`` (relative residuals).
 
     >>> c = fit_linear(np.array([1e3, 2e3, 4e3]), np.array([1.0, 2.0, 4.0]) * 1e-3)
     >>> round(c(8e3), 6)
     0.008
     """
-    a, b = np.polyfit(np.asarray(n, float), np.asarray(t, float), 1)
-    return Curve("linear", float(a), float(b))
+    a, b = _line(np.asarray(n, float), np.asarray(t, float))
+    return Curve("linear", a, b)
 
 
 def threshold(n: np.ndarray, t: np.ndarray, tol: float = 0.02) -> float:
@@ -91,19 +110,49 @@ def fit_gpu_curve(n: np.ndarray, t: np.ndarray, form: str, tol: float = 0.02) ->
     tau = threshold(n, t, tol)
     below = n < tau
     if below.sum() >= 2:
-        g = np.sqrt(np.log(np.maximum(n[below], math.e))) if form == "sqrtlog" else \
-            np.log(np.maximum(n[below], math.e))
-        a, b = np.polyfit(g, n[below] / t[below], 1)
+        a, b = _fit_saturating(n[below], t[below], form)
     else:  # no saturating range measured: a constant speed
         a, b = 0.0, float(np.mean(n / t))
-    above = ~below
+    return _with_linear_tail(Curve(form, a, b, lo=float(n.min())), n, t, tau)
+
+
+def _fit_saturating(n: np.ndarray, t: np.ndarray, form: str) -> tuple[float, float]:
+    """``t = n / (a·g(n) + b)`` by least squares on log time (relative error at every size).
+
+    The speed ``a·g(n) + b`` is parametrised by its (log) values at the smallest and largest
+    size, so it stays positive over the sizes measured whatever the data; a fit of the speed
+    itself against g(n) follows the largest sizes and can cross zero at the smallest.
+    """
+    from scipy.optimize import least_squares
+
+    g = _g(form, n)
+    g0, g1 = float(g.min()), float(g.max())
+    speed = n / t
+
+    def coef(x: np.ndarray) -> tuple[float, float]:
+        s0, s1 = np.exp(x)
+        a = (s1 - s0) / (g1 - g0) if g1 > g0 else 0.0
+        return a, s0 - a * g0
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        a, b = coef(x)
+        return np.log(a * g + b) - np.log(speed)
+
+    x0 = np.log([speed[np.argmin(g)], speed[np.argmax(g)]])
+    a, b = coef(least_squares(resid, x0).x)
+    return float(a), float(b)
+
+
+def _with_linear_tail(c: Curve, n: np.ndarray, t: np.ndarray, tau: float) -> Curve:
+    """``c`` below τ, and from τ on the straight line through the sizes measured there."""
+    above = n >= tau
     if above.sum() >= 2:
-        slope, icpt = np.polyfit(n[above], t[above], 1)
+        slope, icpt = _line(n[above], t[above])
     elif above.sum() == 1:
         slope, icpt = float(t[above][0] / n[above][0]), 0.0
     else:
-        slope, icpt = 0.0, 0.0
-    return Curve(form, float(a), float(b), tau, float(slope), float(icpt))
+        return c
+    return Curve(c.form, c.a, c.b, tau, slope, icpt, c.lo)
 
 
 def split(total: float, gpu: Callable[[float], float], cpu: Callable[[float], float],

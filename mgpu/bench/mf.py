@@ -1,0 +1,116 @@
+"""Matrix factorisation in several modes from one start: ``mgpu run mf`` and ``mgpu bench mf``.
+
+Every mode trains on the same split from the same initial factors (the same seed), stops at
+the target test RMSE or after the epochs, and is summarised: epochs and seconds to the target,
+the GPUs' share of the updates, steals, and how well the cost model predicted each side's
+busy time (cost-model modes).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+# modes that need GPU workers, and those that also need CPU workers beside them
+GPU_MODES = ("gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
+MIXED_MODES = ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
+
+
+def split_ratings(R: sp.coo_matrix, test_fraction: float, seed: int
+                  ) -> tuple[sp.coo_matrix, sp.coo_matrix]:
+    """A random split of the ratings: (train, test), ``test_fraction`` of them held out."""
+    perm = np.random.default_rng(seed).permutation(R.nnz)
+    n_test = int(round(R.nnz * test_fraction))
+    if n_test == 0 or n_test == R.nnz:
+        raise ValueError(f"{R.nnz} ratings cannot be split {test_fraction:.0%} held out.")
+
+    def part(sel: np.ndarray) -> sp.coo_matrix:
+        return sp.coo_matrix((R.data[sel], (R.row[sel], R.col[sel])), shape=R.shape)
+
+    return part(perm[n_test:]), part(perm[:n_test])
+
+
+def train_modes(train: sp.coo_matrix, test: sp.coo_matrix, modes: list[str], *, k: int,
+                lr: float, reg: float, epochs: int, target_rmse: float | None, seed: int,
+                callback: Callable[[str], Callable[[dict[str, Any]], None]] | None = None,
+                done: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
+    """Fit ``MatrixFactorization`` in each mode (on the current cluster where the mode needs
+    one); ``callback(mode)`` gives each fit's per-epoch callback (a progress bar), and
+    ``done(mode, model)`` hears of each mode as it finishes."""
+    from mgpu.mf import MatrixFactorization
+
+    out = {}
+    for mode in modes:
+        mf = MatrixFactorization(k, lr=lr, reg=reg, epochs=epochs, mode=mode, seed=seed,
+                                 target_rmse=target_rmse)
+        mf.fit(train, test, callback=callback(mode) if callback else None)
+        out[mode] = mf
+        if done is not None:
+            done(mode, mf)
+    return out
+
+
+def summary(mf: Any, target: float | None) -> dict[str, Any]:
+    """One mode's row: time to the target, speed per epoch, the GPU share, steals and the
+    cost model's predicted against measured busy seconds per side (medians over the epochs
+    after the first, which also compiles kernels)."""
+    h = mf.history_
+    reached = next((e for e in h if target and e["test_rmse"] <= target), None)
+    later = h[1:] or h
+    row: dict[str, Any] = {
+        "mode": mf.mode, "epochs": len(h), "final_rmse": h[-1]["test_rmse"],
+        "best_rmse": min(e["test_rmse"] for e in h),
+        "epochs_to_target": reached["epoch"] if reached else None,
+        "seconds_to_target": reached["seconds"] if reached else None,
+    }
+    per_epoch = np.diff([0.0] + [e["seconds"] for e in h])
+    row["seconds_per_epoch"] = float(np.median(per_epoch[1:] if len(h) > 1 else per_epoch))
+    if "gpu_ratings" in h[-1]:
+        total = [e.get("gpu_ratings", 0.0) + e.get("cpu_ratings", 0.0) for e in later]
+        row["gpu_share"] = float(np.median([e["gpu_ratings"] / t for e, t in zip(later, total)
+                                            if t]))
+    events = getattr(mf, "schedule_events_", None)
+    if events:
+        row["steals_per_epoch"] = sum(ev.kind == "steal" for ev in events) / len(h)
+    if getattr(mf, "division_", None):
+        row["alpha"] = mf.division_["alpha"]
+        row["blocks"] = mf.division_["blocks"]
+    for side in ("gpu", "cpu"):
+        if f"{side}_predicted_s" in h[-1]:
+            pred = [e[f"{side}_predicted_s"] for e in later]
+            meas = [e[f"{side}_busy_s"] for e in later]
+            row[f"{side}_predicted_s"] = float(np.median(pred))
+            row[f"{side}_measured_s"] = float(np.median(meas))
+            row[f"{side}_model_error"] = float(np.median(
+                [abs(p - m) / m for p, m in zip(pred, meas) if m > 0] or [np.nan]))
+    return row
+
+
+def markdown(rows: list[dict[str, Any]], target: float | None) -> str:
+    def fmt(v: Any, spec: str = ".3f") -> str:
+        return "–" if v is None or (isinstance(v, float) and not np.isfinite(v)) else \
+            format(v, spec)
+
+    head = ("| mode | epochs | epochs to target | s to target | s per epoch | final test RMSE | "
+            "α | blocks | GPU share of updates | steals per epoch | GPU busy s: predicted / "
+            "measured | CPU busy s: predicted / measured |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        sides = []
+        for side in ("gpu", "cpu"):
+            if f"{side}_predicted_s" in r:
+                sides.append(f"{r[f'{side}_predicted_s']:.3f} / {r[f'{side}_measured_s']:.3f} "
+                             f"({100 * r[f'{side}_model_error']:.0f}% off)")
+            else:
+                sides.append("–")
+        lines.append(
+            f"| {r['mode']} | {r['epochs']} | {fmt(r['epochs_to_target'], 'd')} | "
+            f"{fmt(r['seconds_to_target'], '.2f')} | {r['seconds_per_epoch']:.3f} | "
+            f"{r['final_rmse']:.4f} | {fmt(r.get('alpha'))} | {fmt(r.get('blocks'), 'd')} | "
+            f"{fmt(r.get('gpu_share'))} | {fmt(r.get('steals_per_epoch'), '.1f')} | "
+            f"{sides[0]} | {sides[1]} |")
+    if target:
+        lines.append(f"\ntarget test RMSE: {target}")
+    return "\n".join(lines)

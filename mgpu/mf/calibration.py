@@ -1,0 +1,299 @@
+"""Calibrating HSGD*'s cost model on the cluster's own workers, and caching the result.
+
+A shuffled sample of ratings is cut into growing prefixes S1, S1+S2, … (each twice the last),
+and one block task's steps are timed on each, a few repeats averaged, where blocks really
+run: on a CPU worker the whole CPU block (one thread: copies of the factor segments, the
+shuffle, the numba pass), on a GPU worker the transfers (the ratings and the item segment to
+the device, both segments back; the user segment stays on the device between the blocks of a
+GPU's own rows) apart from the kernel (``kernels/sgd.cu``). A no-op task's round trip to each
+worker is measured too: every block pays it. :class:`Calibration` keeps the measurements and
+fits the curves of :mod:`mgpu.sched.cost` from them, as HSGD* does (CPU linear; GPU transfer
+``n/(a·sqrt(ln n)+b)`` and kernel ``n/(a·ln n+b)`` below τ, linear above) or as Qilin's
+linear model does (one straight line per device).
+
+One difference from the thesis: a GPU slot runs one block at a time and its copies and kernel
+run on one stream, so a block's GPU time is transfer **plus** kernel, not the larger of the
+two (the thesis overlaps them on streams).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mgpu import config
+from mgpu.sched.cost import Curve, fit_gpu_curve, fit_linear
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Calibration", "MODELS", "calibrate", "cached", "prefix_sizes"]
+
+MODELS = ("hsgd*", "linear")
+
+
+def prefix_sizes(n: int, smallest: int = 1024) -> list[int]:
+    """Prefix lengths smallest, 2·smallest, … up to n (n itself last).
+
+    >>> prefix_sizes(5000)
+    [1024, 2048, 4096, 5000]
+    """
+    if n < 2:
+        raise ValueError(f"Calibration needs at least 2 ratings. Got {n}.")
+    smallest = max(1, min(smallest, n // 2))
+    out = []
+    s = smallest
+    while s < n:
+        out.append(s)
+        s *= 2
+    return out + [n]
+
+
+@dataclass
+class Calibration:
+    """Measured seconds of one block task's steps against its number of ratings.
+
+    ``cpu_s``: a CPU block on one thread; ``transfer_s`` and ``kernel_s``: a GPU block's
+    copies and its kernel; ``overhead_cpu_s`` / ``overhead_gpu_s``: a no-op task's round trip
+    to a CPU / GPU worker. ``key`` names what was measured (the GPU and CPU models, k, dtype,
+    the bound on conflicting GPU updates), so a cached calibration is reused only for the same.
+    """
+
+    key: str
+    sizes: list[float]
+    cpu_s: list[float] = field(default_factory=list)
+    transfer_s: list[float] = field(default_factory=list)
+    kernel_s: list[float] = field(default_factory=list)
+    overhead_cpu_s: float = 0.0
+    overhead_gpu_s: float = 0.0
+    measured: str = ""
+
+    # ------------------------------------------------------------------ fitted curves
+    def curves(self, model: str = "hsgd*") -> dict[str, Curve]:
+        """The fitted curves of a model: "cpu" and, with GPU data, "transfer" and "kernel"
+        (HSGD*) or one "gpu" line (Qilin's linear model)."""
+        if model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}. Got {model!r}.")
+        n = np.asarray(self.sizes, float)
+        out: dict[str, Curve] = {}
+        if self.cpu_s:
+            out["cpu"] = fit_linear(n, np.asarray(self.cpu_s))
+        if self.kernel_s:
+            if model == "linear":
+                out["gpu"] = fit_linear(n, np.asarray(self.transfer_s) + np.asarray(self.kernel_s))
+            else:
+                out["transfer"] = fit_gpu_curve(n, np.asarray(self.transfer_s), "sqrtlog")
+                out["kernel"] = fit_gpu_curve(n, np.asarray(self.kernel_s), "log")
+        return out
+
+    def predictor(self, kind: str, model: str = "hsgd*") -> Callable[[float], float]:
+        """Seconds a block of n ratings is expected to take on a slot of ``kind`` ("cpu" or
+        "gpu"), its task's round trip included; 0 for an empty block."""
+        c = self.curves(model)
+        if kind == "cpu":
+            if "cpu" not in c:
+                raise ValueError("This calibration has no CPU measurements.")
+            line, ovh = c["cpu"], self.overhead_cpu_s
+            return lambda n: 0.0 if n <= 0 else max(line(n), 0.0) + ovh
+        if kind != "gpu":
+            raise ValueError(f"kind must be 'cpu' or 'gpu'. Got {kind!r}.")
+        if "kernel" not in c and "gpu" not in c:
+            raise ValueError("This calibration has no GPU measurements.")
+        ovh = self.overhead_gpu_s
+        if model == "linear":
+            line = c["gpu"]
+            return lambda n: 0.0 if n <= 0 else max(line(n), 0.0) + ovh
+        tr, ke = c["transfer"], c["kernel"]
+        return lambda n: 0.0 if n <= 0 else max(tr(n), 0.0) + max(ke(n), 0.0) + ovh
+
+    def describe(self) -> str:
+        """The measurements and both models' curves, as text."""
+        lines = [f"calibration {self.key} ({self.measured})",
+                 f"task round trip: CPU worker {self.overhead_cpu_s * 1e3:.2f} ms, GPU worker "
+                 f"{self.overhead_gpu_s * 1e3:.2f} ms",
+                 "ratings     | CPU block s | GPU transfer s | GPU kernel s"]
+        for j, n in enumerate(self.sizes):
+            cols = [self.cpu_s, self.transfer_s, self.kernel_s]
+            lines.append(f"{int(n):>11,} | " + " | ".join(
+                f"{c[j]:.3e}" if c else "–" for c in cols))
+        for model in MODELS:
+            for name, c in self.curves(model).items():
+                tau = "" if not np.isfinite(c.tau) else f", linear from τ={c.tau:,.0f}"
+                lines.append(f"{model:>6} {name:>8}: {c.form} a={c.a:.4g} b={c.b:.4g}{tau}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ storage
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Calibration:
+        return cls(**d)
+
+
+def _cache_path() -> Path:
+    return Path(os.path.expanduser(str(config.get("mf.calibration-cache"))))
+
+
+def cached(key: str) -> Calibration | None:
+    """The cached calibration under ``key``, or None."""
+    path = _cache_path()
+    try:
+        entries = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        logger.warning("ignoring the unreadable calibration cache %s: %s", path, exc)
+        return None
+    entry = entries.get(key)
+    return Calibration.from_json(entry) if entry else None
+
+
+def store(cal: Calibration) -> Path:
+    """Add ``cal`` to the cache file (written whole, then renamed into place)."""
+    path = _cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        entries = {}
+    entries[cal.key] = cal.to_json()
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(entries, indent=1))
+    tmp.replace(path)
+    return path
+
+
+# ---------------------------------------------------------------------- on the workers
+def _prefix_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n: int, k: int,
+                  dtype: Any) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray,
+                                       np.ndarray]:
+    """The first n ratings as a block in segment-local ids, with factor segments for it."""
+    uu, lu = np.unique(users[:n], return_inverse=True)
+    ii, li = np.unique(items[:n], return_inverse=True)
+    rng = np.random.default_rng(n)
+    P = (rng.random((uu.size, k)) / np.sqrt(k)).astype(dtype)
+    Q = (rng.random((ii.size, k)) / np.sqrt(k)).astype(dtype)
+    return (lu.astype(np.int64), li.astype(np.int64), ratings[:n].astype(np.float64)), P, Q
+
+
+def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarray,
+             sizes: list[int], k: int, dtype: str, repeats: int, gpu_kw: dict[str, Any]
+             ) -> dict[str, Any]:
+    """Runs on a worker: the block task's steps timed on each prefix (means of repeats)."""
+    from mgpu.mf.model import _block_task, _gpu_stage, _gpu_unstage
+    from mgpu.mf.sgd import sgd_block
+
+    out: dict[str, Any] = {"times": [], "transfer": [], "kernel": []}
+    for n in sizes:
+        block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype))
+        if kind == "cpu":
+            _block_task(block, P, None, Q, None, 0.005, 0.05, 0)  # numba compiled, caches warm
+            ts = []
+            for rep in range(repeats):
+                t0 = time.perf_counter()
+                _block_task(block, P, None, Q, None, 0.005, 0.05, rep)
+                ts.append(time.perf_counter() - t0)
+            out["times"].append(float(np.mean(ts)))
+            continue
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        tr, ke = [], []
+        for rep in range(repeats + 1):  # the first run compiles and warms up
+            stream.synchronize()
+            t0 = time.perf_counter()
+            # P is the one the last run left on the device (a GPU's own rows stay there); Q
+            # comes from the host each time (columns go round every slot)
+            staged = _gpu_stage(block, P, Q, rep)
+            stream.synchronize()
+            t1 = time.perf_counter()
+            sgd_block(*staged, 0.005, 0.05, 0.05, **gpu_kw)
+            stream.synchronize()
+            t2 = time.perf_counter()
+            P, _ = _gpu_unstage(staged, P, Q)
+            t3 = time.perf_counter()
+            if rep:
+                tr.append((t1 - t0) + (t3 - t2))
+                ke.append(t2 - t1)
+        out["transfer"].append(float(np.mean(tr)))
+        out["kernel"].append(float(np.mean(ke)))
+    return out
+
+
+def _noop() -> None:
+    return None
+
+
+def _round_trip(client: Any, worker: str, repeats: int = 20) -> float:
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        client.submit(_noop, workers=[worker], allow_other_workers=False, pure=False).result()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.ndarray, k: int, *,
+              cpu_worker: str | None, gpu_worker: str | None, dtype: str = "float64",
+              gpu_kw: dict[str, Any] | None = None, max_ratings: int = 4_000_000,
+              repeats: int = 3,
+              seed: int = 0) -> Calibration:
+    """Measure block tasks on a CPU worker and a GPU worker of ``client``'s cluster.
+
+    The ratings (segment-free ids, any order) are shuffled and at most ``max_ratings`` of
+    them kept; prefixes double from 1,024 up to that. Either worker may be None (that side is
+    then not measured). Returns a :class:`Calibration` (not cached: see :func:`store`).
+    """
+    if cpu_worker is None and gpu_worker is None:
+        raise ValueError("calibrate needs a CPU worker, a GPU worker or both.")
+    rng = np.random.default_rng(seed)
+    take = rng.permutation(ratings.shape[0])[:max_ratings]
+    sample = (users[take], items[take], ratings[take])
+    sizes = prefix_sizes(take.size)
+    futs = {}
+    for kind, worker in (("cpu", cpu_worker), ("gpu", gpu_worker)):
+        if worker is not None:
+            futs[kind] = client.submit(_measure, kind, *sample, sizes, k, dtype, repeats,
+                                       gpu_kw or {}, workers=[worker], allow_other_workers=False,
+                                       pure=False)
+    got = {kind: f.result() for kind, f in futs.items()}
+    cal = Calibration(
+        key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}),
+        sizes=[float(s) for s in sizes],
+        cpu_s=got.get("cpu", {}).get("times", []),
+        transfer_s=got.get("gpu", {}).get("transfer", []),
+        kernel_s=got.get("gpu", {}).get("kernel", []),
+        overhead_cpu_s=_round_trip(client, cpu_worker) if cpu_worker else 0.0,
+        overhead_gpu_s=_round_trip(client, gpu_worker) if gpu_worker else 0.0,
+        measured=datetime.datetime.now().isoformat(timespec="seconds"))
+    return cal
+
+
+def cluster_key(client: Any, cpu_worker: str | None, gpu_worker: str | None, k: int,
+                dtype: str, gpu_kw: dict[str, Any]) -> str:
+    """The cache key of a calibration on these workers (their GPU and CPU models)."""
+    from mgpu.dist.cluster import describe_workers
+
+    infos = describe_workers(client)
+    gpu = (infos.get(gpu_worker, {}).get("gpu") or {}).get("name") if gpu_worker else None
+    cpu = infos.get(cpu_worker, {}).get("cpu_model") if cpu_worker else None
+    return calibration_key(gpu, cpu, k, dtype, gpu_kw)
+
+
+def calibration_key(gpu: str | None, cpu: str | None, k: int, dtype: str,
+                    gpu_kw: dict[str, Any]) -> str:
+    """What a calibration depends on, as its cache key.
+
+    >>> calibration_key("NVIDIA H100", "AMD EPYC", 128, "float32", {"conflicts": 4.0})
+    'gpu=NVIDIA H100|cpu=AMD EPYC|k=128|float32|conflicts=4.0'
+    """
+    opts = "".join(f"|{k_}={v}" for k_, v in sorted(gpu_kw.items()) if v is not None)
+    return f"gpu={gpu or '-'}|cpu={cpu or '-'}|k={k}|{dtype}{opts}"

@@ -1,0 +1,180 @@
+"""HSGD*'s pieces that need no GPU: the divisions, the plan (CPU slots and α) on the division, the side
+times read off the scheduler's events, and the CPU half of a calibration on a CPU cluster."""
+from __future__ import annotations
+
+import json
+
+import dask.config
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mgpu.mf.calibration import Calibration, cached, calibrate, prefix_sizes, store
+from mgpu.mf.division import hsgd_star, uniform
+from mgpu.mf.model import _epoch_time, _plan, _side_times
+from mgpu.sched import Event
+
+
+def _ratings(n_users: int, n_items: int, n: int, seed: int):
+    """Ratings with skewed user and item degrees (every user and item at least once)."""
+    rng = np.random.default_rng(seed)
+    wu = 1.0 / np.arange(1, n_users + 1) ** 0.7
+    wi = 1.0 / np.arange(1, n_items + 1) ** 0.9
+    u = np.concatenate([np.arange(n_users), rng.choice(n_users, n, p=wu / wu.sum())])
+    i = np.concatenate([rng.integers(0, n_items, n_users), rng.choice(n_items, n, p=wi / wi.sum())])
+    return u, i
+
+
+def _cover_once(d, u, i):
+    """Every rating falls in exactly one listed block, and the sizes count them."""
+    bid = d.block_of(u, i)
+    counts = np.bincount(bid, minlength=d.n_rows * d.n_cols)
+    listed = {b.id: b.size for b in d.blocks}
+    assert set(np.flatnonzero(counts)) == set(listed)
+    assert all(counts[b] == s for b, s in listed.items())
+    assert all(b.id == b.row * d.n_cols + b.col for b in d.blocks)
+
+
+def test_uniform_grid_covers_every_rating_once_with_balanced_strata():
+    u, i = _ratings(500, 300, 20_000, 0)
+    d = uniform(u, i, 500, 300, 3, np.random.default_rng(1))
+    assert (d.n_rows, d.n_cols) == (4, 4)
+    _cover_once(d, u, i)
+    assert all(b.owner == (b.row + b.col) % 3 for b in d.blocks)
+    per_row = np.bincount(d.user_stratum[u], minlength=4)
+    heaviest = np.bincount(u).max()
+    assert per_row.max() - per_row.min() <= heaviest  # cut at prefix sums of the counts
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_g=st.integers(1, 4), n_c=st.integers(0, 12), alpha=st.floats(0.05, 0.95),
+       seed=st.integers(0, 1000))
+def test_hsgd_star_division_follows_rule_1(n_g, n_c, alpha, seed):
+    u, i = _ratings(400, 250, 15_000, seed)
+    d = hsgd_star(u, i, 400, 250, alpha, n_g, n_c, np.random.default_rng(seed))
+    sub = -(-(n_g + n_c) // n_g)
+    n_cpu_rows = n_c + n_g if n_c else 0
+    assert d.n_rows == n_g * sub + n_cpu_rows
+    assert d.n_cols == n_c + 2 * n_g + 1
+    assert d.n_rows * d.n_cols >= (n_c + n_g + 1) * (n_c + n_g)  # Rule 1
+    assert d.row_kind == ("gpu",) * (n_g * sub) + ("cpu",) * n_cpu_rows
+    _cover_once(d, u, i)
+    for b in d.blocks:
+        if b.row < n_g * sub:  # GPU j owns every block of its group of sub-rows
+            assert b.owner == b.row // sub
+        else:
+            assert n_g <= b.owner < n_g + n_c
+    # the GPUs get the shortest prefix of shuffled users holding α of the ratings
+    want = 1.0 if n_c == 0 else alpha
+    assert want <= d.alpha + 1e-12
+    assert d.alpha - want <= np.bincount(u).max() / u.size + 1e-12
+    # each GPU group holds about α/n_g of the ratings
+    groups = np.bincount([b.row // sub for b in d.blocks if b.row < n_g * sub],
+                         weights=[b.size for b in d.blocks if b.row < n_g * sub], minlength=n_g)
+    assert groups.max() - groups.min() <= np.bincount(u).max() + 1e-9
+
+
+def test_hsgd_star_refuses_what_it_cannot_divide():
+    u, i = _ratings(50, 40, 500, 0)
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="at least one slot"):
+        hsgd_star(u, i, 50, 40, 0.5, 0, 0, rng)
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\]"):
+        hsgd_star(u, i, 50, 40, 1.5, 1, 1, rng)
+    with pytest.raises(ValueError, match=r"users must lie in \[0, 10\)"):
+        hsgd_star(u, i, 10, 40, 0.5, 1, 1, rng)
+
+
+def test_plan_balances_the_two_sides_of_the_division():
+    # linear costs without a round trip: a GPU 3× as fast as a CPU thread, 1 GPU, 4 threads
+    # → every thread is worth using and the GPU side takes 3 / (3 + 4) of the ratings
+    gpu, cpu = 3e6, 1e6  # ratings per second
+    predict = {"gpu": lambda n: n / gpu, "cpu": lambda n: n / cpu}
+    used, alpha = _plan(7_000_000, predict, 1, 4)
+    assert used == 4 and alpha == pytest.approx(3 / 7, abs=1e-5)
+    assert _plan(7_000_000, predict, 2, 4) == (4, pytest.approx(6 / 10, abs=1e-5))
+    assert _plan(1000, predict, 1, 0) == (0, 1.0)
+    # both sides of the chosen plan end together
+    t = _epoch_time(7_000_000, predict, 1, 4, alpha)
+    assert t == pytest.approx(7_000_000 * alpha / gpu, rel=1e-4)
+
+
+def test_plan_leaves_cpu_slots_out_when_their_blocks_cost_more_than_they_save():
+    # 10 ms per task and 90,000 ratings: CPU blocks are mostly round trip, and more slots
+    # mean more blocks for the GPU too; the GPU alone finishes an epoch first
+    predict = {"gpu": lambda n: n / 5e8 + 0.01, "cpu": lambda n: n / 1e6 + 0.01}
+    used, alpha = _plan(90_000, predict, 1, 15)
+    assert (used, alpha) == (0, 1.0)
+    assert _epoch_time(90_000, predict, 1, 0, 1.0) < _epoch_time(90_000, predict, 1, 15, 0.5)
+    # with Netflix-sized data, a GPU only 10× a thread and 1 ms per task, the threads pay
+    fast = {"gpu": lambda n: n / 1e7 + 0.001, "cpu": lambda n: n / 1e6 + 0.001}
+    used, alpha = _plan(100_000_000, fast, 1, 15)
+    assert used >= 8 and 0 < alpha < 1
+    assert _epoch_time(100_000_000, fast, 1, used, alpha) < 0.5 * _epoch_time(
+        100_000_000, fast, 1, 0, 1.0)
+
+
+def test_side_times_add_up_each_kind_of_slot():
+    ev = [Event(0.0, "assign", 1, "g#gpu", ""), Event(0.1, "assign", 2, "w#0", ""),
+          Event(0.5, "finish", 1, "g#gpu", ""), Event(0.6, "steal", 3, "g#gpu", ""),
+          Event(0.9, "finish", 2, "w#0", ""), Event(1.0, "finish", 3, "g#gpu", "")]
+    kinds = {"g#gpu": "gpu", "w#0": "cpu"}
+    sizes = {1: 100.0, 2: 50.0, 3: 10.0}
+    got = _side_times(ev, kinds, sizes, {"gpu": lambda n: n / 200, "cpu": lambda n: n / 100})
+    assert got["gpu_busy_s"] == pytest.approx(0.9) and got["gpu_ratings"] == 110
+    assert got["cpu_busy_s"] == pytest.approx(0.8) and got["cpu_ratings"] == 50
+    assert got["gpu_predicted_s"] == pytest.approx(0.55)
+    assert got["cpu_predicted_s"] == pytest.approx(0.5)
+    assert "gpu_predicted_s" not in _side_times(ev, kinds, sizes, {})
+
+
+def test_prefix_sizes_double_up_to_the_sample():
+    assert prefix_sizes(10_000) == [1024, 2048, 4096, 8192, 10_000]
+    assert prefix_sizes(3) == [1, 2, 3]
+    with pytest.raises(ValueError, match="at least 2 ratings"):
+        prefix_sizes(1)
+
+
+def test_cpu_calibration_on_a_cluster_fits_and_is_cached(client, tmp_path):
+    u, i = _ratings(2000, 800, 60_000, 3)
+    r = np.random.default_rng(0).uniform(1, 5, u.size)
+    worker = sorted(client.scheduler_info()["workers"])[0]
+    cal = calibrate(client, u, i, r, 32, cpu_worker=worker, gpu_worker=None, max_ratings=40_000,
+                    repeats=2)
+    assert cal.sizes == [float(s) for s in prefix_sizes(40_000)]
+    assert len(cal.cpu_s) == len(cal.sizes) and not cal.kernel_s and not cal.transfer_s
+    assert all(t > 0 for t in cal.cpu_s) and cal.cpu_s[-1] > cal.cpu_s[0]
+    assert 0 < cal.overhead_cpu_s < 1.0 and cal.overhead_gpu_s == 0.0
+    assert "gpu=-|" in cal.key and cal.key.endswith("|k=32|float64")
+    line = cal.curves("hsgd*")["cpu"]
+    assert line.form == "linear" and line.a > 0
+    cpu = cal.predictor("cpu")
+    assert cpu(0) == 0.0 and cpu(1e6) > cpu(1e5) > cal.overhead_cpu_s
+    with pytest.raises(ValueError, match="no GPU measurements"):
+        cal.predictor("gpu")
+    assert "40,000 |" in cal.describe()
+    with dask.config.set({"mgpu.mf.calibration-cache": str(tmp_path / "c" / "cal.json")}):
+        assert cached(cal.key) is None
+        path = store(cal)
+        assert json.loads(path.read_text())[cal.key]["cpu_s"] == cal.cpu_s
+        assert cached(cal.key) == cal
+
+
+def test_gpu_curves_of_a_calibration_follow_the_thesis_forms():
+    n = np.array([2.0 ** e for e in range(10, 24)])
+    # transfers saturate as n/(a sqrt(ln n)+b) up to 2^20, kernels as n/(a ln n+b) up to 2^18
+    tr = np.where(n < 2 ** 20, n / (3e6 * np.sqrt(np.log(n)) + 1e6), n / 9e6 + 1e-4)
+    ke = np.where(n < 2 ** 18, n / (2e7 * np.log(n) + 1e7), n / 2.5e8)
+    cal = Calibration("k", list(n), [], list(tr), list(ke), 0.0, 0.002, "now")
+    c = cal.curves("hsgd*")
+    assert c["transfer"].form == "sqrtlog" and c["kernel"].form == "log"
+    assert np.isfinite(c["kernel"].tau) and c["kernel"].tau <= 2 ** 19
+    gpu = cal.predictor("gpu")
+    for m, t in zip(n, tr + ke):
+        assert gpu(m) == pytest.approx(t + 0.002, rel=0.15)
+    lin = cal.predictor("gpu", "linear")
+    assert cal.curves("linear")["gpu"].form == "linear"
+    assert lin(n[-1]) == pytest.approx(tr[-1] + ke[-1] + 0.002, rel=0.15)
+    with pytest.raises(ValueError, match="model must be one of"):
+        cal.curves("qilin")
