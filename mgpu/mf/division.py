@@ -39,7 +39,8 @@ class Division:
     ``user_stratum[u]`` and ``item_stratum[i]`` give each user's row stratum and each item's
     column stratum; ``blocks`` lists the non-empty (row, column) pairs with their number of
     ratings (``size``) and owning slot; ``row_kind[r]`` is "gpu" for a row of R_g and "cpu"
-    otherwise (all "cpu" for the uniform grid); ``alpha`` is the share of the ratings in R_g.
+    otherwise (all "cpu" for the uniform grid); ``alpha`` is the share of the ratings in R_g
+    (nan for the uniform grid, which splits nothing by kind).
     """
 
     user_stratum: np.ndarray
@@ -101,7 +102,7 @@ def uniform(users: np.ndarray, items: np.ndarray, n_users: int, n_items: int, n_
     sizes = _sizes(us, it, users, items, g, g)
     blocks = tuple(Block(a * g + b, a, b, size=float(sizes[a * g + b]), owner=(a + b) % n_slots)
                    for a in range(g) for b in range(g) if sizes[a * g + b])
-    return Division(us, it, g, g, blocks, ("cpu",) * g, 0.0)
+    return Division(us, it, g, g, blocks, ("cpu",) * g, float("nan"))
 
 
 def hsgd_star(users: np.ndarray, items: np.ndarray, n_users: int, n_items: int, alpha: float,

@@ -27,8 +27,9 @@ Modes so far:
 ``hsgd-linear``
     ``hsgd*`` with α from Qilin's linear model (one straight line per device) instead.
 
-GPU blocks cross PCIe every time they run (their factor segments live on the worker's host
-memory between blocks); a GPU keeps its own users in the sense that its blocks run on it.
+A GPU block's factor segments stay on its GPU for the next block there (each block also
+returns host copies, for the client's RMSE and for slots elsewhere); its ratings, and any
+segment last updated on another worker, cross PCIe each time.
 """
 from __future__ import annotations
 
@@ -144,19 +145,31 @@ def _slots(client: Any, mode: str) -> list[Any]:
     return gpus if mode == "gpu" else gpus + threads
 
 
-def _epoch_time(n_ratings: int, predict: dict[str, Callable[[float], float]], n_g: int,
-                n_c: int, alpha: float) -> float:
-    """Predicted seconds of an epoch of HSGD*'s division: the slower side, each side's slot
-    running its blocks (a GPU: ⌈(n_g+n_c)/n_g⌉ sub-rows × n_c+2n_g+1 columns; a CPU slot:
-    (n_c+n_g)/n_c rows × as many columns), each block costing the calibrated time of its
-    share of the ratings plus its task's round trip."""
+def _sides(predict: dict[str, Callable[[float], float]], n_g: int, n_c: int
+           ) -> tuple[Callable[[float], float], Callable[[float], float]]:
+    """Predicted seconds of each side of HSGD*'s division for the ratings it is given, summed
+    over its slots: a GPU runs ⌈(n_g+n_c)/n_g⌉ sub-rows × (n_c+2n_g+1) columns of blocks, a CPU
+    slot (n_c+n_g)/n_c rows × as many columns, and every block costs the calibrated time of
+    its share of the ratings plus its task's round trip."""
     cols = n_c + 2 * n_g + 1
     per_gpu = -(-(n_g + n_c) // n_g) * cols
-    t_gpu = per_gpu * predict["gpu"](alpha * n_ratings / (n_g * per_gpu))
-    if n_c == 0:
-        return t_gpu
-    per_cpu = (n_c + n_g) * cols / n_c
-    return max(t_gpu, per_cpu * predict["cpu"]((1 - alpha) * n_ratings / (n_c * per_cpu)))
+    per_cpu = (n_c + n_g) * cols / n_c if n_c else 0.0
+
+    def gpu_side(n: float) -> float:
+        return n_g * per_gpu * predict["gpu"](n / (n_g * per_gpu))
+
+    def cpu_side(n: float) -> float:
+        return n_c * per_cpu * predict["cpu"](n / (n_c * per_cpu)) if n_c else 0.0
+
+    return gpu_side, cpu_side
+
+
+def _epoch_time(n_ratings: int, predict: dict[str, Callable[[float], float]], n_g: int,
+                n_c: int, alpha: float) -> float:
+    """Predicted seconds of an epoch of HSGD*'s division: its slower side's slots."""
+    gpu_side, cpu_side = _sides(predict, n_g, n_c)
+    t = gpu_side(alpha * n_ratings) / n_g
+    return max(t, cpu_side((1 - alpha) * n_ratings) / n_c) if n_c else t
 
 
 def _plan(n_ratings: int, predict: dict[str, Callable[[float], float]], n_g: int,
@@ -165,27 +178,14 @@ def _plan(n_ratings: int, predict: dict[str, Callable[[float], float]], n_g: int
     epoch.
 
     For a given number of CPU slots, α is the thesis's argmin |T_g(α)/n_g − T_c(1−α)/n_c|
-    (:func:`mgpu.sched.cost.split`) on the division's blocks (:func:`_epoch_time`). Every
-    block pays a task's round trip, and the division has more blocks the more slots it
-    serves, so on small data fewer CPU slots (down to none) can finish an epoch sooner: the
-    number is chosen too, which the thesis, on data far larger than a block's overhead, fixes.
+    (:func:`mgpu.sched.cost.split`) on the division's blocks (:func:`_sides`). Every block
+    pays a task's round trip, and the division has more blocks the more slots it serves, so
+    on small data fewer CPU slots (down to none) can finish an epoch sooner: the number is
+    chosen too, which the thesis, on data far larger than a block's overhead, fixes.
     """
     best = (math.inf, 0, 1.0)
     for c in range(n_c + 1):
-        if c == 0:
-            alpha = 1.0
-        else:
-            cols = c + 2 * n_g + 1
-            per_gpu = -(-(n_g + c) // n_g) * cols
-            per_cpu = (c + n_g) * cols / c
-
-            def gpu_side(n: float, per_gpu: int = per_gpu) -> float:
-                return n_g * per_gpu * predict["gpu"](n / (n_g * per_gpu))
-
-            def cpu_side(n: float, c: int = c, per_cpu: float = per_cpu) -> float:
-                return c * per_cpu * predict["cpu"](n / (c * per_cpu))
-
-            alpha = split(float(n_ratings), gpu_side, cpu_side, n_g, c)
+        alpha = split(float(n_ratings), *_sides(predict, n_g, c), n_g, c) if c else 1.0
         t = _epoch_time(n_ratings, predict, n_g, c, alpha)
         if t < best[0]:
             best = (t, c, alpha)
@@ -418,9 +418,9 @@ default='sequential'
         self.division_ = {"rows": div.n_rows, "cols": div.n_cols, "blocks": len(div.blocks),
                           "alpha": div.alpha if predict else None, "gpu_slots": n_g,
                           "cpu_slots": n_c}
-        logger.info("%s: %d×%d strata, %d blocks, %.3f of the ratings on %d GPU slot(s), "
-                    "%d CPU slot(s)", self.mode, div.n_rows, div.n_cols, len(div.blocks),
-                    div.alpha, n_g, n_c)
+        logger.info("%s: %d×%d strata, %d blocks on %d GPU and %d CPU slot(s)%s", self.mode,
+                    div.n_rows, div.n_cols, len(div.blocks), n_g, n_c,
+                    f", {div.alpha:.3f} of the ratings on the GPUs" if predict else "")
         rows = [np.flatnonzero(div.user_stratum == a) for a in range(div.n_rows)]
         cols = [np.flatnonzero(div.item_stratum == b) for b in range(div.n_cols)]
         local_u = np.empty(P.shape[0], dtype=np.int64)
