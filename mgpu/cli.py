@@ -330,7 +330,7 @@ def _mf_cluster(modes: list[str], address: str | None, cpu_threads: int | None) 
     """The cluster the modes need: none (sequential alone), a CPU cluster (cpu), GPU workers
     (gpu), or GPU workers and a CPU worker of ``cpu_threads`` threads (the hsgd modes; default
     one thread per core not driving a GPU)."""
-    from mgpu.bench.mf import GPU_MODES, MIXED_MODES
+    from mgpu.mf.model import GPU_MODES, MIXED_MODES
     from mgpu.dist.cluster import connect, visible_gpus
 
     if all(m == "sequential" for m in modes):
@@ -386,8 +386,8 @@ def _mf_train(R: Any, label: str, modes: str, k: int, lr: float, reg: float, epo
     """Split R, train every mode from one start with progress bars, report, plot."""
     from tqdm import tqdm
 
-    from mgpu.bench.mf import split_ratings, train_modes
-    from mgpu.mf import MODES
+    from mgpu.bench.mf import train_modes
+    from mgpu.mf import MODES, split_ratings
 
     names = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in names if m not in MODES]

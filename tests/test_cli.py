@@ -370,7 +370,7 @@ def test_run_als_cpu(runner, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = runner.invoke(main, ["run", "als", str(path), "--test-fraction", "1.5", "--out",
                              str(out)])
-    assert r.exit_code != 0 and "'test_fraction' parameter of split must be in (0, 1)" in r.output
+    assert r.exit_code != 0 and "'test_fraction' parameter of split_ratings must be in (0, 1)" in r.output
 
 
 def _toy_corpus(tmp_path):

@@ -18,35 +18,10 @@ import numpy as np
 import scipy.sparse as sp
 
 import mgpu
+from mgpu.mf import split_ratings as split
 from workflows._sparse import transpose_map
 
 __all__ = ["Factors", "split", "train"]
-
-
-def split(R: sp.spmatrix, test_fraction: float, seed: int = 0
-          ) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-    """Training and test ratings, the test ones drawn at random (a share ``test_fraction``).
-
-    >>> R = sp.csr_matrix(np.arange(1.0, 11.0).reshape(2, 5))
-    >>> tr, te = split(R, 0.2)
-    >>> tr.nnz, te.nnz, (tr + te - R).nnz
-    (8, 2, 0)
-    """
-    if not 0 < test_fraction < 1:
-        raise ValueError(f"The 'test_fraction' parameter of split must be in (0, 1). Got "
-                         f"{test_fraction!r} instead.")
-    C = sp.coo_matrix(R)
-    perm = np.random.default_rng(seed).permutation(C.nnz)
-    n_test = int(round(C.nnz * test_fraction))
-    if n_test == 0 or n_test == C.nnz:
-        raise ValueError(f"{C.nnz} ratings cannot be split {test_fraction:.0%} held out.")
-
-    def part(sel: np.ndarray) -> sp.csr_matrix:
-        M = sp.csr_matrix((C.data[sel], (C.row[sel], C.col[sel])), shape=C.shape)
-        M.sort_indices()
-        return M
-
-    return part(perm[n_test:]), part(perm[:n_test])
 
 
 @dataclass

@@ -13,26 +13,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-# modes that need GPU workers, and those that also need CPU workers beside them
-GPU_MODES = ("gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
-MIXED_MODES = ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
 
-
-def split_ratings(R: sp.coo_matrix, test_fraction: float, seed: int
-                  ) -> tuple[sp.coo_matrix, sp.coo_matrix]:
-    """A random split of the ratings: (train, test), ``test_fraction`` of them held out."""
-    perm = np.random.default_rng(seed).permutation(R.nnz)
-    n_test = int(round(R.nnz * test_fraction))
-    if n_test == 0 or n_test == R.nnz:
-        raise ValueError(f"{R.nnz} ratings cannot be split {test_fraction:.0%} held out.")
-
-    def part(sel: np.ndarray) -> sp.coo_matrix:
-        return sp.coo_matrix((R.data[sel], (R.row[sel], R.col[sel])), shape=R.shape)
-
-    return part(perm[n_test:]), part(perm[:n_test])
-
-
-def train_modes(train: sp.coo_matrix, test: sp.coo_matrix, modes: list[str], *, k: int,
+def train_modes(train: sp.spmatrix, test: sp.spmatrix, modes: list[str], *, k: int,
                 lr: float, reg: float, epochs: int, target_rmse: float | None, seed: int,
                 callback: Callable[[str], Callable[[dict[str, Any]], None]] | None = None,
                 done: Callable[[str, Any], None] | None = None) -> dict[str, Any]:

@@ -3,6 +3,6 @@ CPU mode over the block scheduler (the HSGD* GPU modes follow)."""
 from __future__ import annotations
 
 from mgpu.mf.model import MODES, MatrixFactorization
-from mgpu.mf.sgd import rmse, sgd_block
+from mgpu.mf.sgd import rmse, sgd_block, split_ratings
 
-__all__ = ["MODES", "MatrixFactorization", "rmse", "sgd_block"]
+__all__ = ["MODES", "MatrixFactorization", "rmse", "sgd_block", "split_ratings"]

@@ -58,7 +58,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["MODES", "MatrixFactorization"]
 
 MODES = ("sequential", "cpu", "gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
-# modes that split the ratings between GPUs and CPUs by a calibrated cost model
+# modes that run on GPU workers, those that also use CPU workers beside them, and those that
+# split the ratings between the two by a calibrated cost model
+GPU_MODES = ("gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
+MIXED_MODES = ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
 COST_MODES = ("hsgd-linear", "hsgd-static", "hsgd*")
 
 

@@ -1,15 +1,17 @@
 """Plain SGD for matrix factorisation R ≈ P Qᵀ (no biases, as in the HSGD* thesis): the CPU
-block kernel and the RMSE, in numba (nogil, so one worker's threads run blocks at once)."""
+block kernel and the RMSE, in numba (nogil, so one worker's threads run blocks at once), and
+the random train/test split every ratings job uses."""
 from __future__ import annotations
 
 from typing import Any
 
 import numba
 import numpy as np
+import scipy.sparse as sp
 
 from mgpu.backends import sgd_lookup
 
-__all__ = ["rmse", "sgd_block"]
+__all__ = ["rmse", "sgd_block", "split_ratings"]
 
 
 @numba.njit(nogil=True, fastmath=False)
@@ -84,3 +86,29 @@ def rmse(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.ndarra
     if users.shape[0] == 0:
         return float("nan")
     return float(np.sqrt(_sq_err(users, items, ratings, P, Q) / users.shape[0]))
+
+
+def split_ratings(R: sp.spmatrix, test_fraction: float, seed: int = 0
+                  ) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """Training and test ratings, the test ones drawn at random (a share ``test_fraction``).
+
+    >>> R = sp.csr_matrix(np.arange(1.0, 11.0).reshape(2, 5))
+    >>> tr, te = split_ratings(R, 0.2)
+    >>> tr.nnz, te.nnz, (tr + te - R).nnz
+    (8, 2, 0)
+    """
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"The 'test_fraction' parameter of split_ratings must be in (0, 1). Got "
+                         f"{test_fraction!r} instead.")
+    C = sp.coo_matrix(R)
+    perm = np.random.default_rng(seed).permutation(C.nnz)
+    n_test = int(round(C.nnz * test_fraction))
+    if n_test == 0 or n_test == C.nnz:
+        raise ValueError(f"{C.nnz} ratings cannot be split {test_fraction:.0%} held out.")
+
+    def part(sel: np.ndarray) -> sp.csr_matrix:
+        M = sp.csr_matrix((C.data[sel], (C.row[sel], C.col[sel])), shape=C.shape)
+        M.sort_indices()
+        return M
+
+    return part(perm[n_test:]), part(perm[:n_test])
