@@ -497,14 +497,18 @@ def run_mf(ratings: str, modes: str, k: int, lr: float, reg: float, epochs: int,
 @click.option("--show", is_flag=True, help="Print the cached calibrations and measure nothing.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write the measurements and both models' curves to this PNG.")
+@click.option("--cpu-threads", default=1, show_default=True, type=int,
+              help="CPU blocks timed at once: the CPU slots the training runs will use "
+                   "(mgpu bench mf --cpu-threads).")
 def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
-                  address: str | None, show: bool, plot: str | None) -> None:
+                  address: str | None, show: bool, plot: str | None, cpu_threads: int) -> None:
     """Calibrate HSGD*'s cost model on this cluster's CPU and GPU workers, and cache it.
 
     Times block tasks on growing prefixes of a shuffled sample of RATINGS (default: planted
-    ratings of Netflix's shape) on one CPU thread and on one GPU, fits the thesis's curves
-    and Qilin's lines, and caches them (mgpu.mf.calibration-cache) for this GPU model, CPU
-    model, k and GPU options, where MatrixFactorization's cost-model modes find them.
+    ratings of Netflix's shape) on --cpu-threads CPU threads at once and on one GPU, fits the
+    thesis's curves and Qilin's lines, and caches them (mgpu.mf.calibration-cache) for this
+    GPU model, CPU model and thread count, k and GPU options, where MatrixFactorization's
+    cost-model modes find them.
     """
     from mgpu.dist import describe_workers
     from mgpu.io import load_ratings
@@ -525,8 +529,9 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
         for entry in entries.values():
             click.echo(Calibration.from_json(entry).describe() + "\n")
         return
-    if k < 1 or max_ratings < 2 or repeats < 1:
-        raise click.BadParameter("-k and --repeats must be >= 1, --max-ratings >= 2")
+    if k < 1 or max_ratings < 2 or repeats < 1 or cpu_threads < 1:
+        raise click.BadParameter("-k, --repeats and --cpu-threads must be >= 1, --max-ratings "
+                                 ">= 2")
     if plot is not None:
         _need_matplotlib()
     if ratings is not None:
@@ -542,8 +547,8 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
 
     if address is not None:
         client = connect(address)
-    elif visible_gpus():  # a GPU worker and a CPU worker: one thread is all a calibration uses
-        client = connect(gpus=True, cpu_threads=1)
+    elif visible_gpus():  # a GPU worker and a CPU worker
+        client = connect(gpus=True, cpu_threads=cpu_threads)
     else:
         client = connect(gpus=False, n_workers=1)
     try:
@@ -554,7 +559,8 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
         click.echo(f"{label}: {C.nnz:,} ratings; timing on CPU worker {cpu or '(none)'} and GPU "
                    f"worker {gpu or '(none)'}")
         cal = calibrate(client, C.row, C.col, C.data, k, cpu_worker=cpu, gpu_worker=gpu,
-                        gpu_kw=gpu_options(), max_ratings=max_ratings, repeats=repeats)
+                        gpu_kw=gpu_options(), max_ratings=max_ratings, repeats=repeats,
+                        cpu_threads=cpu_threads)
     finally:
         client.close()
     click.echo(cal.describe())

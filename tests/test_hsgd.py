@@ -90,7 +90,7 @@ def test_plan_balances_the_two_sides_of_the_division():
     # linear costs without a round trip: a GPU 3× as fast as a CPU thread, 1 GPU, 4 threads
     # → every thread is worth using and the GPU side takes 3 / (3 + 4) of the ratings
     gpu, cpu = 3e6, 1e6  # ratings per second
-    predict = {"gpu": lambda n: n / gpu, "cpu": lambda n: n / cpu}
+    predict = {"gpu": lambda n, per_task=1: n / gpu, "cpu": lambda n, per_task=1: n / cpu}
     used, alpha = _plan(7_000_000, predict, 1, 4)
     assert used == 4 and alpha == pytest.approx(3 / 7, abs=1e-5)
     assert _plan(7_000_000, predict, 2, 4) == (4, pytest.approx(6 / 10, abs=1e-5))
@@ -102,13 +102,15 @@ def test_plan_balances_the_two_sides_of_the_division():
 
 def test_plan_leaves_cpu_slots_out_when_their_blocks_cost_more_than_they_save():
     # 10 ms per task and 90,000 ratings: CPU blocks are mostly round trip, and more slots
-    # mean more blocks for the GPU too; the GPU alone finishes an epoch first
-    predict = {"gpu": lambda n: n / 5e8 + 0.01, "cpu": lambda n: n / 1e6 + 0.01}
+    # mean more tasks for the GPU too; the GPU alone finishes an epoch first
+    predict = {"gpu": lambda n, per_task=1: n / 5e8 + 0.01 / per_task,
+               "cpu": lambda n, per_task=1: n / 1e6 + 0.01 / per_task}
     used, alpha = _plan(90_000, predict, 1, 15)
     assert (used, alpha) == (0, 1.0)
     assert _epoch_time(90_000, predict, 1, 0, 1.0) < _epoch_time(90_000, predict, 1, 15, 0.5)
     # with Netflix-sized data, a GPU only 10× a thread and 1 ms per task, the threads pay
-    fast = {"gpu": lambda n: n / 1e7 + 0.001, "cpu": lambda n: n / 1e6 + 0.001}
+    fast = {"gpu": lambda n, per_task=1: n / 1e7 + 0.001 / per_task,
+            "cpu": lambda n, per_task=1: n / 1e6 + 0.001 / per_task}
     used, alpha = _plan(100_000_000, fast, 1, 15)
     assert used >= 8 and 0 < alpha < 1
     assert _epoch_time(100_000_000, fast, 1, used, alpha) < 0.5 * _epoch_time(
@@ -116,17 +118,23 @@ def test_plan_leaves_cpu_slots_out_when_their_blocks_cost_more_than_they_save():
 
 
 def test_side_times_add_up_each_kind_of_slot():
-    ev = [Event(0.0, "assign", 1, "g#gpu", ""), Event(0.1, "assign", 2, "w#0", ""),
-          Event(0.5, "finish", 1, "g#gpu", ""), Event(0.6, "steal", 3, "g#gpu", ""),
-          Event(0.9, "finish", 2, "w#0", ""), Event(1.0, "finish", 3, "g#gpu", "")]
+    # blocks 1 and 4 run in one GPU task (task 1): its time counts once, their ratings both
+    ev = [Event(0.0, "assign", 1, "g#gpu", "", 1, 1), Event(0.0, "assign", 4, "g#gpu", "", 1, 1),
+          Event(0.1, "assign", 2, "w#0", "", 1, 2),
+          Event(0.5, "finish", 1, "g#gpu", "", 1, 1), Event(0.5, "finish", 4, "g#gpu", "", 1, 1),
+          Event(0.6, "steal", 3, "g#gpu", "", 1, 3),
+          Event(0.9, "finish", 2, "w#0", "", 1, 2), Event(1.0, "finish", 3, "g#gpu", "", 1, 3)]
     kinds = {"g#gpu": "gpu", "w#0": "cpu"}
-    sizes = {1: 100.0, 2: 50.0, 3: 10.0}
-    got = _side_times(ev, kinds, sizes, {"gpu": lambda n: n / 200, "cpu": lambda n: n / 100})
-    assert got["gpu_busy_s"] == pytest.approx(0.9) and got["gpu_ratings"] == 110
+    sizes = {1: 100.0, 2: 50.0, 3: 10.0, 4: 40.0}
+    # a round trip of 0.1 s per task, shared by the blocks of a GPU task (2 here)
+    predict = {"gpu": lambda n, per_task=1: n / 200 + 0.1 / per_task,
+               "cpu": lambda n, per_task=1: n / 100 + 0.1 / per_task}
+    got = _side_times(ev, kinds, sizes, predict, {"gpu": 2, "cpu": 1})
+    assert got["gpu_busy_s"] == pytest.approx(0.9) and got["gpu_ratings"] == 150
     assert got["cpu_busy_s"] == pytest.approx(0.8) and got["cpu_ratings"] == 50
-    assert got["gpu_predicted_s"] == pytest.approx(0.55)
-    assert got["cpu_predicted_s"] == pytest.approx(0.5)
-    assert "gpu_predicted_s" not in _side_times(ev, kinds, sizes, {})
+    assert got["gpu_predicted_s"] == pytest.approx(0.75 + 3 * 0.05)
+    assert got["cpu_predicted_s"] == pytest.approx(0.6)
+    assert "gpu_predicted_s" not in _side_times(ev, kinds, sizes, {}, {"gpu": 2, "cpu": 1})
 
 
 def test_prefix_sizes_double_up_to_the_sample():
@@ -178,3 +186,45 @@ def test_gpu_curves_of_a_calibration_follow_the_thesis_forms():
     assert lin(n[-1]) == pytest.approx(tr[-1] + ke[-1] + 0.002, rel=0.15)
     with pytest.raises(ValueError, match="model must be one of"):
         cal.curves("qilin")
+
+
+class _FakeDevice(np.ndarray):
+    """A numpy array standing in for a CuPy one: ``get`` is its host copy."""
+
+    def get(self):
+        return np.array(self)
+
+
+def test_device_arrays_leave_their_worker_as_host_arrays():
+    import pickle
+
+    from mgpu.mf.model import DeviceArrays
+
+    seg = np.arange(6.0).reshape(3, 2).view(_FakeDevice)
+    one = pickle.loads(pickle.dumps(DeviceArrays(seg)))
+    assert type(one) is np.ndarray and one.tolist() == seg.tolist()
+    two = pickle.loads(pickle.dumps(DeviceArrays(seg, seg[:1])))
+    assert isinstance(two, tuple) and [type(a) for a in two] == [np.ndarray, np.ndarray]
+    assert DeviceArrays(seg, seg).__sizeof__() == 2 * seg.nbytes
+
+
+def test_a_block_task_of_several_blocks_runs_them_one_after_the_other():
+    """Blocks of one column in one task: the same as a task per block, in order."""
+    from mgpu.mf.model import _block_task
+
+    rng = np.random.default_rng(0)
+
+    def block(n_users):
+        return (rng.integers(0, n_users, 300), rng.integers(0, 20, 300), rng.uniform(1, 5, 300))
+
+    b1, b2 = block(30), block(40)
+    P1, P2, Q = rng.random((30, 8)), rng.random((40, 8)), rng.random((20, 8))
+    got = _block_task([b1, b2], [(P1, None), ((P2, "other"), 0)], (Q, None), 0.01, 0.05, 7)
+    assert len(got) == 3
+    one = _block_task([b1], [(P1, None)], (Q, None), 0.01, 0.05, 7)
+    two = _block_task([b2], [(P2, None)], (one, 1), 0.01, 0.05, 8)
+    np.testing.assert_array_equal(got[0], one[0])
+    np.testing.assert_array_equal(got[1], two[0])
+    np.testing.assert_array_equal(got[2], two[1])
+    # the inputs are left as they were
+    assert not np.shares_memory(got[2], Q) and not np.shares_memory(got[0], P1)

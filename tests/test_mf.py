@@ -167,6 +167,40 @@ def test_gpu_sgd_kernel_refuses_what_it_cannot_take():
 
 
 @pytest.mark.gpu
+def test_gpu_block_task_keeps_segments_on_the_device_and_matches_the_cpu():
+    """Two blocks of one column in one GPU task, on ratings without shared rows (so the
+    lock-free kernel must equal the sequential pass): the same segments as the CPU task; they
+    stay on the device for the next task there and leave it as host arrays."""
+    import pickle
+
+    import cupy
+
+    from mgpu.mf.model import DeviceArrays, _block_task, _stage
+
+    u1, i1, r1 = _independent_ratings(3000, 0)
+    u2, i2, r2 = _independent_ratings(3000, 1)
+    rng = np.random.default_rng(2)
+    P1, P2, Q = rng.random((3000, 64)), rng.random((3000, 64)), rng.random((3000, 64))
+    cpu = _block_task([(u1, i1, r1), (u2, i2, r2)], [(P1, None), (P2, None)], (Q, None),
+                      0.01, 0.05, 3)
+    staged = _stage((u1, i1, r1), np.float64, 0)
+    gpu = _block_task([staged, (u2, i2, r2)], [(P1, None), (DeviceArrays(cupy.asarray(P2)),
+                                                            None)], (Q, None), 0.01, 0.05, 3,
+                      "gpu", {"conflicts": None})
+    assert all(isinstance(x, DeviceArrays) and isinstance(x.arrays[0], cupy.ndarray)
+               for x in gpu)
+    for g, c in zip(gpu, cpu):
+        host = pickle.loads(pickle.dumps(g))
+        assert isinstance(host, np.ndarray)
+        np.testing.assert_allclose(host, c, rtol=1e-12, atol=1e-12)
+    # a task on the same worker starts from the device arrays, without changing them
+    before = gpu[2].arrays[0].copy()
+    again = _block_task([staged], [(gpu, 0)], (gpu, 2), 0.01, 0.05, 4, "gpu", {})
+    assert bool((gpu[2].arrays[0] == before).all())
+    assert not bool((again[1].arrays[0] == before).all())
+
+
+@pytest.mark.gpu
 def test_gpu_mode_reaches_the_movielens_target(data_dir):
     from mgpu.dist import connect
 

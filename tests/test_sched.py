@@ -25,25 +25,29 @@ def _slots(client) -> list[Slot]:
 
 
 def _runner(client, unit: float, slow: dict[str, float]):
-    def run(block: Block, slot: Slot):
-        return client.submit(_sleep, unit * block.size * slow.get(slot.name, 1.0), block.id,
-                             workers=[slot.worker], allow_other_workers=False, pure=False)
+    def run(blocks: tuple[Block, ...], slot: Slot):
+        return client.submit(_sleep, unit * sum(b.size for b in blocks) * slow.get(slot.name, 1.0),
+                             blocks[0].id, workers=[slot.worker], allow_other_workers=False,
+                             pure=False)
     return run
 
 
 def _check_no_shared_strata(events, blocks):
-    """Replay start/finish events: two running blocks never share a row or a column."""
+    """Replay start/finish events: blocks of two tasks running at once never share a row or
+    a column (the blocks of one task run one after the other: they share their column, never
+    a row)."""
     by_id = {b.id: b for b in blocks}
-    running: set[int] = set()
+    running: dict[int, int] = {}  # block -> task
     for ev in events:
         b = by_id[ev.block]
         if ev.kind in ("assign", "steal"):
-            for r in running:
+            for r, task in running.items():
                 o = by_id[r]
-                assert o.row != b.row and o.col != b.col, (ev, o)
-            running.add(b.id)
+                assert o.row != b.row, (ev, o)
+                assert o.col != b.col or task == ev.task, (ev, o)
+            running[b.id] = ev.task
         elif ev.kind == "finish":
-            running.remove(b.id)
+            assert running.pop(b.id) == ev.task
     assert not running
 
 
@@ -77,8 +81,41 @@ def test_a_slow_slot_loses_blocks_to_the_fast_one(client):
     # the fast slot ran more than its planned half
     ran_fast = sum(1 for e in events if e.kind in ("assign", "steal") and e.slot == slots[0].name)
     assert ran_fast > len(blocks) // 2
-    logged = client.get_events("mgpu-steal")
-    assert len(logged) >= len(steals)
+    # the epoch's steals went to the Dask scheduler's log in one message
+    _, last = client.get_events("mgpu-steal")[-1]
+    assert last["epoch"] == 1
+    assert [(e["block"], e["slot"]) for e in last["events"]] == [(e.block, e.slot) for e in steals]
+
+
+def test_a_batch_runs_own_blocks_of_one_column_in_one_task(client):
+    slots = _slots(client)
+    # slot 0 owns a 4-row × 3-column region, slot 1 a 2 × 3 one beside it in other columns
+    blocks = [Block(id=r * 6 + c, row=r, col=c, size=1.0, owner=0 if r < 4 else 1)
+              for r in range(6) for c in range(3 if r < 4 else 6) if r < 4 or c >= 3]
+    calls = []
+
+    def run(group, slot):
+        calls.append((slot.name, [b.id for b in group]))
+        return _runner(client, 0.005, {})(group, slot)
+
+    sched = BlockScheduler(blocks, slots, run, deterministic=True, client=client,
+                           batch=lambda s: 3 if s.name == slots[0].name else 1)
+    events = sched.run_epoch()
+    by_id = {b.id: b for b in blocks}
+    assert sorted(i for _, ids in calls for i in ids) == sorted(b.id for b in blocks)
+    for name, ids in calls:
+        group = [by_id[i] for i in ids]
+        assert len(group) <= (3 if name == slots[0].name else 1)
+        assert len({b.col for b in group}) == 1 and len({b.row for b in group}) == len(group)
+    assert any(len(ids) == 3 for _, ids in calls)
+    assert set(sched.updates.values()) == {1}
+    _check_no_shared_strata(events, blocks)
+    # one task per call: its blocks share the task id in the events
+    tasks = {}
+    for ev in events:
+        if ev.kind == "assign":
+            tasks.setdefault(ev.task, []).append(ev.block)
+    assert sorted(map(sorted, tasks.values())) == sorted(sorted(ids) for _, ids in calls)
 
 
 def test_no_steal_when_moving_costs_more_than_it_saves(client):

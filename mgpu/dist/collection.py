@@ -23,8 +23,8 @@ from mgpu.partition import axis_counts, part_sums, split_counts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["block_futures", "chunk_nnz", "chunk_workers", "device_copy", "drop_device_copy",
-           "from_scipy", "gather", "keep_device_copy", "scatter_as"]
+__all__ = ["block_futures", "chunk_nnz", "chunk_workers", "device_copy", "from_scipy", "gather",
+           "scatter_as"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -49,37 +49,14 @@ def device_copy(X: Any, convert: Callable[[Any], Any]) -> Any:
         if hit is not None and hit[0]() is X:
             return hit[1]
     dev = convert(X)
-    keep_device_copy(X, dev)
-    return dev
-
-
-def keep_device_copy(X: Any, dev: Any) -> None:
-    """Remember ``dev`` as the device copy of ``X``: what :func:`device_copy` returns for X
-    while X lives (a block's result copied back to the host keeps its device twin)."""
     key = id(X)
     try:
         ref = weakref.ref(X, lambda _r, key=key: _device_copies.pop(key, None))
     except TypeError:  # not weak-referenceable: no cache
-        return
+        return dev
     with _device_lock:
         _device_copies[key] = (ref, dev)
-
-
-def drop_device_copy(X: Any) -> None:
-    """Forget the device copy of ``X`` (its device array was changed in place and no longer
-    equals X).
-
-    >>> import numpy as np
-    >>> X = np.ones(3)
-    >>> first = device_copy(X, np.copy)
-    >>> drop_device_copy(X)
-    >>> device_copy(X, np.copy) is first
-    False
-    """
-    with _device_lock:
-        hit = _device_copies.get(id(X))
-        if hit is not None and hit[0]() is X:
-            del _device_copies[id(X)]
+    return dev
 
 
 def scatter_as(client: Any, key: Any, value: Any, *, workers: list[str] | None = None,

@@ -94,15 +94,16 @@ class Calibration:
                 out["kernel"] = fit_gpu_curve(n, np.asarray(self.kernel_s), "log")
         return out
 
-    def predictor(self, kind: str, model: str = "hsgd*") -> Callable[[float], float]:
-        """Seconds a block of n ratings is expected to take on a slot of ``kind`` ("cpu" or
-        "gpu"), its task's round trip included; 0 for an empty block."""
+    def predictor(self, kind: str, model: str = "hsgd*") -> Callable[..., float]:
+        """``f(n, per_task=1)``: seconds a block of n ratings is expected to take on a slot of
+        ``kind`` ("cpu" or "gpu"), with its share of a task's round trip when ``per_task``
+        blocks run in one task; 0 for an empty block."""
         c = self.curves(model)
         if kind == "cpu":
             if "cpu" not in c:
                 raise ValueError("This calibration has no CPU measurements.")
             line, ovh = c["cpu"], self.overhead_cpu_s
-            return lambda n: 0.0 if n <= 0 else max(line(n), 0.0) + ovh
+            return lambda n, per_task=1: 0.0 if n <= 0 else max(line(n), 0.0) + ovh / per_task
         if kind != "gpu":
             raise ValueError(f"kind must be 'cpu' or 'gpu'. Got {kind!r}.")
         if "kernel" not in c and "gpu" not in c:
@@ -110,9 +111,10 @@ class Calibration:
         ovh = self.overhead_gpu_s
         if model == "linear":
             line = c["gpu"]
-            return lambda n: 0.0 if n <= 0 else max(line(n), 0.0) + ovh
+            return lambda n, per_task=1: 0.0 if n <= 0 else max(line(n), 0.0) + ovh / per_task
         tr, ke = c["transfer"], c["kernel"]
-        return lambda n: 0.0 if n <= 0 else max(tr(n), 0.0) + max(ke(n), 0.0) + ovh
+        return lambda n, per_task=1: (0.0 if n <= 0 else max(tr(n), 0.0) + max(ke(n), 0.0)
+                                      + ovh / per_task)
 
     def describe(self) -> str:
         """The measurements and both models' curves, as text."""
@@ -186,47 +188,64 @@ def _prefix_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n: 
 
 
 def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarray,
-             sizes: list[int], k: int, dtype: str, repeats: int, gpu_kw: dict[str, Any]
-             ) -> dict[str, Any]:
-    """Runs on a worker: the block task's steps timed on each prefix (means of repeats)."""
-    from mgpu.mf.model import _block_task, _gpu_stage, _gpu_unstage
+             sizes: list[int], k: int, dtype: str, repeats: int, gpu_kw: dict[str, Any],
+             threads: int = 1) -> dict[str, Any]:
+    """Runs on a worker: the block task's steps timed on each prefix (means of repeats).
+
+    CPU: ``threads`` blocks of the prefix's size at once, each on its own thread and its own
+    copies, as the worker's slots run them in an epoch (they share its cores' memory bus);
+    a block's time is the mean over them. GPU: the ratings staged on the device once (a
+    GPU's own blocks stay there for every epoch) and its user segment left there by the
+    previous pass; timed apart are the item segment's trip (to the device and back to the
+    host: columns go round every slot) and the kernel.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mgpu.mf.model import DeviceArrays, _block_task, _stage, _to_device
     from mgpu.mf.sgd import sgd_block
 
     out: dict[str, Any] = {"times": [], "transfer": [], "kernel": []}
     if kind == "cpu":
-        held: dict[int, tuple[Any, ...]] = {}
+        held: dict[int, list[tuple[Any, ...]]] = {}
         seeds = iter(range(1 << 62))
 
-        def run(n: int) -> float:
-            if n not in held:  # one prefix at a time, its first pass untimed (compilation)
-                held.clear()
-                held[n] = _prefix_block(users, items, ratings, n, k, np.dtype(dtype))
-                _block_task(held[n][0], held[n][1], None, held[n][2], None, 0.005, 0.05, 0)
-            block, P, Q = held[n]
+        def one(block: Any, P: np.ndarray, Q: np.ndarray, seed: int) -> float:
             t0 = time.perf_counter()
-            _block_task(block, P, None, Q, None, 0.005, 0.05, next(seeds))
+            _block_task([block], [(P, None)], (Q, None), 0.005, 0.05, seed)
             return time.perf_counter() - t0
 
-        out["times"] = [float(t) for t in prefix_times(run, sizes, repeats)[1]]
+        with ThreadPoolExecutor(threads) as pool:
+            def run(n: int) -> float:
+                if n not in held:  # one prefix at a time, its first pass untimed (compiling)
+                    held.clear()
+                    block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype))
+                    held[n] = [(block, P.copy(), Q.copy()) for _ in range(threads)]
+                    one(*held[n][0], 0)
+                return float(np.mean(list(pool.map(lambda c: one(*c, next(seeds)),
+                                                   held[n]))))
+
+            out["times"] = [float(t) for t in prefix_times(run, sizes, repeats)[1]]
         return out
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
     for n in sizes:
         block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype))
-        import cupy
-
-        stream = cupy.cuda.get_current_stream()
+        staged = _stage(block, np.dtype(dtype), n)
+        Pd = DeviceArrays(_to_device(P))
         tr, ke = [], []
         for rep in range(repeats + 1):  # the first run compiles and warms up
             stream.synchronize()
             t0 = time.perf_counter()
-            # P is the one the last run left on the device (a GPU's own rows stay there); Q
-            # comes from the host each time (columns go round every slot)
-            staged = _gpu_stage(block, P, Q, rep)
+            Qd = _to_device(Q)
+            P_next = _to_device(Pd)
             stream.synchronize()
             t1 = time.perf_counter()
-            sgd_block(*staged, 0.005, 0.05, 0.05, **gpu_kw)
+            sgd_block(*staged.arrays, P_next, Qd, 0.005, 0.05, 0.05, **gpu_kw)
             stream.synchronize()
             t2 = time.perf_counter()
-            P, _ = _gpu_unstage(staged, P, Q)
+            Q = Qd.get()
+            Pd = DeviceArrays(P_next)
             t3 = time.perf_counter()
             if rep:
                 tr.append((t1 - t0) + (t3 - t2))
@@ -252,13 +271,14 @@ def _round_trip(client: Any, worker: str, repeats: int = 20) -> float:
 def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.ndarray, k: int, *,
               cpu_worker: str | None, gpu_worker: str | None, dtype: str = "float64",
               gpu_kw: dict[str, Any] | None = None, max_ratings: int = 4_000_000,
-              repeats: int = 3,
+              repeats: int = 3, cpu_threads: int = 1,
               seed: int = 0) -> Calibration:
     """Measure block tasks on a CPU worker and a GPU worker of ``client``'s cluster.
 
     The ratings (segment-free ids, any order) are shuffled and at most ``max_ratings`` of
     them kept; prefixes double from 1,024 up to that. Either worker may be None (that side is
-    then not measured). Returns a :class:`Calibration` (not cached: see :func:`store`).
+    then not measured). The CPU worker runs ``cpu_threads`` blocks at once, as many as the
+    slots that will share it. Returns a :class:`Calibration` (not cached: see :func:`store`).
     """
     if cpu_worker is None and gpu_worker is None:
         raise ValueError("calibrate needs a CPU worker, a GPU worker or both.")
@@ -270,11 +290,11 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     for kind, worker in (("cpu", cpu_worker), ("gpu", gpu_worker)):
         if worker is not None:
             futs[kind] = client.submit(_measure, kind, *sample, sizes, k, dtype, repeats,
-                                       gpu_kw or {}, workers=[worker], allow_other_workers=False,
-                                       pure=False)
+                                       gpu_kw or {}, cpu_threads, workers=[worker],
+                                       allow_other_workers=False, pure=False)
     got = {kind: f.result() for kind, f in futs.items()}
     cal = Calibration(
-        key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}),
+        key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads),
         sizes=[float(s) for s in sizes],
         cpu_s=got.get("cpu", {}).get("times", []),
         transfer_s=got.get("gpu", {}).get("transfer", []),
@@ -286,22 +306,24 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
 
 
 def cluster_key(client: Any, cpu_worker: str | None, gpu_worker: str | None, k: int,
-                dtype: str, gpu_kw: dict[str, Any]) -> str:
-    """The cache key of a calibration on these workers (their GPU and CPU models)."""
+                dtype: str, gpu_kw: dict[str, Any], cpu_threads: int = 1) -> str:
+    """The cache key of a calibration on these workers (their GPU and CPU models, and how
+    many CPU blocks ran at once)."""
     from mgpu.dist.cluster import describe_workers
 
     infos = describe_workers(client)
     gpu = (infos.get(gpu_worker, {}).get("gpu") or {}).get("name") if gpu_worker else None
     cpu = infos.get(cpu_worker, {}).get("cpu_model") if cpu_worker else None
-    return calibration_key(gpu, cpu, k, dtype, gpu_kw)
+    return calibration_key(gpu, cpu, k, dtype, gpu_kw, cpu_threads if cpu_worker else 0)
 
 
 def calibration_key(gpu: str | None, cpu: str | None, k: int, dtype: str,
-                    gpu_kw: dict[str, Any]) -> str:
+                    gpu_kw: dict[str, Any], cpu_threads: int = 1) -> str:
     """What a calibration depends on, as its cache key.
 
-    >>> calibration_key("NVIDIA H100", "AMD EPYC", 128, "float32", {"conflicts": 4.0})
-    'gpu=NVIDIA H100|cpu=AMD EPYC|k=128|float32|conflicts=4.0'
+    >>> calibration_key("NVIDIA H100", "AMD EPYC", 128, "float32", {"conflicts": 4.0}, 15)
+    'gpu=NVIDIA H100|cpu=AMD EPYC×15|k=128|float32|conflicts=4.0'
     """
     opts = "".join(f"|{k_}={v}" for k_, v in sorted(gpu_kw.items()) if v is not None)
+    cpu = f"{cpu}×{cpu_threads}" if cpu and cpu_threads > 1 else cpu
     return f"gpu={gpu or '-'}|cpu={cpu or '-'}|k={k}|{dtype}{opts}"

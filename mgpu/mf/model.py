@@ -65,62 +65,96 @@ MIXED_MODES = ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
 COST_MODES = ("hsgd-linear", "hsgd-static", "hsgd*")
 
 
-def _gpu_stage(block: tuple[np.ndarray, np.ndarray, np.ndarray], P: np.ndarray, Q: np.ndarray,
-               seed: int) -> tuple[Any, ...]:
-    """A block's ratings (shuffled, int32 ids) on the GPU, and its factor segments there: the
-    device twin a segment kept from the block that made it on this worker (a GPU's own rows
-    stay on the GPU between its blocks), else a fresh copy."""
+class DeviceArrays:
+    """Arrays a GPU block task left on its worker's device: factor segments, or a block's
+    ratings staged once. A later task on the same worker uses them where they are; sent
+    anywhere else (a CPU worker, the client, a spill to disk) they are pickled as their host
+    copies (:func:`_host_form`), so a segment crosses PCIe only when it leaves the GPU."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, *arrays: Any):
+        self.arrays = arrays
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _host_form, ([a.get() for a in self.arrays],)
+
+    def __sizeof__(self) -> int:
+        return int(sum(a.nbytes for a in self.arrays))
+
+
+def _host_form(arrays: list[np.ndarray]) -> Any:
+    """What :class:`DeviceArrays` becomes on the host: its one array, or a tuple of them."""
+    return arrays[0] if len(arrays) == 1 else tuple(arrays)
+
+
+def _on_host(x: Any) -> Any:
+    return _host_form([a.get() for a in x.arrays]) if isinstance(x, DeviceArrays) else x
+
+
+def _segment(x: Any, index: int | None) -> Any:
+    """A factor segment as sent: an array, or entry ``index`` of the block task that last
+    updated it."""
+    return x if index is None else x[index]
+
+
+def _stage(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, seed: int
+           ) -> DeviceArrays:
+    """A block's ratings on the GPU, in a random order drawn once (cuMF_SGD shuffles once
+    too; thousands of warps in flight reorder the updates anyway), int32 ids."""
     import cupy
 
-    from mgpu.dist.collection import device_copy
-
-    users, items, ratings = block
+    users, items, ratings = _on_host(block)
     order = np.random.default_rng(seed).permutation(users.shape[0])
-    return (cupy.asarray(users[order].astype(np.int32)),
-            cupy.asarray(items[order].astype(np.int32)),
-            cupy.asarray(ratings[order].astype(P.dtype)), device_copy(P, cupy.array),
-            device_copy(Q, cupy.array))
+    return DeviceArrays(cupy.asarray(users[order].astype(np.int32)),
+                        cupy.asarray(items[order].astype(np.int32)),
+                        cupy.asarray(ratings[order].astype(dtype)))
 
 
-def _gpu_unstage(staged: tuple[Any, ...], P: np.ndarray, Q: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """The updated segments back on the host, each keeping its device array as its twin; the
-    inputs ``P`` and ``Q`` lose theirs, which the kernel changed in place."""
-    from mgpu.dist.collection import drop_device_copy, keep_device_copy
+def _to_device(seg: Any) -> Any:
+    """A segment as a device array this task may change: a copy of the device array a block
+    on this worker left (its own result stays as it was), or the host array sent here."""
+    import cupy
 
-    out = []
-    for dev, old in ((staged[3], P), (staged[4], Q)):
-        drop_device_copy(old)
-        host = dev.get()
-        keep_device_copy(host, dev)
-        out.append(host)
-    return out[0], out[1]
+    if isinstance(seg, DeviceArrays):
+        return seg.arrays[0].copy()
+    return cupy.array(seg)
 
 
-def _block_task(block: tuple[np.ndarray, np.ndarray, np.ndarray], P: Any, p_index: int | None,
-                Q: Any, q_index: int | None, lr: float, reg: float, seed: int,
-                device: str = "cpu", gpu_kw: dict[str, Any] | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """One block (users, items, ratings in segment-local ids): SGD over its ratings in a
-    random order, on copies of its two factor segments; returns the new segments.
+def _block_task(blocks: list[Any], p_segs: list[tuple[Any, int | None]],
+                q_seg: tuple[Any, int | None], lr: float, reg: float, seed: int,
+                device: str = "cpu", gpu_kw: dict[str, Any] | None = None) -> tuple[Any, ...]:
+    """Blocks of one column, one after the other (users, items, ratings in segment-local
+    ids): SGD over each block's ratings in a random order, on copies of the factor
+    segments; returns each block's new user segment, then the column's item segment.
 
-    A segment comes as an array (``index`` None) or as the result of the block that last
-    updated it (``index`` 0 for its P, 1 for its Q), so a block is one task. On a GPU slot
-    the ratings cross to the device and the segments come from their device twins where this
-    worker has them (the transfer HSGD*'s GPU cost curve accounts for); ``kernels/sgd.cu``
-    runs the pass with ``gpu_kw`` (:func:`gpu_options`).
+    A segment comes as ``(array, None)`` or as ``(result, j)``: entry j of the result of the
+    block task that last updated it, so the blocks are one task. On a GPU slot a block's
+    ratings come staged on the device (:func:`_stage`; a block the GPU does not own is staged
+    here), segments a block on this worker left stay on the device (:class:`DeviceArrays`),
+    and ``kernels/sgd.cu`` runs each pass with ``gpu_kw`` (:func:`gpu_options`).
     """
-    P = P if p_index is None else P[p_index]
-    Q = Q if q_index is None else Q[q_index]
+    Q = _segment(*q_seg)
+    out: list[Any] = []
     if device == "gpu":
-        staged = _gpu_stage(block, P, Q, seed)
-        sgd_block(*staged, lr, reg, reg, **(gpu_kw or {}))
-        return _gpu_unstage(staged, P, Q)
-    users, items, ratings = block
-    order = np.random.default_rng(seed).permutation(users.shape[0])
-    P, Q = P.copy(), Q.copy()
-    sgd_block(users, items, ratings, P, Q, lr, reg, reg, order)
-    return P, Q
+        Qd = _to_device(Q)
+        for j, (block, p_seg) in enumerate(zip(blocks, p_segs)):
+            Pd = _to_device(_segment(*p_seg))
+            staged = block if isinstance(block, DeviceArrays) else _stage(block, Pd.dtype,
+                                                                           seed + j)
+            sgd_block(*staged.arrays, Pd, Qd, lr, reg, reg, **(gpu_kw or {}))
+            out.append(DeviceArrays(Pd))
+        out.append(DeviceArrays(Qd))
+        return tuple(out)
+    Q = np.array(_on_host(Q))
+    for j, (block, p_seg) in enumerate(zip(blocks, p_segs)):
+        P = np.array(_on_host(_segment(*p_seg)))
+        users, items, ratings = _on_host(block)
+        order = np.random.default_rng(seed + j).permutation(users.shape[0])
+        sgd_block(users, items, ratings, P, Q, lr, reg, reg, order)
+        out.append(P)
+    out.append(Q)
+    return tuple(out)
 
 
 def gpu_options() -> dict[str, Any]:
@@ -148,18 +182,25 @@ def _slots(client: Any, mode: str) -> list[Any]:
     return gpus if mode == "gpu" else gpus + threads
 
 
-def _sides(predict: dict[str, Callable[[float], float]], n_g: int, n_c: int
+def _gpu_batch(n_g: int, n_c: int) -> int:
+    """Blocks a GPU runs in one task under HSGD*'s division: its sub-rows of one column."""
+    return -(-(n_g + n_c) // n_g) if n_g else 1
+
+
+def _sides(predict: dict[str, Callable[..., float]], n_g: int, n_c: int
            ) -> tuple[Callable[[float], float], Callable[[float], float]]:
     """Predicted seconds of each side of HSGD*'s division for the ratings it is given, summed
-    over its slots: a GPU runs ⌈(n_g+n_c)/n_g⌉ sub-rows × (n_c+2n_g+1) columns of blocks, a CPU
-    slot (n_c+n_g)/n_c rows × as many columns, and every block costs the calibrated time of
-    its share of the ratings plus its task's round trip."""
+    over its slots: a GPU runs ⌈(n_g+n_c)/n_g⌉ sub-rows × (n_c+2n_g+1) columns of blocks, its
+    sub-rows of a column in one task, a CPU slot (n_c+n_g)/n_c rows × as many columns, a
+    block a task; every block costs the calibrated time of its share of the ratings plus its
+    share of its task's round trip."""
     cols = n_c + 2 * n_g + 1
-    per_gpu = -(-(n_g + n_c) // n_g) * cols
+    sub = _gpu_batch(n_g, n_c)
+    per_gpu = sub * cols
     per_cpu = (n_c + n_g) * cols / n_c if n_c else 0.0
 
     def gpu_side(n: float) -> float:
-        return n_g * per_gpu * predict["gpu"](n / (n_g * per_gpu))
+        return n_g * per_gpu * predict["gpu"](n / (n_g * per_gpu), sub)
 
     def cpu_side(n: float) -> float:
         return n_c * per_cpu * predict["cpu"](n / (n_c * per_cpu)) if n_c else 0.0
@@ -167,7 +208,7 @@ def _sides(predict: dict[str, Callable[[float], float]], n_g: int, n_c: int
     return gpu_side, cpu_side
 
 
-def _epoch_time(n_ratings: int, predict: dict[str, Callable[[float], float]], n_g: int,
+def _epoch_time(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
                 n_c: int, alpha: float) -> float:
     """Predicted seconds of an epoch of HSGD*'s division: its slower side's slots."""
     gpu_side, cpu_side = _sides(predict, n_g, n_c)
@@ -175,15 +216,15 @@ def _epoch_time(n_ratings: int, predict: dict[str, Callable[[float], float]], n_
     return max(t, cpu_side((1 - alpha) * n_ratings) / n_c) if n_c else t
 
 
-def _plan(n_ratings: int, predict: dict[str, Callable[[float], float]], n_g: int,
+def _plan(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
           n_c: int) -> tuple[int, float]:
     """How many of the CPU slots to use, and the GPUs' share α, for the shortest predicted
     epoch.
 
     For a given number of CPU slots, α is the thesis's argmin |T_g(α)/n_g − T_c(1−α)/n_c|
-    (:func:`mgpu.sched.cost.split`) on the division's blocks (:func:`_sides`). Every block
-    pays a task's round trip, and the division has more blocks the more slots it serves, so
-    on small data fewer CPU slots (down to none) can finish an epoch sooner: the number is
+    (:func:`mgpu.sched.cost.split`) on the division's blocks (:func:`_sides`). Every task
+    pays a round trip, and the division has more blocks the more slots it serves, so on
+    small data fewer CPU slots (down to none) can finish an epoch sooner: the number is
     chosen too, which the thesis, on data far larger than a block's overhead, fixes.
     """
     best = (math.inf, 0, 1.0)
@@ -196,9 +237,11 @@ def _plan(n_ratings: int, predict: dict[str, Callable[[float], float]], n_g: int
 
 
 def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float],
-                predict: dict[str, Callable[[float], float]]) -> dict[str, float]:
-    """Per kind of slot in one epoch: seconds its slots were busy (summed over the slots),
-    ratings it updated, and what the cost model predicted for those blocks."""
+                predict: dict[str, Callable[..., float]], per_task: dict[str, int]
+                ) -> dict[str, float]:
+    """Per kind of slot in one epoch: seconds its slots were busy (summed over the slots, a
+    task counted once however many blocks it ran), ratings it updated, and what the cost
+    model predicted for those blocks."""
     start: dict[int, float] = {}
     out: dict[str, float] = {}
     for kind in sorted(set(kinds.values())):
@@ -208,13 +251,14 @@ def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float
             out[f"{kind}_predicted_s"] = 0.0
     for ev in events:
         if ev.kind in ("assign", "steal"):
-            start[ev.block] = ev.t
-        elif ev.kind == "finish" and ev.block in start:
+            start.setdefault(ev.task, ev.t)
+        elif ev.kind == "finish":
             kind = kinds[ev.slot]
-            out[f"{kind}_busy_s"] += ev.t - start.pop(ev.block)
+            if ev.task in start:
+                out[f"{kind}_busy_s"] += ev.t - start.pop(ev.task)
             out[f"{kind}_ratings"] += sizes[ev.block]
             if kind in predict:
-                out[f"{kind}_predicted_s"] += predict[kind](sizes[ev.block])
+                out[f"{kind}_predicted_s"] += predict[kind](sizes[ev.block], per_task[kind])
     return out
 
 
@@ -247,7 +291,15 @@ default='sequential'
     P_ : ndarray of shape (n_users, k)
     Q_ : ndarray of shape (n_items, k)
     history_ : list of dict
-        Per epoch: ``epoch``, ``seconds`` (since fit started), ``train_rmse``, ``test_rmse``.
+        Per epoch: ``epoch``, ``seconds`` (training time so far: the epochs' own work; the
+        setup before the first epoch and the evaluation after each, that is gathering the
+        factors from the workers, the RMSEs and the checkpoint, excluded, as SGD benchmarks
+        time training), ``wall_s`` (since fit started, everything included), ``train_rmse``,
+        ``test_rmse``; block modes add ``epoch_s`` (the block scheduler's epoch),
+        ``gather_s`` and each kind of slot's busy seconds, ratings and predicted seconds.
+    setup_s_ : float
+        Seconds before the first epoch: calibrating the cost model (unless cached), dividing
+        the ratings and sending them to the workers.
     schedule_events_ : list of mgpu.sched.Event
         Block modes only: every assignment, steal and completion of the block scheduler
         (slot names end in ``#gpu`` for GPU slots, ``#<thread>`` for CPU threads).
@@ -353,10 +405,18 @@ default='sequential'
         P = rng.random((shape[0], self.k)) * scale
         Q = rng.random((shape[1], self.k)) * scale
         self.history_: list[dict[str, Any]] = []
+        self.setup_s_ = 0.0
         t0 = time.perf_counter()
+        trained = 0.0
         epoch_fn = self._sequential_epochs if self.mode == "sequential" else self._block_epochs
-        for epoch, (P, Q, extra) in enumerate(epoch_fn(u, i, r, P, Q, rng), start=1):
-            entry = {"epoch": epoch, "seconds": time.perf_counter() - t0,
+        epochs = epoch_fn(u, i, r, P, Q, rng)
+        for epoch in range(1, self.epochs + 1):
+            t = time.perf_counter()
+            P, Q, extra = next(epochs)
+            setup = extra.pop("setup_s", 0.0)
+            self.setup_s_ += setup
+            trained += time.perf_counter() - t - setup - extra.get("gather_s", 0.0)
+            entry = {"epoch": epoch, "seconds": trained, "wall_s": time.perf_counter() - t0,
                      "train_rmse": rmse(u, i, r, P, Q),
                      "test_rmse": rmse(tu, ti, tr, P, Q) if tr is not None else float("nan"),
                      **extra}
@@ -376,6 +436,7 @@ default='sequential'
             if self.target_rmse is not None and tr is not None and watched <= self.target_rmse:
                 logger.info("target RMSE %.4f reached at epoch %d", self.target_rmse, epoch)
                 break
+        epochs.close()  # the block modes let go of their futures
         return self
 
     def _checkpoint(self, epoch: int, P: np.ndarray, Q: np.ndarray) -> None:
@@ -393,6 +454,7 @@ default='sequential'
         from mgpu.dist.cluster import current_client
         from mgpu.sched import BlockScheduler
 
+        started = time.perf_counter()
         client = current_client()
         if client is None:
             raise ValueError(f"mode={self.mode!r} runs on a cluster: call mgpu.connect() first.")
@@ -400,7 +462,7 @@ default='sequential'
         gpu_kw = gpu_options()  # read here, passed to the tasks
         n_g = sum(s.kind == "gpu" for s in slots)
         n_c = len(slots) - n_g
-        predict: dict[str, Callable[[float], float]] = {}
+        predict: dict[str, Callable[..., float]] = {}
         latency = 1e-3  # a task's round trip, until measured
         if self.mode in COST_MODES:
             cal = self._calibration_for(client, slots, u, i, r, gpu_kw)
@@ -416,8 +478,11 @@ default='sequential'
                 slots = slots[:n_g + used]
                 n_c = used
             div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
+            gpu_batch = _gpu_batch(n_g, n_c)
         else:
             div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
+            gpu_batch = div.n_rows  # a GPU's own blocks of a column, however many
+        per_task = {"gpu": gpu_batch, "cpu": 1}
         self.division_ = {"rows": div.n_rows, "cols": div.n_cols, "blocks": len(div.blocks),
                           "alpha": div.alpha if predict else None, "gpu_slots": n_g,
                           "cpu_slots": n_c}
@@ -447,24 +512,32 @@ default='sequential'
                 parts.append((local_u[u[sel]], local_i[i[sel]], r[sel]))
             data.update(zip(ids, client.scatter(parts, workers=[worker], hash=False)))
         home = {blk.row: slots[blk.owner].worker for blk in div.blocks}
-        # a segment: (future, None) for the array sent now, (future, 0 or 1) for the P or Q
-        # of the block result that last updated it
+        # a segment: (future, None) for the array sent now, (future, j) for entry j of the
+        # result of the block task that last updated it
         p_seg = {a: (client.scatter(P[rows[a]], workers=[home[a]] if a in home else None,
                                     hash=False), None) for a in range(div.n_rows)}
         q_seg = {b: (client.scatter(Q[cols[b]], hash=False), None) for b in range(div.n_cols)}
         counter = iter(range(1 << 62))
         where = {blk.id: slots[blk.owner].worker for blk in div.blocks}
+        # a GPU's own blocks: their ratings staged on its device once, for every epoch
+        staged = {blk.id: client.submit(_stage, data[blk.id], P.dtype, self.seed + blk.id,
+                                        workers=[where[blk.id]], allow_other_workers=False,
+                                        pure=False)
+                  for blk in div.blocks if slots[blk.owner].kind == "gpu"}
         bandwidth = float(parse_bytes(config.get("mf.steal-bandwidth")))
         itemsize = P.dtype.itemsize
 
-        def run(block: Any, slot: Any) -> Any:
-            fut = client.submit(_block_task, data[block.id], *p_seg[block.row],
-                                *q_seg[block.col], self.lr, self.reg,
+        def run(group: tuple[Any, ...], slot: Any) -> Any:
+            ratings = [staged[b.id] if slot.kind == "gpu" and b.id in staged
+                       and where[b.id] == slot.worker else data[b.id] for b in group]
+            fut = client.submit(_block_task, ratings, [p_seg[b.row] for b in group],
+                                q_seg[group[0].col], self.lr, self.reg,
                                 int(rng.integers(1 << 31)) + next(counter), slot.kind,
                                 gpu_kw, workers=[slot.worker], allow_other_workers=False,
                                 pure=False)
-            p_seg[block.row] = (fut, 0)
-            q_seg[block.col] = (fut, 1)
+            for j, b in enumerate(group):
+                p_seg[b.row] = (fut, j)
+            q_seg[group[0].col] = (fut, len(group))
             return fut
 
         def transfer(block: Any, slot: Any) -> float:
@@ -476,25 +549,32 @@ default='sequential'
             return nbytes / bandwidth + latency
 
         def cost(block: Any, slot: Any) -> float:
-            return predict[slot.kind](block.size)
+            return predict[slot.kind](block.size, per_task[slot.kind])
 
         sched = BlockScheduler(div.blocks, slots, run, cost=cost if predict else None,
                                transfer=transfer, deterministic=self.mode == "hsgd-static",
-                               client=client)
+                               client=client, batch=lambda s: per_task[s.kind])
         self.schedule_events_ = sched.events  # grows as the epochs run
         kinds = {s.name: s.kind for s in slots}
         sizes = {blk.id: blk.size for blk in div.blocks}
+        from distributed import wait
+
+        wait(list(staged.values()))
+        setup = {"setup_s": time.perf_counter() - started}
         for _ in range(self.epochs):
             t0 = time.perf_counter()
             events = sched.run_epoch()
             took = time.perf_counter() - t0
+            # the factors to this process, for the RMSE: evaluation, not training
             Ps = client.gather([f for f, _ in p_seg.values()])
             Qs = client.gather([f for f, _ in q_seg.values()])
             for (a, (_, j)), got in zip(p_seg.items(), Ps):
-                P[rows[a]] = got if j is None else got[j]
+                P[rows[a]] = _segment(got, j)
             for (b, (_, j)), got in zip(q_seg.items(), Qs):
-                Q[cols[b]] = got if j is None else got[j]
-            yield P, Q, {"epoch_s": took, **_side_times(events, kinds, sizes, predict)}
+                Q[cols[b]] = _segment(got, j)
+            yield P, Q, {"epoch_s": took, "gather_s": time.perf_counter() - t0 - took, **setup,
+                         **_side_times(events, kinds, sizes, predict, per_task)}
+            setup = {}
 
     def _calibration_for(self, client: Any, slots: list[Any], u: np.ndarray, i: np.ndarray,
                          r: np.ndarray, gpu_kw: dict[str, Any]) -> Calibration:
@@ -505,12 +585,13 @@ default='sequential'
             return self.calibration
         cpu = next((s.worker for s in slots if s.kind == "cpu"), None)
         gpu = next((s.worker for s in slots if s.kind == "gpu"), None)
-        key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw)
+        threads = sum(s.kind == "cpu" and s.worker == cpu for s in slots)
+        key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads)
         cal = cached(key)
         if cal is None or (cpu and not cal.cpu_s) or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
             cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,
-                            dtype="float64", gpu_kw=gpu_kw,
+                            dtype="float64", gpu_kw=gpu_kw, cpu_threads=max(threads, 1),
                             max_ratings=int(config.get("mf.calibration-ratings")))
             logger.info("calibration cached in %s", store(cal))
         return cal

@@ -13,8 +13,14 @@ returns its future, and a cost model. Used by HSGD* and by any job cut into bloc
   the victim would reach the end of its queue; the expected times are the cost model's,
   scaled per slot by how long its blocks really took so far.
 - Every decision is an :class:`Event` with a reason, kept in :attr:`BlockScheduler.events` and
-  logged to the Dask scheduler under the topics ``mgpu-assign`` and ``mgpu-steal``.
+  logged to the Dask scheduler at the end of each epoch under the topics ``mgpu-assign`` and
+  ``mgpu-steal`` (one message per epoch and topic: a logging round trip per block would cost
+  as much as the block's own task).
   ``deterministic=True`` turns stealing off and fixes the order.
+- A slot may run several of its own blocks in one task (``batch``): further free blocks of
+  its queue in the column of the one it picked, run one after the other. They share that
+  column, so they never run at once; the task's round trip is paid once, not per block,
+  which matters for a GPU whose blocks take less time than a Dask round trip.
 """
 from __future__ import annotations
 
@@ -59,14 +65,16 @@ class Event:
     slot: str
     reason: str
     epoch: int = 0
+    task: int = 0  # blocks run in one task (``batch``) share it
 
 
 @dataclass
 class _Running:
-    block: Block
+    blocks: tuple[Block, ...]
     slot: int
     start: float
     expected: float
+    task: int
 
 
 @dataclass
@@ -77,8 +85,10 @@ class BlockScheduler:
     ----------
     blocks : sequence of Block
     slots : sequence of Slot
-    run : callable (Block, Slot) -> distributed.Future
-        Submits one block to one slot (pinned to ``slot.worker``) and returns its future.
+    run : callable (tuple of Block, Slot) -> distributed.Future
+        Submits blocks to one slot (pinned to ``slot.worker``), to run one after the other in
+        the given order, and returns the future of that task; without ``batch`` the tuple
+        holds one block.
     cost : callable (Block, Slot) -> float, optional
         Expected seconds of a block on a slot; default proportional to the block's size.
     transfer : callable (Block, Slot) -> float, optional
@@ -87,6 +97,9 @@ class BlockScheduler:
         No stealing; each slot runs its own blocks in plan order.
     client : distributed.Client, optional
         Where events are logged (``client.log_event``); default the current client.
+    batch : callable (Slot) -> int, optional
+        The most blocks a slot runs in one task (default 1). Only blocks of the slot's own
+        queue sharing the first one's column are added, so stealing still moves single blocks.
     """
 
     blocks: Sequence[Block]
@@ -96,6 +109,7 @@ class BlockScheduler:
     transfer: Callable[[Block, Slot], float] | None = None
     deterministic: bool = False
     client: Any = None
+    batch: Callable[[Slot], int] | None = None
     events: list[Event] = field(default_factory=list)
     updates: dict[int, int] = field(default_factory=dict)
 
@@ -113,15 +127,32 @@ class BlockScheduler:
         self._speed = [1.0] * len(self.slots)  # measured / expected, per slot
         self._t0 = time.perf_counter()
         self._epoch = 0
+        self._tasks = 0
+        self._base_cost: dict[tuple[int, int], float] = {}
+        self._transfer_cost: dict[tuple[int, int], float] = {}
         self.plan = self._static_plan()
 
     # ------------------------------------------------------------------ model and plan
+    def _base(self, b: Block, s: int) -> float:
+        """The cost model's seconds of a block on a slot, asked once (the loop over an
+        epoch's blocks asks again and again)."""
+        key = (b.id, s)
+        got = self._base_cost.get(key)
+        if got is None:
+            got = self._base_cost[key] = (self.cost(b, self.slots[s]) if self.cost is not None
+                                          else float(b.size))
+        return got
+
     def _cost(self, b: Block, s: int) -> float:
-        base = self.cost(b, self.slots[s]) if self.cost is not None else float(b.size)
-        return base * self._speed[s]
+        return self._base(b, s) * self._speed[s]
 
     def _transfer(self, b: Block, s: int) -> float:
-        return self.transfer(b, self.slots[s]) if self.transfer is not None else 0.0
+        key = (b.id, s)
+        got = self._transfer_cost.get(key)
+        if got is None:
+            got = self._transfer_cost[key] = (self.transfer(b, self.slots[s])
+                                              if self.transfer is not None else 0.0)
+        return got
 
     def _static_plan(self) -> list[list[Block]]:
         """Owned blocks to their owners; the rest to the slot that would finish them first."""
@@ -140,19 +171,25 @@ class BlockScheduler:
         return plan
 
     # ------------------------------------------------------------------ events
-    def _event(self, kind: str, b: Block, s: int, reason: str) -> None:
+    def _event(self, kind: str, b: Block, s: int, reason: str, task: int) -> None:
         ev = Event(time.perf_counter() - self._t0, kind, b.id, self.slots[s].name, reason,
-                   self._epoch)
+                   self._epoch, task)
         self.events.append(ev)
         logger.debug("%s block %d on %s: %s", kind, b.id, self.slots[s].name, reason)
-        if kind in ("assign", "steal") and self.client is not None:
-            self.client.log_event(f"mgpu-{kind}", {"block": b.id, "slot": ev.slot,
-                                                   "reason": reason, "epoch": self._epoch})
+
+    def _log(self, events: list[Event]) -> None:
+        """An epoch's assignments and steals to the Dask scheduler's event log, one message
+        per topic."""
+        for kind in ("assign", "steal"):
+            got = [{"block": e.block, "slot": e.slot, "reason": e.reason, "t": e.t}
+                   for e in events if e.kind == kind]
+            if got:
+                self.client.log_event(f"mgpu-{kind}", {"epoch": self._epoch, "events": got})
 
     # ------------------------------------------------------------------ one epoch
     def run_epoch(self) -> list[Event]:
         """Run every block once; returns this epoch's events."""
-        from distributed import wait
+        from distributed import as_completed
 
         if self.client is None:
             from mgpu.dist.cluster import current_client
@@ -161,7 +198,10 @@ class BlockScheduler:
         self._epoch += 1
         first = len(self.events)
         queues = [list(q) for q in self.plan]
+        # each queue's expected seconds on its own slot, before the slot's speed factor
+        queued = [sum(self._base(b, s) for b in q) for s, q in enumerate(queues)]
         running: dict[Any, _Running] = {}
+        finished = as_completed()
         busy_rows: set[int] = set()
         busy_cols: set[int] = set()
         busy_slots: set[int] = set()
@@ -175,23 +215,41 @@ class BlockScheduler:
                 return None
             if self.deterministic:
                 return cands[0]
-            return min(cands, key=lambda b: (self.updates[b.id], q.index(b)))
+            return min(cands, key=lambda b: self.updates[b.id])  # the first of the least
 
         def remaining(s: int, now: float) -> float:
-            left = sum(self._cost(b, s) for b in queues[s])
+            left = queued[s] * self._speed[s]
             for r in running.values():
                 if r.slot == s:
                     left += max(0.0, r.expected - (now - r.start))
             return left
 
         def start(b: Block, s: int, kind: str, reason: str, owner: int) -> None:
-            queues[owner].remove(b)
-            busy_rows.add(b.row)
+            group = [b]
+            limit = self.batch(self.slots[s]) if self.batch is not None and kind == "assign" \
+                else 1
+            rows = {b.row}
+            for o in queues[owner]:
+                if len(group) >= limit:
+                    break
+                if o is not b and o.col == b.col and o.row not in rows \
+                        and o.row not in busy_rows:
+                    group.append(o)
+                    rows.add(o.row)
+            self._tasks += 1
+            for k, o in enumerate(group):
+                queues[owner].remove(o)
+                queued[owner] -= self._base(o, owner)
+                busy_rows.add(o.row)
+                self._event(kind, o, s, reason if not k else
+                            f"{reason}; after block {group[k - 1].id} in the same task",
+                            self._tasks)
             busy_cols.add(b.col)
             busy_slots.add(s)
-            self._event(kind, b, s, reason)
-            fut = self.run(b, self.slots[s])
-            running[fut] = _Running(b, s, time.perf_counter(), self._cost(b, s))
+            fut = self.run(tuple(group), self.slots[s])
+            running[fut] = _Running(tuple(group), s, time.perf_counter(),
+                                    sum(self._cost(o, s) for o in group), self._tasks)
+            finished.add(fut)
 
         while any(queues) or running:
             now = time.perf_counter()
@@ -220,7 +278,7 @@ class BlockScheduler:
             if not running:
                 raise RuntimeError("BlockScheduler stalled with blocks left and none runnable; "
                                    "this is a bug.")
-            done, _ = wait(list(running), return_when="FIRST_COMPLETED")
+            done = finished.next_batch(block=True)
             end = time.perf_counter()
             for fut in done:
                 r = running.pop(fut)
@@ -229,9 +287,13 @@ class BlockScheduler:
                 base = r.expected / self._speed[r.slot] if self._speed[r.slot] else r.expected
                 if base > 0:  # learn the slot's real speed against the model
                     self._speed[r.slot] = 0.5 * self._speed[r.slot] + 0.5 * took / base
-                busy_rows.discard(r.block.row)
-                busy_cols.discard(r.block.col)
+                busy_cols.discard(r.blocks[0].col)
                 busy_slots.discard(r.slot)
-                self.updates[r.block.id] += 1
-                self._event("finish", r.block, r.slot, f"took {took:.3g} s")
+                for b in r.blocks:
+                    busy_rows.discard(b.row)
+                    self.updates[b.id] += 1
+                    self._event("finish", b, r.slot, f"took {took:.3g} s" if len(r.blocks) == 1
+                                else f"took {took:.3g} s for {len(r.blocks)} blocks in one task",
+                                r.task)
+        self._log(self.events[first:])
         return self.events[first:]
