@@ -93,7 +93,8 @@ def markdown(rows: list[dict[str, Any]], target: float | None) -> str:
         lines.append(
             f"| {r['mode']} | {r['epochs']} | {fmt(r['epochs_to_target'], 'd')} | "
             f"{fmt(r['seconds_to_target'], '.2f')} | {r['seconds_per_epoch']:.3f} | "
-            f"{fmt(r.get('setup_s'), '.2f')} | {r['final_rmse']:.4f} | {fmt(r.get('alpha'))} | {fmt(r.get('blocks'), 'd')} | "
+            f"{fmt(r.get('setup_s'), '.2f')} | {r['final_rmse']:.4f} | {fmt(r.get('alpha'))} | "
+            f"{fmt(r.get('blocks'), 'd')} | "
             f"{fmt(r.get('gpu_share'))} | {fmt(r.get('steals_per_epoch'), '.1f')} | "
             f"{sides[0]} | {sides[1]} |")
     if target:

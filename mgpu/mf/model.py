@@ -27,9 +27,10 @@ Modes so far:
 ``hsgd-linear``
     ``hsgd*`` with α from Qilin's linear model (one straight line per device) instead.
 
-A GPU block's factor segments stay on its GPU for the next block there (each block also
-returns host copies, for the client's RMSE and for slots elsewhere); its ratings, and any
-segment last updated on another worker, cross PCIe each time.
+A GPU's own blocks have their ratings staged on its device once, for every epoch; the
+factor segments a GPU task leaves stay on the device (:class:`DeviceArrays`) for the next
+task there and cross PCIe only when another worker or the client asks for them. A GPU runs
+its blocks of one column (its sub-rows) in one task, one Dask round trip for all of them.
 """
 from __future__ import annotations
 

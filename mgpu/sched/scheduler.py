@@ -91,8 +91,10 @@ class BlockScheduler:
         holds one block.
     cost : callable (Block, Slot) -> float, optional
         Expected seconds of a block on a slot; default proportional to the block's size.
+        Asked once per block and slot (the measured speed of each slot scales it later).
     transfer : callable (Block, Slot) -> float, optional
-        Seconds to move what a block needs to a slot that does not own it; default 0.
+        Seconds to move what a block needs to a slot that does not own it; default 0. Asked
+        once per block and slot.
     deterministic : bool, default=False
         No stealing; each slot runs its own blocks in plan order.
     client : distributed.Client, optional
