@@ -452,6 +452,8 @@ default='sequential'
             yield P, Q, {}
 
     def _block_epochs(self, u, i, r, P, Q, rng):
+        from distributed import wait
+
         from mgpu.dist.cluster import current_client
         from mgpu.sched import BlockScheduler
 
@@ -558,8 +560,6 @@ default='sequential'
         self.schedule_events_ = sched.events  # grows as the epochs run
         kinds = {s.name: s.kind for s in slots}
         sizes = {blk.id: blk.size for blk in div.blocks}
-        from distributed import wait
-
         wait(list(staged.values()))
         setup = {"setup_s": time.perf_counter() - started}
         for _ in range(self.epochs):
