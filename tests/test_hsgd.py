@@ -208,6 +208,30 @@ def test_device_arrays_leave_their_worker_as_host_arrays():
     assert DeviceArrays(seg, seg).__sizeof__() == 2 * seg.nbytes
 
 
+class _BusyDevice(np.ndarray):
+    """A device array whose copy to the host would wait behind a running kernel."""
+
+    def get(self):
+        raise AssertionError("copied from the device again")
+
+
+def test_device_arrays_with_host_copies_leave_without_touching_the_device():
+    """A GPU block task's results carry the host copies it made once its kernels finished;
+    pickling sends those, so a CPU worker taking a segment never waits on the GPU."""
+    import pickle
+
+    from mgpu.mf.model import DeviceArrays, _on_host
+
+    seg = np.arange(6.0).reshape(3, 2)
+    held = DeviceArrays(seg.view(_BusyDevice), host=(seg.copy(),))
+    sent = pickle.loads(pickle.dumps(held))
+    assert type(sent) is np.ndarray and sent.tolist() == seg.tolist()
+    assert _on_host(held).tolist() == seg.tolist()
+    assert held.__sizeof__() == 2 * seg.nbytes
+    with pytest.raises(AssertionError, match="copied from the device"):
+        pickle.dumps(DeviceArrays(seg.view(_BusyDevice)))
+
+
 def test_a_block_task_of_several_blocks_runs_them_one_after_the_other():
     """Blocks of one column in one task: the same as a task per block, in order."""
     from mgpu.mf.model import _block_task

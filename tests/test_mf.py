@@ -189,6 +189,8 @@ def test_gpu_block_task_keeps_segments_on_the_device_and_matches_the_cpu():
                       "gpu", {"conflicts": None})
     assert all(isinstance(x, DeviceArrays) and isinstance(x.arrays[0], cupy.ndarray)
                for x in gpu)
+    # the host copies the task made are its final segments
+    assert all(np.array_equal(x.host[0], x.arrays[0].get()) for x in gpu)
     for g, c in zip(gpu, cpu):
         host = pickle.loads(pickle.dumps(g))
         assert isinstance(host, np.ndarray)

@@ -118,6 +118,80 @@ def test_a_batch_runs_own_blocks_of_one_column_in_one_task(client):
     assert sorted(map(sorted, tasks.values())) == sorted(sorted(ids) for _, ids in calls)
 
 
+def _timed(seconds: float, block_ids: list[int], *after) -> tuple[float, float]:
+    """Sleeps; ``after``: the futures of the tasks that last used the block's row and
+    column (the segments of a real job), which Dask hands over once they are done."""
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time()
+
+
+def test_ahead_queues_a_slots_next_task_and_dask_orders_shared_strata(client):
+    """With ``ahead`` a slot's next task is submitted while its last one runs; tasks that
+    share a row or column never run at the same time, since each takes the futures of the
+    tasks that last used its strata, and every block still runs once an epoch."""
+    blocks = _grid(5, 2)
+    slots = _slots(client)
+    last: dict[tuple[str, int], object] = {}
+    futs = {}
+
+    def run(group, slot):
+        b = group[0]
+        fut = client.submit(_timed, 0.02, [o.id for o in group], last.get(("row", b.row)),
+                            last.get(("col", b.col)), workers=[slot.worker],
+                            allow_other_workers=False, pure=False)
+        last[("row", b.row)] = last[("col", b.col)] = fut
+        futs[b.id] = fut
+        return fut
+
+    sched = BlockScheduler(blocks, slots, run, client=client,
+                           ahead=lambda s: 1 if s.name == slots[0].name else 0)
+    for epoch in (1, 2):
+        futs.clear()
+        events = sched.run_epoch()
+        assert sorted(e.block for e in events if e.kind != "finish") == sorted(b.id
+                                                                            for b in blocks)
+        assert set(sched.updates.values()) == {epoch}
+        ran = dict(zip(futs, client.gather(list(futs.values()))))
+        by_id = {b.id: b for b in blocks}
+        for x, (s0, e0) in ran.items():
+            for y, (s1, e1) in ran.items():
+                bx, by = by_id[x], by_id[y]
+                if x < y and (bx.row == by.row or bx.col == by.col):
+                    assert e0 <= s1 + 1e-3 or e1 <= s0 + 1e-3, (bx, by)
+        # in flight together (submitted, not yet heard of), only one slot's tasks share
+        running: dict[int, str] = {}
+        for ev in events:
+            b = by_id[ev.block]
+            if ev.kind == "finish":
+                running.pop(b.id)
+                continue
+            for o, slot in running.items():
+                if by_id[o].row == b.row or by_id[o].col == b.col:
+                    assert slot == ev.slot, (ev, by_id[o], slot)
+            running[b.id] = ev.slot
+        queued = [e for e in events if "behind 1 task(s) of this slot" in e.reason]
+        assert queued and all(e.slot == slots[0].name for e in queued)
+
+
+def _fail_on(block_id: int, bad: int) -> int:
+    if block_id == bad:
+        raise ValueError(f"block {bad} could not run")
+    return block_id
+
+
+def test_a_failed_block_stops_the_epoch_with_its_own_error(client):
+    blocks = _grid(3, 2)
+    slots = _slots(client)
+
+    def run(group, slot):
+        return client.submit(_fail_on, group[0].id, 4, workers=[slot.worker],
+                             allow_other_workers=False, pure=False)
+
+    with pytest.raises(ValueError, match="block 4 could not run"):
+        BlockScheduler(blocks, slots, run, client=client).run_epoch()
+
+
 def test_no_steal_when_moving_costs_more_than_it_saves(client):
     blocks = _grid(4, 2)
     slots = _slots(client)

@@ -70,18 +70,26 @@ class DeviceArrays:
     """Arrays a GPU block task left on its worker's device: factor segments, or a block's
     ratings staged once. A later task on the same worker uses them where they are; sent
     anywhere else (a CPU worker, the client, a spill to disk) they are pickled as their host
-    copies (:func:`_host_form`), so a segment crosses PCIe only when it leaves the GPU."""
+    copies (:func:`_host_form`), so a segment crosses PCIe only when it leaves the GPU.
 
-    __slots__ = ("arrays",)
+    ``host``: host copies the task made once its kernels finished. Pickling then sends
+    those instead of copying from the device, which would wait behind whatever kernel the
+    worker runs next (the legacy default stream orders every copy after it)."""
 
-    def __init__(self, *arrays: Any):
+    __slots__ = ("arrays", "host")
+
+    def __init__(self, *arrays: Any, host: tuple[np.ndarray, ...] | None = None):
         self.arrays = arrays
+        self.host = host
+
+    def host_arrays(self) -> list[np.ndarray]:
+        return list(self.host) if self.host is not None else [a.get() for a in self.arrays]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _host_form, ([a.get() for a in self.arrays],)
+        return _host_form, (self.host_arrays(),)
 
     def __sizeof__(self) -> int:
-        return int(sum(a.nbytes for a in self.arrays))
+        return int(sum(a.nbytes for a in self.arrays + (self.host or ())))
 
 
 def _host_form(arrays: list[np.ndarray]) -> Any:
@@ -90,7 +98,7 @@ def _host_form(arrays: list[np.ndarray]) -> Any:
 
 
 def _on_host(x: Any) -> Any:
-    return _host_form([a.get() for a in x.arrays]) if isinstance(x, DeviceArrays) else x
+    return _host_form(x.host_arrays()) if isinstance(x, DeviceArrays) else x
 
 
 def _segment(x: Any, index: int | None) -> Any:
@@ -144,9 +152,11 @@ def _block_task(blocks: list[Any], p_segs: list[tuple[Any, int | None]],
             staged = block if isinstance(block, DeviceArrays) else _stage(block, Pd.dtype,
                                                                            seed + j)
             sgd_block(*staged.arrays, Pd, Qd, lr, reg, reg, **(gpu_kw or {}))
-            out.append(DeviceArrays(Pd))
-        out.append(DeviceArrays(Qd))
-        return tuple(out)
+            out.append(Pd)
+        out.append(Qd)
+        # the task ends when its kernels do (its time is the GPU's), with host copies of
+        # what it returns for whoever takes them next off this worker
+        return tuple(DeviceArrays(a, host=(a.get(),)) for a in out)
     Q = np.array(_on_host(Q))
     for j, (block, p_seg) in enumerate(zip(blocks, p_segs)):
         P = np.array(_on_host(_segment(*p_seg)))
@@ -240,26 +250,37 @@ def _plan(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
 def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float],
                 predict: dict[str, Callable[..., float]], per_task: dict[str, int]
                 ) -> dict[str, float]:
-    """Per kind of slot in one epoch: seconds its slots were busy (summed over the slots, a
-    task counted once however many blocks it ran), ratings it updated, and what the cost
-    model predicted for those blocks."""
-    start: dict[int, float] = {}
+    """Per kind of slot in one epoch: seconds its slots were busy (summed over the slots;
+    a slot is busy from a task's submission to its end, a task queued behind another of the
+    same slot counted from the end of that one), ratings it updated, and what the cost model
+    predicted for those blocks."""
+    spans: dict[int, list[float]] = {}  # task -> [slot's kind, start, end]
     out: dict[str, float] = {}
     for kind in sorted(set(kinds.values())):
         out[f"{kind}_busy_s"] = 0.0
         out[f"{kind}_ratings"] = 0.0
         if kind in predict:
             out[f"{kind}_predicted_s"] = 0.0
+    slot_of: dict[int, str] = {}
     for ev in events:
         if ev.kind in ("assign", "steal"):
-            start.setdefault(ev.task, ev.t)
+            spans.setdefault(ev.task, [ev.t, ev.t])
+            slot_of[ev.task] = ev.slot
         elif ev.kind == "finish":
             kind = kinds[ev.slot]
-            if ev.task in start:
-                out[f"{kind}_busy_s"] += ev.t - start.pop(ev.task)
+            if ev.task in spans:
+                spans[ev.task][1] = ev.t
             out[f"{kind}_ratings"] += sizes[ev.block]
             if kind in predict:
                 out[f"{kind}_predicted_s"] += predict[kind](sizes[ev.block], per_task[kind])
+    by_slot: dict[str, list[list[float]]] = {}
+    for task, span in spans.items():
+        by_slot.setdefault(slot_of[task], []).append(span)
+    for slot, got in by_slot.items():
+        end = -np.inf
+        for a, b in sorted(got):  # the union of the slot's spans
+            out[f"{kinds[slot]}_busy_s"] += max(0.0, b - max(a, end))
+            end = max(end, b)
     return out
 
 
@@ -486,6 +507,9 @@ default='sequential'
             div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
             gpu_batch = div.n_rows  # a GPU's own blocks of a column, however many
         per_task = {"gpu": gpu_batch, "cpu": 1}
+        # a GPU's next task waits on its worker behind the one it runs (their shared
+        # segments order them), so a Dask round trip per task leaves the GPU's critical path
+        ahead = {"gpu": int(config.get("mf.gpu-ahead")), "cpu": 0}
         self.division_ = {"rows": div.n_rows, "cols": div.n_cols, "blocks": len(div.blocks),
                           "alpha": div.alpha if predict else None, "gpu_slots": n_g,
                           "cpu_slots": n_c}
@@ -556,7 +580,8 @@ default='sequential'
 
         sched = BlockScheduler(div.blocks, slots, run, cost=cost if predict else None,
                                transfer=transfer, deterministic=self.mode == "hsgd-static",
-                               client=client, batch=lambda s: per_task[s.kind])
+                               client=client, batch=lambda s: per_task[s.kind],
+                               ahead=lambda s: ahead[s.kind])
         self.schedule_events_ = sched.events  # grows as the epochs run
         kinds = {s.name: s.kind for s in slots}
         sizes = {blk.id: blk.size for blk in div.blocks}

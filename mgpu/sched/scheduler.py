@@ -25,6 +25,7 @@ returns its future, and a cost model. Used by HSGD* and by any job cut into bloc
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -72,9 +73,10 @@ class Event:
 class _Running:
     blocks: tuple[Block, ...]
     slot: int
-    start: float
+    start: float  # when it was submitted, or when the slot's task before it ended
     expected: float
     task: int
+    queued: bool = False  # behind another task of its slot (``ahead``)
 
 
 @dataclass
@@ -102,6 +104,13 @@ class BlockScheduler:
     batch : callable (Slot) -> int, optional
         The most blocks a slot runs in one task (default 1). Only blocks of the slot's own
         queue sharing the first one's column are added, so stealing still moves single blocks.
+    ahead : callable (Slot) -> int, optional
+        Tasks a slot may have queued behind the one it runs (default 0): they are submitted
+        at once and start on the worker as soon as the one before ends, without waiting for
+        the client to hear of it, which hides a Dask round trip per task. A queued block may
+        share a row or column only with the same slot's earlier tasks, so ``run`` must give
+        each task the segments of the task that last updated them as futures: Dask then runs
+        those tasks one after the other. A slot steals only once it has nothing in flight.
     """
 
     blocks: Sequence[Block]
@@ -112,6 +121,7 @@ class BlockScheduler:
     deterministic: bool = False
     client: Any = None
     batch: Callable[[Slot], int] | None = None
+    ahead: Callable[[Slot], int] | None = None
     events: list[Event] = field(default_factory=list)
     updates: dict[int, int] = field(default_factory=dict)
 
@@ -191,8 +201,6 @@ class BlockScheduler:
     # ------------------------------------------------------------------ one epoch
     def run_epoch(self) -> list[Event]:
         """Run every block once; returns this epoch's events."""
-        from distributed import as_completed
-
         if self.client is None:
             from mgpu.dist.cluster import current_client
 
@@ -203,16 +211,34 @@ class BlockScheduler:
         # each queue's expected seconds on its own slot, before the slot's speed factor
         queued = [sum(self._base(b, s) for b in q) for s, q in enumerate(queues)]
         running: dict[Any, _Running] = {}
-        finished = as_completed()
-        busy_rows: set[int] = set()
-        busy_cols: set[int] = set()
-        busy_slots: set[int] = set()
+        order: list[list[Any]] = [[] for _ in self.slots]  # each slot's futures, in order
+        depth = [1 + max(0, int(self.ahead(sl))) if self.ahead is not None else 1
+                 for sl in self.slots]
+        # completions through a queue fed by the futures' callbacks: distributed's
+        # as_completed can miss a wake-up (its thread condition is notified outside the
+        # check of its queue) and then sleeps its 100 ms poll, a slot idle all that time
+        finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # row or column stratum -> [the slot holding it, its tasks in flight that use it]
+        rows_held: dict[int, list[int]] = {}
+        cols_held: dict[int, list[int]] = {}
 
-        def free(b: Block) -> bool:
-            return b.row not in busy_rows and b.col not in busy_cols
+        def free(b: Block, s: int) -> bool:
+            r, c = rows_held.get(b.row), cols_held.get(b.col)
+            return (r is None or r[0] == s) and (c is None or c[0] == s)
 
-        def pick(q: list[Block]) -> Block | None:
-            cands = [b for b in q if free(b)]
+        def hold(held: dict[int, list[int]], key: int, s: int) -> None:
+            if key in held:
+                held[key][1] += 1
+            else:
+                held[key] = [s, 1]
+
+        def release(held: dict[int, list[int]], key: int) -> None:
+            held[key][1] -= 1
+            if not held[key][1]:
+                del held[key]
+
+        def pick(q: list[Block], s: int) -> Block | None:
+            cands = [b for b in q if free(b, s)]
             if not cands:
                 return None
             if self.deterministic:
@@ -221,9 +247,9 @@ class BlockScheduler:
 
         def remaining(s: int, now: float) -> float:
             left = queued[s] * self._speed[s]
-            for r in running.values():
-                if r.slot == s:
-                    left += max(0.0, r.expected - (now - r.start))
+            for f in order[s]:
+                r = running[f]
+                left += r.expected if r.queued else max(0.0, r.expected - (now - r.start))
             return left
 
         def start(b: Block, s: int, kind: str, reason: str, owner: int) -> None:
@@ -234,40 +260,40 @@ class BlockScheduler:
             for o in queues[owner]:
                 if len(group) >= limit:
                     break
-                if o is not b and o.col == b.col and o.row not in rows \
-                        and o.row not in busy_rows:
+                if o is not b and o.col == b.col and o.row not in rows and free(o, s):
                     group.append(o)
                     rows.add(o.row)
             self._tasks += 1
             for k, o in enumerate(group):
                 queues[owner].remove(o)
                 queued[owner] -= self._base(o, owner)
-                busy_rows.add(o.row)
+                hold(rows_held, o.row, s)
                 self._event(kind, o, s, reason if not k else
                             f"{reason}; after block {group[k - 1].id} in the same task",
                             self._tasks)
-            busy_cols.add(b.col)
-            busy_slots.add(s)
+            hold(cols_held, b.col, s)
             fut = self.run(tuple(group), self.slots[s])
             running[fut] = _Running(tuple(group), s, time.perf_counter(),
-                                    sum(self._cost(o, s) for o in group), self._tasks)
-            finished.add(fut)
+                                    sum(self._cost(o, s) for o in group), self._tasks,
+                                    queued=bool(order[s]))
+            order[s].append(fut)
+            fut.add_done_callback(finished.put)
 
         while any(queues) or running:
             now = time.perf_counter()
             for s in range(len(self.slots)):
-                if s in busy_slots:
-                    continue
-                b = pick(queues[s])
-                if b is not None:
-                    start(b, s, "assign", "own queue", s)
-                    continue
-                if self.deterministic:
+                while len(order[s]) < depth[s]:
+                    b = pick(queues[s], s)
+                    if b is None:
+                        break
+                    start(b, s, "assign", "own queue" if not order[s] else
+                          f"own queue, behind {len(order[s])} task(s) of this slot", s)
+                if order[s] or self.deterministic:
                     continue
                 victims = sorted((v for v in range(len(self.slots)) if v != s and queues[v]),
                                  key=lambda v: (-remaining(v, now), v))
                 for v in victims:
-                    b = pick(queues[v])
+                    b = pick(queues[v], s)
                     if b is None:
                         continue
                     need = self._transfer(b, s) + self._cost(b, s)
@@ -280,19 +306,28 @@ class BlockScheduler:
             if not running:
                 raise RuntimeError("BlockScheduler stalled with blocks left and none runnable; "
                                    "this is a bug.")
-            done = finished.next_batch(block=True)
+            done = [finished.get()]
+            while not finished.empty():
+                done.append(finished.get())
             end = time.perf_counter()
             for fut in done:
                 r = running.pop(fut)
-                fut.result()  # a failed block stops the epoch with its own error
+                # a finished block's result stays on its worker (asking for it would copy
+                # it here, a tenth of a second per block); a failed one stops the epoch
+                if fut.status != "finished":
+                    fut.result()  # raises the block's own error
+                order[r.slot].remove(fut)
+                for nxt in order[r.slot][:1]:  # the slot's next task starts now
+                    if running[nxt].queued:
+                        running[nxt].queued = False
+                        running[nxt].start = end
                 took = end - r.start
                 base = r.expected / self._speed[r.slot] if self._speed[r.slot] else r.expected
                 if base > 0:  # learn the slot's real speed against the model
                     self._speed[r.slot] = 0.5 * self._speed[r.slot] + 0.5 * took / base
-                busy_cols.discard(r.blocks[0].col)
-                busy_slots.discard(r.slot)
+                release(cols_held, r.blocks[0].col)
                 for b in r.blocks:
-                    busy_rows.discard(b.row)
+                    release(rows_held, b.row)
                     self.updates[b.id] += 1
                     self._event("finish", b, r.slot, f"took {took:.3g} s" if len(r.blocks) == 1
                                 else f"took {took:.3g} s for {len(r.blocks)} blocks in one task",
