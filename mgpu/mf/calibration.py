@@ -201,7 +201,7 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from mgpu.mf.model import DeviceArrays, _block_task, _stage, _to_device
+    from mgpu.mf.model import DeviceArrays, _block_task, _host_copy, _stage, _to_device
     from mgpu.mf.sgd import sgd_block
 
     out: dict[str, Any] = {"times": [], "transfer": [], "kernel": []}
@@ -244,7 +244,7 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
             sgd_block(*staged.arrays, P_next, Qd, 0.005, 0.05, 0.05, **gpu_kw)
             stream.synchronize()
             t2 = time.perf_counter()
-            Q = Qd.get()
+            Q = _host_copy(Qd)
             Pd = DeviceArrays(P_next)
             t3 = time.perf_counter()
             if rep:
