@@ -21,16 +21,23 @@ Modes so far:
     workers and cached) gives the GPUs their share α of the ratings, the non-uniform division
     (:func:`mgpu.mf.division.hsgd_star`) gives each GPU its own users and the CPU threads the
     rest, each slot starts on its own blocks (the static phase) and a slot that runs dry
-    steals a free block when moving it pays (the dynamic phase).
+    steals a free block when moving it pays (the dynamic phase). After the first epoch the
+    ratings are divided again if the rates that epoch measured (ratings per busy second of
+    each kind of slot, Dask's per-task costs under load included, which the calibration on
+    an idle cluster cannot see) put α more than 0.02 from the model's.
 ``hsgd-static``
-    ``hsgd*`` without stealing: every slot runs exactly its own blocks.
+    ``hsgd*`` without stealing: every slot runs exactly its own blocks (divided again after
+    epoch 1 like ``hsgd*``).
 ``hsgd-linear``
     ``hsgd*`` with α from Qilin's linear model (one straight line per device) instead.
 
 A GPU's own blocks have their ratings staged on its device once, for every epoch; the
 factor segments a GPU task leaves stay on the device (:class:`DeviceArrays`) for the next
-task there and cross PCIe only when another worker or the client asks for them. A GPU runs
-its blocks of one column (its sub-rows) in one task, one Dask round trip for all of them.
+task there; the task also leaves host copies of them in pinned memory, sent when another
+worker or the client asks, so that nobody waits behind the GPU's next kernel. A GPU runs its
+blocks of one column (its sub-rows) in one task, one Dask round trip for all of them, and
+its next column's task is queued on its worker behind the running one
+(``mgpu.mf.gpu-ahead``).
 """
 from __future__ import annotations
 
@@ -69,11 +76,12 @@ COST_MODES = ("hsgd-linear", "hsgd-static", "hsgd*")
 class DeviceArrays:
     """Arrays a GPU block task left on its worker's device: factor segments, or a block's
     ratings staged once. A later task on the same worker uses them where they are; sent
-    anywhere else (a CPU worker, the client, a spill to disk) they are pickled as their host
-    copies (:func:`_host_form`), so a segment crosses PCIe only when it leaves the GPU.
+    anywhere else (a CPU worker, the client, a spill to disk) they are pickled as host
+    arrays (:func:`_host_form`).
 
-    ``host``: host copies the task made once its kernels finished. Pickling then sends
-    those instead of copying from the device, which would wait behind whatever kernel the
+    ``host``: host copies the task made once its kernels finished (a GPU block task makes
+    them for every segment it returns, by DMA into pinned memory). Pickling sends those;
+    without them it copies from the device then, which would wait behind whatever kernel the
     worker runs next (the legacy default stream orders every copy after it)."""
 
     __slots__ = ("arrays", "host")
@@ -295,6 +303,24 @@ def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float
     return out
 
 
+def _measured_alpha(times: dict[str, float], n_g: int, n_c: int) -> float | None:
+    """The GPUs' share α that balances the two sides at the rates an epoch measured (a
+    slot's ratings per busy second, :func:`_side_times`), or None without both.
+
+    >>> _measured_alpha({"gpu_ratings": 600.0, "gpu_busy_s": 1.0,
+    ...                  "cpu_ratings": 400.0, "cpu_busy_s": 4.0}, 1, 4)
+    0.6
+    """
+    try:
+        gpu = times["gpu_ratings"] / times["gpu_busy_s"]
+        cpu = times["cpu_ratings"] / times["cpu_busy_s"]
+    except (KeyError, ZeroDivisionError):
+        return None
+    if not (np.isfinite(gpu) and np.isfinite(cpu) and gpu > 0 and cpu > 0):
+        return None
+    return float(n_g * gpu / (n_g * gpu + n_c * cpu))
+
+
 class MatrixFactorization:
     """R ≈ P Qᵀ by SGD (no biases), k latent factors.
 
@@ -329,7 +355,13 @@ default='sequential'
         factors from the workers, the RMSEs and the checkpoint, excluded, as SGD benchmarks
         time training), ``wall_s`` (since fit started, everything included), ``train_rmse``,
         ``test_rmse``; block modes add ``epoch_s`` (the block scheduler's epoch),
-        ``gather_s`` and each kind of slot's busy seconds, ratings and predicted seconds.
+        ``gather_s`` and each kind of slot's busy seconds, ratings and predicted seconds;
+        ``replan_s`` where the ratings were divided again before that epoch (training time).
+    division_ : dict
+        Block modes: the division's rows, columns and blocks, the slots of each kind, the
+        GPUs' share ``alpha`` and the cost model's ``alpha_planned`` (``hsgd*`` and
+        ``hsgd-static`` divide again after epoch 1 at the rates it measured when those put α
+        more than 0.02 away; ``mgpu.mf.replan``).
     setup_s_ : float
         Seconds before the first epoch: calibrating the cost model (unless cached), dividing
         the ratings and sending them to the workers.
@@ -484,10 +516,7 @@ default='sequential'
             yield P, Q, {}
 
     def _block_epochs(self, u, i, r, P, Q, rng):
-        from distributed import wait
-
         from mgpu.dist.cluster import current_client
-        from mgpu.sched import BlockScheduler
 
         started = time.perf_counter()
         client = current_client()
@@ -513,9 +542,63 @@ default='sequential'
                 slots = slots[:n_g + used]
                 n_c = used
             div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
-            gpu_batch = _gpu_batch(n_g, n_c)
         else:
             div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
+        replan = self.mode in ("hsgd*", "hsgd-static") and n_g > 0 and n_c > 0 \
+            and bool(config.get("mf.replan"))
+        self.schedule_events_: list[Any] = []  # grows as the epochs run
+        last: dict[str, float] = {}  # the last epoch's side times
+        placed = self._place(client, div, slots, predict, gpu_kw, latency, u, i, r, P, Q, rng, 0)
+        planned = self.division_["alpha"]
+        setup = {"setup_s": time.perf_counter() - started}
+        for epoch in range(1, self.epochs + 1):
+            extra: dict[str, Any] = {}
+            if replan and epoch == 2:  # training time: after the first epoch's clock started
+                alpha = _measured_alpha(last, n_g, n_c)
+                if alpha is not None and abs(alpha - div.alpha) > 0.02:
+                    t0 = time.perf_counter()
+                    logger.info("%s: the first epoch's measured rates put %.3f of the ratings "
+                                "on the GPUs (planned %.3f): dividing again", self.mode,
+                                alpha, div.alpha)
+                    div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
+                    placed = self._place(client, div, slots, predict, gpu_kw, latency, u, i, r,
+                                         P, Q, rng, epoch - 1)
+                    self.division_["alpha_planned"] = planned
+                    extra["replan_s"] = time.perf_counter() - t0
+            sched, p_seg, q_seg, rows, cols, side_times = placed
+            t0 = time.perf_counter()
+            events = sched.run_epoch()
+            took = time.perf_counter() - t0
+            self.schedule_events_.extend(events)
+            # the factors to this process, for the RMSE: evaluation, not training
+            Ps = client.gather([f for f, _ in p_seg.values()])
+            Qs = client.gather([f for f, _ in q_seg.values()])
+            for (a, (_, j)), got in zip(p_seg.items(), Ps):
+                P[rows[a]] = _segment(got, j)
+            for (b, (_, j)), got in zip(q_seg.items(), Qs):
+                Q[cols[b]] = _segment(got, j)
+            last = side_times(events)
+            yield P, Q, {"epoch_s": took, "gather_s": time.perf_counter() - t0 - took, **setup,
+                         **extra, **last}
+            setup = {}
+
+    def _place(self, client: Any, div: Any, slots: list[Any],
+               predict: dict[str, Callable[..., float]], gpu_kw: dict[str, Any],
+               latency: float, u: np.ndarray, i: np.ndarray, r: np.ndarray, P: np.ndarray,
+               Q: np.ndarray, rng: np.random.Generator, epochs_done: int) -> tuple[Any, ...]:
+        """A division's blocks on the cluster: each block's ratings on its owner's worker
+        (a GPU's staged on its device), the current factor segments, and the block scheduler
+        that runs them (its events numbered after ``epochs_done``); returns the scheduler, the
+        segment maps, the strata's members and the per-epoch side-time summary."""
+        from distributed import wait
+
+        from mgpu.sched import BlockScheduler
+
+        n_g = sum(s.kind == "gpu" for s in slots)
+        n_c = len(slots) - n_g
+        if predict:
+            gpu_batch = _gpu_batch(n_g, n_c)
+        else:
             gpu_batch = div.n_rows  # a GPU's own blocks of a column, however many
         per_task = {"gpu": gpu_batch, "cpu": 1}
         # a GPU's next task waits on its worker behind the one it runs (their shared
@@ -524,7 +607,8 @@ default='sequential'
         ahead = {"gpu": len(div.blocks) if len(slots) == 1 else int(config.get("mf.gpu-ahead")),
                  "cpu": 0}
         self.division_ = {"rows": div.n_rows, "cols": div.n_cols, "blocks": len(div.blocks),
-                          "alpha": div.alpha if predict else None, "gpu_slots": n_g,
+                          "alpha": div.alpha if predict else None,
+                          "alpha_planned": div.alpha if predict else None, "gpu_slots": n_g,
                           "cpu_slots": n_c}
         logger.info("%s: %d×%d strata, %d blocks on %d GPU and %d CPU slot(s)%s", self.mode,
                     div.n_rows, div.n_cols, len(div.blocks), n_g, n_c,
@@ -594,26 +678,15 @@ default='sequential'
         sched = BlockScheduler(div.blocks, slots, run, cost=cost if predict else None,
                                transfer=transfer, deterministic=self.mode == "hsgd-static",
                                client=client, batch=lambda s: per_task[s.kind],
-                               ahead=lambda s: ahead[s.kind])
-        self.schedule_events_ = sched.events  # grows as the epochs run
+                               ahead=lambda s: ahead[s.kind], epochs_done=epochs_done)
         kinds = {s.name: s.kind for s in slots}
         sizes = {blk.id: blk.size for blk in div.blocks}
         wait(list(staged.values()))
-        setup = {"setup_s": time.perf_counter() - started}
-        for _ in range(self.epochs):
-            t0 = time.perf_counter()
-            events = sched.run_epoch()
-            took = time.perf_counter() - t0
-            # the factors to this process, for the RMSE: evaluation, not training
-            Ps = client.gather([f for f, _ in p_seg.values()])
-            Qs = client.gather([f for f, _ in q_seg.values()])
-            for (a, (_, j)), got in zip(p_seg.items(), Ps):
-                P[rows[a]] = _segment(got, j)
-            for (b, (_, j)), got in zip(q_seg.items(), Qs):
-                Q[cols[b]] = _segment(got, j)
-            yield P, Q, {"epoch_s": took, "gather_s": time.perf_counter() - t0 - took, **setup,
-                         **_side_times(events, kinds, sizes, predict, per_task)}
-            setup = {}
+
+        def side_times(events: list[Any]) -> dict[str, float]:
+            return _side_times(events, kinds, sizes, predict, per_task)
+
+        return sched, p_seg, q_seg, rows, cols, side_times
 
     def _calibration_for(self, client: Any, slots: list[Any], u: np.ndarray, i: np.ndarray,
                          r: np.ndarray, gpu_kw: dict[str, Any]) -> Calibration:

@@ -21,6 +21,14 @@ returns its future, and a cost model. Used by HSGD* and by any job cut into bloc
   its queue in the column of the one it picked, run one after the other. They share that
   column, so they never run at once; the task's round trip is paid once, not per block,
   which matters for a GPU whose blocks take less time than a Dask round trip.
+- A slot may have tasks queued on its worker behind the one it runs (``ahead``). A queued
+  block may share a stratum only with its own slot's tasks in flight; ``run`` hands each task
+  the futures of the tasks that last updated its segments, so Dask starts it only once those
+  ended, without a round trip through this loop. Then "running" above means in flight: two
+  slots' tasks in flight never share a stratum.
+- The loop hears of completions through the futures' done callbacks and never fetches a
+  finished block's result (that would copy its segments to the client); it asks a failed
+  one for its error, which stops the epoch.
 """
 from __future__ import annotations
 
@@ -111,6 +119,9 @@ class BlockScheduler:
         share a row or column only with the same slot's earlier tasks, so ``run`` must give
         each task the segments of the task that last updated them as futures: Dask then runs
         those tasks one after the other. A slot steals only once it has nothing in flight.
+    epochs_done : int, default=0
+        Epochs run before this scheduler (a job divided again): its events are numbered
+        after them.
     """
 
     blocks: Sequence[Block]
@@ -122,6 +133,7 @@ class BlockScheduler:
     client: Any = None
     batch: Callable[[Slot], int] | None = None
     ahead: Callable[[Slot], int] | None = None
+    epochs_done: int = 0
     events: list[Event] = field(default_factory=list)
     updates: dict[int, int] = field(default_factory=dict)
 
@@ -138,7 +150,7 @@ class BlockScheduler:
         self.updates = {b.id: 0 for b in self.blocks}
         self._speed = [1.0] * len(self.slots)  # measured / expected, per slot
         self._t0 = time.perf_counter()
-        self._epoch = 0
+        self._epoch = self.epochs_done
         self._tasks = 0
         self._base_cost: dict[tuple[int, int], float] = {}
         self._transfer_cost: dict[tuple[int, int], float] = {}
