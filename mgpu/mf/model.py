@@ -24,7 +24,8 @@ Modes so far:
     steals a free block when moving it pays (the dynamic phase). After the first epoch the
     ratings are divided again if the rates that epoch measured (ratings per busy second of
     each kind of slot, Dask's per-task costs under load included, which the calibration on
-    an idle cluster cannot see) put α more than 0.02 from the model's.
+    an idle cluster cannot see) put α more than 0.02 from the model's, and the epochs left
+    would save more than placing the ratings took.
 ``hsgd-static``
     ``hsgd*`` without stealing: every slot runs exactly its own blocks (divided again after
     epoch 1 like ``hsgd*``).
@@ -303,14 +304,9 @@ def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float
     return out
 
 
-def _measured_alpha(times: dict[str, float], n_g: int, n_c: int) -> float | None:
-    """The GPUs' share α that balances the two sides at the rates an epoch measured (a
-    slot's ratings per busy second, :func:`_side_times`), or None without both.
-
-    >>> _measured_alpha({"gpu_ratings": 600.0, "gpu_busy_s": 1.0,
-    ...                  "cpu_ratings": 400.0, "cpu_busy_s": 4.0}, 1, 4)
-    0.6
-    """
+def _measured_rates(times: dict[str, float]) -> tuple[float, float] | None:
+    """Ratings per busy second of one GPU slot and of one CPU slot in an epoch
+    (:func:`_side_times`), or None without both."""
     try:
         gpu = times["gpu_ratings"] / times["gpu_busy_s"]
         cpu = times["cpu_ratings"] / times["cpu_busy_s"]
@@ -318,7 +314,21 @@ def _measured_alpha(times: dict[str, float], n_g: int, n_c: int) -> float | None
         return None
     if not (np.isfinite(gpu) and np.isfinite(cpu) and gpu > 0 and cpu > 0):
         return None
-    return float(n_g * gpu / (n_g * gpu + n_c * cpu))
+    return float(gpu), float(cpu)
+
+
+def _measured_alpha(times: dict[str, float], n_g: int, n_c: int) -> float | None:
+    """The GPUs' share α that balances the two sides at the rates an epoch measured
+    (:func:`_measured_rates`), or None without both.
+
+    >>> _measured_alpha({"gpu_ratings": 600.0, "gpu_busy_s": 1.0,
+    ...                  "cpu_ratings": 400.0, "cpu_busy_s": 4.0}, 1, 4)
+    0.6
+    """
+    rates = _measured_rates(times)
+    if rates is None:
+        return None
+    return n_g * rates[0] / (n_g * rates[0] + n_c * rates[1])
 
 
 class MatrixFactorization:
@@ -361,7 +371,7 @@ default='sequential'
         Block modes: the division's rows, columns and blocks, the slots of each kind, the
         GPUs' share ``alpha`` and the cost model's ``alpha_planned`` (``hsgd*`` and
         ``hsgd-static`` divide again after epoch 1 at the rates it measured when those put α
-        more than 0.02 away; ``mgpu.mf.replan``).
+        more than 0.02 away and that pays for itself; ``mgpu.mf.replan``).
     setup_s_ : float
         Seconds before the first epoch: calibrating the cost model (unless cached), dividing
         the ratings and sending them to the workers.
@@ -548,14 +558,27 @@ default='sequential'
             and bool(config.get("mf.replan"))
         self.schedule_events_: list[Any] = []  # grows as the epochs run
         last: dict[str, float] = {}  # the last epoch's side times
+        took = 0.0  # and its seconds
+        t0 = time.perf_counter()
         placed = self._place(client, div, slots, predict, gpu_kw, latency, u, i, r, P, Q, rng, 0)
+        placing = time.perf_counter() - t0  # what dividing again would cost, about
         planned = self.division_["alpha"]
         setup = {"setup_s": time.perf_counter() - started}
         for epoch in range(1, self.epochs + 1):
             extra: dict[str, Any] = {}
             if replan and epoch == 2:  # training time: after the first epoch's clock started
                 alpha = _measured_alpha(last, n_g, n_c)
-                if alpha is not None and abs(alpha - div.alpha) > 0.02:
+                rates = _measured_rates(last)
+                # dividing again must pay for itself over the epochs left: the first epoch
+                # against one at the measured rates with both sides busy alike
+                saved = 0.0 if rates is None else (
+                    took - r.size / (n_g * rates[0] + n_c * rates[1])) * (self.epochs - 1)
+                if alpha is not None and abs(alpha - div.alpha) > 0.02 and saved <= placing:
+                    logger.info("%s: the first epoch's rates put %.3f of the ratings on the "
+                                "GPUs (planned %.3f), but dividing again (about %.2f s) would "
+                                "save only %.2f s over %d epochs", self.mode, alpha, div.alpha,
+                                placing, saved, self.epochs - 1)
+                elif alpha is not None and abs(alpha - div.alpha) > 0.02:
                     t0 = time.perf_counter()
                     logger.info("%s: the first epoch's measured rates put %.3f of the ratings "
                                 "on the GPUs (planned %.3f): dividing again", self.mode,
