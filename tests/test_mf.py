@@ -316,6 +316,8 @@ def test_hsgd_star_divides_again_at_the_rates_its_first_epoch_measured(data_dir)
     1 the division is made again with α from the measured rates (29 epochs left repay it),
     the time it took is training time, and the scheduler's events go on numbering the
     epochs, every block once each."""
+    import dask.config
+
     from mgpu.dist import connect
     from mgpu.mf.model import _measured_alpha
 
@@ -324,7 +326,8 @@ def test_hsgd_star_divides_again_at_the_rates_its_first_epoch_measured(data_dir)
                            [x / 2e5 for x in n], 1e-4, 1e-4, "test")
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
-    with connect(gpus=True, n_workers=1, cpu_threads=3):
+    with connect(gpus=True, n_workers=1, cpu_threads=3), \
+            dask.config.set({"mgpu.mf.replan": True}):
         mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=30, mode="hsgd*",
                                       calibration=slow_gpu)
         mf.fit(train, test)

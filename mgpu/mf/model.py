@@ -25,10 +25,10 @@ Modes so far:
     ratings are divided again if the rates that epoch measured (ratings per busy second of
     each kind of slot, Dask's per-task costs under load included, which the calibration on
     an idle cluster cannot see) put α more than 0.02 from the model's, and the epochs left
-    would save more than placing the ratings took.
+    would save more than placing the ratings took (``mgpu.mf.replan``, off by default).
 ``hsgd-static``
     ``hsgd*`` without stealing: every slot runs exactly its own blocks (divided again after
-    epoch 1 like ``hsgd*``).
+    epoch 1 like ``hsgd*`` where that is on).
 ``hsgd-linear``
     ``hsgd*`` with α from Qilin's linear model (one straight line per device) instead.
 
@@ -371,7 +371,7 @@ default='sequential'
         Block modes: the division's rows, columns and blocks, the slots of each kind, the
         GPUs' share ``alpha`` and the cost model's ``alpha_planned`` (``hsgd*`` and
         ``hsgd-static`` divide again after epoch 1 at the rates it measured when those put α
-        more than 0.02 away and that pays for itself; ``mgpu.mf.replan``).
+        more than 0.02 away and that pays for itself, with ``mgpu.mf.replan`` on).
     setup_s_ : float
         Seconds before the first epoch: calibrating the cost model (unless cached), dividing
         the ratings and sending them to the workers.
