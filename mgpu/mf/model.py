@@ -274,7 +274,7 @@ def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float
     a slot is busy from a task's submission to its end, a task queued behind another of the
     same slot counted from the end of that one), ratings it updated, and what the cost model
     predicted for those blocks."""
-    spans: dict[int, list[float]] = {}  # task -> [slot's kind, start, end]
+    spans: dict[int, list[float]] = {}  # task -> [start, end]
     out: dict[str, float] = {}
     for kind in sorted(set(kinds.values())):
         out[f"{kind}_busy_s"] = 0.0

@@ -226,9 +226,9 @@ class BlockScheduler:
         order: list[list[Any]] = [[] for _ in self.slots]  # each slot's futures, in order
         depth = [1 + max(0, int(self.ahead(sl))) if self.ahead is not None else 1
                  for sl in self.slots]
-        # completions through a queue fed by the futures' callbacks: distributed's
-        # as_completed can miss a wake-up (its thread condition is notified outside the
-        # check of its queue) and then sleeps its 100 ms poll, a slot idle all that time
+        # completions through a queue fed by the futures' done callbacks, which wakes this
+        # loop at once (distributed's as_completed checks its queue outside its condition
+        # and waits in 100 ms polls, so a completion can go unseen that long)
         finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # row or column stratum -> [the slot holding it, its tasks in flight that use it]
         rows_held: dict[int, list[int]] = {}
