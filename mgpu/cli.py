@@ -512,22 +512,17 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
     """
     from mgpu.dist import describe_workers
     from mgpu.io import load_ratings
-    from mgpu.mf.calibration import _cache_path, calibrate, store
+    from mgpu.mf.calibration import _cache_path, cached_all, calibrate, store
     from mgpu.mf.model import gpu_options
     from mgpu.synthetic import planted_ratings
 
     if show:
-        import json
-
-        try:
-            entries = json.loads(_cache_path().read_text())
-        except FileNotFoundError:
+        entries = cached_all()
+        if not entries:
             raise click.ClickException(f"no calibration cached yet ({_cache_path()}); run "
-                                       "mgpu calibrate") from None
-        from mgpu.mf.calibration import Calibration
-
-        for entry in entries.values():
-            click.echo(Calibration.from_json(entry).describe() + "\n")
+                                       "mgpu calibrate")
+        for cal in entries.values():
+            click.echo(cal.describe() + "\n")
         return
     if k < 1 or max_ratings < 2 or repeats < 1 or cpu_threads < 1:
         raise click.BadParameter("-k, --repeats and --cpu-threads must be >= 1, --max-ratings "

@@ -44,12 +44,12 @@ def device_copy(X: Any, convert: Callable[[Any], Any]) -> Any:
     >>> device_copy(X, np.copy) is device_copy(X, np.copy)
     True
     """
+    key = id(X)
     with _device_lock:
-        hit = _device_copies.get(id(X))
+        hit = _device_copies.get(key)
         if hit is not None and hit[0]() is X:
             return hit[1]
     dev = convert(X)
-    key = id(X)
     try:
         ref = weakref.ref(X, lambda _r, key=key: _device_copies.pop(key, None))
     except TypeError:  # not weak-referenceable: no cache

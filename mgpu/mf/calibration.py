@@ -145,18 +145,22 @@ def _cache_path() -> Path:
     return Path(os.path.expanduser(str(config.get("mf.calibration-cache"))))
 
 
-def cached(key: str) -> Calibration | None:
-    """The cached calibration under ``key``, or None."""
+def cached_all() -> dict[str, Calibration]:
+    """Every cached calibration by key (none when the cache is missing or unreadable)."""
     path = _cache_path()
     try:
         entries = json.loads(path.read_text())
     except FileNotFoundError:
-        return None
+        return {}
     except (OSError, ValueError) as exc:
         logger.warning("ignoring the unreadable calibration cache %s: %s", path, exc)
-        return None
-    entry = entries.get(key)
-    return Calibration.from_json(entry) if entry else None
+        return {}
+    return {key: Calibration.from_json(entry) for key, entry in entries.items()}
+
+
+def cached(key: str) -> Calibration | None:
+    """The cached calibration under ``key``, or None."""
+    return cached_all().get(key)
 
 
 def store(cal: Calibration) -> Path:

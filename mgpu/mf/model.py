@@ -567,27 +567,28 @@ default='sequential'
         for epoch in range(1, self.epochs + 1):
             extra: dict[str, Any] = {}
             if replan and epoch == 2:  # training time: after the first epoch's clock started
-                alpha = _measured_alpha(last, n_g, n_c)
                 rates = _measured_rates(last)
-                # dividing again must pay for itself over the epochs left: the first epoch
-                # against one at the measured rates with both sides busy alike
-                saved = 0.0 if rates is None else (
-                    took - r.size / (n_g * rates[0] + n_c * rates[1])) * (self.epochs - 1)
-                if alpha is not None and abs(alpha - div.alpha) > 0.02 and saved <= placing:
-                    logger.info("%s: the first epoch's rates put %.3f of the ratings on the "
-                                "GPUs (planned %.3f), but dividing again (about %.2f s) would "
-                                "save only %.2f s over %d epochs", self.mode, alpha, div.alpha,
-                                placing, saved, self.epochs - 1)
-                elif alpha is not None and abs(alpha - div.alpha) > 0.02:
-                    t0 = time.perf_counter()
-                    logger.info("%s: the first epoch's measured rates put %.3f of the ratings "
-                                "on the GPUs (planned %.3f): dividing again", self.mode,
-                                alpha, div.alpha)
-                    div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
-                    placed = self._place(client, div, slots, predict, gpu_kw, latency, u, i, r,
-                                         P, Q, rng, epoch - 1)
-                    self.division_["alpha_planned"] = planned
-                    extra["replan_s"] = time.perf_counter() - t0
+                alpha = _measured_alpha(last, n_g, n_c)
+                if alpha is not None and rates is not None and abs(alpha - div.alpha) > 0.02:
+                    # dividing again must pay for itself over the epochs left: the first
+                    # epoch against one at the measured rates with both sides busy alike
+                    saved = (took - r.size / (n_g * rates[0] + n_c * rates[1])) \
+                        * (self.epochs - 1)
+                    if saved <= placing:
+                        logger.info("%s: the first epoch's rates put %.3f of the ratings on "
+                                    "the GPUs (planned %.3f), but dividing again (about %.2f "
+                                    "s) would save only %.2f s over %d epochs", self.mode,
+                                    alpha, div.alpha, placing, saved, self.epochs - 1)
+                    else:
+                        t0 = time.perf_counter()
+                        logger.info("%s: the first epoch's measured rates put %.3f of the "
+                                    "ratings on the GPUs (planned %.3f): dividing again",
+                                    self.mode, alpha, div.alpha)
+                        div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
+                        placed = self._place(client, div, slots, predict, gpu_kw, latency, u,
+                                             i, r, P, Q, rng, epoch - 1)
+                        self.division_["alpha_planned"] = planned
+                        extra["replan_s"] = time.perf_counter() - t0
             sched, p_seg, q_seg, rows, cols, side_times = placed
             t0 = time.perf_counter()
             events = sched.run_epoch()
