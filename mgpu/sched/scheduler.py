@@ -75,22 +75,16 @@ class Event:
     reason: str
     epoch: int = 0
     task: int = 0  # blocks run in one task (``batch``) share it
-    # finish events: when the task could start (seconds since the scheduler started): its
-    # submission, or the end of the last task it waited for
-    start: float | None = None
 
 
 @dataclass
 class _Running:
     blocks: tuple[Block, ...]
     slot: int
-    submitted: float
-    expected: float  # the cost model's seconds on its slot, scaled by the slot's speed
+    start: float  # when it was submitted, or when the slot's task before it ended
+    expected: float
     task: int
-    # the tasks in flight when it was submitted that it runs after: the last to use each of
-    # its strata (Dask orders those through the segments) and its slot's task before it
-    after: tuple[Any, ...]
-    end: float = 0.0  # when it should end, from the ends of those and its expected time
+    queued: bool = False  # behind another task of its slot (``ahead``)
 
 
 @dataclass
@@ -201,11 +195,9 @@ class BlockScheduler:
         return plan
 
     # ------------------------------------------------------------------ events
-    def _event(self, kind: str, b: Block, s: int, reason: str, task: int,
-               at: float | None = None, start: float | None = None) -> None:
-        ev = Event((time.perf_counter() if at is None else at) - self._t0, kind, b.id,
-                   self.slots[s].name, reason, self._epoch, task,
-                   None if start is None else start - self._t0)
+    def _event(self, kind: str, b: Block, s: int, reason: str, task: int) -> None:
+        ev = Event(time.perf_counter() - self._t0, kind, b.id, self.slots[s].name, reason,
+                   self._epoch, task)
         self.events.append(ev)
         logger.debug("%s block %d on %s: %s", kind, b.id, self.slots[s].name, reason)
 
@@ -230,126 +222,99 @@ class BlockScheduler:
         queues = [list(q) for q in self.plan]
         # each queue's expected seconds on its own slot, before the slot's speed factor
         queued = [sum(self._base(b, s) for b in q) for s, q in enumerate(queues)]
-        running: dict[Any, _Running] = {}  # in submission order
-        order: list[list[Any]] = [[] for _ in self.slots]  # each slot's tasks in flight
+        running: dict[Any, _Running] = {}
+        order: list[list[Any]] = [[] for _ in self.slots]  # each slot's futures, in order
         depth = [1 + max(0, int(self.ahead(sl))) if self.ahead is not None else 1
                  for sl in self.slots]
         # completions through a queue fed by the futures' done callbacks, which wakes this
         # loop at once (distributed's as_completed checks its queue outside its condition
         # and waits in 100 ms polls, so a completion can go unseen that long)
         finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        # row or column stratum -> the task in flight that uses it last
-        last_row: dict[int, Any] = {}
-        last_col: dict[int, Any] = {}
-        ended: dict[Any, float] = {}  # tasks of this epoch heard of, and when
+        # row or column stratum -> [the slot holding it, its tasks in flight that use it]
+        rows_held: dict[int, list[int]] = {}
+        cols_held: dict[int, list[int]] = {}
 
-        def idle(b: Block) -> bool:
-            """No task in flight uses the block's strata."""
-            return b.row not in last_row and b.col not in last_col
+        def free(b: Block, s: int) -> bool:
+            r, c = rows_held.get(b.row), cols_held.get(b.col)
+            return (r is None or r[0] == s) and (c is None or c[0] == s)
 
-        def slot_end(s: int, now: float) -> float:
-            return max(now, running[order[s][-1]].end) if order[s] else now
+        def hold(held: dict[int, list[int]], key: int, s: int) -> None:
+            if key in held:
+                held[key][1] += 1
+            else:
+                held[key] = [s, 1]
 
-        def start_at(b: Block, s: int, now: float) -> float:
-            """When the block would start on the slot: after the slot's tasks in flight and
-            those of any slot that use its strata."""
-            t = slot_end(s, now)
-            for f in (last_row.get(b.row), last_col.get(b.col)):
-                if f is not None:
-                    t = max(t, running[f].end)
-            return t
+        def release(held: dict[int, list[int]], key: int) -> None:
+            held[key][1] -= 1
+            if not held[key][1]:
+                del held[key]
 
-        def least(cands: list[Block]) -> Block:
+        def pick(q: list[Block], s: int) -> Block | None:
+            cands = [b for b in q if free(b, s)]
+            if not cands:
+                return None
             if self.deterministic:
                 return cands[0]
             return min(cands, key=lambda b: self.updates[b.id])  # the first of the least
 
-        def pick(q: list[Block], s: int, now: float) -> Block | None:
-            """The slot's next own block: one no task in flight uses, or (with ``ahead``) one
-            that should start by the time the slot's queue ends; the least updated."""
-            if depth[s] == 1:
-                cands = [b for b in q if idle(b)]
-            else:
-                ready = slot_end(s, now)
-                cands = [b for b in q
-                         if start_at(b, s, now) <= ready + 0.1 * self._cost(b, s)]
-            return least(cands) if cands else None
-
         def remaining(s: int, now: float) -> float:
-            return queued[s] * self._speed[s] + slot_end(s, now) - now
+            left = queued[s] * self._speed[s]
+            for f in order[s]:
+                r = running[f]
+                left += r.expected if r.queued else max(0.0, r.expected - (now - r.start))
+            return left
 
-        def start(b: Block, s: int, kind: str, reason: str, owner: int, now: float) -> None:
+        def start(b: Block, s: int, kind: str, reason: str, owner: int) -> None:
             group = [b]
             limit = self.batch(self.slots[s]) if self.batch is not None and kind == "assign" \
                 else 1
             rows = {b.row}
-            begin = start_at(b, s, now)
             for o in queues[owner]:
                 if len(group) >= limit:
                     break
-                if o is not b and o.col == b.col and o.row not in rows \
-                        and (idle(o) if depth[s] == 1 else start_at(o, s, now) <= begin):
+                if o is not b and o.col == b.col and o.row not in rows and free(o, s):
                     group.append(o)
                     rows.add(o.row)
-            after = {f for f in [last_col.get(b.col)] + [last_row.get(o.row) for o in group]
-                     + order[s][-1:] if f is not None}
             self._tasks += 1
             for k, o in enumerate(group):
                 queues[owner].remove(o)
                 queued[owner] -= self._base(o, owner)
+                hold(rows_held, o.row, s)
                 self._event(kind, o, s, reason if not k else
                             f"{reason}; after block {group[k - 1].id} in the same task",
                             self._tasks)
+            hold(cols_held, b.col, s)
             fut = self.run(tuple(group), self.slots[s])
-            expected = sum(self._cost(o, s) for o in group)
-            running[fut] = _Running(tuple(group), s, now, expected, self._tasks,
-                                    tuple(after), begin + expected)
-            for o in group:
-                last_row[o.row] = fut
-            last_col[b.col] = fut
+            running[fut] = _Running(tuple(group), s, time.perf_counter(),
+                                    sum(self._cost(o, s) for o in group), self._tasks,
+                                    queued=bool(order[s]))
             order[s].append(fut)
             fut.add_done_callback(finished.put)
-
-        def reason_ahead(s: int, own: int) -> str:
-            if not order[s]:
-                return "own queue"
-            waits = "" if own == 0 else f", after {own} task(s) of other slots on its strata"
-            return f"own queue, behind {len(order[s])} task(s) of this slot{waits}"
 
         while any(queues) or running:
             now = time.perf_counter()
             for s in range(len(self.slots)):
                 while len(order[s]) < depth[s]:
-                    b = pick(queues[s], s, now)
+                    b = pick(queues[s], s)
                     if b is None:
                         break
-                    others = sum(1 for f in {last_row.get(b.row), last_col.get(b.col)}
-                                 if f is not None and running[f].slot != s)
-                    start(b, s, "assign", reason_ahead(s, others), s, now)
-                if order[s] or not any(queues):
+                    start(b, s, "assign", "own queue" if not order[s] else
+                          f"own queue, behind {len(order[s])} task(s) of this slot", s)
+                if order[s] or self.deterministic:
                     continue
-                if not self.deterministic:
-                    victims = sorted((v for v in range(len(self.slots)) if v != s and queues[v]),
-                                     key=lambda v: (-remaining(v, now), v))
-                    for v in victims:
-                        cands = [b for b in queues[v] if idle(b)]
-                        if not cands:
-                            continue
-                        b = least(cands)
-                        need = self._transfer(b, s) + self._cost(b, s)
-                        left = remaining(v, now)
-                        if need < left:
-                            start(b, s, "steal",
-                                  f"from {self.slots[v].name}: moving and running it here "
-                                  f"takes {need:.3g} s, {self.slots[v].name} has {left:.3g} s "
-                                  "left", v, now)
-                        break  # only the slot with the most remaining time is a victim
-                if not order[s] and depth[s] > 1 and queues[s]:
-                    # nothing free and nothing to steal: its own block that starts first,
-                    # queued behind the tasks it waits for (no round trip when they end)
-                    b = min(queues[s], key=lambda b: start_at(b, s, now))
-                    start(b, s, "assign", "own queue, waiting for other slots' tasks on its "
-                          "strata", s, now)
+                victims = sorted((v for v in range(len(self.slots)) if v != s and queues[v]),
+                                 key=lambda v: (-remaining(v, now), v))
+                for v in victims:
+                    b = pick(queues[v], s)
+                    if b is None:
+                        continue
+                    need = self._transfer(b, s) + self._cost(b, s)
+                    left = remaining(v, now)
+                    if need < left:
+                        start(b, s, "steal",
+                              f"from {self.slots[v].name}: moving and running it here takes "
+                              f"{need:.3g} s, {self.slots[v].name} has {left:.3g} s left", v)
+                    break  # only the slot with the most remaining time is a victim
             if not running:
                 raise RuntimeError("BlockScheduler stalled with blocks left and none runnable; "
                                    "this is a bug.")
@@ -363,28 +328,21 @@ class BlockScheduler:
                 # it here, a tenth of a second per block); a failed one stops the epoch
                 if fut.status != "finished":
                     fut.result()  # raises the block's own error
-                ended[fut] = end
                 order[r.slot].remove(fut)
-                for b in r.blocks:
-                    if last_row.get(b.row) is fut:
-                        del last_row[b.row]
-                if last_col.get(r.blocks[0].col) is fut:
-                    del last_col[r.blocks[0].col]
-                # it could start once it was submitted and what it waited for had ended
-                began = max([r.submitted] + [ended[f] for f in r.after if f in ended])
-                took = end - began
+                for nxt in order[r.slot][:1]:  # the slot's next task starts now
+                    if running[nxt].queued:
+                        running[nxt].queued = False
+                        running[nxt].start = end
+                took = end - r.start
                 base = r.expected / self._speed[r.slot] if self._speed[r.slot] else r.expected
                 if base > 0:  # learn the slot's real speed against the model
                     self._speed[r.slot] = 0.5 * self._speed[r.slot] + 0.5 * took / base
+                release(cols_held, r.blocks[0].col)
                 for b in r.blocks:
+                    release(rows_held, b.row)
                     self.updates[b.id] += 1
                     self._event("finish", b, r.slot, f"took {took:.3g} s" if len(r.blocks) == 1
                                 else f"took {took:.3g} s for {len(r.blocks)} blocks in one task",
-                                r.task, at=end, start=began)
-            # what is still in flight should end later than thought, or sooner
-            for r in running.values():
-                begin = max([r.submitted] + [ended[f] if f in ended else running[f].end
-                                             for f in r.after if f in ended or f in running])
-                r.end = max(begin + r.expected, end)
+                                r.task)
         self._log(self.events[first:])
         return self.events[first:]
