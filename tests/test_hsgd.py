@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mgpu.mf.calibration import Calibration, cached, calibrate, prefix_sizes, store
-from mgpu.mf.division import hsgd_star, uniform
+from mgpu.mf.division import hsgd_star, move_rows, uniform
 from mgpu.mf.model import _epoch_time, _plan, _side_times
 from mgpu.sched import Event
 
@@ -73,6 +73,51 @@ def test_hsgd_star_division_follows_rule_1(n_g, n_c, alpha, seed):
     groups = np.bincount([b.row // sub for b in d.blocks if b.row < n_g * sub],
                          weights=[b.size for b in d.blocks if b.row < n_g * sub], minlength=n_g)
     assert groups.max() - groups.min() <= np.bincount(u).max() + 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_g=st.integers(1, 3), n_c=st.integers(1, 12), alpha=st.floats(0.1, 0.9),
+       goal=st.floats(0.0, 1.0), seed=st.integers(0, 1000))
+def test_move_rows_hands_whole_rows_toward_the_share(n_g, n_c, alpha, goal, seed):
+    u, i = _ratings(400, 250, 15_000, seed)
+    d = hsgd_star(u, i, 400, 250, alpha, n_g, n_c, np.random.default_rng(seed))
+    kinds = ["gpu"] * n_g + ["cpu"] * n_c
+    moved = move_rows(d.blocks, kinds, goal)
+    assert [(b.id, b.row, b.col, b.size) for b in moved] == [(b.id, b.row, b.col, b.size)
+                                                            for b in d.blocks]
+    owners: dict[int, set[int]] = {}
+    for b in moved:
+        owners.setdefault(b.row, set()).add(b.owner)
+    gpu_rows = {r: min(o) for r, o in owners.items() if min(o) < n_g}
+    # a GPU's rows are its own whole, and every GPU keeps one, the CPU slots one together
+    assert all(len(owners[r]) == 1 for r in gpu_rows)
+    assert set(gpu_rows.values()) == set(range(n_g)) and len(owners) > len(gpu_rows)
+    # a CPU row that stayed a CPU row kept its owners
+    for r, o in owners.items():
+        if r not in gpu_rows and d.row_kind[r] == "cpu":
+            assert o == {b.owner for b in d.blocks if b.row == r}
+    total = sum(b.size for b in d.blocks)
+
+    def gpu_share(blocks):
+        return [sum(b.size for b in blocks if b.owner == g) / total for g in range(n_g)]
+
+    before, after = gpu_share(d.blocks), gpu_share(moved)
+    row_size = np.bincount([b.row for b in d.blocks], weights=[b.size for b in d.blocks]) / total
+    for g in range(n_g):  # each GPU no farther from its part, and as near as a row allows
+        part = goal / n_g
+        assert abs(after[g] - part) <= abs(before[g] - part) + 1e-12
+        mine = [r for r, o in gpu_rows.items() if o == g]
+        if after[g] > part + 1e-12 and len(mine) > 1:
+            assert after[g] - part <= row_size[max(mine)] / 2 + 1e-12
+    if abs(sum(before) - goal) < 1e-9:
+        assert moved == d.blocks
+
+
+def test_move_rows_refuses_a_row_shared_by_a_gpu():
+    from mgpu.sched import Block
+
+    with pytest.raises(ValueError, match="Row 0 has blocks of more than one GPU or of both"):
+        move_rows([Block(0, 0, 0, 1.0, 0), Block(1, 0, 1, 1.0, 1)], ["gpu", "cpu"], 0.5)
 
 
 def test_hsgd_star_refuses_what_it_cannot_divide():

@@ -311,11 +311,11 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
 
 
 @pytest.mark.gpu
-def test_hsgd_star_divides_again_at_the_rates_its_first_epoch_measured(data_dir):
+def test_hsgd_star_hands_rows_over_at_the_rates_its_epochs_measured(data_dir):
     """A calibration far from this machine (a GPU 10× slower than a CPU thread): after epoch
-    1 the division is made again with α from the measured rates (29 epochs left repay it),
-    the time it took is training time, and the scheduler's events go on numbering the
-    epochs, every block once each."""
+    1 whole rows of blocks go from the CPU slots to the GPU, halfway toward the share the
+    measured rates balance, the time it takes is training time, and every block still runs
+    once an epoch, the scheduler's events numbering the epochs on."""
     import dask.config
 
     from mgpu.dist import connect
@@ -332,14 +332,20 @@ def test_hsgd_star_divides_again_at_the_rates_its_first_epoch_measured(data_dir)
                                       calibration=slow_gpu)
         mf.fit(train, test)
     h = mf.history_
-    assert mf.division_["alpha_planned"] < 0.1
-    alpha = _measured_alpha(h[0], 1, mf.division_["cpu_slots"])
-    assert alpha is not None and alpha > mf.division_["alpha_planned"] + 0.02
-    assert h[1]["replan_s"] > 0 and all("replan_s" not in e for e in h[:1] + h[2:])
-    assert mf.division_["alpha"] == pytest.approx(alpha, abs=0.05)
+    planned = mf.division_["alpha_planned"]
+    assert planned < 0.1
+    first = _measured_alpha(h[0], 1, mf.division_["cpu_slots"])
+    assert first is not None and first > planned + 0.02
+    # before epoch 2 the GPU took rows: its share went toward halfway to the measured one
+    assert h[1]["rows_moved"] >= 1 and h[1]["replan_s"] > 0
+    assert "rows_moved" not in h[0]
+    assert h[0]["alpha"] == pytest.approx(planned)
+    goal = planned + 0.5 * (first - planned)
+    assert h[1]["alpha"] > planned and abs(h[1]["alpha"] - goal) < goal - planned
+    assert mf.division_["alpha"] == pytest.approx(h[-1]["alpha"])
     assert h[1]["seconds"] - h[0]["seconds"] >= h[1]["replan_s"]
     assert all(e["gpu_ratings"] + e["cpu_ratings"] == train.nnz for e in h)
     epochs = [e.epoch for e in mf.schedule_events_ if e.kind == "finish"]
     assert sorted(set(epochs)) == list(range(1, 31))
     n_blocks = mf.division_["blocks"]
-    assert [epochs.count(k) for k in range(2, 31)] == [n_blocks] * 29
+    assert [epochs.count(k) for k in range(1, 31)] == [n_blocks] * 30

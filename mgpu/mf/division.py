@@ -22,14 +22,15 @@ ratings is a block. Two divisions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from mgpu.partition import split_counts
 from mgpu.sched import Block
 
-__all__ = ["Division", "hsgd_star", "uniform"]
+__all__ = ["Division", "hsgd_star", "move_rows", "uniform"]
 
 
 @dataclass(frozen=True)
@@ -158,3 +159,75 @@ def hsgd_star(users: np.ndarray, items: np.ndarray, n_users: int, n_items: int, 
                    for a in range(n_rows) for b in range(n_cols) if sizes[a * n_cols + b])
     got = float(sum(b.size for b in blocks if kinds[b.row] == "gpu")) / max(users.size, 1)
     return Division(us, it, n_rows, n_cols, blocks, kinds, got)
+
+
+def move_rows(blocks: Sequence[Block], slot_kinds: Sequence[str], alpha: float
+              ) -> tuple[Block, ...]:
+    """The blocks with whole rows handed between GPU and CPU slots, so that the GPUs' share
+    of the ratings comes as close to ``alpha`` as whole rows allow (no ratings move between
+    strata: only who runs a row's blocks).
+
+    Each GPU slot aims at ``alpha / n_gpus`` of the ratings. One over it hands its last rows,
+    one at a time while that brings it closer, each block of the row to the CPU slot with the
+    least ratings then (a GPU runs a row's blocks of a column in one task; CPU slots take
+    blocks one at a time, so a row spread over them keeps them even). One under it takes,
+    the same way, the CPU row that brings it closest, every block of it. A GPU keeps at
+    least one row and the CPU slots together one. ``slot_kinds[s]`` is "gpu" or "cpu" for
+    slot s; without both kinds the blocks come back as they were.
+
+    >>> from mgpu.sched import Block
+    >>> b = [Block(0, 0, 0, 30.0, 0), Block(1, 1, 0, 30.0, 0), Block(2, 2, 0, 20.0, 1),
+    ...      Block(3, 2, 1, 20.0, 2)]
+    >>> [x.owner for x in move_rows(b, ["gpu", "cpu", "cpu"], 0.3)]  # 0.6 -> 0.3
+    [0, 1, 1, 2]
+    >>> [x.owner for x in move_rows(b, ["gpu", "cpu", "cpu"], 1.0)]  # the last CPU row stays
+    [0, 0, 1, 2]
+    """
+    gpus = [s for s, k in enumerate(slot_kinds) if k == "gpu"]
+    cpus = [s for s, k in enumerate(slot_kinds) if k == "cpu"]
+    total = float(sum(b.size for b in blocks))
+    if not gpus or not cpus or total <= 0.0:
+        return tuple(blocks)
+    owner = {b.id: b.owner for b in blocks}
+    by_row: dict[int, list[Block]] = {}
+    for b in blocks:
+        by_row.setdefault(b.row, []).append(b)
+    gpu_of: dict[int, int | None] = {}  # row -> its GPU, or None for a CPU row
+    for r, row in by_row.items():
+        got = {b.owner for b in row}
+        kinds = {slot_kinds[o] for o in got}
+        if len(kinds) > 1 or (kinds == {"gpu"} and len(got) > 1):
+            raise ValueError(f"Row {r} has blocks of more than one GPU or of both kinds; "
+                             "move_rows hands whole rows.")
+        gpu_of[r] = next(iter(got)) if kinds == {"gpu"} else None
+    size = {r: float(sum(b.size for b in row)) for r, row in by_row.items()}
+    load = dict.fromkeys(range(len(slot_kinds)), 0.0)
+    for b in blocks:
+        load[b.owner] += b.size
+
+    def rows_of(g: int | None) -> list[int]:
+        return sorted(r for r, x in gpu_of.items() if x == g)
+
+    target = float(alpha) * total / len(gpus)
+    for g in gpus:
+        while load[g] > target and len(rows_of(g)) > 1:
+            r = rows_of(g)[-1]  # its last sub-row
+            if abs(load[g] - size[r] - target) >= abs(load[g] - target):
+                break
+            for b in sorted(by_row[r], key=lambda b: (-b.size, b.id)):
+                to = min(cpus, key=lambda s: (load[s], s))
+                load[g] -= b.size
+                load[to] += b.size
+                owner[b.id] = to
+            gpu_of[r] = None
+        while load[g] < target and len(rows_of(None)) > 1:
+            r = min(rows_of(None), key=lambda x: (abs(load[g] + size[x] - target), x))
+            if abs(load[g] + size[r] - target) >= abs(load[g] - target):
+                break
+            for b in by_row[r]:
+                load[owner[b.id]] -= b.size
+                load[g] += b.size
+                owner[b.id] = g
+            gpu_of[r] = g
+    return tuple(b if b.owner == owner[b.id] else replace(b, owner=owner[b.id])
+                 for b in blocks)

@@ -21,14 +21,16 @@ Modes so far:
     workers and cached) gives the GPUs their share α of the ratings, the non-uniform division
     (:func:`mgpu.mf.division.hsgd_star`) gives each GPU its own users and the CPU threads the
     rest, each slot starts on its own blocks (the static phase) and a slot that runs dry
-    steals a free block when moving it pays (the dynamic phase). After the first epoch the
-    ratings are divided again if the rates that epoch measured (ratings per busy second of
-    each kind of slot, Dask's per-task costs under load included, which the calibration on
-    an idle cluster cannot see) put α more than 0.02 from the model's, and the epochs left
-    would save more than placing the ratings took (``mgpu.mf.replan``, off by default).
+    steals a free block when moving it pays (the dynamic phase). After each epoch, when the
+    rates it measured (ratings per busy second of each kind of slot, Dask's per-task costs
+    under load included, which the calibration on an idle cluster cannot see) balance the
+    two sides at a share more than 0.02 from the one running, whole rows of blocks are
+    handed between the GPUs and the CPU slots, halfway there (``mgpu.mf.replan``, on by
+    default; :func:`mgpu.mf.division.move_rows`): the strata stay, so no ratings are
+    divided again, and a row a GPU takes is staged on its device once.
 ``hsgd-static``
-    ``hsgd*`` without stealing: every slot runs exactly its own blocks (divided again after
-    epoch 1 like ``hsgd*`` where that is on).
+    ``hsgd*`` without stealing: every slot runs exactly its own blocks (rows handed over
+    between epochs like ``hsgd*``).
 ``hsgd-linear``
     ``hsgd*`` with α from Qilin's linear model (one straight line per device) instead.
 
@@ -304,6 +306,13 @@ def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float
     return out
 
 
+def _gpu_share(sched: Any) -> float:
+    """The share of the ratings in blocks a scheduler's GPU slots own."""
+    total = sum(b.size for b in sched.blocks)
+    gpu = sum(b.size for b in sched.blocks if sched.slots[b.owner].kind == "gpu")
+    return float(gpu / total) if total else 0.0
+
+
 def _measured_rates(times: dict[str, float]) -> tuple[float, float] | None:
     """Ratings per busy second of one GPU slot and of one CPU slot in an epoch
     (:func:`_side_times`), or None without both."""
@@ -366,12 +375,13 @@ default='sequential'
         time training), ``wall_s`` (since fit started, everything included), ``train_rmse``,
         ``test_rmse``; block modes add ``epoch_s`` (the block scheduler's epoch),
         ``gather_s`` and each kind of slot's busy seconds, ratings and predicted seconds;
-        ``replan_s`` where the ratings were divided again before that epoch (training time).
+        ``alpha`` in the cost-model modes (the share of the ratings the GPUs owned that
+        epoch), ``replan_s`` and ``rows_moved`` where rows were handed between GPUs and CPU
+        slots before that epoch (training time).
     division_ : dict
         Block modes: the division's rows, columns and blocks, the slots of each kind, the
-        GPUs' share ``alpha`` and the cost model's ``alpha_planned`` (``hsgd*`` and
-        ``hsgd-static`` divide again after epoch 1 at the rates it measured when those put α
-        more than 0.02 away and that pays for itself, with ``mgpu.mf.replan`` on).
+        GPUs' share ``alpha`` (the last epoch's: ``hsgd*`` and ``hsgd-static`` hand rows over
+        between epochs, ``mgpu.mf.replan``) and the cost model's ``alpha_planned``.
     setup_s_ : float
         Seconds before the first epoch: calibrating the cost model (unless cached), dividing
         the ratings and sending them to the workers.
@@ -554,42 +564,23 @@ default='sequential'
             div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
         else:
             div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
-        replan = self.mode in ("hsgd*", "hsgd-static") and n_g > 0 and n_c > 0 \
+        rebalance = self.mode in ("hsgd*", "hsgd-static") and n_g > 0 and n_c > 0 \
             and bool(config.get("mf.replan"))
         self.schedule_events_: list[Any] = []  # grows as the epochs run
         last: dict[str, float] = {}  # the last epoch's side times
-        took = 0.0  # and its seconds
-        t0 = time.perf_counter()
-        placed = self._place(client, div, slots, predict, gpu_kw, latency, u, i, r, P, Q, rng, 0)
-        placing = time.perf_counter() - t0  # what dividing again would cost, about
-        planned = self.division_["alpha"]
+        placed = self._place(client, div, slots, predict, gpu_kw, latency, u, i, r, P, Q, rng)
         setup = {"setup_s": time.perf_counter() - started}
         for epoch in range(1, self.epochs + 1):
             extra: dict[str, Any] = {}
-            if replan and epoch == 2:  # training time: after the first epoch's clock started
-                rates = _measured_rates(last)
-                alpha = _measured_alpha(last, n_g, n_c)
-                if alpha is not None and rates is not None and abs(alpha - div.alpha) > 0.02:
-                    # dividing again must pay for itself over the epochs left: the first
-                    # epoch against one at the measured rates with both sides busy alike
-                    saved = (took - r.size / (n_g * rates[0] + n_c * rates[1])) \
-                        * (self.epochs - 1)
-                    if saved <= placing:
-                        logger.info("%s: the first epoch's rates put %.3f of the ratings on "
-                                    "the GPUs (planned %.3f), but dividing again (about %.2f "
-                                    "s) would save only %.2f s over %d epochs", self.mode,
-                                    alpha, div.alpha, placing, saved, self.epochs - 1)
-                    else:
-                        t0 = time.perf_counter()
-                        logger.info("%s: the first epoch's measured rates put %.3f of the "
-                                    "ratings on the GPUs (planned %.3f): dividing again",
-                                    self.mode, alpha, div.alpha)
-                        div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
-                        placed = self._place(client, div, slots, predict, gpu_kw, latency, u,
-                                             i, r, P, Q, rng, epoch - 1)
-                        self.division_["alpha_planned"] = planned
-                        extra["replan_s"] = time.perf_counter() - t0
-            sched, p_seg, q_seg, rows, cols, side_times = placed
+            if rebalance and epoch >= 2:  # training time: after the first epoch's clock started
+                t0 = time.perf_counter()
+                moved = self._rebalance(placed, last, n_g, n_c, epoch - 1)
+                if moved:
+                    extra["replan_s"] = time.perf_counter() - t0
+                    extra["rows_moved"] = moved
+            sched, p_seg, q_seg, rows, cols, side_times = placed[:6]
+            if predict:
+                extra["alpha"] = _gpu_share(sched)
             t0 = time.perf_counter()
             events = sched.run_epoch()
             took = time.perf_counter() - t0
@@ -609,11 +600,12 @@ default='sequential'
     def _place(self, client: Any, div: Any, slots: list[Any],
                predict: dict[str, Callable[..., float]], gpu_kw: dict[str, Any],
                latency: float, u: np.ndarray, i: np.ndarray, r: np.ndarray, P: np.ndarray,
-               Q: np.ndarray, rng: np.random.Generator, epochs_done: int) -> tuple[Any, ...]:
+               Q: np.ndarray, rng: np.random.Generator) -> list[Any]:
         """A division's blocks on the cluster: each block's ratings on its owner's worker
         (a GPU's staged on its device), the current factor segments, and the block scheduler
-        that runs them (its events numbered after ``epochs_done``); returns the scheduler, the
-        segment maps, the strata's members and the per-epoch side-time summary."""
+        that runs them; returns the scheduler, the segment maps, the strata's members, the
+        per-epoch side-time summary and ``reown`` (blocks with new owners, epochs done -> a
+        scheduler for them; :meth:`_rebalance` puts it first)."""
         from distributed import wait
 
         from mgpu.sched import BlockScheduler
@@ -699,10 +691,35 @@ default='sequential'
         def cost(block: Any, slot: Any) -> float:
             return predict[slot.kind](block.size, per_task[slot.kind])
 
-        sched = BlockScheduler(div.blocks, slots, run, cost=cost if predict else None,
-                               transfer=transfer, deterministic=self.mode == "hsgd-static",
-                               client=client, batch=lambda s: per_task[s.kind],
-                               ahead=lambda s: ahead[s.kind], epochs_done=epochs_done)
+        def scheduler(blocks: tuple[Any, ...], epochs_done: int) -> Any:
+            return BlockScheduler(blocks, slots, run, cost=cost if predict else None,
+                                  transfer=transfer, deterministic=self.mode == "hsgd-static",
+                                  client=client, batch=lambda s: per_task[s.kind],
+                                  ahead=lambda s: ahead[s.kind], epochs_done=epochs_done)
+
+        def reown(blocks: tuple[Any, ...], epochs_done: int) -> Any:
+            """A scheduler for the same blocks with new owners: the ratings of a block a GPU
+            now owns are staged on its device (fetched from the worker that has them, once);
+            a GPU lets go of those of a block it no longer owns."""
+            for blk in blocks:
+                worker = slots[blk.owner].worker
+                if where[blk.id] == worker:
+                    continue
+                where[blk.id] = worker
+                staged.pop(blk.id, None)
+                if slots[blk.owner].kind == "gpu":
+                    staged[blk.id] = client.submit(_stage, data[blk.id], P.dtype,
+                                                   self.seed + blk.id, workers=[worker],
+                                                   allow_other_workers=False, pure=False)
+            gpu_rows: dict[int, set[int]] = {}
+            for blk in blocks:
+                if slots[blk.owner].kind == "gpu":
+                    gpu_rows.setdefault(blk.owner, set()).add(blk.row)
+            per_task["gpu"] = max((len(x) for x in gpu_rows.values()), default=1)
+            wait(list(staged.values()))
+            return scheduler(blocks, epochs_done)
+
+        sched = scheduler(div.blocks, 0)
         kinds = {s.name: s.kind for s in slots}
         sizes = {blk.id: blk.size for blk in div.blocks}
         wait(list(staged.values()))
@@ -710,7 +727,35 @@ default='sequential'
         def side_times(events: list[Any]) -> dict[str, float]:
             return _side_times(events, kinds, sizes, predict, per_task)
 
-        return sched, p_seg, q_seg, rows, cols, side_times
+        return [sched, p_seg, q_seg, rows, cols, side_times, reown]
+
+    def _rebalance(self, placed: list[Any], last: dict[str, float], n_g: int, n_c: int,
+                   epochs_done: int) -> int:
+        """Whole rows of blocks handed between the GPUs and the CPU slots, halfway from the
+        GPUs' share of the ratings now to the share at which the last epoch's measured rates
+        (:func:`_measured_alpha`) finish both sides together, when those differ by more than
+        0.02 (:func:`mgpu.mf.division.move_rows`); returns the rows moved. Halfway, because
+        the rates move with the share (a side given less pays its per-task costs on fewer
+        ratings) and the first epoch's include warming up."""
+        from mgpu.mf.division import move_rows
+
+        blocks = placed[0].blocks
+        kinds = [s.kind for s in placed[0].slots]
+        now = _gpu_share(placed[0])
+        target = _measured_alpha(last, n_g, n_c)
+        if target is None or abs(target - now) <= 0.02:
+            return 0
+        moved = move_rows(blocks, kinds, now + 0.5 * (target - now))
+        rows = {b.row for b, o in zip(moved, blocks) if b.owner != o.owner}
+        if not rows:
+            return 0
+        placed[0] = placed[6](moved, epochs_done)
+        share = _gpu_share(placed[0])
+        logger.info("%s: epoch %d's rates balance the sides at %.3f of the ratings on the GPUs; "
+                    "%d row(s) moved, %.3f to %.3f", self.mode, epochs_done, target, len(rows),
+                    now, share)
+        self.division_["alpha"] = share
+        return len(rows)
 
     def _calibration_for(self, client: Any, slots: list[Any], u: np.ndarray, i: np.ndarray,
                          r: np.ndarray, gpu_kw: dict[str, Any]) -> Calibration:
