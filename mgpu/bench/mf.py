@@ -60,6 +60,7 @@ def summary(mf: Any, target: float | None) -> dict[str, Any]:
         row["steals_per_epoch"] = sum(ev.kind == "steal" for ev in events) / len(h)
     if getattr(mf, "division_", None):
         row["alpha"] = mf.division_["alpha"]
+        row["alpha_planned"] = mf.division_.get("alpha_planned")
         row["blocks"] = mf.division_["blocks"]
     for side in ("gpu", "cpu"):
         if f"{side}_predicted_s" in h[-1]:
@@ -77,10 +78,17 @@ def markdown(rows: list[dict[str, Any]], target: float | None) -> str:
         return "–" if v is None or (isinstance(v, float) and not np.isfinite(v)) else \
             format(v, spec)
 
+    def share(r: dict[str, Any]) -> str:
+        """α, as planned → after rows changed hands where they did."""
+        got, planned = r.get("alpha"), r.get("alpha_planned")
+        if got is None or planned is None or abs(got - planned) < 5e-4:
+            return fmt(got)
+        return f"{planned:.3f} → {got:.3f}"
+
     head = ("| mode | epochs | epochs to target | s to target | s per epoch | setup s | "
             "final test RMSE | "
-            "α | blocks | GPU share of updates | steals per epoch | GPU busy s: predicted / "
-            "measured | CPU busy s: predicted / measured |")
+            "α (planned → last) | blocks | GPU share of updates | steals per epoch | "
+            "GPU busy s: predicted / measured | CPU busy s: predicted / measured |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         sides = []
@@ -93,7 +101,7 @@ def markdown(rows: list[dict[str, Any]], target: float | None) -> str:
         lines.append(
             f"| {r['mode']} | {r['epochs']} | {fmt(r['epochs_to_target'], 'd')} | "
             f"{fmt(r['seconds_to_target'], '.2f')} | {r['seconds_per_epoch']:.3f} | "
-            f"{fmt(r.get('setup_s'), '.2f')} | {r['final_rmse']:.4f} | {fmt(r.get('alpha'))} | "
+            f"{fmt(r.get('setup_s'), '.2f')} | {r['final_rmse']:.4f} | {share(r)} | "
             f"{fmt(r.get('blocks'), 'd')} | "
             f"{fmt(r.get('gpu_share'))} | {fmt(r.get('steals_per_epoch'), '.1f')} | "
             f"{sides[0]} | {sides[1]} |")

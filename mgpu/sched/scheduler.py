@@ -120,8 +120,8 @@ class BlockScheduler:
         each task the segments of the task that last updated them as futures: Dask then runs
         those tasks one after the other. A slot steals only once it has nothing in flight.
     epochs_done : int, default=0
-        Epochs run before this scheduler (a job divided again): its events are numbered
-        after them.
+        Epochs run before this scheduler (a job whose blocks changed owners): its events are
+        numbered after them.
     """
 
     blocks: Sequence[Block]
