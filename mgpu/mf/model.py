@@ -190,23 +190,6 @@ def _block_task(blocks: list[Any], p_segs: list[tuple[Any, int | None]],
     return tuple(out)
 
 
-def _warm(k: int, device: str, gpu_kw: dict[str, Any] | None = None) -> None:
-    """One SGD update on one rating, on this worker's CPU (numba) or GPU (``kernels/sgd.cu``):
-    compiles or loads the block kernel for k (float64) before the first epoch's clock starts,
-    so that no mode's first epoch is the compiler's (the cost-model modes' calibration does
-    the same in their setup; a GPU kernel's first compile took 6.8 s on a fresh machine)."""
-    if device == "gpu":
-        import cupy
-
-        xp, ids = cupy, cupy.zeros(1, dtype=cupy.int32)
-    else:
-        xp, ids = np, np.zeros(1, dtype=np.int64)
-    P = xp.zeros((1, k))
-    sgd_block(ids, ids, xp.ones(1), P, xp.zeros((1, k)), 0.0, 0.0, 0.0,
-              **(gpu_kw if device == "gpu" else {}))
-    float(P[0, 0])  # the update finished (on a GPU: waits for the kernel)
-
-
 def gpu_options() -> dict[str, Any]:
     """How GPU blocks run, from ``mgpu.mf.gpu-conflicts`` and ``mgpu.mf.gpu-warps``: the
     keywords of :func:`mgpu.mf.sgd_block` that only the GPU takes."""
@@ -400,9 +383,8 @@ default='sequential'
         GPUs' share ``alpha`` (the last epoch's: ``hsgd*`` and ``hsgd-static`` hand rows over
         between epochs, ``mgpu.mf.replan``) and the cost model's ``alpha_planned``.
     setup_s_ : float
-        Seconds before the first epoch: calibrating the cost model (unless cached), compiling
-        the block kernel on each worker (:func:`_warm`), dividing the ratings and sending them
-        to the workers.
+        Seconds before the first epoch: calibrating the cost model (unless cached), dividing
+        the ratings and sending them to the workers.
     schedule_events_ : list of mgpu.sched.Event
         Block modes only: every assignment, steal and completion of the block scheduler
         (slot names end in ``#gpu`` for GPU slots, ``#<thread>`` for CPU threads).
@@ -554,8 +536,6 @@ default='sequential'
             yield P, Q, {}
 
     def _block_epochs(self, u, i, r, P, Q, rng):
-        from distributed import wait
-
         from mgpu.dist.cluster import current_client
 
         started = time.perf_counter()
@@ -588,9 +568,6 @@ default='sequential'
             and bool(config.get("mf.replan"))
         self.schedule_events_: list[Any] = []  # grows as the epochs run
         last: dict[str, float] = {}  # the last epoch's side times
-        wait([client.submit(_warm, self.k, kind, gpu_kw, workers=[worker],
-                            allow_other_workers=False, pure=False)
-              for worker, kind in {(s.worker, s.kind) for s in slots}])
         placed = self._place(client, div, slots, predict, gpu_kw, latency, u, i, r, P, Q, rng)
         setup = {"setup_s": time.perf_counter() - started}
         for epoch in range(1, self.epochs + 1):
