@@ -507,12 +507,14 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
     Times block tasks on growing prefixes of a shuffled sample of RATINGS (default: planted
     ratings of Netflix's shape) on --cpu-threads CPU threads at once and on one GPU, fits the
     thesis's curves and Qilin's lines, and caches them (mgpu.mf.calibration-cache) for this
-    GPU model, CPU model and thread count, k and GPU options, where MatrixFactorization's
-    cost-model modes find them.
+    GPU model, CPU model and thread count, k, GPU options and block size, where
+    MatrixFactorization's cost-model modes find them. The sample is one block of the division
+    HSGD* makes of RATINGS on these slots, so a fit on the same ratings and slots finds it.
     """
     from mgpu.dist import describe_workers
     from mgpu.io import load_ratings
-    from mgpu.mf.calibration import _cache_path, cached_all, calibrate, store
+    from mgpu.mf.calibration import (_cache_path, block_columns, block_window, cached_all,
+                                     calibrate, store)
     from mgpu.mf.model import gpu_options
     from mgpu.synthetic import planted_ratings
 
@@ -551,11 +553,15 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
         gpu = next((a for a, i in infos.items() if i.get("gpu") and "error" not in i["gpu"]),
                    None)
         cpu = next((a for a, i in infos.items() if not i.get("gpu")), None)
-        click.echo(f"{label}: {C.nnz:,} ratings; timing on CPU worker {cpu or '(none)'} and GPU "
-                   f"worker {gpu or '(none)'}")
+        window = block_window(C.row, C.col, C.shape,
+                              block_columns(int(gpu is not None), cpu_threads if cpu else 0),
+                              want=min(max_ratings, 1 << 16))
+        click.echo(f"{label}: {C.nnz:,} ratings; timing blocks of {window.n_items:,} items, "
+                   f"{window.per_user:.3g} ratings per user on CPU worker {cpu or '(none)'} and "
+                   f"GPU worker {gpu or '(none)'}")
         cal = calibrate(client, C.row, C.col, C.data, k, cpu_worker=cpu, gpu_worker=gpu,
                         gpu_kw=gpu_options(), max_ratings=max_ratings, repeats=repeats,
-                        cpu_threads=cpu_threads)
+                        cpu_threads=cpu_threads, window=window)
     finally:
         client.close()
     click.echo(cal.describe())

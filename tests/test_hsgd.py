@@ -199,7 +199,8 @@ def test_cpu_calibration_on_a_cluster_fits_and_is_cached(client, tmp_path):
     assert len(cal.cpu_s) == len(cal.sizes) and not cal.kernel_s and not cal.transfer_s
     assert all(t > 0 for t in cal.cpu_s) and cal.cpu_s[-1] > cal.cpu_s[0]
     assert 0 < cal.overhead_cpu_s < 1.0 and cal.overhead_gpu_s == 0.0
-    assert "gpu=-|" in cal.key and cal.key.endswith("|k=32|float64")
+    assert "gpu=-|" in cal.key and cal.key.endswith("|k=32|float64|items=800|per-user=31")
+    assert cal.block == [800, 31.0]  # one stratum of every item: 62,000 ratings, 2,000 users
     line = cal.curves("hsgd*")["cpu"]
     assert line.form == "linear" and line.a > 0
     cpu = cal.predictor("cpu")
@@ -212,6 +213,33 @@ def test_cpu_calibration_on_a_cluster_fits_and_is_cached(client, tmp_path):
         path = store(cal)
         assert json.loads(path.read_text())[cal.key]["cpu_s"] == cal.cpu_s
         assert cached(cal.key) == cal
+
+
+def test_calibration_prefixes_are_blocks_as_the_division_cuts_them():
+    """A prefix of the calibration sample has the ratings per user of the division's blocks
+    (one column stratum, whole users in a random order, every user up to the last one's in
+    its segment), whatever the GPUs' share."""
+    from mgpu.mf.calibration import _prefix_block, block_columns, block_window
+
+    u, i = _ratings(6000, 900, 150_000, 7)
+    r = np.ones(u.size)
+    cols = block_columns(1, 3)
+    w = block_window(u, i, (6000, 900), cols, want=1 << 12, seed=3)
+    assert cols == 6 and w.per_user == w.take.size / 6000
+    assert w.take.size == pytest.approx(u.size / 6, rel=0.05)  # a sixth of the ratings
+    assert np.all(np.diff(w.users) >= 0) and np.all(w.items < w.n_items)
+    assert np.unique(i[w.take]).size <= w.n_items < 900
+    for alpha in (0.3, 0.7):
+        div = hsgd_star(u, i, 6000, 900, alpha, 1, 3, np.random.default_rng(1))
+        rows = np.bincount(div.user_stratum, minlength=div.n_rows)
+        density = [b.size / rows[b.row] for b in div.blocks]
+        assert np.median(density) == pytest.approx(w.per_user, rel=0.3)
+    for n in (2048, 8192, w.take.size):
+        (bu, bi, _), P, Q = _prefix_block(w.users, w.items, r[w.take], n, 4, np.float64,
+                                          w.n_items)
+        assert P.shape == (w.segment_rows(n), 4) and Q.shape == (w.n_items, 4)
+        assert bu.max() < P.shape[0] and bi.max() < w.n_items
+        assert w.per_user / 2 < n / P.shape[0] < 2 * w.per_user  # skewed users vary
 
 
 def test_gpu_curves_of_a_calibration_follow_the_thesis_forms():

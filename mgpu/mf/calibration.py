@@ -1,11 +1,21 @@
 """Calibrating HSGD*'s cost model on the cluster's own workers, and caching the result.
 
-A shuffled sample of ratings is cut into growing prefixes S1, S1+S2, … (each twice the last),
-and one block task's steps are timed on each, a few repeats averaged, where blocks really
-run: on a CPU worker the whole CPU block (one thread: copies of the factor segments, the
-shuffle, the numba pass), on a GPU worker the transfers (the ratings and the item segment to
-the device, both segments back; the user segment stays on the device between the blocks of a
-GPU's own rows) apart from the kernel (``kernels/sgd.cu``). A no-op task's round trip to each
+A sample of ratings is cut into growing prefixes S1, S1+S2, … (each twice the last), and one
+block task's steps are timed on each, a few repeats averaged, where blocks really run. The
+sample is one column stratum of the division HSGD* will make (:func:`block_columns`),
+its ratings ordered by user, the users shuffled (:func:`block_window`), so that each prefix
+is a block as the division cuts them: the ratings of a row stratum of shuffled users in a
+column stratum, with factor segments of every user of the row and every item of the column.
+A prefix of ratings shuffled over the whole matrix is not: it meets a new user at nearly
+every rating, so its user segment (which a task copies) and its working set are several
+times a real block's of as many ratings. On 480,000 × 17,770 planted ratings such a prefix
+took 620 ns a rating on one CPU thread where a block of the division took 290–330 ns, and
+HSGD*'s CPU side had been predicted 27–53% too slow.
+
+Timed on a CPU worker: the whole CPU block (one thread: copies of the factor segments, the
+shuffle, the numba pass); on a GPU worker: the transfers (the ratings and the item segment
+to the device, both segments back; the user segment stays on the device between the blocks
+of a GPU's own rows) apart from the kernel (``kernels/sgd.cu``). A no-op task's round trip to each
 worker is measured too: every block pays it. :class:`Calibration` keeps the measurements and
 fits the curves of :mod:`mgpu.sched.cost` from them, as HSGD* does (CPU linear; GPU transfer
 ``n/(a·sqrt(ln n)+b)`` and kernel ``n/(a·ln n+b)`` below τ, linear above) or as Qilin's
@@ -35,7 +45,8 @@ from mgpu.sched.cost import calibrate as prefix_times
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Calibration", "MODELS", "calibrate", "cached", "prefix_sizes"]
+__all__ = ["Calibration", "MODELS", "Window", "block_columns", "block_window", "calibrate",
+           "cached", "prefix_sizes"]
 
 MODELS = ("hsgd*", "linear")
 
@@ -57,14 +68,85 @@ def prefix_sizes(n: int, smallest: int = 1024) -> list[int]:
     return out + [n]
 
 
+def block_columns(n_gpus: int, n_cpus: int) -> int:
+    """The column strata of HSGD*'s division on these slots (n_c + 2n_g + 1, or n_c + 1
+    with CPU slots alone): a block's items are one of them.
+
+    >>> block_columns(1, 12), block_columns(1, 0), block_columns(0, 4)
+    (15, 3, 5)
+    """
+    if n_gpus < 0 or n_cpus < 0 or n_gpus + n_cpus < 1:
+        raise ValueError(f"block_columns needs at least one slot; got {n_gpus} GPU and "
+                         f"{n_cpus} CPU slot(s).")
+    return n_cpus + 2 * n_gpus + 1
+
+
+@dataclass
+class Window:
+    """Ratings of one column stratum: their positions in the ratings given, their ids in it
+    (users numbered in a random order of all users, items < ``n_items``, ordered by user),
+    and its number of items and ratings per user."""
+
+    take: np.ndarray
+    users: np.ndarray
+    items: np.ndarray
+    n_items: int
+    per_user: float
+
+    def segment_rows(self, n: int) -> int:
+        """The users of the first n ratings' block: every user up to the last one's."""
+        return int(self.users[n - 1]) + 1 if n else 0
+
+
+def block_window(users: np.ndarray, items: np.ndarray, shape: tuple[int, int],
+                 cols: int = 1, want: int = 1 << 16, seed: int = 0) -> Window:
+    """The ratings of one of ``cols`` column strata (shuffled items, cut at 1/cols of the
+    ratings) of a ``shape`` matrix, fewer (wider) strata while it holds fewer than ``want``
+    ratings, ordered by user, the users in a random order.
+
+    A prefix of these ratings is a block as HSGD*'s division cuts one, at any share α:
+    a row stratum of shuffled users (every one of them, rated in this column or not) times
+    a column stratum, with the matrix's ratings per user per stratum.
+
+    >>> u, i = np.repeat(np.arange(100), 10), np.tile(np.arange(10), 100)
+    >>> w = block_window(u, i, (100, 10), cols=2, want=100)
+    >>> w.n_items, w.take.size, w.per_user, w.segment_rows(50)
+    (5, 500, 5.0, 10)
+    >>> block_window(u, i, (100, 10), cols=2, want=600).take.size  # one stratum of 10
+    1000
+    """
+    m, n = shape
+    cols = max(1, int(cols))
+    rng = np.random.default_rng(seed)
+    rank = np.empty(m, dtype=np.int64)
+    rank[rng.permutation(m)] = np.arange(m)
+    pi = rng.permutation(n)
+    cum = np.cumsum(np.bincount(items, minlength=n)[pi])
+    while True:
+        # as the division cuts its columns: the shortest prefix of the shuffled items that
+        # holds 1/cols of the ratings
+        wi = pi[:min(int(np.searchsorted(cum, cum[-1] / cols)) + 1, n)] if n else pi
+        li = np.full(n, -1, dtype=np.int64)
+        li[wi] = np.arange(wi.size)
+        inside = np.flatnonzero(li[items] >= 0)
+        if inside.size >= want or cols == 1:
+            break
+        cols = max(1, cols // 2)
+    take = inside[np.argsort(rank[users[inside]], kind="stable")]
+    return Window(take, rank[users[take]], li[items[take]], int(wi.size),
+                  take.size / max(m, 1))
+
+
 @dataclass
 class Calibration:
     """Measured seconds of one block task's steps against its number of ratings.
 
     ``cpu_s``: a CPU block on one thread; ``transfer_s`` and ``kernel_s``: a GPU block's
     copies and its kernel; ``overhead_cpu_s`` / ``overhead_gpu_s``: a no-op task's round trip
-    to a CPU / GPU worker. ``key`` names what was measured (the GPU and CPU models, k, dtype,
-    the bound on conflicting GPU updates), so a cached calibration is reused only for the same.
+    to a CPU / GPU worker; ``block``: the sampled column stratum's items and ratings per
+    user (:class:`Window`). ``key`` names what was measured (the GPU and CPU models, k, dtype,
+    the bound on conflicting GPU updates, ``block``), so a cached calibration is reused only
+    for the same.
     """
 
     key: str
@@ -75,6 +157,7 @@ class Calibration:
     overhead_cpu_s: float = 0.0
     overhead_gpu_s: float = 0.0
     measured: str = ""
+    block: list[float] = field(default_factory=list)
 
     # ------------------------------------------------------------------ fitted curves
     def curves(self, model: str = "hsgd*") -> dict[str, Curve]:
@@ -118,7 +201,9 @@ class Calibration:
 
     def describe(self) -> str:
         """The measurements and both models' curves, as text."""
-        lines = [f"calibration {self.key} ({self.measured})",
+        block = (f"; blocks of {int(self.block[0]):,} items, {self.block[1]:.3g} ratings per "
+                 "user" if self.block else "")
+        lines = [f"calibration {self.key} ({self.measured}{block})",
                  f"task round trip: CPU worker {self.overhead_cpu_s * 1e3:.2f} ms, GPU worker "
                  f"{self.overhead_gpu_s * 1e3:.2f} ms",
                  "ratings     | CPU block s | GPU transfer s | GPU kernel s"]
@@ -180,21 +265,22 @@ def store(cal: Calibration) -> Path:
 
 # ---------------------------------------------------------------------- on the workers
 def _prefix_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n: int, k: int,
-                  dtype: Any) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray,
-                                       np.ndarray]:
-    """The first n ratings as a block in segment-local ids, with factor segments for it."""
-    uu, lu = np.unique(users[:n], return_inverse=True)
-    ii, li = np.unique(items[:n], return_inverse=True)
+                  dtype: Any, n_items: int
+                  ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+    """The first n ratings (ids in a :class:`Window`, ordered by user) as a block, with
+    factor segments of every user up to the last one's and the stratum's ``n_items``."""
     rng = np.random.default_rng(n)
-    P = (rng.random((uu.size, k)) / np.sqrt(k)).astype(dtype)
-    Q = (rng.random((ii.size, k)) / np.sqrt(k)).astype(dtype)
-    return (lu.astype(np.int64), li.astype(np.int64), ratings[:n].astype(np.float64)), P, Q
+    P = (rng.random((int(users[:n].max()) + 1, k)) / np.sqrt(k)).astype(dtype)
+    Q = (rng.random((n_items, k)) / np.sqrt(k)).astype(dtype)
+    return (users[:n].astype(np.int64), items[:n].astype(np.int64),
+            ratings[:n].astype(np.float64)), P, Q
 
 
 def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarray,
-             sizes: list[int], k: int, dtype: str, repeats: int, gpu_kw: dict[str, Any],
-             threads: int = 1) -> dict[str, Any]:
-    """Runs on a worker: the block task's steps timed on each prefix (means of repeats).
+             n_items: int, sizes: list[int], k: int, dtype: str, repeats: int,
+             gpu_kw: dict[str, Any], threads: int = 1) -> dict[str, Any]:
+    """Runs on a worker: the block task's steps timed on each prefix (means of repeats) of
+    a :class:`Window`'s ratings, a stratum of ``n_items``.
 
     CPU: ``threads`` blocks of the prefix's size at once, each on its own thread and its own
     copies, as the worker's slots run them in an epoch (they share its cores' memory bus);
@@ -222,7 +308,8 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
             def run(n: int) -> float:
                 if n not in held:  # one prefix at a time, its first pass untimed (compiling)
                     held.clear()
-                    block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype))
+                    block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype),
+                                                n_items)
                     held[n] = [(block, P.copy(), Q.copy()) for _ in range(threads)]
                     one(*held[n][0], 0)
                 return float(np.mean(list(pool.map(lambda c: one(*c, next(seeds)),
@@ -234,7 +321,7 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
 
     stream = cupy.cuda.get_current_stream()
     for n in sizes:
-        block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype))
+        block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype), n_items)
         staged = _stage(block, np.dtype(dtype), n)
         Pd = DeviceArrays(_to_device(P))
         tr, ke = [], []
@@ -275,59 +362,67 @@ def _round_trip(client: Any, worker: str, repeats: int = 20) -> float:
 def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.ndarray, k: int, *,
               cpu_worker: str | None, gpu_worker: str | None, dtype: str = "float64",
               gpu_kw: dict[str, Any] | None = None, max_ratings: int = 4_000_000,
-              repeats: int = 3, cpu_threads: int = 1,
-              seed: int = 0) -> Calibration:
+              repeats: int = 3, cpu_threads: int = 1, seed: int = 0,
+              window: Window | None = None) -> Calibration:
     """Measure block tasks on a CPU worker and a GPU worker of ``client``'s cluster.
 
-    The ratings (segment-free ids, any order) are shuffled and at most ``max_ratings`` of
-    them kept; prefixes double from 1,024 up to that. Either worker may be None (that side is
-    then not measured). The CPU worker runs ``cpu_threads`` blocks at once, as many as the
-    slots that will share it. Returns a :class:`Calibration` (not cached: see :func:`store`).
+    The first ``max_ratings`` ratings of ``window`` (:func:`block_window`; default: one
+    stratum of all the items) are the sample; prefixes double from 1,024 up to that. Either worker may be None (that side is then not
+    measured). The CPU worker runs ``cpu_threads`` blocks at once, as many as the slots that
+    will share it. Returns a :class:`Calibration` (not cached: see :func:`store`).
     """
     if cpu_worker is None and gpu_worker is None:
         raise ValueError("calibrate needs a CPU worker, a GPU worker or both.")
-    rng = np.random.default_rng(seed)
-    take = rng.permutation(ratings.shape[0])[:max_ratings]
-    sample = (users[take], items[take], ratings[take])
+    if window is None:
+        shape = (int(users.max()) + 1, int(items.max()) + 1) if users.size else (0, 0)
+        window = block_window(users, items, shape, seed=seed)
+    take = window.take[:max_ratings]
+    sample = (window.users[:max_ratings], window.items[:max_ratings], ratings[take])
     sizes = prefix_sizes(take.size)
+    block = (window.n_items, round(window.per_user, 3))
     futs = {}
     for kind, worker in (("cpu", cpu_worker), ("gpu", gpu_worker)):
         if worker is not None:
-            futs[kind] = client.submit(_measure, kind, *sample, sizes, k, dtype, repeats,
-                                       gpu_kw or {}, cpu_threads, workers=[worker],
+            futs[kind] = client.submit(_measure, kind, *sample, window.n_items, sizes, k, dtype,
+                                       repeats, gpu_kw or {}, cpu_threads, workers=[worker],
                                        allow_other_workers=False, pure=False)
     got = {kind: f.result() for kind, f in futs.items()}
     cal = Calibration(
-        key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads),
+        key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads,
+                        block),
         sizes=[float(s) for s in sizes],
         cpu_s=got.get("cpu", {}).get("times", []),
         transfer_s=got.get("gpu", {}).get("transfer", []),
         kernel_s=got.get("gpu", {}).get("kernel", []),
         overhead_cpu_s=_round_trip(client, cpu_worker) if cpu_worker else 0.0,
         overhead_gpu_s=_round_trip(client, gpu_worker) if gpu_worker else 0.0,
-        measured=datetime.datetime.now().isoformat(timespec="seconds"))
+        measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(block))
     return cal
 
 
 def cluster_key(client: Any, cpu_worker: str | None, gpu_worker: str | None, k: int,
-                dtype: str, gpu_kw: dict[str, Any], cpu_threads: int = 1) -> str:
+                dtype: str, gpu_kw: dict[str, Any], cpu_threads: int = 1,
+                block: tuple[int, float] | None = None) -> str:
     """The cache key of a calibration on these workers (their GPU and CPU models, and how
-    many CPU blocks ran at once)."""
+    many CPU blocks ran at once) of blocks of ``block`` (items, ratings per user)."""
     from mgpu.dist.cluster import describe_workers
 
     infos = describe_workers(client)
     gpu = (infos.get(gpu_worker, {}).get("gpu") or {}).get("name") if gpu_worker else None
     cpu = infos.get(cpu_worker, {}).get("cpu_model") if cpu_worker else None
-    return calibration_key(gpu, cpu, k, dtype, gpu_kw, cpu_threads if cpu_worker else 0)
+    return calibration_key(gpu, cpu, k, dtype, gpu_kw, cpu_threads if cpu_worker else 0, block)
 
 
 def calibration_key(gpu: str | None, cpu: str | None, k: int, dtype: str,
-                    gpu_kw: dict[str, Any], cpu_threads: int = 1) -> str:
+                    gpu_kw: dict[str, Any], cpu_threads: int = 1,
+                    block: tuple[int, float] | None = None) -> str:
     """What a calibration depends on, as its cache key.
 
-    >>> calibration_key("NVIDIA H100", "AMD EPYC", 128, "float32", {"conflicts": 4.0}, 15)
-    'gpu=NVIDIA H100|cpu=AMD EPYC×15|k=128|float32|conflicts=4.0'
+    >>> calibration_key("NVIDIA H100", "AMD EPYC", 128, "float32", {"conflicts": 4.0}, 15,
+    ...                 (1185, 12.3))
+    'gpu=NVIDIA H100|cpu=AMD EPYC×15|k=128|float32|conflicts=4.0|items=1185|per-user=12.3'
     """
     opts = "".join(f"|{k_}={v}" for k_, v in sorted(gpu_kw.items()) if v is not None)
     cpu = f"{cpu}×{cpu_threads}" if cpu and cpu_threads > 1 else cpu
-    return f"gpu={gpu or '-'}|cpu={cpu or '-'}|k={k}|{dtype}{opts}"
+    shape = f"|items={int(block[0])}|per-user={float(block[1]):.3g}" if block else ""
+    return f"gpu={gpu or '-'}|cpu={cpu or '-'}|k={k}|{dtype}{opts}{shape}"

@@ -549,7 +549,8 @@ default='sequential'
         predict: dict[str, Callable[..., float]] = {}
         latency = 1e-3  # a task's round trip, until measured
         if self.mode in COST_MODES:
-            cal = self._calibration_for(client, slots, u, i, r, gpu_kw)
+            cal = self._calibration_for(client, slots, u, i, r, (P.shape[0], Q.shape[0]),
+                                         gpu_kw)
             model = "linear" if self.mode == "hsgd-linear" else "hsgd*"
             predict = {kind: cal.predictor(kind, model) for kind, n in (("gpu", n_g), ("cpu", n_c))
                        if n}
@@ -758,22 +759,30 @@ default='sequential'
         return len(rows)
 
     def _calibration_for(self, client: Any, slots: list[Any], u: np.ndarray, i: np.ndarray,
-                         r: np.ndarray, gpu_kw: dict[str, Any]) -> Calibration:
+                         r: np.ndarray, shape: tuple[int, int],
+                         gpu_kw: dict[str, Any]) -> Calibration:
         """The given calibration, the cached one for these workers, or a new one (cached)."""
-        from mgpu.mf.calibration import cached, calibrate, cluster_key, store
+        from mgpu.mf.calibration import (block_columns, block_window, cached, calibrate,
+                                         cluster_key, store)
 
         if self.calibration is not None:
             return self.calibration
         cpu = next((s.worker for s in slots if s.kind == "cpu"), None)
         gpu = next((s.worker for s in slots if s.kind == "gpu"), None)
         threads = sum(s.kind == "cpu" and s.worker == cpu for s in slots)
-        key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads)
+        n_g = sum(s.kind == "gpu" for s in slots)
+        most = int(config.get("mf.calibration-ratings"))
+        # one column stratum of the division these slots will get, its ratings by user
+        window = block_window(u, i, shape, block_columns(n_g, len(slots) - n_g),
+                              want=min(most, 1 << 16), seed=self.seed)
+        key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads,
+                          (window.n_items, round(window.per_user, 3)))
         cal = cached(key)
         if cal is None or (cpu and not cal.cpu_s) or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
             cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,
                             dtype="float64", gpu_kw=gpu_kw, cpu_threads=max(threads, 1),
-                            max_ratings=int(config.get("mf.calibration-ratings")))
+                            max_ratings=most, seed=self.seed, window=window)
             logger.info("calibration cached in %s", store(cal))
         return cal
 
