@@ -44,6 +44,7 @@ its next column's task is queued on its worker behind the running one
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -188,6 +189,23 @@ def _block_task(blocks: list[Any], p_segs: list[tuple[Any, int | None]],
         out.append(P)
     out.append(Q)
     return tuple(out)
+
+
+def _warm(k: int, device: str, gpu_kw: dict[str, Any] | None = None) -> None:
+    """Block tasks of one rating on this worker, as an epoch runs them, before the first
+    epoch's clock starts: on a CPU the numba pass compiles or loads for k (float64); on a GPU
+    ``kernels/sgd.cu`` and every CuPy kernel a task uses (staging ratings, segments from the
+    host and left on the device, the host copies) compile or load. Otherwise the first epoch
+    is the compiler's: a fresh machine's first GPU compile took 6.8 s of a MovieLens epoch, and
+    the first epoch's rates are what rows are handed over by (:meth:`_rebalance`)."""
+    block = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1))
+    seg = np.zeros((1, k))
+    if device != "gpu":
+        _block_task([block], [(seg, None)], (seg, None), 0.0, 0.0, 0)
+        return
+    staged = _stage(block, seg.dtype, 0)
+    out = _block_task([staged], [(seg, None)], (seg, None), 0.0, 0.0, 0, "gpu", gpu_kw)
+    _block_task([block], [(out, 0)], (out, 1), 0.0, 0.0, 0, "gpu", gpu_kw)
 
 
 def gpu_options() -> dict[str, Any]:
@@ -360,9 +378,10 @@ default='sequential'
         Write ``P`` and ``Q`` after every epoch to ``<dir>/mf-epoch-<n>.npz``.
     calibration : mgpu.mf.calibration.Calibration, optional
         The cost model's measurements for ``hsgd-linear``, ``hsgd-static`` and ``hsgd*``.
-        Default: the cached one for the cluster's GPU and CPU models, k and the GPU conflict
-        bound (``mgpu calibrate`` makes it), else measured on the training ratings at the
-        start of ``fit`` and cached.
+        Default: the cached one for the cluster's GPU and CPU models, k, the GPU conflict
+        bound and the division's block shape (``mgpu calibrate`` makes it), else measured on
+        the training ratings at the start of ``fit`` and cached. Where the plan from it
+        gives the CPU slots nothing, these modes run the ``gpu`` mode's division.
 
     Attributes
     ----------
@@ -383,8 +402,9 @@ default='sequential'
         GPUs' share ``alpha`` (the last epoch's: ``hsgd*`` and ``hsgd-static`` hand rows over
         between epochs, ``mgpu.mf.replan``) and the cost model's ``alpha_planned``.
     setup_s_ : float
-        Seconds before the first epoch: calibrating the cost model (unless cached), dividing
-        the ratings and sending them to the workers.
+        Seconds before the first epoch: calibrating the cost model (unless cached), compiling
+        the block kernel on each worker (:func:`_warm`), dividing the ratings and sending them
+        to the workers.
     schedule_events_ : list of mgpu.sched.Event
         Block modes only: every assignment, steal and completion of the block scheduler
         (slot names end in ``#gpu`` for GPU slots, ``#<thread>`` for CPU threads).
@@ -536,6 +556,8 @@ default='sequential'
             yield P, Q, {}
 
     def _block_epochs(self, u, i, r, P, Q, rng):
+        from distributed import wait
+
         from mgpu.dist.cluster import current_client
 
         started = time.perf_counter()
@@ -562,13 +584,20 @@ default='sequential'
                             self.mode, used, n_c)
                 slots = slots[:n_g + used]
                 n_c = used
-            div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
+            if n_c:
+                div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
+            else:  # the GPUs alone: the gpu mode's division, all their ratings
+                div = dataclasses.replace(uniform(u, i, P.shape[0], Q.shape[0], n_g, rng),
+                                          alpha=1.0)
         else:
             div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
         rebalance = self.mode in ("hsgd*", "hsgd-static") and n_g > 0 and n_c > 0 \
             and bool(config.get("mf.replan"))
         self.schedule_events_: list[Any] = []  # grows as the epochs run
         last: dict[str, float] = {}  # the last epoch's side times
+        wait([client.submit(_warm, self.k, kind, gpu_kw, workers=[worker],
+                            allow_other_workers=False, pure=False)
+              for worker, kind in {(s.worker, s.kind) for s in slots}])
         placed = self._place(client, div, slots, predict, gpu_kw, latency, u, i, r, P, Q, rng)
         setup = {"setup_s": time.perf_counter() - started}
         for epoch in range(1, self.epochs + 1):
@@ -613,7 +642,7 @@ default='sequential'
 
         n_g = sum(s.kind == "gpu" for s in slots)
         n_c = len(slots) - n_g
-        if predict:
+        if predict and n_c:
             gpu_batch = _gpu_batch(n_g, n_c)
         else:
             gpu_batch = div.n_rows  # a GPU's own blocks of a column, however many
