@@ -347,9 +347,11 @@ def test_hsgd_star_hands_rows_over_at_the_rates_its_epochs_measured():
     """A calibration far from this machine (a GPU 10× slower than a CPU thread): after epoch
     1 whole rows of blocks go from the CPU slots to the GPU, halfway toward the share the
     measured rates balance, the time it takes is training time, and every block still runs
-    once an epoch, the scheduler's events numbering the epochs on. Two million ratings, so
-    that the GPU's blocks are not all task overhead (on MovieLens the GPU's 9% of 90,000
-    ratings ran at about the calibration's false rate)."""
+    once an epoch, the scheduler's events numbering the epochs on. Eight million ratings,
+    so that the GPU's tasks are not all overhead (on MovieLens the GPU's 9% of 90,000 ratings
+    ran at about the calibration's false rate; on two million the measured share was 0.1–0.4),
+    and six CPU threads, so that a CPU row (1/7 of their ratings) is well under twice the
+    gap (a GPU takes a row when that brings it closer)."""
     import dask.config
 
     from mgpu.dist import connect
@@ -359,8 +361,8 @@ def test_hsgd_star_hands_rows_over_at_the_rates_its_epochs_measured():
     n = [float(2 ** e) for e in range(10, 21)]
     slow_gpu = Calibration("made-up", n, [x / 1e6 for x in n], [x / 2e5 for x in n],
                            [x / 2e5 for x in n], 1e-4, 1e-4, "test")
-    train, test = _split(planted_ratings(20_000, 4_000, 2_000_000, seed=1))
-    with connect(gpus=True, n_workers=1, cpu_threads=3), \
+    train, test = _split(planted_ratings(40_000, 8_000, 8_000_000, seed=1))
+    with connect(gpus=True, n_workers=1, cpu_threads=6), \
             dask.config.set({"mgpu.mf.replan": True}):
         mf = mgpu.MatrixFactorization(k=128, lr=0.01, reg=0.05, epochs=12, mode="hsgd*",
                                       calibration=slow_gpu)
