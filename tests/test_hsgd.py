@@ -199,7 +199,7 @@ def test_cpu_calibration_on_a_cluster_fits_and_is_cached(client, tmp_path):
     assert len(cal.cpu_s) == len(cal.sizes) and not cal.kernel_s and not cal.transfer_s
     assert all(t > 0 for t in cal.cpu_s) and cal.cpu_s[-1] > cal.cpu_s[0]
     assert 0 < cal.overhead_cpu_s < 1.0 and cal.overhead_gpu_s == 0.0
-    assert "gpu=-|" in cal.key and cal.key.endswith("|k=32|float64|items=800|per-user=31")
+    assert "gpu=-|" in cal.key and cal.key.endswith("|k=32|float64|items~724.1|per-user~32")
     assert cal.block == [800, 31.0]  # one stratum of every item: 62,000 ratings, 2,000 users
     line = cal.curves("hsgd*")["cpu"]
     assert line.form == "linear" and line.a > 0

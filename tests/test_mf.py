@@ -334,7 +334,7 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
         cal = mf.calibration_
         assert cached(cal.key) == cal
     assert "gpu=NVIDIA" in cal.key and len(cal.kernel_s) == len(cal.cpu_s) == len(cal.sizes)
-    assert f"|items={cal.block[0]}|" in cal.key  # a column stratum of the division's
+    assert "|items~" in cal.key and 0 < cal.block[0] <= train.shape[1]  # a column stratum
     assert mf.history_[-1]["test_rmse"] <= 0.98
     used, alpha = _plan(train.nnz, {k: cal.predictor(k) for k in ("gpu", "cpu")}, 1, 3)
     d = mf.division_

@@ -413,16 +413,25 @@ def cluster_key(client: Any, cpu_worker: str | None, gpu_worker: str | None, k: 
     return calibration_key(gpu, cpu, k, dtype, gpu_kw, cpu_threads if cpu_worker else 0, block)
 
 
+def _about(x: float) -> float:
+    """x rounded to the nearest power of √2 (0 stays 0)."""
+    return 0.0 if x <= 0 else float(2.0 ** (round(2.0 * np.log2(x)) / 2.0))
+
+
 def calibration_key(gpu: str | None, cpu: str | None, k: int, dtype: str,
                     gpu_kw: dict[str, Any], cpu_threads: int = 1,
                     block: tuple[int, float] | None = None) -> str:
     """What a calibration depends on, as its cache key.
 
+    A block's items and ratings per user enter rounded to the nearest power of √2, so that
+    one calibration serves blocks of about its shape (the same ratings split 90/10 or whole).
+
     >>> calibration_key("NVIDIA H100", "AMD EPYC", 128, "float32", {"conflicts": 4.0}, 15,
     ...                 (1185, 12.3))
-    'gpu=NVIDIA H100|cpu=AMD EPYC×15|k=128|float32|conflicts=4.0|items=1185|per-user=12.3'
+    'gpu=NVIDIA H100|cpu=AMD EPYC×15|k=128|float32|conflicts=4.0|items~1024|per-user~11.31'
     """
     opts = "".join(f"|{k_}={v}" for k_, v in sorted(gpu_kw.items()) if v is not None)
     cpu = f"{cpu}×{cpu_threads}" if cpu and cpu_threads > 1 else cpu
-    shape = f"|items={int(block[0])}|per-user={float(block[1]):.3g}" if block else ""
+    shape = (f"|items~{_about(block[0]):.4g}|per-user~{_about(block[1]):.4g}" if block
+             else "")
     return f"gpu={gpu or '-'}|cpu={cpu or '-'}|k={k}|{dtype}{opts}{shape}"
