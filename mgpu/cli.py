@@ -508,8 +508,9 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
     ratings of Netflix's shape) on --cpu-threads CPU threads at once and on one GPU, fits the
     thesis's curves and Qilin's lines, and caches them (mgpu.mf.calibration-cache) for this
     GPU model, CPU model and thread count, k, GPU options and block size, where
-    MatrixFactorization's cost-model modes find them. The sample is one block of the division
-    HSGD* makes of RATINGS on these slots, so a fit on the same ratings and slots finds it.
+    MatrixFactorization's cost-model modes find them. The sample is one column stratum of
+    the division HSGD* makes of RATINGS on these slots, so a fit on these ratings (or a
+    split of them) on the same slots finds it.
     """
     from mgpu.dist import describe_workers
     from mgpu.io import load_ratings

@@ -15,8 +15,8 @@ HSGD*'s CPU side had been predicted 27–53% too slow.
 Timed on a CPU worker: the whole CPU block (one thread: copies of the factor segments, the
 shuffle, the numba pass); on a GPU worker: the transfers (the ratings and the item segment
 to the device, both segments back; the user segment stays on the device between the blocks
-of a GPU's own rows) apart from the kernel (``kernels/sgd.cu``). A no-op task's round trip to each
-worker is measured too: every block pays it. :class:`Calibration` keeps the measurements and
+of a GPU's own rows) apart from the kernel (``kernels/sgd.cu``). A no-op task's round trip
+to each worker is measured too: every block pays it. :class:`Calibration` keeps the measurements and
 fits the curves of :mod:`mgpu.sched.cost` from them, as HSGD* does (CPU linear; GPU transfer
 ``n/(a·sqrt(ln n)+b)`` and kernel ``n/(a·ln n+b)`` below τ, linear above) or as Qilin's
 linear model does (one straight line per device).
@@ -367,9 +367,10 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     """Measure block tasks on a CPU worker and a GPU worker of ``client``'s cluster.
 
     The first ``max_ratings`` ratings of ``window`` (:func:`block_window`; default: one
-    stratum of all the items) are the sample; prefixes double from 1,024 up to that. Either worker may be None (that side is then not
-    measured). The CPU worker runs ``cpu_threads`` blocks at once, as many as the slots that
-    will share it. Returns a :class:`Calibration` (not cached: see :func:`store`).
+    stratum of all the items) are the sample; prefixes double from 1,024 up to that. Either
+    worker may be None (that side is then not measured). The CPU worker runs ``cpu_threads``
+    blocks at once, as many as the slots that will share it. Returns a :class:`Calibration`
+    (not cached: see :func:`store`).
     """
     if cpu_worker is None and gpu_worker is None:
         raise ValueError("calibrate needs a CPU worker, a GPU worker or both.")
