@@ -514,8 +514,8 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
     """
     from mgpu.dist import describe_workers
     from mgpu.io import load_ratings
-    from mgpu.mf.calibration import (_cache_path, block_columns, block_window, cached_all,
-                                     calibrate, store)
+    from mgpu.mf.calibration import _cache_path, block_window, cached_all, calibrate, store
+    from mgpu.mf.division import columns
     from mgpu.mf.model import gpu_options
     from mgpu.synthetic import planted_ratings
 
@@ -555,7 +555,7 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
                    None)
         cpu = next((a for a, i in infos.items() if not i.get("gpu")), None)
         window = block_window(C.row, C.col, C.shape,
-                              block_columns(int(gpu is not None), cpu_threads if cpu else 0),
+                              columns(int(gpu is not None), cpu_threads if cpu else 0),
                               want=min(max_ratings, 1 << 16))
         click.echo(f"{label}: {C.nnz:,} ratings; timing blocks of {window.n_items:,} items, "
                    f"{window.per_user:.3g} ratings per user on CPU worker {cpu or '(none)'} and "

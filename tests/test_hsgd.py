@@ -219,11 +219,12 @@ def test_calibration_prefixes_are_blocks_as_the_division_cuts_them():
     """A prefix of the calibration sample has the ratings per user of the division's blocks
     (one column stratum, whole users in a random order, every user up to the last one's in
     its segment), whatever the GPUs' share."""
-    from mgpu.mf.calibration import _prefix_block, block_columns, block_window
+    from mgpu.mf.calibration import _prefix_block, block_window
+    from mgpu.mf.division import columns
 
     u, i = _ratings(6000, 900, 150_000, 7)
     r = np.ones(u.size)
-    cols = block_columns(1, 3)
+    cols = columns(1, 3)
     w = block_window(u, i, (6000, 900), cols, want=1 << 12, seed=3)
     assert cols == 6 and w.per_user == w.take.size / 6000
     assert w.take.size == pytest.approx(u.size / 6, rel=0.05)  # a sixth of the ratings

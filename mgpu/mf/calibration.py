@@ -2,7 +2,8 @@
 
 A sample of ratings is cut into growing prefixes S1, S1+S2, … (each twice the last), and one
 block task's steps are timed on each, a few repeats averaged, where blocks really run. The
-sample is one column stratum of the division HSGD* will make (:func:`block_columns`),
+sample is one column stratum of the division HSGD* will make
+(:func:`mgpu.mf.division.columns`),
 its ratings ordered by user, the users shuffled (:func:`block_window`), so that each prefix
 is a block as the division cuts them: the ratings of a row stratum of shuffled users in a
 column stratum, with factor segments of every user of the row and every item of the column.
@@ -45,8 +46,8 @@ from mgpu.sched.cost import calibrate as prefix_times
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Calibration", "MODELS", "Window", "block_columns", "block_window", "calibrate",
-           "cached", "prefix_sizes"]
+__all__ = ["Calibration", "MODELS", "Window", "block_window", "calibrate", "cached",
+           "prefix_sizes"]
 
 MODELS = ("hsgd*", "linear")
 
@@ -68,19 +69,6 @@ def prefix_sizes(n: int, smallest: int = 1024) -> list[int]:
     return out + [n]
 
 
-def block_columns(n_gpus: int, n_cpus: int) -> int:
-    """The column strata of HSGD*'s division on these slots (n_c + 2n_g + 1, or n_c + 1
-    with CPU slots alone): a block's items are one of them.
-
-    >>> block_columns(1, 12), block_columns(1, 0), block_columns(0, 4)
-    (15, 3, 5)
-    """
-    if n_gpus < 0 or n_cpus < 0 or n_gpus + n_cpus < 1:
-        raise ValueError(f"block_columns needs at least one slot; got {n_gpus} GPU and "
-                         f"{n_cpus} CPU slot(s).")
-    return n_cpus + 2 * n_gpus + 1
-
-
 @dataclass
 class Window:
     """Ratings of one column stratum: their positions in the ratings given, their ids in it
@@ -92,6 +80,11 @@ class Window:
     items: np.ndarray
     n_items: int
     per_user: float
+
+    @property
+    def block(self) -> tuple[int, float]:
+        """Its items and ratings per user, as a calibration records them."""
+        return self.n_items, round(self.per_user, 3)
 
     def segment_rows(self, n: int) -> int:
         """The users of the first n ratings' block: every user up to the last one's."""
@@ -380,7 +373,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     take = window.take[:max_ratings]
     sample = (window.users[:max_ratings], window.items[:max_ratings], ratings[take])
     sizes = prefix_sizes(take.size)
-    block = (window.n_items, round(window.per_user, 3))
+    block = window.block
     futs = {}
     for kind, worker in (("cpu", cpu_worker), ("gpu", gpu_worker)):
         if worker is not None:

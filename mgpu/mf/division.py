@@ -30,7 +30,7 @@ import numpy as np
 from mgpu.partition import split_counts
 from mgpu.sched import Block
 
-__all__ = ["Division", "hsgd_star", "move_rows", "uniform"]
+__all__ = ["Division", "columns", "hsgd_star", "move_rows", "uniform"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,16 @@ def uniform(users: np.ndarray, items: np.ndarray, n_users: int, n_items: int, n_
     return Division(us, it, g, g, blocks, ("cpu",) * g, float("nan"))
 
 
+def columns(n_gpus: int, n_cpus: int) -> int:
+    """The column strata of HSGD*'s division on these slots: n_c + 2·n_g + 1 (n_c + 1 with
+    CPU slots alone).
+
+    >>> columns(1, 12), columns(1, 0), columns(0, 4)
+    (15, 3, 5)
+    """
+    return n_cpus + 2 * n_gpus + 1
+
+
 def hsgd_star(users: np.ndarray, items: np.ndarray, n_users: int, n_items: int, alpha: float,
               n_gpus: int, n_cpus: int, rng: np.random.Generator) -> Division:
     """HSGD*'s non-uniform division (module docstring); slots 0 … n_gpus − 1 are the GPUs,
@@ -145,7 +155,7 @@ def hsgd_star(users: np.ndarray, items: np.ndarray, n_users: int, n_items: int, 
     if n_cpu_rows:
         cuts.extend(cut + int(x) for x in split_counts(uc[pu[cut:]], n_cpu_rows)[1:])
     n_rows = len(cuts) - 1
-    n_cols = n_cpus + 2 * n_gpus + 1
+    n_cols = columns(n_gpus, n_cpus)
     us = _strata(uc, pu, cuts)
     it = _strata(ic, pi, list(split_counts(ic[pi], n_cols)))
     n_gpu_rows = n_gpus * sub

@@ -60,7 +60,7 @@ from dask.utils import parse_bytes
 
 from mgpu import config
 from mgpu.mf.calibration import Calibration
-from mgpu.mf.division import hsgd_star, uniform
+from mgpu.mf.division import columns, hsgd_star, uniform
 from mgpu.mf.sgd import rmse, sgd_block
 from mgpu.ops._validate import check_option
 from mgpu.sched.cost import split
@@ -245,7 +245,7 @@ def _sides(predict: dict[str, Callable[..., float]], n_g: int, n_c: int
     sub-rows of a column in one task, a CPU slot (n_c+n_g)/n_c rows × as many columns, a
     block a task; every block costs the calibrated time of its share of the ratings plus its
     share of its task's round trip."""
-    cols = n_c + 2 * n_g + 1
+    cols = columns(n_g, n_c)
     sub = _gpu_batch(n_g, n_c)
     per_gpu = sub * cols
     per_cpu = (n_c + n_g) * cols / n_c if n_c else 0.0
@@ -791,8 +791,7 @@ default='sequential'
                          r: np.ndarray, shape: tuple[int, int],
                          gpu_kw: dict[str, Any]) -> Calibration:
         """The given calibration, the cached one for these workers, or a new one (cached)."""
-        from mgpu.mf.calibration import (block_columns, block_window, cached, calibrate,
-                                         cluster_key, store)
+        from mgpu.mf.calibration import block_window, cached, calibrate, cluster_key, store
 
         if self.calibration is not None:
             return self.calibration
@@ -802,10 +801,9 @@ default='sequential'
         n_g = sum(s.kind == "gpu" for s in slots)
         most = int(config.get("mf.calibration-ratings"))
         # one column stratum of the division these slots will get, its ratings by user
-        window = block_window(u, i, shape, block_columns(n_g, len(slots) - n_g),
+        window = block_window(u, i, shape, columns(n_g, len(slots) - n_g),
                               want=min(most, 1 << 16), seed=self.seed)
-        key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads,
-                          (window.n_items, round(window.per_user, 3)))
+        key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads, window.block)
         cal = cached(key)
         if cal is None or (cpu and not cal.cpu_s) or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
