@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from mgpu.sched.cost import Curve, calibrate, fit_gpu_curve, fit_linear, split, threshold
+from mgpu.sched.cost import (Curve, calibrate, fit_gpu_curve, fit_linear, fit_piecewise, split,
+                             threshold)
 
 
 def _saturating(n, a, b, tau, form):
@@ -39,6 +40,29 @@ def test_cpu_fit_and_threshold():
     speeds = np.array([1.0, 2.0, 3.0, 3.01, 3.01])
     assert threshold(n, n / speeds) == 1e5
     assert threshold(n, n / np.array([1.0, 2.0, 3.0, 4.0, 5.0])) == math.inf
+
+
+def test_piecewise_cpu_fit_follows_a_cost_per_rating_that_is_not_constant():
+    """A CPU block's cost per rating falls while copies amortise and rises once the segment
+    leaves the cache: through the sizes measured the piecewise curve is exact, between them
+    within the two neighbours' per-rating costs, where the best line is 20%+ off."""
+    sizes = np.array([2.0 ** e for e in range(10, 21)])
+    per = np.interp(np.log2(sizes), [10, 14, 17, 20], [450e-9, 250e-9, 650e-9, 650e-9])
+    noisy = sizes * per * np.random.default_rng(1).uniform(0.995, 1.005, sizes.size)
+    c = fit_piecewise(sizes, noisy)
+    assert [c(x) for x in sizes] == pytest.approx(list(noisy), rel=1e-12)
+    mids = np.sqrt(sizes[1:] * sizes[:-1])
+    for m, lo, hi in zip(mids, per[:-1], per[1:]):
+        assert min(lo, hi) * 0.99 <= c(m) / m <= max(lo, hi) * 1.01
+    assert c(2.0 ** 22) == pytest.approx(4 * noisy[-1])  # the largest's cost per rating
+    assert c(100) == c(1024) == noisy[0] and c(0) == 0.0  # not extrapolated below
+    line = fit_linear(sizes, noisy)
+    assert max(abs(line(x) / t - 1) for x, t in zip(sizes, noisy)) > 0.2
+    # a noisy measurement never makes a larger block cheaper
+    dip = fit_piecewise(np.array([1e3, 2e3, 4e3]), np.array([1.0, 0.9, 3.0]))
+    assert dip(2e3) == 1.0 and dip(1.5e3) == 1.0 and dip(3e3) == 2.0
+    with pytest.raises(ValueError, match="two increasing positive sizes"):
+        fit_piecewise(np.array([2e3, 1e3]), np.array([1.0, 2.0]))
 
 
 def test_split_evens_out_the_two_sides():

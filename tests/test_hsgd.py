@@ -198,10 +198,15 @@ def test_cpu_calibration_on_a_cluster_fits_and_is_cached(client, tmp_path):
     assert cal.sizes == [float(s) for s in prefix_sizes(40_000)]
     assert len(cal.cpu_s) == len(cal.sizes) and not cal.kernel_s and not cal.transfer_s
     assert all(t > 0 for t in cal.cpu_s) and cal.cpu_s[-1] > cal.cpu_s[0]
+    # a task's overhead with the slot busy: blocks of the middle prefix size, back to back
     assert 0 < cal.overhead_cpu_s < 1.0 and cal.overhead_gpu_s == 0.0
+    assert cal.probe == prefix_sizes(40_000)[3] == 8192
     assert "gpu=-|" in cal.key and cal.key.endswith("|k=32|float64|items~724.1|per-user~32")
     assert cal.block == [800, 31.0]  # one stratum of every item: 62,000 ratings, 2,000 users
-    line = cal.curves("hsgd*")["cpu"]
+    curve = cal.curves("hsgd*")["cpu"]
+    assert curve.form == "piecewise" and len(curve.knots) == len(cal.sizes)
+    assert [curve(n) for n in cal.sizes] == pytest.approx(np.maximum.accumulate(cal.cpu_s))
+    line = cal.curves("linear")["cpu"]
     assert line.form == "linear" and line.a > 0
     cpu = cal.predictor("cpu")
     assert cpu(0) == 0.0 and cpu(1e6) > cpu(1e5) > cal.overhead_cpu_s

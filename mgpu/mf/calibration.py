@@ -16,9 +16,19 @@ HSGD*'s CPU side had been predicted 27–53% too slow.
 Timed on a CPU worker: the whole CPU block (one thread: copies of the factor segments, the
 shuffle, the numba pass); on a GPU worker: the transfers (the ratings and the item segment
 to the device, both segments back; the user segment stays on the device between the blocks
-of a GPU's own rows) apart from the kernel (``kernels/sgd.cu``). A no-op task's round trip
-to each worker is measured too: every block pays it. :class:`Calibration` keeps the measurements and
-fits the curves of :mod:`mgpu.sched.cost` from them, as HSGD* does (CPU linear; GPU transfer
+of a GPU's own rows) apart from the kernel (``kernels/sgd.cu``).
+
+Every task also costs its slot time outside its own run: the Dask round trip from the
+client's submission to the client hearing it ended, and the copies of segments between
+workers. Idle, that is a few milliseconds; in an epoch, with every slot's task in flight,
+the workers, the scheduler and the client all busy, it was 26 ms a CPU task on the 16-core
+GPU machine, as long as a whole block of 18,000 ratings. It is measured as an epoch has it
+(:func:`_task_overheads`): every slot runs block tasks back to back, as the block scheduler
+runs them, and a task's overhead is the time its slot was busy with it, counted as HSGD*'s
+side times count it, less the task's own run on its worker.
+
+:class:`Calibration` keeps the measurements and fits the curves of :mod:`mgpu.sched.cost`
+from them, as HSGD* does (CPU piecewise linear through the sizes measured; GPU transfer
 ``n/(a·sqrt(ln n)+b)`` and kernel ``n/(a·ln n+b)`` below τ, linear above) or as Qilin's
 linear model does (one straight line per device).
 
@@ -41,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from mgpu import config
-from mgpu.sched.cost import Curve, fit_gpu_curve, fit_linear
+from mgpu.sched.cost import Curve, fit_gpu_curve, fit_linear, fit_piecewise
 from mgpu.sched.cost import calibrate as prefix_times
 
 logger = logging.getLogger(__name__)
@@ -135,9 +145,10 @@ class Calibration:
     """Measured seconds of one block task's steps against its number of ratings.
 
     ``cpu_s``: a CPU block on one thread; ``transfer_s`` and ``kernel_s``: a GPU block's
-    copies and its kernel; ``overhead_cpu_s`` / ``overhead_gpu_s``: a no-op task's round trip
-    to a CPU / GPU worker; ``block``: the sampled column stratum's items and ratings per
-    user (:class:`Window`). ``key`` names what was measured (the GPU and CPU models, k, dtype,
+    copies and its kernel; ``overhead_cpu_s`` / ``overhead_gpu_s``: a task's cost to a CPU /
+    GPU slot outside its own run, with every slot busy (:func:`_task_overheads`; ``probe``:
+    the ratings of the blocks it ran, 0 in a calibration from before it was measured so);
+    ``block``: the sampled column stratum's items and ratings per user (:class:`Window`). ``key`` names what was measured (the GPU and CPU models, k, dtype,
     the bound on conflicting GPU updates, ``block``), so a cached calibration is reused only
     for the same.
     """
@@ -151,6 +162,7 @@ class Calibration:
     overhead_gpu_s: float = 0.0
     measured: str = ""
     block: list[float] = field(default_factory=list)
+    probe: int = 0
 
     # ------------------------------------------------------------------ fitted curves
     def curves(self, model: str = "hsgd*") -> dict[str, Curve]:
@@ -161,7 +173,8 @@ class Calibration:
         n = np.asarray(self.sizes, float)
         out: dict[str, Curve] = {}
         if self.cpu_s:
-            out["cpu"] = fit_linear(n, np.asarray(self.cpu_s))
+            fit = fit_linear if model == "linear" else fit_piecewise
+            out["cpu"] = fit(n, np.asarray(self.cpu_s))
         if self.kernel_s:
             if model == "linear":
                 out["gpu"] = fit_linear(n, np.asarray(self.transfer_s) + np.asarray(self.kernel_s))
@@ -197,7 +210,8 @@ class Calibration:
         block = (f"; blocks of {int(self.block[0]):,} items, {self.block[1]:.3g} ratings per "
                  "user" if self.block else "")
         lines = [f"calibration {self.key} ({self.measured}{block})",
-                 f"task round trip: CPU worker {self.overhead_cpu_s * 1e3:.2f} ms, GPU worker "
+                 f"a task's overhead, every slot busy with blocks of {self.probe:,} ratings: "
+                 f"CPU slot {self.overhead_cpu_s * 1e3:.2f} ms, GPU slot "
                  f"{self.overhead_gpu_s * 1e3:.2f} ms",
                  "ratings     | CPU block s | GPU transfer s | GPU kernel s"]
         for j, n in enumerate(self.sizes):
@@ -206,6 +220,10 @@ class Calibration:
                 f"{c[j]:.3e}" if c else "–" for c in cols))
         for model in MODELS:
             for name, c in self.curves(model).items():
+                if c.form == "piecewise":
+                    lines.append(f"{model:>6} {name:>8}: piecewise linear through the "
+                                 f"{len(c.knots)} sizes measured")
+                    continue
                 tau = "" if not np.isfinite(c.tau) else f", linear from τ={c.tau:,.0f}"
                 lines.append(f"{model:>6} {name:>8}: {c.form} a={c.a:.4g} b={c.b:.4g}{tau}")
         return "\n".join(lines)
@@ -328,8 +346,8 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
             sgd_block(*staged.arrays, P_next, Qd, 0.005, 0.05, 0.05, **gpu_kw)
             stream.synchronize()
             t2 = time.perf_counter()
-            Q = _host_copy(Qd)
-            Pd = DeviceArrays(P_next)
+            Q = _host_copy(Qd)  # both segments back, as a GPU block task copies them
+            Pd = DeviceArrays(P_next, host=(_host_copy(P_next),))
             t3 = time.perf_counter()
             if rep:
                 tr.append((t1 - t0) + (t3 - t2))
@@ -339,17 +357,105 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     return out
 
 
-def _noop() -> None:
-    return None
+def _timed_task(*args: Any) -> tuple[Any, ...]:
+    """A block task (:func:`mgpu.mf.model._block_task`) and, last, its own seconds."""
+    from mgpu.mf.model import _block_task
+
+    t0 = time.perf_counter()
+    out = _block_task(*args)
+    return (*out, time.perf_counter() - t0)
 
 
-def _round_trip(client: Any, worker: str, repeats: int = 20) -> float:
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        client.submit(_noop, workers=[worker], allow_other_workers=False, pure=False).result()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+def _last(out: tuple[Any, ...]) -> Any:
+    return out[-1]
+
+
+def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q: np.ndarray,
+                    cpu_worker: str | None, threads: int, gpu_worker: str | None, dtype: Any,
+                    gpu_kw: dict[str, Any], tasks: int = 6) -> dict[str, float]:
+    """Seconds a task costs its slot beyond its own run, per kind of slot, with every slot
+    busy as in an epoch: ``threads`` CPU slots and the GPU slot each run ``block`` again and
+    again on their own segments (a task takes its slot's last task's results, as the block
+    scheduler chains them; the GPU's item segment is the one a CPU slot updated last, so
+    that it crosses between workers as in an epoch), a CPU slot one task at a time, the GPU
+    with ``mf.gpu-ahead``
+    tasks queued behind its running one, as long as the CPU slots run (or ``tasks`` times).
+    A task's busy time is counted as :func:`mgpu.mf.model._side_times` counts it: from its
+    submission, or from the end of its slot's task before it when it was queued behind that
+    one, to the client hearing it ended. The median of busy less run over each kind's tasks
+    but its slots' first ones (a first task may load what later ones find loaded)."""
+    import queue
+
+    from distributed import wait
+
+    from mgpu.mf.model import _stage
+
+    slots = [("cpu", cpu_worker)] * (threads if cpu_worker else 0)
+    if gpu_worker is not None:
+        slots.append(("gpu", gpu_worker))
+    depth = {"cpu": 1, "gpu": 1 + max(0, int(config.get("mf.gpu-ahead")))}
+    ratings = {}
+    for kind, worker in set(slots):
+        ratings[kind] = client.scatter(block, workers=[worker], hash=False)
+        if kind == "gpu":
+            ratings[kind] = client.submit(_stage, ratings[kind], np.dtype(dtype), 0,
+                                          workers=[worker], allow_other_workers=False,
+                                          pure=False)
+    segs = [((client.scatter(P, workers=[w], hash=False), None),
+             (client.scatter(Q, workers=[w], hash=False), None)) for _, w in slots]
+    wait(list(ratings.values()) + [f for pq in segs for f, _ in pq])
+    finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    info: dict[Any, tuple[int, float]] = {}  # future -> (slot, submitted)
+    flight: list[list[Any]] = [[] for _ in slots]
+    runs = [0] * len(slots)
+    heard: list[float | None] = [None] * len(slots)
+    busy: list[tuple[int, Any, float, bool]] = []  # (slot, future, seconds, its slot's first)
+    seeds = iter(range(1 << 62))
+    cpus = [c for c, (k, _) in enumerate(slots) if k == "cpu"]
+    ready = [q for _, q in segs]  # each slot's item segment from its last task that ended
+
+    def more(s: int) -> bool:
+        if slots[s][0] == "cpu" or not cpus:
+            return runs[s] < tasks
+        return any(flight[c] or runs[c] < tasks for c in cpus) and runs[s] < 50 * tasks
+
+    def submit(s: int) -> None:
+        kind, worker = slots[s]
+        p, q = segs[s]
+        if kind == "gpu" and cpus:  # a column a CPU slot updated last (and is done with):
+            q = ready[cpus[runs[s] % len(cpus)]]  # copied over as in an epoch
+        fut = client.submit(_timed_task, [ratings[kind]], [p], q, 0.005, 0.05, next(seeds),
+                            kind, gpu_kw, workers=[worker], allow_other_workers=False,
+                            pure=False)
+        segs[s] = ((fut, 0), (fut, 1))
+        info[fut] = (s, time.perf_counter())
+        flight[s].append(fut)
+        runs[s] += 1
+        fut.add_done_callback(finished.put)
+
+    for s in range(len(slots)):
+        while len(flight[s]) < depth[slots[s][0]] and more(s):
+            submit(s)
+    while any(flight):
+        fut = finished.get()
+        now = time.perf_counter()
+        if fut.status != "finished":
+            fut.result()  # the task's own error
+        s, sent = info[fut]
+        flight[s].remove(fut)
+        busy.append((s, fut, now - max(sent, heard[s] or sent), heard[s] is None))
+        heard[s] = now
+        ready[s] = (fut, 1)
+        while len(flight[s]) < depth[slots[s][0]] and more(s):
+            submit(s)
+    own = client.gather([client.submit(_last, f, workers=[slots[s][1]], pure=False)
+                         for s, f, _, _ in busy])
+    out = {}
+    for kind in ("cpu", "gpu"):
+        got = [b - o for (s, _, b, first), o in zip(busy, own) if slots[s][0] == kind and not first]
+        if got:
+            out[kind] = max(0.0, float(np.median(got)))
+    return out
 
 
 def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.ndarray, k: int, *,
@@ -362,8 +468,10 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     The first ``max_ratings`` ratings of ``window`` (:func:`block_window`; default: one
     stratum of all the items) are the sample; prefixes double from 1,024 up to that. Either
     worker may be None (that side is then not measured). The CPU worker runs ``cpu_threads``
-    blocks at once, as many as the slots that will share it. Returns a :class:`Calibration`
-    (not cached: see :func:`store`).
+    blocks at once, as many as the slots that will share it. Then every slot runs blocks of
+    the middle prefix size back to back, for each task's overhead under that load
+    (:func:`_task_overheads`). Returns a :class:`Calibration` (not cached: see
+    :func:`store`).
     """
     if cpu_worker is None and gpu_worker is None:
         raise ValueError("calibrate needs a CPU worker, a GPU worker or both.")
@@ -373,7 +481,6 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     take = window.take[:max_ratings]
     sample = (window.users[:max_ratings], window.items[:max_ratings], ratings[take])
     sizes = prefix_sizes(take.size)
-    block = window.block
     futs = {}
     for kind, worker in (("cpu", cpu_worker), ("gpu", gpu_worker)):
         if worker is not None:
@@ -381,16 +488,20 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
                                        repeats, gpu_kw or {}, cpu_threads, workers=[worker],
                                        allow_other_workers=False, pure=False)
     got = {kind: f.result() for kind, f in futs.items()}
+    probe = sizes[len(sizes) // 2]  # blocks of a middle size, segments as the division's
+    overhead = _task_overheads(client, *_prefix_block(*sample, probe, k, np.dtype(dtype),
+                                                      window.n_items),
+                               cpu_worker, cpu_threads, gpu_worker, dtype, gpu_kw or {})
     cal = Calibration(
         key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads,
-                        block),
+                        window.block),
         sizes=[float(s) for s in sizes],
         cpu_s=got.get("cpu", {}).get("times", []),
         transfer_s=got.get("gpu", {}).get("transfer", []),
         kernel_s=got.get("gpu", {}).get("kernel", []),
-        overhead_cpu_s=_round_trip(client, cpu_worker) if cpu_worker else 0.0,
-        overhead_gpu_s=_round_trip(client, gpu_worker) if gpu_worker else 0.0,
-        measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(block))
+        overhead_cpu_s=overhead.get("cpu", 0.0), overhead_gpu_s=overhead.get("gpu", 0.0),
+        measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(window.block),
+        probe=probe)
     return cal
 
 

@@ -577,6 +577,8 @@ default='sequential'
             predict = {kind: cal.predictor(kind, model) for kind, n in (("gpu", n_g), ("cpu", n_c))
                        if n}
             self.calibration_ = cal
+            logger.info("%s: a task's overhead with every slot busy, CPU %.1f ms, GPU %.1f ms",
+                        self.mode, 1e3 * cal.overhead_cpu_s, 1e3 * cal.overhead_gpu_s)
             latency = max(cal.overhead_cpu_s, cal.overhead_gpu_s, latency)
             used, alpha = _plan(r.size, predict, n_g, n_c)
             if used < n_c:
@@ -805,7 +807,8 @@ default='sequential'
                               want=min(most, 1 << 16), seed=self.seed)
         key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads, window.block)
         cal = cached(key)
-        if cal is None or (cpu and not cal.cpu_s) or (gpu and not cal.kernel_s):
+        # (a calibration without ``probe`` priced tasks at an idle round trip: measured again)
+        if cal is None or not cal.probe or (cpu and not cal.cpu_s) or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
             cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,
                             dtype="float64", gpu_kw=gpu_kw, cpu_threads=max(threads, 1),

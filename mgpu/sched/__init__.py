@@ -2,8 +2,9 @@
 HSGD* cost model (pure functions)."""
 from __future__ import annotations
 
-from mgpu.sched.cost import Curve, calibrate, fit_gpu_curve, fit_linear, split, threshold
+from mgpu.sched.cost import (Curve, calibrate, fit_gpu_curve, fit_linear, fit_piecewise, split,
+                             threshold)
 from mgpu.sched.scheduler import Block, BlockScheduler, Event, Slot
 
 __all__ = ["Block", "BlockScheduler", "Curve", "Event", "Slot", "calibrate", "fit_gpu_curve",
-           "fit_linear", "split", "threshold"]
+           "fit_linear", "fit_piecewise", "split", "threshold"]
