@@ -135,7 +135,8 @@ def test_plan_balances_the_two_sides_of_the_division():
     # linear costs without a round trip: a GPU 3× as fast as a CPU thread, 1 GPU, 4 threads
     # → every thread is worth using and the GPU side takes 3 / (3 + 4) of the ratings
     gpu, cpu = 3e6, 1e6  # ratings per second
-    predict = {"gpu": lambda n, per_task=1: n / gpu, "cpu": lambda n, per_task=1: n / cpu}
+    predict = {"gpu": lambda n, per_task=1, load=1.0: n / gpu,
+               "cpu": lambda n, per_task=1, load=1.0: n / cpu}
     used, alpha = _plan(7_000_000, predict, 1, 4)
     assert used == 4 and alpha == pytest.approx(3 / 7, abs=1e-5)
     assert _plan(7_000_000, predict, 2, 4) == (4, pytest.approx(6 / 10, abs=1e-5))
@@ -148,14 +149,14 @@ def test_plan_balances_the_two_sides_of_the_division():
 def test_plan_leaves_cpu_slots_out_when_their_blocks_cost_more_than_they_save():
     # 10 ms per task and 90,000 ratings: CPU blocks are mostly round trip, and more slots
     # mean more tasks for the GPU too; the GPU alone finishes an epoch first
-    predict = {"gpu": lambda n, per_task=1: n / 5e8 + 0.01 / per_task,
-               "cpu": lambda n, per_task=1: n / 1e6 + 0.01 / per_task}
+    predict = {"gpu": lambda n, per_task=1, load=1.0: n / 5e8 + 0.01 / per_task,
+               "cpu": lambda n, per_task=1, load=1.0: n / 1e6 + 0.01 / per_task}
     used, alpha = _plan(90_000, predict, 1, 15)
     assert (used, alpha) == (0, 1.0)
     assert _epoch_time(90_000, predict, 1, 0, 1.0) < _epoch_time(90_000, predict, 1, 15, 0.5)
     # with Netflix-sized data, a GPU only 10× a thread and 1 ms per task, the threads pay
-    fast = {"gpu": lambda n, per_task=1: n / 1e7 + 0.001 / per_task,
-            "cpu": lambda n, per_task=1: n / 1e6 + 0.001 / per_task}
+    fast = {"gpu": lambda n, per_task=1, load=1.0: n / 1e7 + 0.001 / per_task,
+            "cpu": lambda n, per_task=1, load=1.0: n / 1e6 + 0.001 / per_task}
     used, alpha = _plan(100_000_000, fast, 1, 15)
     assert used >= 8 and 0 < alpha < 1
     assert _epoch_time(100_000_000, fast, 1, used, alpha) < 0.5 * _epoch_time(
@@ -172,8 +173,8 @@ def test_side_times_add_up_each_kind_of_slot():
     kinds = {"g#gpu": "gpu", "w#0": "cpu"}
     sizes = {1: 100.0, 2: 50.0, 3: 10.0, 4: 40.0}
     # a round trip of 0.1 s per task, shared by the blocks of a GPU task (2 here)
-    predict = {"gpu": lambda n, per_task=1: n / 200 + 0.1 / per_task,
-               "cpu": lambda n, per_task=1: n / 100 + 0.1 / per_task}
+    predict = {"gpu": lambda n, per_task=1, load=1.0: n / 200 + 0.1 / per_task,
+               "cpu": lambda n, per_task=1, load=1.0: n / 100 + 0.1 / per_task}
     got = _side_times(ev, kinds, sizes, predict, {"gpu": 2, "cpu": 1})
     assert got["gpu_busy_s"] == pytest.approx(0.9) and got["gpu_ratings"] == 150
     assert got["cpu_busy_s"] == pytest.approx(0.8) and got["cpu_ratings"] == 50
@@ -265,6 +266,26 @@ def test_gpu_curves_of_a_calibration_follow_the_thesis_forms():
     assert lin(n[-1]) == pytest.approx(tr[-1] + ke[-1] + 0.002, rel=0.15)
     with pytest.raises(ValueError, match="model must be one of"):
         cal.curves("qilin")
+
+
+def test_a_gpu_tasks_overhead_goes_with_the_cpu_slots_at_work():
+    """Measured alone and with every slot busy; a plan with some CPU slots sits between, and
+    the plan compares its options each at its own load."""
+    n = [1024.0, 4096.0]
+    cal = Calibration("k", n, [1e-3, 4e-3], [1e-4, 4e-4], [2e-4, 8e-4], 0.03, 0.02, "now",
+                      probe=1024, overhead_gpu_alone_s=0.002)
+    gpu = cal.predictor("gpu")
+    run = 4e-4 + 8e-4
+    assert gpu(4096, 2, load=0.0) == pytest.approx(run + 0.001)
+    assert gpu(4096, 2, load=0.5) == pytest.approx(run + 0.0055)
+    assert gpu(4096, 2) == gpu(4096, 2, load=1.0) == pytest.approx(run + 0.01)
+    assert cal.predictor("cpu")(4096, load=0.0) == pytest.approx(4e-3 + 0.03)
+    assert "alone 2.00 ms" in cal.describe()
+    # the GPU alone at its idle overhead beats adding CPU slots that each pay 30 ms a task
+    predict = {k: cal.predictor(k) for k in ("gpu", "cpu")}
+    assert _plan(200_000, predict, 1, 4) == (0, 1.0)
+    assert _epoch_time(200_000, predict, 1, 0, 1.0, load=0.0) < \
+        _epoch_time(200_000, predict, 1, 0, 1.0, load=1.0)
 
 
 class _FakeDevice(np.ndarray):

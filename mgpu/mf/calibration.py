@@ -147,7 +147,8 @@ class Calibration:
     ``cpu_s``: a CPU block on one thread; ``transfer_s`` and ``kernel_s``: a GPU block's
     copies and its kernel; ``overhead_cpu_s`` / ``overhead_gpu_s``: a task's cost to a CPU /
     GPU slot outside its own run, with every slot busy (:func:`_task_overheads`; ``probe``:
-    the ratings of the blocks it ran, 0 in a calibration from before it was measured so);
+    the ratings of the blocks it ran, 0 in a calibration from before it was measured so),
+    and ``overhead_gpu_alone_s`` the GPU's with no CPU slot at work;
     ``block``: the sampled column stratum's items and ratings per user (:class:`Window`). ``key`` names what was measured (the GPU and CPU models, k, dtype,
     the bound on conflicting GPU updates, ``block``), so a cached calibration is reused only
     for the same.
@@ -163,6 +164,7 @@ class Calibration:
     measured: str = ""
     block: list[float] = field(default_factory=list)
     probe: int = 0
+    overhead_gpu_alone_s: float = 0.0
 
     # ------------------------------------------------------------------ fitted curves
     def curves(self, model: str = "hsgd*") -> dict[str, Curve]:
@@ -184,26 +186,34 @@ class Calibration:
         return out
 
     def predictor(self, kind: str, model: str = "hsgd*") -> Callable[..., float]:
-        """``f(n, per_task=1)``: seconds a block of n ratings is expected to take on a slot of
-        ``kind`` ("cpu" or "gpu"), with its share of a task's round trip when ``per_task``
-        blocks run in one task; 0 for an empty block."""
+        """``f(n, per_task=1, load=1.0)``: seconds a block of n ratings is expected to take
+        on a slot of ``kind`` ("cpu" or "gpu"), with its share of its task's overhead when
+        ``per_task`` blocks run in one task; 0 for an empty block. ``load``: the share of
+        the calibrated CPU slots at work beside a GPU, whose task overhead goes from the one
+        measured alone (0) to the one measured with every slot busy (1)."""
         c = self.curves(model)
         if kind == "cpu":
             if "cpu" not in c:
                 raise ValueError("This calibration has no CPU measurements.")
             line, ovh = c["cpu"], self.overhead_cpu_s
-            return lambda n, per_task=1: 0.0 if n <= 0 else max(line(n), 0.0) + ovh / per_task
+            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), 0.0)
+                                                    + ovh / per_task)
         if kind != "gpu":
             raise ValueError(f"kind must be 'cpu' or 'gpu'. Got {kind!r}.")
         if "kernel" not in c and "gpu" not in c:
             raise ValueError("This calibration has no GPU measurements.")
-        ovh = self.overhead_gpu_s
+        busy, alone = self.overhead_gpu_s, self.overhead_gpu_alone_s
+
+        def ovh(load: float) -> float:
+            return alone + (busy - alone) * min(max(load, 0.0), 1.0)
+
         if model == "linear":
             line = c["gpu"]
-            return lambda n, per_task=1: 0.0 if n <= 0 else max(line(n), 0.0) + ovh / per_task
+            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), 0.0)
+                                                    + ovh(load) / per_task)
         tr, ke = c["transfer"], c["kernel"]
-        return lambda n, per_task=1: (0.0 if n <= 0 else max(tr(n), 0.0) + max(ke(n), 0.0)
-                                      + ovh / per_task)
+        return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(tr(n), 0.0)
+                                                + max(ke(n), 0.0) + ovh(load) / per_task)
 
     def describe(self) -> str:
         """The measurements and both models' curves, as text."""
@@ -212,7 +222,8 @@ class Calibration:
         lines = [f"calibration {self.key} ({self.measured}{block})",
                  f"a task's overhead, every slot busy with blocks of {self.probe:,} ratings: "
                  f"CPU slot {self.overhead_cpu_s * 1e3:.2f} ms, GPU slot "
-                 f"{self.overhead_gpu_s * 1e3:.2f} ms",
+                 f"{self.overhead_gpu_s * 1e3:.2f} ms (alone "
+                 f"{self.overhead_gpu_alone_s * 1e3:.2f} ms)",
                  "ratings     | CPU block s | GPU transfer s | GPU kernel s"]
         for j, n in enumerate(self.sizes):
             cols = [self.cpu_s, self.transfer_s, self.kernel_s]
@@ -470,8 +481,8 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     worker may be None (that side is then not measured). The CPU worker runs ``cpu_threads``
     blocks at once, as many as the slots that will share it. Then every slot runs blocks of
     the middle prefix size back to back, for each task's overhead under that load
-    (:func:`_task_overheads`). Returns a :class:`Calibration` (not cached: see
-    :func:`store`).
+    (:func:`_task_overheads`), and the GPU's once more with the CPU slots idle. Returns a
+    :class:`Calibration` (not cached: see :func:`store`).
     """
     if cpu_worker is None and gpu_worker is None:
         raise ValueError("calibrate needs a CPU worker, a GPU worker or both.")
@@ -489,9 +500,12 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
                                        allow_other_workers=False, pure=False)
     got = {kind: f.result() for kind, f in futs.items()}
     probe = sizes[len(sizes) // 2]  # blocks of a middle size, segments as the division's
-    overhead = _task_overheads(client, *_prefix_block(*sample, probe, k, np.dtype(dtype),
-                                                      window.n_items),
-                               cpu_worker, cpu_threads, gpu_worker, dtype, gpu_kw or {})
+    pblock = _prefix_block(*sample, probe, k, np.dtype(dtype), window.n_items)
+    overhead = _task_overheads(client, *pblock, cpu_worker, cpu_threads, gpu_worker, dtype,
+                               gpu_kw or {})
+    if gpu_worker is not None and cpu_worker is not None:  # and the GPU with the CPUs idle
+        alone = _task_overheads(client, *pblock, None, 0, gpu_worker, dtype, gpu_kw or {})
+        overhead["gpu alone"] = alone["gpu"]
     cal = Calibration(
         key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads,
                         window.block),
@@ -500,6 +514,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         transfer_s=got.get("gpu", {}).get("transfer", []),
         kernel_s=got.get("gpu", {}).get("kernel", []),
         overhead_cpu_s=overhead.get("cpu", 0.0), overhead_gpu_s=overhead.get("gpu", 0.0),
+        overhead_gpu_alone_s=overhead.get("gpu alone", overhead.get("gpu", 0.0)),
         measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(window.block),
         probe=probe)
     return cal

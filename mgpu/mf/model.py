@@ -45,6 +45,7 @@ its next column's task is queued on its worker behind the running one
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -238,20 +239,21 @@ def _gpu_batch(n_g: int, n_c: int) -> int:
     return -(-(n_g + n_c) // n_g) if n_g else 1
 
 
-def _sides(predict: dict[str, Callable[..., float]], n_g: int, n_c: int
+def _sides(predict: dict[str, Callable[..., float]], n_g: int, n_c: int, load: float = 1.0
            ) -> tuple[Callable[[float], float], Callable[[float], float]]:
     """Predicted seconds of each side of HSGD*'s division for the ratings it is given, summed
     over its slots: a GPU runs ⌈(n_g+n_c)/n_g⌉ sub-rows × (n_c+2n_g+1) columns of blocks, its
     sub-rows of a column in one task, a CPU slot (n_c+n_g)/n_c rows × as many columns, a
     block a task; every block costs the calibrated time of its share of the ratings plus its
-    share of its task's round trip."""
+    share of its task's overhead (a GPU's at ``load``, the share of the CPU slots at work:
+    see :meth:`mgpu.mf.calibration.Calibration.predictor`)."""
     cols = columns(n_g, n_c)
     sub = _gpu_batch(n_g, n_c)
     per_gpu = sub * cols
     per_cpu = (n_c + n_g) * cols / n_c if n_c else 0.0
 
     def gpu_side(n: float) -> float:
-        return n_g * per_gpu * predict["gpu"](n / (n_g * per_gpu), sub)
+        return n_g * per_gpu * predict["gpu"](n / (n_g * per_gpu), sub, load=load)
 
     def cpu_side(n: float) -> float:
         return n_c * per_cpu * predict["cpu"](n / (n_c * per_cpu)) if n_c else 0.0
@@ -260,9 +262,9 @@ def _sides(predict: dict[str, Callable[..., float]], n_g: int, n_c: int
 
 
 def _epoch_time(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
-                n_c: int, alpha: float) -> float:
+                n_c: int, alpha: float, load: float = 1.0) -> float:
     """Predicted seconds of an epoch of HSGD*'s division: its slower side's slots."""
-    gpu_side, cpu_side = _sides(predict, n_g, n_c)
+    gpu_side, cpu_side = _sides(predict, n_g, n_c, load)
     t = gpu_side(alpha * n_ratings) / n_g
     return max(t, cpu_side((1 - alpha) * n_ratings) / n_c) if n_c else t
 
@@ -280,8 +282,9 @@ def _plan(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
     """
     best = (math.inf, 0, 1.0)
     for c in range(n_c + 1):
-        alpha = split(float(n_ratings), *_sides(predict, n_g, c), n_g, c) if c else 1.0
-        t = _epoch_time(n_ratings, predict, n_g, c, alpha)
+        load = c / n_c if n_c else 0.0
+        alpha = split(float(n_ratings), *_sides(predict, n_g, c, load), n_g, c) if c else 1.0
+        t = _epoch_time(n_ratings, predict, n_g, c, alpha, load)
         if t < best[0]:
             best = (t, c, alpha)
     return best[1], best[2]
@@ -584,6 +587,9 @@ default='sequential'
             if used < n_c:
                 logger.info("%s: %d of the %d CPU slots make the shortest predicted epoch",
                             self.mode, used, n_c)
+                # a GPU's task overhead as with that many CPU slots at work
+                predict = {kind: functools.partial(f, load=used / n_c)
+                           for kind, f in predict.items()}
                 slots = slots[:n_g + used]
                 n_c = used
             if n_c:
