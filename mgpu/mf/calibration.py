@@ -148,10 +148,10 @@ class Calibration:
     copies and its kernel; ``overhead_cpu_s`` / ``overhead_gpu_s``: a task's cost to a CPU /
     GPU slot outside its own run, with every slot busy (:func:`_task_overheads`; ``probe``:
     the ratings of the blocks it ran, 0 in a calibration from before it was measured so),
-    and ``overhead_gpu_alone_s`` the GPU's with no CPU slot at work;
-    ``block``: the sampled column stratum's items and ratings per user (:class:`Window`). ``key`` names what was measured (the GPU and CPU models, k, dtype,
-    the bound on conflicting GPU updates, ``block``), so a cached calibration is reused only
-    for the same.
+    and ``overhead_gpu_alone_s`` the GPU's with no CPU slot at work; ``block``: the sampled
+    column stratum's items and ratings per user (:class:`Window`). ``key`` names what was
+    measured (the GPU and CPU models, k, dtype, the bound on conflicting GPU updates,
+    ``block``), so a cached calibration is reused only for the same.
     """
 
     key: str
@@ -389,8 +389,8 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     again on their own segments (a task takes its slot's last task's results, as the block
     scheduler chains them; the GPU's item segment is the one a CPU slot updated last, so
     that it crosses between workers as in an epoch), a CPU slot one task at a time, the GPU
-    with ``mf.gpu-ahead``
-    tasks queued behind its running one, as long as the CPU slots run (or ``tasks`` times).
+    with ``mf.gpu-ahead`` tasks queued behind its running one, as long as the CPU slots run
+    (or ``tasks`` times).
     A task's busy time is counted as :func:`mgpu.mf.model._side_times` counts it: from its
     submission, or from the end of its slot's task before it when it was queued behind that
     one, to the client hearing it ended. The median of busy less run over each kind's tasks
@@ -463,7 +463,8 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
                          for s, f, _, _ in busy])
     out = {}
     for kind in ("cpu", "gpu"):
-        got = [b - o for (s, _, b, first), o in zip(busy, own) if slots[s][0] == kind and not first]
+        got = [b - o for (s, _, b, first), o in zip(busy, own)
+               if slots[s][0] == kind and not first]
         if got:
             out[kind] = max(0.0, float(np.median(got)))
     return out
