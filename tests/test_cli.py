@@ -273,6 +273,12 @@ def test_bench_mf_on_planted_ratings(runner, tmp_path):
         assert len(h) == 4 and h[-1]["test_rmse"] < h[0]["test_rmse"]
     assert got["rows"][1]["blocks"] >= 4 and got["rows"][1]["alpha"] is None
     assert "| sequential | 4 |" in r.output and "| cpu | 4 |" in r.output
+    # each mode on a cluster of its own (sequential needs none), unless --one-cluster
+    assert "cpu: on a fresh cluster, " in r.output and "sequential: on a fresh" not in r.output
+    r = runner.invoke(main, ["bench", "mf", "--synthetic", "3000x400:60000", "--modes",
+                             "sequential,cpu", "-k", "8", "--epochs", "1", "--one-cluster"])
+    assert r.exit_code == 0, r.output
+    assert "cluster: " in r.output and "on a fresh cluster" not in r.output
     r = runner.invoke(main, ["bench", "mf", "--modes", "sequential"])
     assert r.exit_code != 0 and "give a RATINGS file or --synthetic" in r.output
 

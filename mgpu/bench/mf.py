@@ -8,7 +8,9 @@ busy time (cost-model modes).
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -18,17 +20,21 @@ import scipy.sparse as sp
 def train_modes(train: sp.spmatrix, test: sp.spmatrix, modes: list[str], *, k: int,
                 lr: float, reg: float, epochs: int, target_rmse: float | None, seed: int,
                 callback: Callable[[str], Callable[[dict[str, Any]], None]] | None = None,
-                done: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
+                done: Callable[[str, Any], None] | None = None,
+                cluster: Callable[[str], AbstractContextManager[Any]] | None = None
+                ) -> dict[str, Any]:
     """Fit ``MatrixFactorization`` in each mode (on the current cluster where the mode needs
-    one); ``callback(mode)`` gives each fit's per-epoch callback (a progress bar), and
-    ``done(mode, model)`` hears of each mode as it finishes."""
+    one, or inside ``cluster(mode)``, which may start one for it); ``callback(mode)`` gives
+    each fit's per-epoch callback (a progress bar), and ``done(mode, model)`` hears of each
+    mode as it finishes."""
     from mgpu.mf import MatrixFactorization
 
     out = {}
     for mode in modes:
         mf = MatrixFactorization(k, lr=lr, reg=reg, epochs=epochs, mode=mode, seed=seed,
                                  target_rmse=target_rmse)
-        mf.fit(train, test, callback=callback(mode) if callback else None)
+        with cluster(mode) if cluster is not None else contextlib.nullcontext():
+            mf.fit(train, test, callback=callback(mode) if callback else None)
         out[mode] = mf
         if done is not None:
             done(mode, mf)
