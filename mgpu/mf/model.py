@@ -193,17 +193,26 @@ def _block_task(blocks: list[Any], p_segs: list[tuple[Any, int | None]],
 
 
 def _warm(k: int, device: str, gpu_kw: dict[str, Any] | None = None) -> None:
-    """Block tasks of one rating on this worker, as an epoch runs them, before the first
-    epoch's clock starts: on a CPU the numba pass compiles or loads for k (float64); on a GPU
+    """Block tasks on this worker, as an epoch runs them, before the first epoch's clock
+    starts (one rating on a CPU, 16,384 on a GPU): on a CPU the numba pass compiles or loads
+    for k (float64); on a GPU
     ``kernels/sgd.cu`` and every CuPy kernel a task uses (staging ratings, segments from the
     host and left on the device, the host copies) compile or load. Otherwise the first epoch
     is the compiler's: a fresh machine's first GPU compile took 6.8 s of a MovieLens epoch, and
     the first epoch's rates are what rows are handed over by (:meth:`_rebalance`)."""
-    block = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1))
-    seg = np.zeros((1, k))
     if device != "gpu":
+        block = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1))
+        seg = np.zeros((1, k))
         _block_task([block], [(seg, None)], (seg, None), 0.0, 0.0, 0)
         return
+    # on a GPU a block of a real block's order of size: cupy.bincount (a block's busiest
+    # user and item, mgpu.mf.gpu-conflicts) runs another kernel from some thousands of
+    # values on, compiled on its first use: 4.2 s on an H100 machine, which a one-rating
+    # block left to a fresh machine's first gpu-mode epoch
+    n, m = 1 << 14, 1 << 12
+    block = (np.arange(n, dtype=np.int64) % m, np.arange(n, dtype=np.int64) // 4 % m,
+             np.ones(n))
+    seg = np.zeros((m, k))
     staged = _stage(block, seg.dtype, 0)
     out = _block_task([staged], [(seg, None)], (seg, None), 0.0, 0.0, 0, "gpu", gpu_kw)
     _block_task([block], [(out, 0)], (out, 1), 0.0, 0.0, 0, "gpu", gpu_kw)
