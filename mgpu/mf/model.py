@@ -195,11 +195,11 @@ def _block_task(blocks: list[Any], p_segs: list[tuple[Any, int | None]],
 def _warm(k: int, device: str, gpu_kw: dict[str, Any] | None = None) -> None:
     """Block tasks on this worker, as an epoch runs them, before the first epoch's clock
     starts (one rating on a CPU, 16,384 on a GPU): on a CPU the numba pass compiles or loads
-    for k (float64); on a GPU
-    ``kernels/sgd.cu`` and every CuPy kernel a task uses (staging ratings, segments from the
-    host and left on the device, the host copies) compile or load. Otherwise the first epoch
-    is the compiler's: a fresh machine's first GPU compile took 6.8 s of a MovieLens epoch, and
-    the first epoch's rates are what rows are handed over by (:meth:`_rebalance`)."""
+    for k (float64); on a GPU ``kernels/sgd.cu`` and every CuPy kernel a task uses (staging
+    ratings, segments from the host and left on the device, the host copies) compile or
+    load. Otherwise the first epoch is the compiler's: a fresh machine's first GPU compile
+    took 6.8 s of a MovieLens epoch, and the first epoch's rates are what rows are handed
+    over by (:meth:`_rebalance`)."""
     if device != "gpu":
         block = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1))
         seg = np.zeros((1, k))
