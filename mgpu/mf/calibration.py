@@ -149,7 +149,9 @@ class Calibration:
     GPU slot outside its own run, with every slot busy (:func:`_task_overheads`; ``probe``:
     the ratings of the blocks it ran, 0 in a calibration from before it was measured so),
     and ``overhead_gpu_alone_s`` the GPU's with no CPU slot at work; ``block``: the sampled
-    column stratum's items and ratings per user (:class:`Window`). ``key`` names what was
+    column stratum's items and ratings per user (:class:`Window`); ``calls``: what ran the
+    blocks, "hosts" (:mod:`mgpu.mf.hosts`) or, in a calibration from before, a Dask task per
+    block. ``key`` names what was
     measured (the GPU and CPU models, k, dtype, the bound on conflicting GPU updates,
     ``block``), so a cached calibration is reused only for the same.
     """
@@ -165,6 +167,7 @@ class Calibration:
     block: list[float] = field(default_factory=list)
     probe: int = 0
     overhead_gpu_alone_s: float = 0.0
+    calls: str = "tasks"
 
     # ------------------------------------------------------------------ fitted curves
     def curves(self, model: str = "hsgd*") -> dict[str, Curve]:
@@ -313,7 +316,7 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from mgpu.mf.model import DeviceArrays, _block_task, _host_copy, _stage, _to_device
+    from mgpu.mf.model import DeviceArrays, _host_copy, _stage, _to_device
     from mgpu.mf.sgd import sgd_block
 
     out: dict[str, Any] = {"times": [], "transfer": [], "kernel": []}
@@ -322,8 +325,9 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
         seeds = iter(range(1 << 62))
 
         def one(block: Any, P: np.ndarray, Q: np.ndarray, seed: int) -> float:
-            t0 = time.perf_counter()
-            _block_task([block], [(P, None)], (Q, None), 0.005, 0.05, seed)
+            t0 = time.perf_counter()  # as a CPU host runs a block: in place on its segments
+            order = np.random.default_rng(seed).permutation(block[0].shape[0])
+            sgd_block(*block, P, Q, 0.005, 0.05, 0.05, order)
             return time.perf_counter() - t0
 
         with ThreadPoolExecutor(threads) as pool:
@@ -368,62 +372,46 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     return out
 
 
-def _timed_task(*args: Any) -> tuple[Any, ...]:
-    """A block task (:func:`mgpu.mf.model._block_task`) and, last, its own seconds."""
-    from mgpu.mf.model import _block_task
-
-    t0 = time.perf_counter()
-    out = _block_task(*args)
-    return (*out, time.perf_counter() - t0)
-
-
-def _last(out: tuple[Any, ...]) -> Any:
-    return out[-1]
-
-
 def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q: np.ndarray,
                     cpu_worker: str | None, threads: int, gpu_worker: str | None, dtype: Any,
                     gpu_kw: dict[str, Any], tasks: int = 6) -> dict[str, float]:
-    """Seconds a task costs its slot beyond its own run, per kind of slot, with every slot
+    """Seconds a call costs its slot beyond its own run, per kind of slot, with every slot
     busy as in an epoch: ``threads`` CPU slots and the GPU slot each run ``block`` again and
-    again on their own segments (a task takes its slot's last task's results, as the block
-    scheduler chains them; the GPU's item segment is the one a CPU slot updated last, so
-    that it crosses between workers as in an epoch), a CPU slot one task at a time, the GPU
-    with ``mf.gpu-ahead`` tasks queued behind its running one, as long as the CPU slots run
-    (or ``tasks`` times).
-    A task's busy time is counted as :func:`mgpu.mf.model._side_times` counts it: from its
-    submission, or from the end of its slot's task before it when it was queued behind that
-    one, to the client hearing it ended. The median of busy less run over each kind's tasks
-    but its slots' first ones (a first task may load what later ones find loaded)."""
+    again on their own segments, through block hosts (:mod:`mgpu.mf.hosts`) as the block
+    scheduler runs them (the GPU's item segment is a copy of the one a CPU slot finished
+    last, so that it crosses between workers as in an epoch), a CPU slot one call at a time,
+    the GPU with ``mf.gpu-ahead`` calls queued behind its running one, as long as the CPU
+    slots run (or ``tasks`` times).
+    A call's busy time is counted as :func:`mgpu.mf.model._side_times` counts it: from its
+    submission, or from the end of its slot's call before it when it was queued behind that
+    one, to the client hearing it ended. The median of busy less run over each kind's calls
+    but its slots' first ones (a first call may load what later ones find loaded)."""
     import queue
 
-    from distributed import wait
-
-    from mgpu.mf.model import _stage
+    from mgpu.mf.hosts import call, start_hosts
 
     slots = [("cpu", cpu_worker)] * (threads if cpu_worker else 0)
     if gpu_worker is not None:
         slots.append(("gpu", gpu_worker))
     depth = {"cpu": 1, "gpu": 1 + max(0, int(config.get("mf.gpu-ahead")))}
-    ratings = {}
-    for kind, worker in set(slots):
-        ratings[kind] = client.scatter(block, workers=[worker], hash=False)
-        if kind == "gpu":
-            ratings[kind] = client.submit(_stage, ratings[kind], np.dtype(dtype), 0,
-                                          workers=[worker], allow_other_workers=False,
-                                          pure=False)
-    segs = [((client.scatter(P, workers=[w], hash=False), None),
-             (client.scatter(Q, workers=[w], hash=False), None)) for _, w in slots]
-    wait(list(ratings.values()) + [f for pq in segs for f, _ in pq])
+    hosts = start_hosts(client, {w: (kind, threads if kind == "cpu" else 1)
+                                 for kind, w in set(slots)}, gpu_kw)
+    dtype = np.dtype(dtype).name
+    for f in [call(client, h, "put", {0: block},
+                   {(name, s): x for s, (_, w2) in enumerate(slots) if w2 == w
+                    for name, x in (("p", P), ("q", Q))},
+                   [0] if any(k == "gpu" and w2 == w for k, w2 in slots) else [], dtype)
+              for w, h in hosts.items()]:
+        f.result()
     finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
     info: dict[Any, tuple[int, float]] = {}  # future -> (slot, submitted)
     flight: list[list[Any]] = [[] for _ in slots]
     runs = [0] * len(slots)
     heard: list[float | None] = [None] * len(slots)
-    busy: list[tuple[int, Any, float, bool]] = []  # (slot, future, seconds, its slot's first)
+    busy: list[tuple[int, float, float, bool]] = []  # (slot, busy, own run, its slot's first)
     seeds = iter(range(1 << 62))
     cpus = [c for c, (k, _) in enumerate(slots) if k == "cpu"]
-    ready = [q for _, q in segs]  # each slot's item segment from its last task that ended
+    ended = [0] * len(slots)  # each slot's calls that ended
 
     def more(s: int) -> bool:
         if slots[s][0] == "cpu" or not cpus:
@@ -432,16 +420,16 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
 
     def submit(s: int) -> None:
         kind, worker = slots[s]
-        p, q = segs[s]
-        if kind == "gpu" and cpus:  # a column a CPU slot updated last (and is done with):
-            q = ready[cpus[runs[s] % len(cpus)]]  # copied over as in an epoch
-        fut = client.submit(_timed_task, [ratings[kind]], [p], q, 0.005, 0.05, next(seeds),
-                            kind, gpu_kw, workers=[worker], allow_other_workers=False,
-                            pure=False)
-        segs[s] = ((fut, 0), (fut, 1))
+        p = (("p", s), runs[s], None, False)
+        q = (("q", s), runs[s], None, False)
+        if kind == "gpu" and cpus:  # a copy of a column a CPU slot finished, from its worker
+            c = cpus[runs[s] % len(cpus)]
+            q = (("q", c), ended[c], cpu_worker, True)
+        runs[s] += 1
+        fut = call(client, hosts[worker], "run", [0], [p], q, [(("p", s), runs[s])],
+                   (("q", s), runs[s]), 0.005, 0.05, next(seeds), {}, dtype)
         info[fut] = (s, time.perf_counter())
         flight[s].append(fut)
-        runs[s] += 1
         fut.add_done_callback(finished.put)
 
     for s in range(len(slots)):
@@ -450,21 +438,17 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     while any(flight):
         fut = finished.get()
         now = time.perf_counter()
-        if fut.status != "finished":
-            fut.result()  # the task's own error
+        own = fut.result()  # raises the call's own error
         s, sent = info[fut]
         flight[s].remove(fut)
-        busy.append((s, fut, now - max(sent, heard[s] or sent), heard[s] is None))
+        busy.append((s, now - max(sent, heard[s] or sent), own, heard[s] is None))
         heard[s] = now
-        ready[s] = (fut, 1)
+        ended[s] += 1
         while len(flight[s]) < depth[slots[s][0]] and more(s):
             submit(s)
-    own = client.gather([client.submit(_last, f, workers=[slots[s][1]], pure=False)
-                         for s, f, _, _ in busy])
     out = {}
     for kind in ("cpu", "gpu"):
-        got = [b - o for (s, _, b, first), o in zip(busy, own)
-               if slots[s][0] == kind and not first]
+        got = [b - o for s, b, o, first in busy if slots[s][0] == kind and not first]
         if got:
             out[kind] = max(0.0, float(np.median(got)))
     return out
@@ -517,7 +501,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         overhead_cpu_s=overhead.get("cpu", 0.0), overhead_gpu_s=overhead.get("gpu", 0.0),
         overhead_gpu_alone_s=overhead.get("gpu alone", overhead.get("gpu", 0.0)),
         measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(window.block),
-        probe=probe)
+        probe=probe, calls="hosts")
     return cal
 
 

@@ -568,9 +568,8 @@ default='sequential'
             yield P, Q, {}
 
     def _block_epochs(self, u, i, r, P, Q, rng):
-        from distributed import wait
-
         from mgpu.dist.cluster import current_client
+        from mgpu.mf.hosts import call, start_hosts
 
         started = time.perf_counter()
         client = current_client()
@@ -612,10 +611,15 @@ default='sequential'
             and bool(config.get("mf.replan"))
         self.schedule_events_: list[Any] = []  # grows as the epochs run
         last: dict[str, float] = {}  # the last epoch's side times
-        wait([client.submit(_warm, self.k, kind, gpu_kw, workers=[worker],
-                            allow_other_workers=False, pure=False)
-              for worker, kind in {(s.worker, s.kind) for s in slots}])
-        placed = self._place(client, div, slots, predict, gpu_kw, latency, u, i, r, P, Q, rng)
+        threads: dict[str, int] = {}
+        for s in slots:
+            threads[s.worker] = threads.get(s.worker, 0) + 1
+        hosts = start_hosts(client, {s.worker: (s.kind, threads[s.worker]) for s in slots},
+                            gpu_kw)
+        for f in [call(client, h, "warm", self.k) for h in hosts.values()]:
+            f.result()
+        placed = self._place(client, hosts, div, slots, predict, latency, u, i, r, P, Q,
+                             rng)
         setup = {"setup_s": time.perf_counter() - started}
         for epoch in range(1, self.epochs + 1):
             extra: dict[str, Any] = {}
@@ -625,7 +629,7 @@ default='sequential'
                 if moved:
                     extra["replan_s"] = time.perf_counter() - t0
                     extra["rows_moved"] = moved
-            sched, p_seg, q_seg, rows, cols, side_times = placed[:6]
+            sched, segs, rows, cols, side_times = placed[:5]
             if predict:
                 extra["alpha"] = _gpu_share(sched)
             t0 = time.perf_counter()
@@ -633,28 +637,28 @@ default='sequential'
             took = time.perf_counter() - t0
             self.schedule_events_.extend(events)
             # the factors to this process, for the RMSE: evaluation, not training
-            Ps = client.gather([f for f, _ in p_seg.values()])
-            Qs = client.gather([f for f, _ in q_seg.values()])
-            for (a, (_, j)), got in zip(p_seg.items(), Ps):
-                P[rows[a]] = _segment(got, j)
-            for (b, (_, j)), got in zip(q_seg.items(), Qs):
-                Q[cols[b]] = _segment(got, j)
+            for f in [call(client, hosts[w], "collect", wanted)
+                      for w, wanted in segs.latest().items()]:
+                for (kind, idx), got in f.result().items():
+                    if kind == "p":
+                        P[rows[idx]] = got
+                    else:
+                        Q[cols[idx]] = got
             last = side_times(events)
             yield P, Q, {"epoch_s": took, "gather_s": time.perf_counter() - t0 - took, **setup,
                          **extra, **last}
             setup = {}
 
-    def _place(self, client: Any, div: Any, slots: list[Any],
-               predict: dict[str, Callable[..., float]], gpu_kw: dict[str, Any],
-               latency: float, u: np.ndarray, i: np.ndarray, r: np.ndarray, P: np.ndarray,
-               Q: np.ndarray, rng: np.random.Generator) -> list[Any]:
-        """A division's blocks on the cluster: each block's ratings on its owner's worker
-        (a GPU's staged on its device), the current factor segments, and the block scheduler
-        that runs them; returns the scheduler, the segment maps, the strata's members, the
-        per-epoch side-time summary and ``reown`` (blocks with new owners, epochs done -> a
-        scheduler for them; :meth:`_rebalance` puts it first)."""
-        from distributed import wait
-
+    def _place(self, client: Any, hosts: dict[str, Any], div: Any, slots: list[Any],
+               predict: dict[str, Callable[..., float]], latency: float, u: np.ndarray,
+               i: np.ndarray, r: np.ndarray, P: np.ndarray, Q: np.ndarray,
+               rng: np.random.Generator) -> list[Any]:
+        """A division's blocks on the cluster: each block's ratings on its owner's host
+        (:mod:`mgpu.mf.hosts`; a GPU's staged on its device), the factor segments, and the
+        block scheduler that runs them; returns the scheduler, the segments' map, the strata's
+        members, the per-epoch side-time summary and ``reown`` (blocks with new owners, epochs
+        done -> a scheduler for them; :meth:`_rebalance` puts it first)."""
+        from mgpu.mf.hosts import SegmentMap, call
         from mgpu.sched import BlockScheduler
 
         n_g = sum(s.kind == "gpu" for s in slots)
@@ -664,9 +668,9 @@ default='sequential'
         else:
             gpu_batch = div.n_rows  # a GPU's own blocks of a column, however many
         per_task = {"gpu": gpu_batch, "cpu": 1}
-        # a GPU's next task waits on its worker behind the one it runs (their shared
-        # segments order them), so a Dask round trip per task leaves the GPU's critical path;
-        # a slot alone (a GPU planned without CPU slots) queues its whole epoch
+        # a GPU's next call waits on its host behind the one it runs (their shared segments
+        # order them), so a round trip per call leaves the GPU's critical path; a slot alone
+        # (a GPU planned without CPU slots) queues its whole epoch
         ahead = {"gpu": len(div.blocks) if len(slots) == 1 else int(config.get("mf.gpu-ahead")),
                  "cpu": 0}
         self.division_ = {"rows": div.n_rows, "cols": div.n_cols, "blocks": len(div.blocks),
@@ -687,45 +691,43 @@ default='sequential'
         bid = div.block_of(u, i)
         order = np.argsort(bid, kind="stable")
         bounds = np.searchsorted(bid[order], np.arange(div.n_rows * div.n_cols + 1))
-        # each block's ratings to its owner's worker, one scatter per worker
-        by_worker: dict[str, list[int]] = {}
-        for blk in div.blocks:
-            by_worker.setdefault(slots[blk.owner].worker, []).append(blk.id)
-        data = {}
-        for worker, ids in by_worker.items():
-            parts = []
-            for b in ids:
-                sel = order[bounds[b]:bounds[b + 1]]
-                parts.append((local_u[u[sel]], local_i[i[sel]], r[sel]))
-            data.update(zip(ids, client.scatter(parts, workers=[worker], hash=False)))
-        home = {blk.row: slots[blk.owner].worker for blk in div.blocks}
-        # a segment: (future, None) for the array sent now, (future, j) for entry j of the
-        # result of the block task that last updated it
-        p_seg = {a: (client.scatter(P[rows[a]], workers=[home[a]] if a in home else None,
-                                    hash=False), None) for a in range(div.n_rows)}
-        q_seg = {b: (client.scatter(Q[cols[b]], hash=False), None) for b in range(div.n_cols)}
-        counter = iter(range(1 << 62))
         where = {blk.id: slots[blk.owner].worker for blk in div.blocks}
-        # a GPU's own blocks: their ratings staged on its device once, for every epoch
-        staged = {blk.id: client.submit(_stage, data[blk.id], P.dtype, self.seed + blk.id,
-                                        workers=[where[blk.id]], allow_other_workers=False,
-                                        pure=False)
-                  for blk in div.blocks if slots[blk.owner].kind == "gpu"}
+        origin = dict(where)  # the host that keeps a block's ratings for whoever runs it
+        # a row's segment starts where its owner is, a column's where its first block's is
+        first = slots[0].worker
+        home_p = {a: first for a in range(div.n_rows)}
+        home_q = {b: first for b in range(div.n_cols)}
+        for blk in reversed(div.blocks):
+            home_p[blk.row] = home_q[blk.col] = where[blk.id]
+        dtype = P.dtype.name
+        kind_of = {sl.worker: sl.kind for sl in slots}
+        puts = []
+        for worker, host in hosts.items():
+            mine = [blk for blk in div.blocks if where[blk.id] == worker]
+            segs = {("p", a): P[rows[a]] for a, w in home_p.items() if w == worker}
+            segs.update({("q", b): Q[cols[b]] for b, w in home_q.items() if w == worker})
+            stage = {blk.id for blk in mine} if kind_of[worker] == "gpu" else set()
+            puts.append(call(client, host, "put", {}, segs))
+            for blk in mine:  # one call a block: no message holds a worker's every rating
+                sel = order[bounds[blk.id]:bounds[blk.id + 1]]
+                puts.append(call(client, host, "put",
+                                 {blk.id: (local_u[u[sel]], local_i[i[sel]], r[sel])}, {},
+                                 [blk.id] if blk.id in stage else [], dtype, self.seed))
+        for f in puts:
+            f.result()
+        segmap = SegmentMap({**{("p", a): w for a, w in home_p.items()},
+                             **{("q", b): w for b, w in home_q.items()}})
+        counter = iter(range(1 << 62))
         bandwidth = float(parse_bytes(config.get("mf.steal-bandwidth")))
         itemsize = P.dtype.itemsize
 
         def run(group: tuple[Any, ...], slot: Any) -> Any:
-            ratings = [staged[b.id] if slot.kind == "gpu" and b.id in staged
-                       and where[b.id] == slot.worker else data[b.id] for b in group]
-            fut = client.submit(_block_task, ratings, [p_seg[b.row] for b in group],
-                                q_seg[group[0].col], self.lr, self.reg,
-                                int(rng.integers(1 << 31)) + next(counter), slot.kind,
-                                gpu_kw, workers=[slot.worker], allow_other_workers=False,
-                                pure=False)
-            for j, b in enumerate(group):
-                p_seg[b.row] = (fut, j)
-            q_seg[group[0].col] = (fut, len(group))
-            return fut
+            p = [segmap.use(("p", b.row), slot.worker) for b in group]
+            q = segmap.use(("q", group[0].col), slot.worker)
+            sources = {b.id: origin[b.id] for b in group if origin[b.id] != slot.worker}
+            return call(client, hosts[slot.worker], "run", [b.id for b in group],
+                        [x[0] for x in p], q[0], [x[1] for x in p], q[1], self.lr, self.reg,
+                        int(rng.integers(1 << 31)) + next(counter), sources, dtype)
 
         def transfer(block: Any, slot: Any) -> float:
             """Moving a block's ratings and segments to a slot on another worker."""
@@ -745,36 +747,34 @@ default='sequential'
                                   ahead=lambda s: ahead[s.kind], epochs_done=epochs_done)
 
         def reown(blocks: tuple[Any, ...], epochs_done: int) -> Any:
-            """A scheduler for the same blocks with new owners: the ratings of a block a GPU
-            now owns are staged on its device (fetched from the worker that has them, once);
-            a GPU lets go of those of a block it no longer owns."""
+            """A scheduler for the same blocks with new owners: a GPU that now owns a block
+            has its ratings staged on its device (fetched from the host that has them,
+            once)."""
+            fetch: dict[str, list[int]] = {}
             for blk in blocks:
                 worker = slots[blk.owner].worker
-                if where[blk.id] == worker:
-                    continue
-                where[blk.id] = worker
-                staged.pop(blk.id, None)
-                if slots[blk.owner].kind == "gpu":
-                    staged[blk.id] = client.submit(_stage, data[blk.id], P.dtype,
-                                                   self.seed + blk.id, workers=[worker],
-                                                   allow_other_workers=False, pure=False)
+                if where[blk.id] != worker:
+                    where[blk.id] = worker
+                    fetch.setdefault(worker, []).append(blk.id)
+            for f in [call(client, hosts[w], "prefetch", ids,
+                           {b: origin[b] for b in ids if origin[b] != w}, dtype, self.seed)
+                      for w, ids in fetch.items()]:
+                f.result()
             gpu_rows: dict[int, set[int]] = {}
             for blk in blocks:
                 if slots[blk.owner].kind == "gpu":
                     gpu_rows.setdefault(blk.owner, set()).add(blk.row)
             per_task["gpu"] = max((len(x) for x in gpu_rows.values()), default=1)
-            wait(list(staged.values()))
             return scheduler(blocks, epochs_done)
 
         sched = scheduler(div.blocks, 0)
         kinds = {s.name: s.kind for s in slots}
         sizes = {blk.id: blk.size for blk in div.blocks}
-        wait(list(staged.values()))
 
         def side_times(events: list[Any]) -> dict[str, float]:
             return _side_times(events, kinds, sizes, predict, per_task)
 
-        return [sched, p_seg, q_seg, rows, cols, side_times, reown]
+        return [sched, segmap, rows, cols, side_times, reown]
 
     def _rebalance(self, placed: list[Any], last: dict[str, float], n_g: int, n_c: int,
                    epochs_done: int) -> int:
@@ -796,7 +796,7 @@ default='sequential'
         rows = {b.row for b, o in zip(moved, blocks) if b.owner != o.owner}
         if not rows:
             return 0
-        placed[0] = placed[6](moved, epochs_done)
+        placed[0] = placed[5](moved, epochs_done)
         share = _gpu_share(placed[0])
         logger.info("%s: epoch %d's rates balance the sides at %.3f of the ratings on the GPUs; "
                     "%d row(s) moved, %.3f to %.3f", self.mode, epochs_done, target, len(rows),
@@ -822,8 +822,10 @@ default='sequential'
                               want=min(most, 1 << 16), seed=self.seed)
         key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads, window.block)
         cal = cached(key)
-        # (a calibration without ``probe`` priced tasks at an idle round trip: measured again)
-        if cal is None or not cal.probe or (cpu and not cal.cpu_s) or (gpu and not cal.kernel_s):
+        # (one without ``probe`` priced calls at an idle round trip, one of other ``calls``
+        # the dispatch of a Dask task per block: measured again)
+        if cal is None or not cal.probe or cal.calls != "hosts" or (cpu and not cal.cpu_s) \
+                or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
             cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,
                             dtype="float64", gpu_kw=gpu_kw, cpu_threads=max(threads, 1),

@@ -44,6 +44,14 @@ logger = logging.getLogger(__name__)
 __all__ = ["Block", "BlockScheduler", "Event", "Slot"]
 
 
+def _failed(fut: Any) -> bool:
+    """Whether a finished future (Dask's, or a ``concurrent.futures.Future``) failed."""
+    status = getattr(fut, "status", None)
+    if isinstance(status, str):
+        return status != "finished"
+    return fut.cancelled() or fut.exception() is not None
+
+
 @dataclass(frozen=True)
 class Block:
     """One unit of work: its strata, its size (e.g. ratings) and the slot that owns it."""
@@ -326,7 +334,7 @@ class BlockScheduler:
                 r = running.pop(fut)
                 # a finished block's result stays on its worker (asking for it would copy
                 # it here, a tenth of a second per block); a failed one stops the epoch
-                if fut.status != "finished":
+                if _failed(fut):
                     fut.result()  # raises the block's own error
                 order[r.slot].remove(fut)
                 for nxt in order[r.slot][:1]:  # the slot's next task starts now

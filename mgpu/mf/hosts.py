@@ -1,0 +1,257 @@
+"""Block hosts: one Dask actor per worker holding its blocks' ratings and the factor
+segments, running the blocks the block scheduler sends it.
+
+Why actors and not a Dask task per block: a task's submission, its dependencies and its end
+travel through the Dask scheduler, and with a worker's threads all running SGD that cost
+40–43 ms a task on a 16-core H100 machine (12 threads, 12-ms blocks), as long as the block
+itself; a call to an actor goes from the client straight to the worker and cost 6.8 ms
+there (``mgpu bench``'s numbers are in BENCHMARKS.md).
+
+Segments are versioned, so the dataflow is the same as with futures: the client numbers
+each segment's updates and tells a call which version of each input it needs and where that
+version will be (:class:`SegmentMap`); a host waits for a version it will make itself (a
+call queued behind its own running one), or takes it from the host that makes it, which
+gives it up (the client never sends a segment's next update back to a holder it moved
+from). Blocks run in place on the host's segments: two calls in flight never update the
+same segment (the block scheduler's conflict rule), and a call's inputs are the versions
+the calls before it left.
+
+On a GPU worker the host runs one call at a time (in order of arrival, once its inputs are
+there) on the device: a block's ratings are staged there once (:func:`mgpu.mf.model._stage`),
+segments stay on the device between calls, and each call leaves pinned host copies of what
+it updated, sent when another host takes them, so that nobody waits behind the GPU's next
+kernel. On a CPU worker it runs as many calls at once as the worker has threads, each a
+numba pass (nogil).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BlockHost", "SegmentMap", "call", "start_hosts"]
+
+Key = tuple[str, int]  # ("p", row stratum) or ("q", column stratum), or a probe's own keys
+
+
+class BlockHost:
+    """Blocks and factor segments on one worker (an actor: create it with
+    :func:`start_hosts`)."""
+
+    def __init__(self, kind: str, threads: int, gpu_kw: dict[str, Any] | None = None):
+        self.kind = kind
+        self.gpu_kw = dict(gpu_kw or {})
+        self.pool = cf.ThreadPoolExecutor(1 if kind == "gpu" else max(1, int(threads)))
+        self.blocks: dict[Any, Any] = {}  # block id -> (users, items, ratings) on the host
+        self.staged: dict[Any, Any] = {}  # block id -> its ratings on the device (GPU)
+        self.segs: dict[Key, tuple[int, Any, Any]] = {}  # key -> (version, array, host copy)
+        self.waiting: dict[tuple[Key, int], asyncio.Event] = {}
+        self.peers: dict[str, Any] = {}
+
+    # -------------------------------------------------------------- set up, look, clean up
+    async def set_peers(self, peers: dict[str, Any]) -> None:
+        """The other hosts, by worker address."""
+        self.peers = dict(peers)
+
+    async def put(self, blocks: dict[Any, Any], segments: dict[Key, np.ndarray],
+                  stage: Sequence[Any] = (), dtype: str = "float64", seed: int = 0) -> None:
+        """Blocks' ratings (local ids) and segments at version 0; the blocks in ``stage``
+        go on the device once, for every epoch (GPU)."""
+        self.blocks.update(blocks)
+        for key, arr in segments.items():
+            self._set(key, 0, *await self._in_pool(self._adopt, arr))
+        for b in stage:
+            await self._stage(b, dtype, seed)
+
+    async def drop(self, keys: Sequence[Key] = (), blocks: Sequence[Any] = ()) -> None:
+        """Forget segments and blocks (a probe's)."""
+        for key in keys:
+            self.segs.pop(key, None)
+        for b in blocks:
+            self.blocks.pop(b, None)
+            self.staged.pop(b, None)
+
+    async def prefetch(self, ids: Sequence[Any], sources: dict[Any, str],
+                       dtype: str = "float64", seed: int = 0) -> None:
+        """Blocks this host will run from now on, fetched (and staged on a GPU) now."""
+        await asyncio.gather(*(self._fetch_block(b, sources, dtype, seed) for b in ids))
+
+    async def block(self, b: Any) -> Any:
+        """A block's ratings, for a host that runs it without holding it."""
+        return self.blocks[b]
+
+    async def take(self, key: Key, version: int, keep: bool = False) -> np.ndarray:
+        """A segment at ``version`` (waiting until it is made), as a host array; given up
+        here unless ``keep``, and then at ``version`` or later (a copy: a calibration's)."""
+        await self._wait(key, version, newer=keep)
+        _, arr, host = self.segs[key]
+        if not keep:
+            del self.segs[key]
+        return arr if host is None else host
+
+    async def collect(self, wanted: dict[Key, int]) -> dict[Key, np.ndarray]:
+        """Segments at the given versions, as host arrays, kept here (the client's RMSE)."""
+        return {key: await self.take(key, v, keep=True) for key, v in wanted.items()}
+
+    async def warm(self, k: int) -> None:
+        """A block run as an epoch runs it, before the first epoch's clock starts
+        (:func:`mgpu.mf.model._warm`)."""
+        from mgpu.mf.model import _warm
+
+        await self._in_pool(_warm, k, self.kind, self.gpu_kw)
+
+    # ------------------------------------------------------------------------- a call
+    async def run(self, ids: Sequence[Any], p_in: Sequence[tuple[Key, int, str | None, bool]],
+                  q_in: tuple[Key, int, str | None, bool], p_out: Sequence[tuple[Key, int]],
+                  q_out: tuple[Key, int], lr: float, reg: float, seed: int,
+                  sources: dict[Any, str] | None = None, dtype: str = "float64") -> float:
+        """Blocks of one column, one after the other: SGD over block ``ids[j]`` on user
+        segment ``p_in[j]`` and the item segment ``q_in``, each input ``(key, version,
+        holder, keep)`` (holder None: this host); the results become ``p_out[j]`` and
+        ``q_out`` (key, version). ``sources`` names a host holding each block this one does
+        not. Returns the seconds the blocks took here, inputs gathered."""
+        got = await asyncio.gather(*(self._input(*x) for x in (*p_in, q_in)),
+                                   *(self._fetch_block(b, sources or {}, dtype, seed)
+                                     for b in ids))
+        Ps, Q = list(got[:len(p_in)]), got[len(p_in)]
+        took, outs = await self._in_pool(self._run_blocks, list(ids), Ps, Q, lr, reg, seed)
+        for (key, v), out in zip((*p_out, q_out), outs):
+            self._set(key, v, *out)
+        return took
+
+    def _run_blocks(self, ids: list[Any], Ps: list[Any], Q: Any, lr: float, reg: float,
+                    seed: int) -> tuple[float, list[tuple[Any, Any]]]:
+        from mgpu.mf.sgd import sgd_block
+
+        t0 = time.perf_counter()
+        if self.kind == "gpu":
+            import cupy
+
+            from mgpu.mf.model import _host_copy
+
+            Ps, Q = [self._on_device(P) for P in Ps], self._on_device(Q)
+            for b, P in zip(ids, Ps):
+                sgd_block(*self.staged[b], P, Q, lr, reg, reg, **self.gpu_kw)
+            outs = [(a, _host_copy(a)) for a in (*Ps, Q)]
+            cupy.cuda.get_current_stream().synchronize()
+        else:
+            for j, (b, P) in enumerate(zip(ids, Ps)):
+                users, items, ratings = self.blocks[b]
+                order = np.random.default_rng(seed + j).permutation(users.shape[0])
+                sgd_block(users, items, ratings, P, Q, lr, reg, reg, order)
+            outs = [(a, None) for a in (*Ps, Q)]
+        return time.perf_counter() - t0, outs
+
+    # ---------------------------------------------------------------------- helpers
+    async def _in_pool(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def _adopt(self, arr: np.ndarray) -> tuple[Any, Any]:
+        """A segment arrived from elsewhere, as held here: (array, host copy)."""
+        if self.kind == "gpu":
+            import cupy
+
+            return cupy.asarray(arr), arr
+        return np.array(arr), None
+
+    @staticmethod
+    def _on_device(a: Any) -> Any:
+        import cupy
+
+        return a if isinstance(a, cupy.ndarray) else cupy.asarray(a)
+
+    def _set(self, key: Key, version: int, arr: Any, host: Any) -> None:
+        self.segs[key] = (version, arr, host)
+        ev = self.waiting.pop((key, version), None)
+        if ev is not None:
+            ev.set()
+
+    async def _wait(self, key: Key, version: int, newer: bool = False) -> None:
+        held = self.segs.get(key)
+        if held is not None and (held[0] == version or newer and held[0] > version):
+            return
+        ev = self.waiting.setdefault((key, version), asyncio.Event())
+        await ev.wait()
+
+    async def _input(self, key: Key, version: int, holder: str | None, keep: bool) -> Any:
+        if holder is None:
+            await self._wait(key, version)
+            return self.segs[key][1]
+        arr = await self.peers[holder].take(key, version, keep)
+        if self.kind != "gpu":  # received buffers may be read-only
+            arr = np.array(arr)
+        return arr
+
+    async def _fetch_block(self, b: Any, sources: dict[Any, str], dtype: str, seed: int
+                           ) -> None:
+        if b not in self.blocks:
+            self.blocks[b] = await self.peers[sources[b]].block(b)
+        if self.kind == "gpu" and b not in self.staged:
+            await self._stage(b, dtype, seed)
+
+    async def _stage(self, b: Any, dtype: str, seed: int) -> None:
+        from mgpu.mf.model import _stage
+
+        if b not in self.staged:
+            staged = await self._in_pool(_stage, self.blocks[b], np.dtype(dtype),
+                                         seed + int(b))
+            self.staged[b] = staged.arrays
+
+
+def call(client: Any, host: Any, method: str, *args: Any, **kwargs: Any) -> cf.Future:
+    """A host's method called from the client, as a ``concurrent.futures.Future`` (done
+    callbacks, ``result()``), the call made on the client's event loop."""
+    out: cf.Future = cf.Future()
+
+    async def go() -> None:
+        try:
+            out.set_result(await getattr(host, method)(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the call
+            out.set_exception(e)
+
+    client.loop.add_callback(go)
+    return out
+
+
+def start_hosts(client: Any, workers: dict[str, tuple[str, int]],
+                gpu_kw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One :class:`BlockHost` per worker (address -> (kind, threads)), each told of the
+    others; returns the actors by worker address."""
+    if client.direct_to_workers is None:
+        # calls straight to the workers, not relayed by the scheduler (a client made with
+        # direct_to_workers=False, for workers it cannot reach, keeps the relay)
+        client.direct_to_workers = True
+    futs = {w: client.submit(BlockHost, kind, threads, gpu_kw, workers=[w], actor=True,
+                             allow_other_workers=False, pure=False)
+            for w, (kind, threads) in workers.items()}
+    hosts = {w: f.result() for w, f in futs.items()}
+    for f in [call(client, h, "set_peers", hosts) for h in hosts.values()]:
+        f.result()
+    return hosts
+
+
+class SegmentMap:
+    """Where each segment's latest version is, and which it is, as the client has sent the
+    calls (a segment's version counts the calls that updated it)."""
+
+    def __init__(self, holders: dict[Key, str]):
+        self.at = {key: (w, 0) for key, w in holders.items()}
+
+    def use(self, key: Key, worker: str) -> tuple[tuple[Key, int, str | None, bool],
+                                                   tuple[Key, int]]:
+        """A call on ``worker`` updates ``key``: its input (key, version, holder or None for
+        the same worker, keep) and its output (key, next version)."""
+        holder, v = self.at[key]
+        self.at[key] = (worker, v + 1)
+        return (key, v, None if holder == worker else holder, False), (key, v + 1)
+
+    def latest(self) -> dict[str, dict[Key, int]]:
+        """Each holder's segments and their latest versions."""
+        out: dict[str, dict[Key, int]] = {}
+        for key, (w, v) in self.at.items():
+            out.setdefault(w, {})[key] = v
+        return out
