@@ -527,7 +527,7 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
                   address: str | None, show: bool, plot: str | None, cpu_threads: int) -> None:
     """Calibrate HSGD*'s cost model on this cluster's CPU and GPU workers, and cache it.
 
-    Times block tasks on growing prefixes of a shuffled sample of RATINGS (default: planted
+    Times block calls on growing prefixes of a shuffled sample of RATINGS (default: planted
     ratings of Netflix's shape) on --cpu-threads CPU threads at once and on one GPU, fits the
     thesis's curves and Qilin's lines, and caches them (mgpu.mf.calibration-cache) for this
     GPU model, CPU model and thread count, k, GPU options and block size, where

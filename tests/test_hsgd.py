@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from mgpu.mf.calibration import Calibration, cached, calibrate, prefix_sizes, store
 from mgpu.mf.division import hsgd_star, move_rows, uniform
 from mgpu.mf.model import _epoch_time, _plan, _side_times
+from mgpu.mf.sgd import sgd_block
 from mgpu.sched import Event
 
 
@@ -288,67 +289,78 @@ def test_a_gpu_tasks_overhead_goes_with_the_cpu_slots_at_work():
         _epoch_time(200_000, predict, 1, 0, 1.0, load=1.0)
 
 
-class _FakeDevice(np.ndarray):
-    """A numpy array standing in for a CuPy one: ``get`` is its host copy."""
-
-    def get(self):
-        return np.array(self)
+def _block(rng, n_users, n_items=20, n=300):
+    return (rng.integers(0, n_users, n), rng.integers(0, n_items, n), rng.uniform(1, 5, n))
 
 
-def test_device_arrays_leave_their_worker_as_host_arrays():
-    import pickle
-
-    from mgpu.mf.model import DeviceArrays
-
-    seg = np.arange(6.0).reshape(3, 2).view(_FakeDevice)
-    one = pickle.loads(pickle.dumps(DeviceArrays(seg)))
-    assert type(one) is np.ndarray and one.tolist() == seg.tolist()
-    two = pickle.loads(pickle.dumps(DeviceArrays(seg, seg[:1])))
-    assert isinstance(two, tuple) and [type(a) for a in two] == [np.ndarray, np.ndarray]
-    assert DeviceArrays(seg, seg).__sizeof__() == 2 * seg.nbytes
+def _passes(blocks, P, Q, seeds, lr=0.01, reg=0.05):
+    """The reference: numba passes one after the other, in the order a host shuffles."""
+    for (users, items, ratings), P_, seed in zip(blocks, P, seeds):
+        order = np.random.default_rng(seed).permutation(users.shape[0])
+        sgd_block(users, items, ratings, P_, Q, lr, reg, reg, order)
 
 
-class _BusyDevice(np.ndarray):
-    """A device array whose copy to the host would wait behind a running kernel."""
+def test_block_hosts_wait_for_versions_and_hand_segments_over(client):
+    """Two hosts on two workers: a call queued before the one that makes its input waits for
+    it, takes the item segment from the other host (which gives it up), and a call of two
+    blocks runs them one after the other: every segment equals the sequential passes."""
+    from mgpu.mf.hosts import SegmentMap, call, start_hosts
 
-    def get(self):
-        raise AssertionError("copied from the device again")
-
-
-def test_device_arrays_with_host_copies_leave_without_touching_the_device():
-    """A GPU block task's results carry the host copies it made once its kernels finished;
-    pickling sends those, so a CPU worker taking a segment never waits on the GPU."""
-    import pickle
-
-    from mgpu.mf.model import DeviceArrays, _on_host
-
-    seg = np.arange(6.0).reshape(3, 2)
-    held = DeviceArrays(seg.view(_BusyDevice), host=(seg.copy(),))
-    sent = pickle.loads(pickle.dumps(held))
-    assert type(sent) is np.ndarray and sent.tolist() == seg.tolist()
-    assert _on_host(held).tolist() == seg.tolist()
-    assert held.__sizeof__() == 2 * seg.nbytes
-    with pytest.raises(AssertionError, match="copied from the device"):
-        pickle.dumps(DeviceArrays(seg.view(_BusyDevice)))
-
-
-def test_a_block_task_of_several_blocks_runs_them_one_after_the_other():
-    """Blocks of one column in one task: the same as a task per block, in order."""
-    from mgpu.mf.model import _block_task
-
+    a, b = sorted(client.scheduler_info()["workers"])
+    hosts = start_hosts(client, {a: ("cpu", 1), b: ("cpu", 1)})
     rng = np.random.default_rng(0)
+    b1, b3, b2 = _block(rng, 30), _block(rng, 25), _block(rng, 40)
+    P1, P3, P2, Q = (rng.random((30, 8)), rng.random((25, 8)), rng.random((40, 8)),
+                     rng.random((20, 8)))
+    want = [x.copy() for x in (P1, P3, P2, Q)]
+    _passes([b1, b3], want[:2], want[3], [7, 8])
+    _passes([b2], want[2:3], want[3], [9])
+    for f in [call(client, hosts[a], "put", {1: b1, 3: b3}, {("p", 0): P1, ("p", 2): P3,
+                                                             ("q", 0): Q}),
+              call(client, hosts[b], "put", {2: b2}, {("p", 1): P2})]:
+        f.result()
+    segs = SegmentMap({("p", 0): a, ("p", 2): a, ("q", 0): a, ("p", 1): b})
+    first = [segs.use(("p", 0), a), segs.use(("p", 2), a)], segs.use(("q", 0), a)
+    second = [segs.use(("p", 1), b)], segs.use(("q", 0), b)
+    assert second[1][0] == (("q", 0), 1, a, False)  # taken from a, at the version a makes
+    late = call(client, hosts[b], "run", [2], [x[0] for x in second[0]], second[1][0],
+                [x[1] for x in second[0]], second[1][1], 0.01, 0.05, 9)
+    assert not late.done()
+    early = call(client, hosts[a], "run", [1, 3], [x[0] for x in first[0]], first[1][0],
+                 [x[1] for x in first[0]], first[1][1], 0.01, 0.05, 7)
+    assert early.result(timeout=30) >= 0 and late.result(timeout=30) >= 0
+    got = {}
+    for w, wanted in segs.latest().items():
+        got.update(call(client, hosts[w], "collect", wanted).result(timeout=30))
+    assert segs.latest() == {a: {("p", 0): 1, ("p", 2): 1}, b: {("q", 0): 2, ("p", 1): 1}}
+    for key, ref in zip((("p", 0), ("p", 2), ("p", 1), ("q", 0)), want):
+        np.testing.assert_array_equal(got[key], ref)
+    assert call(client, hosts[a], "held").result() == {("p", 0): 1, ("p", 2): 1}  # q given up
+    with pytest.raises(KeyError):  # a block no host has: the call fails, with the error
+        call(client, hosts[a], "run", [99], [(("p", 0), 1, None, False)],
+             (("p", 2), 1, None, False), [(("p", 0), 2)], (("p", 2), 2), 0.01, 0.05, 1
+             ).result(timeout=30)
 
-    def block(n_users):
-        return (rng.integers(0, n_users, 300), rng.integers(0, 20, 300), rng.uniform(1, 5, 300))
 
-    b1, b2 = block(30), block(40)
-    P1, P2, Q = rng.random((30, 8)), rng.random((40, 8)), rng.random((20, 8))
-    got = _block_task([b1, b2], [(P1, None), ((P2, "other"), 0)], (Q, None), 0.01, 0.05, 7)
-    assert len(got) == 3
-    one = _block_task([b1], [(P1, None)], (Q, None), 0.01, 0.05, 7)
-    two = _block_task([b2], [(P2, None)], (one, 1), 0.01, 0.05, 8)
-    np.testing.assert_array_equal(got[0], one[0])
-    np.testing.assert_array_equal(got[1], two[0])
-    np.testing.assert_array_equal(got[2], two[1])
-    # the inputs are left as they were
-    assert not np.shares_memory(got[2], Q) and not np.shares_memory(got[0], P1)
+def test_block_scheduler_runs_over_host_calls_and_stops_at_a_failed_one(client):
+    """The scheduler takes calls (concurrent futures) as it takes Dask futures: every block
+    once, and a call's error stops the epoch with that error."""
+    from concurrent.futures import Future
+
+    from mgpu.sched import Block, BlockScheduler, Slot
+
+    blocks = [Block(r * 3 + c, r, c, owner=r % 2) for r in range(3) for c in range(3)]
+    slots = [Slot("one", "w"), Slot("two", "w")]
+
+    def run(group, slot, fail=None):
+        f = Future()
+        if fail is not None and group[0].id == fail:
+            f.set_exception(RuntimeError("block 4 broke"))
+        else:
+            f.set_result(0.0)
+        return f
+
+    events = BlockScheduler(blocks, slots, run, client=client).run_epoch()
+    assert sorted(e.block for e in events if e.kind == "finish") == list(range(9))
+    with pytest.raises(RuntimeError, match="block 4 broke"):
+        BlockScheduler(blocks, slots, lambda g, s: run(g, s, 4), client=client).run_epoch()

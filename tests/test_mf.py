@@ -167,39 +167,40 @@ def test_gpu_sgd_kernel_refuses_what_it_cannot_take():
 
 
 @pytest.mark.gpu
-def test_gpu_block_task_keeps_segments_on_the_device_and_matches_the_cpu():
-    """Two blocks of one column in one GPU task, on ratings without shared rows (so the
-    lock-free kernel must equal the sequential pass): the same segments as the CPU task; they
-    stay on the device for the next task there and leave it as host arrays."""
-    import pickle
+def test_gpu_host_keeps_segments_on_the_device_and_matches_the_cpu():
+    """Two blocks of one column in one GPU host call, on ratings without shared rows (so the
+    lock-free kernel must equal the sequential pass), one staged there and one fetched from a
+    CPU host with the item segment: the same segments as numba's passes; the next call
+    starts from what the first left on the device."""
+    from mgpu.dist import connect
+    from mgpu.mf.hosts import BlockHost, call
 
-    import cupy
-
-    from mgpu.mf.model import DeviceArrays, _block_task, _stage
-
-    u1, i1, r1 = _independent_ratings(3000, 0)
-    u2, i2, r2 = _independent_ratings(3000, 1)
+    b1, b2 = _independent_ratings(3000, 0), _independent_ratings(3000, 1)
     rng = np.random.default_rng(2)
     P1, P2, Q = rng.random((3000, 64)), rng.random((3000, 64)), rng.random((3000, 64))
-    cpu = _block_task([(u1, i1, r1), (u2, i2, r2)], [(P1, None), (P2, None)], (Q, None),
-                      0.01, 0.05, 3)
-    staged = _stage((u1, i1, r1), np.float64, 0)
-    gpu = _block_task([staged, (u2, i2, r2)], [(P1, None), (DeviceArrays(cupy.asarray(P2)),
-                                                            None)], (Q, None), 0.01, 0.05, 3,
-                      "gpu", {"conflicts": None})
-    assert all(isinstance(x, DeviceArrays) and isinstance(x.arrays[0], cupy.ndarray)
-               for x in gpu)
-    # the host copies the task made are its final segments
-    assert all(np.array_equal(x.host[0], x.arrays[0].get()) for x in gpu)
-    for g, c in zip(gpu, cpu):
-        host = pickle.loads(pickle.dumps(g))
-        assert isinstance(host, np.ndarray)
-        np.testing.assert_allclose(host, c, rtol=1e-12, atol=1e-12)
-    # a task on the same worker starts from the device arrays, without changing them
-    before = gpu[2].arrays[0].copy()
-    again = _block_task([staged], [(gpu, 0)], (gpu, 2), 0.01, 0.05, 4, "gpu", {})
-    assert bool((gpu[2].arrays[0] == before).all())
-    assert not bool((again[1].arrays[0] == before).all())
+    want = [x.copy() for x in (P1, P2, Q)]
+    for (users, items, ratings), P in zip((b1, b2), want[:2]):
+        sgd_block(users, items, ratings, P, want[2], 0.01, 0.05, 0.05)
+    with connect() as client:
+        w = next(iter(client.scheduler_info()["workers"]))
+        gpu, src = (client.submit(BlockHost, kind, 1, {"conflicts": None}, workers=[w],
+                                  actor=True, pure=False).result() for kind in ("gpu", "cpu"))
+        call(client, gpu, "set_peers", {"src": src}).result()
+        call(client, src, "put", {2: b2}, {("q", 0): Q}).result()
+        call(client, gpu, "put", {1: b1}, {("p", 0): P1, ("p", 1): P2}, [1]).result()
+        call(client, gpu, "run", [1, 2], [(("p", 0), 0, None, False), (("p", 1), 0, None, False)],
+             (("q", 0), 0, "src", False), [(("p", 0), 1), (("p", 1), 1)], (("q", 0), 1), 0.01,
+             0.05, 3, {2: "src"}).result(timeout=60)
+        got = call(client, gpu, "collect", {("p", 0): 1, ("p", 1): 1, ("q", 0): 1}).result()
+        for key, ref in zip((("p", 0), ("p", 1), ("q", 0)), want):
+            np.testing.assert_allclose(got[key], ref, rtol=1e-12, atol=1e-12)
+        assert call(client, src, "held").result() == {}  # the item segment moved
+        call(client, gpu, "run", [1], [(("p", 0), 1, None, False)], (("q", 0), 1, None, False),
+             [(("p", 0), 2)], (("q", 0), 2), 0.01, 0.05, 4).result(timeout=60)
+        sgd_block(*b1, want[0], want[2], 0.01, 0.05, 0.05)
+        again = call(client, gpu, "collect", {("p", 0): 2, ("q", 0): 2}).result()
+        np.testing.assert_allclose(again[("p", 0)], want[0], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(again[("q", 0)], want[2], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.gpu

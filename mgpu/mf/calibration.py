@@ -1,31 +1,32 @@
 """Calibrating HSGD*'s cost model on the cluster's own workers, and caching the result.
 
 A sample of ratings is cut into growing prefixes S1, S1+S2, … (each twice the last), and one
-block task's steps are timed on each, a few repeats averaged, where blocks really run. The
+block call's steps are timed on each, a few repeats averaged, where blocks really run. The
 sample is one column stratum of the division HSGD* will make
 (:func:`mgpu.mf.division.columns`),
 its ratings ordered by user, the users shuffled (:func:`block_window`), so that each prefix
 is a block as the division cuts them: the ratings of a row stratum of shuffled users in a
 column stratum, with factor segments of every user of the row and every item of the column.
 A prefix of ratings shuffled over the whole matrix is not: it meets a new user at nearly
-every rating, so its user segment (which a task copies) and its working set are several
+every rating, so its user segment and its working set are several
 times a real block's of as many ratings. On 480,000 × 17,770 planted ratings such a prefix
 took 620 ns a rating on one CPU thread where a block of the division took 290–330 ns, and
 HSGD*'s CPU side had been predicted 27–53% too slow.
 
-Timed on a CPU worker: the whole CPU block (one thread: copies of the factor segments, the
-shuffle, the numba pass); on a GPU worker: the transfers (the ratings and the item segment
-to the device, both segments back; the user segment stays on the device between the blocks
-of a GPU's own rows) apart from the kernel (``kernels/sgd.cu``).
+Timed on a CPU worker: the whole CPU block (one thread: the shuffle and the numba pass, in
+place on the factor segments as a block host runs it); on a GPU worker: the transfers (the
+item segment to the device, both segments back; the user segment stays on the device
+between the blocks of a GPU's own rows) apart from the kernel (``kernels/sgd.cu``).
 
-Every task also costs its slot time outside its own run: the Dask round trip from the
-client's submission to the client hearing it ended, and the copies of segments between
-workers. Idle, that is a few milliseconds; in an epoch, with every slot's task in flight,
-the workers, the scheduler and the client all busy, it was 26 ms a CPU task on the 16-core
-GPU machine, as long as a whole block of 18,000 ratings. It is measured as an epoch has it
-(:func:`_task_overheads`): every slot runs block tasks back to back, as the block scheduler
-runs them, and a task's overhead is the time its slot was busy with it, counted as HSGD*'s
-side times count it, less the task's own run on its worker.
+Every call also costs its slot time outside its own run: the round trip from the client's
+call to the client hearing it ended, and the copies of segments between workers. Idle,
+that is a few milliseconds; in an epoch, with every slot busy, the workers and the client
+all busy, it was 26 ms a CPU block on the 16-core GPU machine when each block was a Dask
+task, as long as a whole block of 18,000 ratings, and 7–8 ms since blocks are calls to
+block hosts (:mod:`mgpu.mf.hosts`). It is measured as an epoch has it
+(:func:`_task_overheads`): every slot runs block calls back to back, as the block
+scheduler runs them, and a call's overhead is the time its slot was busy with it, counted
+as HSGD*'s side times count it, less the call's own run on its worker.
 
 :class:`Calibration` keeps the measurements and fits the curves of :mod:`mgpu.sched.cost`
 from them, as HSGD* does (CPU piecewise linear through the sizes measured; GPU transfer
@@ -142,7 +143,7 @@ def block_window(users: np.ndarray, items: np.ndarray, shape: tuple[int, int],
 
 @dataclass
 class Calibration:
-    """Measured seconds of one block task's steps against its number of ratings.
+    """Measured seconds of one block call's steps against its number of ratings.
 
     ``cpu_s``: a CPU block on one thread; ``transfer_s`` and ``kernel_s``: a GPU block's
     copies and its kernel; ``overhead_cpu_s`` / ``overhead_gpu_s``: a task's cost to a CPU /
@@ -304,7 +305,7 @@ def _prefix_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n: 
 def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarray,
              n_items: int, sizes: list[int], k: int, dtype: str, repeats: int,
              gpu_kw: dict[str, Any], threads: int = 1) -> dict[str, Any]:
-    """Runs on a worker: the block task's steps timed on each prefix (means of repeats) of
+    """Runs on a worker: a block call's steps timed on each prefix (means of repeats) of
     a :class:`Window`'s ratings, a stratum of ``n_items``.
 
     CPU: ``threads`` blocks of the prefix's size at once, each on its own thread and its own
@@ -316,7 +317,7 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from mgpu.mf.model import DeviceArrays, _host_copy, _stage, _to_device
+    from mgpu.mf.model import _host_copy, _stage
     from mgpu.mf.sgd import sgd_block
 
     out: dict[str, Any] = {"times": [], "transfer": [], "kernel": []}
@@ -349,20 +350,19 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     for n in sizes:
         block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype), n_items)
         staged = _stage(block, np.dtype(dtype), n)
-        Pd = DeviceArrays(_to_device(P))
+        Pd = cupy.asarray(P)  # the user segment stays on the device between calls
         tr, ke = [], []
         for rep in range(repeats + 1):  # the first run compiles and warms up
             stream.synchronize()
             t0 = time.perf_counter()
-            Qd = _to_device(Q)
-            P_next = _to_device(Pd)
+            Qd = cupy.asarray(Q)  # the item segment arrives from another host
             stream.synchronize()
             t1 = time.perf_counter()
-            sgd_block(*staged.arrays, P_next, Qd, 0.005, 0.05, 0.05, **gpu_kw)
+            sgd_block(*staged, Pd, Qd, 0.005, 0.05, 0.05, **gpu_kw)
             stream.synchronize()
             t2 = time.perf_counter()
-            Q = _host_copy(Qd)  # both segments back, as a GPU block task copies them
-            Pd = DeviceArrays(P_next, host=(_host_copy(P_next),))
+            Q = _host_copy(Qd)  # both segments back, as a GPU host's call copies them
+            _host_copy(Pd)
             t3 = time.perf_counter()
             if rep:
                 tr.append((t1 - t0) + (t3 - t2))
@@ -459,7 +459,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
               gpu_kw: dict[str, Any] | None = None, max_ratings: int = 4_000_000,
               repeats: int = 3, cpu_threads: int = 1, seed: int = 0,
               window: Window | None = None) -> Calibration:
-    """Measure block tasks on a CPU worker and a GPU worker of ``client``'s cluster.
+    """Measure block calls on a CPU worker and a GPU worker of ``client``'s cluster.
 
     The first ``max_ratings`` ratings of ``window`` (:func:`block_window`; default: one
     stratum of all the items) are the sample; prefixes double from 1,024 up to that. Either

@@ -93,16 +93,41 @@ class BlockHost:
             del self.segs[key]
         return arr if host is None else host
 
+    async def held(self) -> dict[Key, int]:
+        """The segments held here and their versions."""
+        return {key: v for key, (v, _, _) in self.segs.items()}
+
     async def collect(self, wanted: dict[Key, int]) -> dict[Key, np.ndarray]:
         """Segments at the given versions, as host arrays, kept here (the client's RMSE)."""
         return {key: await self.take(key, v, keep=True) for key, v in wanted.items()}
 
     async def warm(self, k: int) -> None:
-        """A block run as an epoch runs it, before the first epoch's clock starts
-        (:func:`mgpu.mf.model._warm`)."""
-        from mgpu.mf.model import _warm
+        """Blocks run here as an epoch runs them, before the first epoch's clock starts (one
+        rating on a CPU, 16,384 on a GPU): on a CPU the numba pass compiles or loads for k
+        (float64); on a GPU ``kernels/sgd.cu`` and every CuPy kernel a call uses (staging
+        ratings, segments from the host and left on the device, the host copies) compile or
+        load. Otherwise the first epoch is the compiler's: a fresh machine's first GPU
+        compile took 6.8 s of a MovieLens epoch, and the first epoch's rates are what rows
+        are handed over by. A GPU block is of a real block's order of size because
+        cupy.bincount (a block's busiest user and item, ``mgpu.mf.gpu-conflicts``) runs
+        another kernel from some thousands of values on, compiled on its first use: 4.2 s on
+        an H100 machine, which a one-rating block left to the first epoch."""
+        await self._in_pool(self._warm, k)
 
-        await self._in_pool(_warm, k, self.kind, self.gpu_kw)
+    def _warm(self, k: int) -> None:
+        n, m = (1 << 14, 1 << 12) if self.kind == "gpu" else (1, 1)
+        block = (np.arange(n, dtype=np.int64) % m, np.arange(n, dtype=np.int64) // 4 % m,
+                 np.ones(n))
+        seg = np.zeros((m, k))
+        self.blocks["warm"] = block
+        if self.kind == "gpu":
+            from mgpu.mf.model import _stage
+
+            self.staged["warm"] = _stage(block, seg.dtype, 0)
+        _, outs = self._run_blocks(["warm"], [seg.copy()], seg.copy(), 0.0, 0.0, 0)
+        self._run_blocks(["warm"], [outs[0][0]], outs[1][0], 0.0, 0.0, 0)  # left as made
+        del self.blocks["warm"]
+        self.staged.pop("warm", None)
 
     # ------------------------------------------------------------------------- a call
     async def run(self, ids: Sequence[Any], p_in: Sequence[tuple[Key, int, str | None, bool]],
@@ -197,9 +222,8 @@ class BlockHost:
         from mgpu.mf.model import _stage
 
         if b not in self.staged:
-            staged = await self._in_pool(_stage, self.blocks[b], np.dtype(dtype),
-                                         seed + int(b))
-            self.staged[b] = staged.arrays
+            self.staged[b] = await self._in_pool(_stage, self.blocks[b], np.dtype(dtype),
+                                                 seed + int(b))
 
 
 def call(client: Any, host: Any, method: str, *args: Any, **kwargs: Any) -> cf.Future:

@@ -9,7 +9,7 @@ Modes so far:
     FPSGD-style: users and items shuffled, cut into a (t+1)×(t+1) grid for t worker slots
     (one per thread of the cluster's workers), the blocks run by
     :class:`mgpu.sched.BlockScheduler` so that no two running blocks share users or items;
-    factor segments are futures, so each block sees the latest ones.
+    factor segments are versioned, so each block sees the latest ones.
 ``gpu``
     The same grid on the cluster's GPU workers only, one slot per GPU, each block run by the
     GPU kernel (``kernels/sgd.cu``, cuMF_SGD's warp-per-rating scheme).
@@ -22,7 +22,7 @@ Modes so far:
     (:func:`mgpu.mf.division.hsgd_star`) gives each GPU its own users and the CPU threads the
     rest, each slot starts on its own blocks (the static phase) and a slot that runs dry
     steals a free block when moving it pays (the dynamic phase). After each epoch, when the
-    rates it measured (ratings per busy second of each kind of slot, Dask's per-task costs
+    rates it measured (ratings per busy second of each kind of slot, each call's round trip
     under load included, which the calibration on an idle cluster cannot see) balance the
     two sides at a share more than 0.02 from the one running, whole rows of blocks are
     handed between the GPUs and the CPU slots, halfway there (``mgpu.mf.replan``, on by
@@ -34,13 +34,16 @@ Modes so far:
 ``hsgd-linear``
     ``hsgd*`` with α from Qilin's linear model (one straight line per device) instead.
 
-A GPU's own blocks have their ratings staged on its device once, for every epoch; the
-factor segments a GPU task leaves stay on the device (:class:`DeviceArrays`) for the next
-task there; the task also leaves host copies of them in pinned memory, sent when another
-worker or the client asks, so that nobody waits behind the GPU's next kernel. A GPU runs its
-blocks of one column (its sub-rows) in one task, one Dask round trip for all of them, and
-its next column's task is queued on its worker behind the running one
-(``mgpu.mf.gpu-ahead``).
+Every block mode runs its blocks through block hosts (:mod:`mgpu.mf.hosts`): one Dask actor
+per worker holds the ratings of the blocks it owns and the factor segments, versioned, and
+runs the calls the block scheduler sends it straight from the client, without a Dask task
+per block (whose dispatch through the scheduler cost as long as the block). A GPU's own
+blocks have their ratings staged on its device once, for every epoch; the factor segments
+stay on the device between its calls, each call leaving host copies of what it updated in
+pinned memory, sent when another host or the client asks, so that nobody waits behind the
+GPU's next kernel. A GPU runs its blocks of one column (its sub-rows) in one call, one
+round trip for all of them, and its next column's call is queued on its host behind the
+running one (``mgpu.mf.gpu-ahead``).
 """
 from __future__ import annotations
 
@@ -78,59 +81,17 @@ MIXED_MODES = ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
 COST_MODES = ("hsgd-linear", "hsgd-static", "hsgd*")
 
 
-class DeviceArrays:
-    """Arrays a GPU block task left on its worker's device: factor segments, or a block's
-    ratings staged once. A later task on the same worker uses them where they are; sent
-    anywhere else (a CPU worker, the client, a spill to disk) they are pickled as host
-    arrays (:func:`_host_form`).
-
-    ``host``: host copies the task made once its kernels finished (a GPU block task makes
-    them for every segment it returns, by DMA into pinned memory). Pickling sends those;
-    without them it copies from the device then, which would wait behind whatever kernel the
-    worker runs next (the legacy default stream orders every copy after it)."""
-
-    __slots__ = ("arrays", "host")
-
-    def __init__(self, *arrays: Any, host: tuple[np.ndarray, ...] | None = None):
-        self.arrays = arrays
-        self.host = host
-
-    def host_arrays(self) -> list[np.ndarray]:
-        return list(self.host) if self.host is not None else [a.get() for a in self.arrays]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _host_form, (self.host_arrays(),)
-
-    def __sizeof__(self) -> int:
-        return int(sum(a.nbytes for a in self.arrays + (self.host or ())))
-
-
-def _host_form(arrays: list[np.ndarray]) -> Any:
-    """What :class:`DeviceArrays` becomes on the host: its one array, or a tuple of them."""
-    return arrays[0] if len(arrays) == 1 else tuple(arrays)
-
-
-def _on_host(x: Any) -> Any:
-    return _host_form(x.host_arrays()) if isinstance(x, DeviceArrays) else x
-
-
-def _segment(x: Any, index: int | None) -> Any:
-    """A factor segment as sent: an array, or entry ``index`` of the block task that last
-    updated it."""
-    return x if index is None else x[index]
-
-
 def _stage(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, seed: int
-           ) -> DeviceArrays:
+           ) -> tuple[Any, Any, Any]:
     """A block's ratings on the GPU, in a random order drawn once (cuMF_SGD shuffles once
     too; thousands of warps in flight reorder the updates anyway), int32 ids."""
     import cupy
 
-    users, items, ratings = _on_host(block)
+    users, items, ratings = block
     order = np.random.default_rng(seed).permutation(users.shape[0])
-    return DeviceArrays(cupy.asarray(users[order].astype(np.int32)),
-                        cupy.asarray(items[order].astype(np.int32)),
-                        cupy.asarray(ratings[order].astype(dtype)))
+    return (cupy.asarray(users[order].astype(np.int32)),
+            cupy.asarray(items[order].astype(np.int32)),
+            cupy.asarray(ratings[order].astype(dtype)))
 
 
 def _host_copy(a: Any) -> np.ndarray:
@@ -142,80 +103,6 @@ def _host_copy(a: Any) -> np.ndarray:
     out = cupyx.empty_pinned(a.shape, a.dtype)
     a.get(out=out)
     return out
-
-
-def _to_device(seg: Any) -> Any:
-    """A segment as a device array this task may change: a copy of the device array a block
-    on this worker left (its own result stays as it was), or the host array sent here."""
-    import cupy
-
-    if isinstance(seg, DeviceArrays):
-        return seg.arrays[0].copy()
-    return cupy.array(seg)
-
-
-def _block_task(blocks: list[Any], p_segs: list[tuple[Any, int | None]],
-                q_seg: tuple[Any, int | None], lr: float, reg: float, seed: int,
-                device: str = "cpu", gpu_kw: dict[str, Any] | None = None) -> tuple[Any, ...]:
-    """Blocks of one column, one after the other (users, items, ratings in segment-local
-    ids): SGD over each block's ratings in a random order, on copies of the factor
-    segments; returns each block's new user segment, then the column's item segment.
-
-    A segment comes as ``(array, None)`` or as ``(result, j)``: entry j of the result of the
-    block task that last updated it, so the blocks are one task. On a GPU slot a block's
-    ratings come staged on the device (:func:`_stage`; a block the GPU does not own is staged
-    here), segments a block on this worker left stay on the device (:class:`DeviceArrays`),
-    and ``kernels/sgd.cu`` runs each pass with ``gpu_kw`` (:func:`gpu_options`).
-    """
-    Q = _segment(*q_seg)
-    out: list[Any] = []
-    if device == "gpu":
-        Qd = _to_device(Q)
-        for j, (block, p_seg) in enumerate(zip(blocks, p_segs)):
-            Pd = _to_device(_segment(*p_seg))
-            staged = block if isinstance(block, DeviceArrays) else _stage(block, Pd.dtype,
-                                                                           seed + j)
-            sgd_block(*staged.arrays, Pd, Qd, lr, reg, reg, **(gpu_kw or {}))
-            out.append(Pd)
-        out.append(Qd)
-        # the task ends when its kernels do (its time is the GPU's), with host copies of
-        # what it returns for whoever takes them next off this worker
-        return tuple(DeviceArrays(a, host=(_host_copy(a),)) for a in out)
-    Q = np.array(_on_host(Q))
-    for j, (block, p_seg) in enumerate(zip(blocks, p_segs)):
-        P = np.array(_on_host(_segment(*p_seg)))
-        users, items, ratings = _on_host(block)
-        order = np.random.default_rng(seed + j).permutation(users.shape[0])
-        sgd_block(users, items, ratings, P, Q, lr, reg, reg, order)
-        out.append(P)
-    out.append(Q)
-    return tuple(out)
-
-
-def _warm(k: int, device: str, gpu_kw: dict[str, Any] | None = None) -> None:
-    """Block tasks on this worker, as an epoch runs them, before the first epoch's clock
-    starts (one rating on a CPU, 16,384 on a GPU): on a CPU the numba pass compiles or loads
-    for k (float64); on a GPU ``kernels/sgd.cu`` and every CuPy kernel a task uses (staging
-    ratings, segments from the host and left on the device, the host copies) compile or
-    load. Otherwise the first epoch is the compiler's: a fresh machine's first GPU compile
-    took 6.8 s of a MovieLens epoch, and the first epoch's rates are what rows are handed
-    over by (:meth:`_rebalance`)."""
-    if device != "gpu":
-        block = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1))
-        seg = np.zeros((1, k))
-        _block_task([block], [(seg, None)], (seg, None), 0.0, 0.0, 0)
-        return
-    # on a GPU a block of a real block's order of size: cupy.bincount (a block's busiest
-    # user and item, mgpu.mf.gpu-conflicts) runs another kernel from some thousands of
-    # values on, compiled on its first use: 4.2 s on an H100 machine, which a one-rating
-    # block left to a fresh machine's first gpu-mode epoch
-    n, m = 1 << 14, 1 << 12
-    block = (np.arange(n, dtype=np.int64) % m, np.arange(n, dtype=np.int64) // 4 % m,
-             np.ones(n))
-    seg = np.zeros((m, k))
-    staged = _stage(block, seg.dtype, 0)
-    out = _block_task([staged], [(seg, None)], (seg, None), 0.0, 0.0, 0, "gpu", gpu_kw)
-    _block_task([block], [(out, 0)], (out, 1), 0.0, 0.0, 0, "gpu", gpu_kw)
 
 
 def gpu_options() -> dict[str, Any]:
@@ -415,7 +302,7 @@ default='sequential'
         between epochs, ``mgpu.mf.replan``) and the cost model's ``alpha_planned``.
     setup_s_ : float
         Seconds before the first epoch: calibrating the cost model (unless cached), compiling
-        the block kernel on each worker (:func:`_warm`), dividing the ratings and sending them
+        the block kernel on each worker (:meth:`mgpu.mf.hosts.BlockHost.warm`), dividing the ratings and sending them
         to the workers.
     schedule_events_ : list of mgpu.sched.Event
         Block modes only: every assignment, steal and completion of the block scheduler

@@ -1,11 +1,14 @@
-"""A client-side block scheduler over Dask futures: static plan, then work stealing.
+"""A client-side block scheduler over futures: static plan, then work stealing.
 
 Generic: blocks (a row and a column stratum, a size, an owner from the static plan), slots
 (a GPU worker, or one thread of a CPU worker), a function that submits a block to a slot and
-returns its future, and a cost model. Used by HSGD* and by any job cut into blocks.
+returns its future (a Dask future, or a ``concurrent.futures.Future`` such as a call to a
+block host of :mod:`mgpu.mf.hosts`), and a cost model. Used by HSGD* and by any job cut into
+blocks.
 
-- A block is submitted pinned to its slot's worker by ``run`` (``workers=[...]``,
-  ``allow_other_workers=False``), so Dask's own stealing stays out.
+- A block is submitted to its slot's worker by ``run`` (a Dask task pinned there with
+  ``workers=[...]``, ``allow_other_workers=False``, so Dask's own stealing stays out, or a
+  call to an actor on that worker).
 - Two running blocks never share a row or a column stratum (the SGD conflict rule).
 - Among the free blocks a slot may take, the least updated goes first.
 - A slot whose own queue has nothing free steals from the slot with the most expected
@@ -20,11 +23,12 @@ returns its future, and a cost model. Used by HSGD* and by any job cut into bloc
 - A slot may run several of its own blocks in one task (``batch``): further free blocks of
   its queue in the column of the one it picked, run one after the other. They share that
   column, so they never run at once; the task's round trip is paid once, not per block,
-  which matters for a GPU whose blocks take less time than a Dask round trip.
+  which matters for a GPU whose blocks take less time than a round trip.
 - A slot may have tasks queued on its worker behind the one it runs (``ahead``). A queued
-  block may share a stratum only with its own slot's tasks in flight; ``run`` hands each task
-  the futures of the tasks that last updated its segments, so Dask starts it only once those
-  ended, without a round trip through this loop. Then "running" above means in flight: two
+  block may share a stratum only with its own slot's tasks in flight; ``run`` makes each
+  task wait for the segments the tasks before it leave (Dask futures as its arguments, or the
+  versions a block host waits for), so it starts once those ended, without a round trip
+  through this loop. Then "running" above means in flight: two
   slots' tasks in flight never share a stratum.
 - The loop hears of completions through the futures' done callbacks and never fetches a
   finished block's result (that would copy its segments to the client); it asks a failed
@@ -103,7 +107,7 @@ class BlockScheduler:
     ----------
     blocks : sequence of Block
     slots : sequence of Slot
-    run : callable (tuple of Block, Slot) -> distributed.Future
+    run : callable (tuple of Block, Slot) -> distributed.Future or concurrent.futures.Future
         Submits blocks to one slot (pinned to ``slot.worker``), to run one after the other in
         the given order, and returns the future of that task; without ``batch`` the tuple
         holds one block.
@@ -123,10 +127,10 @@ class BlockScheduler:
     ahead : callable (Slot) -> int, optional
         Tasks a slot may have queued behind the one it runs (default 0): they are submitted
         at once and start on the worker as soon as the one before ends, without waiting for
-        the client to hear of it, which hides a Dask round trip per task. A queued block may
-        share a row or column only with the same slot's earlier tasks, so ``run`` must give
-        each task the segments of the task that last updated them as futures: Dask then runs
-        those tasks one after the other. A slot steals only once it has nothing in flight.
+        the client to hear of it, which hides a round trip per task. A queued block may
+        share a row or column only with the same slot's earlier tasks, so ``run`` must make
+        each task wait for the segments the task that last updated them leaves (as futures,
+        or as versions a block host waits for): those tasks then run one after the other. A slot steals only once it has nothing in flight.
     epochs_done : int, default=0
         Epochs run before this scheduler (a job whose blocks changed owners): its events are
         numbered after them.
