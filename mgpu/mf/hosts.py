@@ -52,7 +52,7 @@ class BlockHost:
         self.waiting: dict[tuple[Key, int], asyncio.Event] = {}
         self.peers: dict[str, Any] = {}
 
-    # -------------------------------------------------------------- set up, look, clean up
+    # ------------------------------------------------------------------- set up, look
     async def set_peers(self, peers: dict[str, Any]) -> None:
         """The other hosts, by worker address."""
         self.peers = dict(peers)
@@ -66,14 +66,6 @@ class BlockHost:
             self._set(key, 0, *await self._in_pool(self._adopt, arr))
         for b in stage:
             await self._stage(b, dtype, seed)
-
-    async def drop(self, keys: Sequence[Key] = (), blocks: Sequence[Any] = ()) -> None:
-        """Forget segments and blocks (a probe's)."""
-        for key in keys:
-            self.segs.pop(key, None)
-        for b in blocks:
-            self.blocks.pop(b, None)
-            self.staged.pop(b, None)
 
     async def prefetch(self, ids: Sequence[Any], sources: dict[Any, str],
                        dtype: str = "float64", seed: int = 0) -> None:
