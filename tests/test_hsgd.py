@@ -212,9 +212,6 @@ def test_cpu_calibration_on_a_cluster_fits_and_is_cached(client, tmp_path):
     assert line.form == "linear" and line.a > 0
     cpu = cal.predictor("cpu")
     assert cpu(0) == 0.0 and cpu(1e6) > cpu(1e5) > cal.overhead_cpu_s
-    # the curve scaled to the probe's run of a block with the slot busy
-    assert cal.probe_cpu_s > 0
-    assert cpu(cal.probe) == pytest.approx(cal.probe_cpu_s + cal.overhead_cpu_s)
     with pytest.raises(ValueError, match="no GPU measurements"):
         cal.predictor("gpu")
     assert "40,000 |" in cal.describe()
@@ -290,25 +287,6 @@ def test_a_gpu_tasks_overhead_goes_with_the_cpu_slots_at_work():
     assert _plan(200_000, predict, 1, 4) == (0, 1.0)
     assert _epoch_time(200_000, predict, 1, 0, 1.0, load=0.0) < \
         _epoch_time(200_000, predict, 1, 0, 1.0, load=1.0)
-
-
-def test_probe_runs_scale_the_curves_to_an_epochs_load():
-    """A probe block that ran twice as long as its curve says, every slot busy, doubles
-    the curve (not the overhead); a GPU's scale goes from alone to busy with the load."""
-    n = [1024.0, 4096.0]
-    plain = Calibration("k", n, [1e-3, 4e-3], [1e-4, 4e-4], [2e-4, 8e-4], 0.03, 0.02, "now",
-                        probe=1024, overhead_gpu_alone_s=0.002)
-    loaded = Calibration("k", n, [1e-3, 4e-3], [1e-4, 4e-4], [2e-4, 8e-4], 0.03, 0.02, "now",
-                         probe=1024, overhead_gpu_alone_s=0.002, probe_cpu_s=2e-3,
-                         probe_gpu_s=9e-4, probe_gpu_alone_s=3e-4)
-    for model in ("hsgd*", "linear"):
-        assert loaded.predictor("cpu", model)(4096) == pytest.approx(
-            2 * (plain.predictor("cpu", model)(4096) - 0.03) + 0.03)
-    gpu, run = loaded.predictor("gpu"), 4e-4 + 8e-4
-    assert gpu(4096, 2) == pytest.approx(3 * run + 0.01)
-    assert gpu(4096, 2, load=0.0) == pytest.approx(run + 0.001)
-    assert gpu(4096, 2, load=0.5) == pytest.approx(2 * run + 0.0055)
-    assert "CPU 2.00 ms, GPU 0.90 ms (alone 0.30 ms)" in loaded.describe()
 
 
 def _block(rng, n_users, n_items=20, n=300):

@@ -152,10 +152,7 @@ class Calibration:
     and ``overhead_gpu_alone_s`` the GPU's with no CPU slot at work; ``block``: the sampled
     column stratum's items and ratings per user (:class:`Window`); ``calls``: what ran the
     blocks, "hosts" (:mod:`mgpu.mf.hosts`) or, in a calibration from before, a Dask task per
-    block; ``probe_cpu_s`` / ``probe_gpu_s``: the median run of one of the probe's blocks
-    on a CPU / GPU slot with every slot busy (``probe_gpu_alone_s``: the GPU's alone), which
-    scale the fitted curves to the load of an epoch (:meth:`predictor`; 0: not measured).
-    ``key`` names what was
+    block. ``key`` names what was
     measured (the GPU and CPU models, k, dtype, the bound on conflicting GPU updates,
     ``block``), so a cached calibration is reused only for the same.
     """
@@ -172,9 +169,6 @@ class Calibration:
     probe: int = 0
     overhead_gpu_alone_s: float = 0.0
     calls: str = "tasks"
-    probe_cpu_s: float = 0.0
-    probe_gpu_s: float = 0.0
-    probe_gpu_alone_s: float = 0.0
 
     # ------------------------------------------------------------------ fitted curves
     def curves(self, model: str = "hsgd*") -> dict[str, Curve]:
@@ -200,26 +194,13 @@ class Calibration:
         on a slot of ``kind`` ("cpu" or "gpu"), with its share of its task's overhead when
         ``per_task`` blocks run in one task; 0 for an empty block. ``load``: the share of
         the calibrated CPU slots at work beside a GPU, whose task overhead goes from the one
-        measured alone (0) to the one measured with every slot busy (1).
-
-        The fitted curve is scaled by the probe's run of a block with every slot busy
-        against the curve's time for that block (``probe_cpu_s`` / ``probe_gpu_s``): the
-        prefixes are timed with each kind of slot busy only with its own kind's blocks,
-        while in an epoch both run at once, with segments crossing between the workers.
-        A GPU's scale goes from the one measured alone to the busy one with ``load``, as its
-        overhead does."""
+        measured alone (0) to the one measured with every slot busy (1)."""
         c = self.curves(model)
-
-        def scale(curve: Callable[[float], float], run: float) -> float:
-            t = curve(float(self.probe)) if self.probe else 0.0
-            return run / t if run > 0 and t > 0 else 1.0
-
         if kind == "cpu":
             if "cpu" not in c:
                 raise ValueError("This calibration has no CPU measurements.")
             line, ovh = c["cpu"], self.overhead_cpu_s
-            k = scale(line, self.probe_cpu_s)
-            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else k * max(line(n), 0.0)
+            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), 0.0)
                                                     + ovh / per_task)
         if kind != "gpu":
             raise ValueError(f"kind must be 'cpu' or 'gpu'. Got {kind!r}.")
@@ -227,21 +208,16 @@ class Calibration:
             raise ValueError("This calibration has no GPU measurements.")
         busy, alone = self.overhead_gpu_s, self.overhead_gpu_alone_s
 
-        def between(lo: float, hi: float, load: float) -> float:
-            return lo + (hi - lo) * min(max(load, 0.0), 1.0)
+        def ovh(load: float) -> float:
+            return alone + (busy - alone) * min(max(load, 0.0), 1.0)
 
         if model == "linear":
             line = c["gpu"]
-        else:
-            tr, ke = c["transfer"], c["kernel"]
-
-            def line(n: float) -> float:
-                return max(tr(n), 0.0) + max(ke(n), 0.0)
-        k_busy = scale(line, self.probe_gpu_s)
-        k_alone = scale(line, self.probe_gpu_alone_s or self.probe_gpu_s)
-        return lambda n, per_task=1, load=1.0: (
-            0.0 if n <= 0 else between(k_alone, k_busy, load) * max(line(n), 0.0)
-            + between(alone, busy, load) / per_task)
+            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), 0.0)
+                                                    + ovh(load) / per_task)
+        tr, ke = c["transfer"], c["kernel"]
+        return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(tr(n), 0.0)
+                                                + max(ke(n), 0.0) + ovh(load) / per_task)
 
     def describe(self) -> str:
         """The measurements and both models' curves, as text."""
@@ -252,9 +228,6 @@ class Calibration:
                  f"CPU slot {self.overhead_cpu_s * 1e3:.2f} ms, GPU slot "
                  f"{self.overhead_gpu_s * 1e3:.2f} ms (alone "
                  f"{self.overhead_gpu_alone_s * 1e3:.2f} ms)",
-                 f"a probe block's run, every slot busy: CPU {self.probe_cpu_s * 1e3:.2f} ms, "
-                 f"GPU {self.probe_gpu_s * 1e3:.2f} ms (alone {self.probe_gpu_alone_s * 1e3:.2f}"
-                 " ms)",
                  "ratings     | CPU block s | GPU transfer s | GPU kernel s"]
         for j, n in enumerate(self.sizes):
             cols = [self.cpu_s, self.transfer_s, self.kernel_s]
@@ -475,10 +448,9 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
             submit(s)
     out = {}
     for kind in ("cpu", "gpu"):
-        got = [(b - o, o) for s, b, o, first in busy if slots[s][0] == kind and not first]
+        got = [b - o for s, b, o, first in busy if slots[s][0] == kind and not first]
         if got:
-            out[kind] = max(0.0, float(np.median([x for x, _ in got])))
-            out[f"{kind} run"] = float(np.median([o for _, o in got]))
+            out[kind] = max(0.0, float(np.median(got)))
     return out
 
 
@@ -519,7 +491,6 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     if gpu_worker is not None and cpu_worker is not None:  # and the GPU with the CPUs idle
         alone = _task_overheads(client, *pblock, None, 0, gpu_worker, dtype, gpu_kw or {})
         overhead["gpu alone"] = alone["gpu"]
-        overhead["gpu run alone"] = alone["gpu run"]
     cal = Calibration(
         key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads,
                         window.block),
@@ -530,9 +501,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         overhead_cpu_s=overhead.get("cpu", 0.0), overhead_gpu_s=overhead.get("gpu", 0.0),
         overhead_gpu_alone_s=overhead.get("gpu alone", overhead.get("gpu", 0.0)),
         measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(window.block),
-        probe=probe, calls="hosts", probe_cpu_s=overhead.get("cpu run", 0.0),
-        probe_gpu_s=overhead.get("gpu run", 0.0),
-        probe_gpu_alone_s=overhead.get("gpu run alone", overhead.get("gpu run", 0.0)))
+        probe=probe, calls="hosts")
     return cal
 
 

@@ -710,11 +710,9 @@ default='sequential'
         key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads, window.block)
         cal = cached(key)
         # (one without ``probe`` priced calls at an idle round trip, one of other ``calls``
-        # the dispatch of a Dask task per block, one without a probe's runs left the curves
-        # at the calibration's load: measured again)
+        # the dispatch of a Dask task per block: measured again)
         if cal is None or not cal.probe or cal.calls != "hosts" or (cpu and not cal.cpu_s) \
-                or (gpu and not cal.kernel_s) or (cpu and not cal.probe_cpu_s) \
-                or (gpu and not cal.probe_gpu_s):
+                or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
             cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,
                             dtype="float64", gpu_kw=gpu_kw, cpu_threads=max(threads, 1),
