@@ -120,6 +120,31 @@ def test_blocked_cpu_mode_reaches_the_movielens_target(client, data_dir):
     assert set(counts.values()) == {len(h)}  # equal update counts per block
 
 
+def test_a_lost_worker_stops_the_fit_with_a_message_not_a_hang(tmp_path):
+    """A block host's worker killed between two epochs of a fit: the next epoch stops at
+    once, naming the epoch and where the last finished epoch's factors are."""
+    import os
+    import signal
+
+    from mgpu.dist import connect
+    from mgpu.synthetic import planted_ratings
+
+    R = planted_ratings(5000, 2000, 400_000, noise=0.5, seed=0)
+    with connect(gpus=False, n_workers=2) as c:
+        victim = sorted(c.run(os.getpid).values())[1]
+        mf = mgpu.MatrixFactorization(16, lr=0.01, epochs=10_000, mode="cpu", seed=0,
+                                      checkpoint_dir=str(tmp_path))
+
+        def kill(entry):
+            if entry["epoch"] == 3:
+                os.kill(victim, signal.SIGKILL)
+
+        with pytest.raises(RuntimeError, match=r"the cpu mode's blocks was lost in epoch 4: .*"
+                           r"could not be reached.*; P_ and Q_ hold epoch 3's factors, also in "):
+            mf.fit(R, callback=kill)
+    assert len(mf.history_) == 3 and (tmp_path / "mf-epoch-3.npz").exists()
+
+
 @pytest.mark.parametrize("mode", ["gpu", "hsgd"])
 def test_gpu_modes_refuse_a_cluster_without_gpus(client, mode):
     R = sp.coo_matrix(np.array([[1.0, 2.0], [3.0, 0.0]]))

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BlockHost", "SegmentMap", "call", "start_hosts"]
+__all__ = ["BlockHost", "HostLost", "SegmentMap", "call", "start_hosts"]
 
 Key = tuple[str, int]  # ("p", row stratum) or ("q", column stratum), or a probe's own keys
 
@@ -218,14 +218,24 @@ class BlockHost:
                                                  seed + int(b))
 
 
+class HostLost(RuntimeError):
+    """A block host, or a host it takes from, could not be reached: its worker is gone."""
+
+
 def call(client: Any, host: Any, method: str, *args: Any, **kwargs: Any) -> cf.Future:
     """A host's method called from the client, as a ``concurrent.futures.Future`` (done
-    callbacks, ``result()``), the call made on the client's event loop."""
+    callbacks, ``result()``), the call made on the client's event loop; a host that cannot
+    be reached fails it with :class:`HostLost`."""
     out: cf.Future = cf.Future()
 
     async def go() -> None:
         try:
             out.set_result(await getattr(host, method)(*args, **kwargs))
+        except (OSError, cf.CancelledError) as e:  # Dask's word for an actor whose worker left
+            lost = HostLost(f"a block host's worker could not be reached ({type(e).__name__}: "
+                            f"{e})")
+            lost.__cause__ = e
+            out.set_exception(lost)
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the call
             out.set_exception(e)
 

@@ -65,6 +65,7 @@ from dask.utils import parse_bytes
 from mgpu import config
 from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
+from mgpu.mf.hosts import HostLost
 from mgpu.mf.sgd import rmse, sgd_block
 from mgpu.ops._validate import check_option
 from mgpu.sched.cost import split
@@ -416,7 +417,15 @@ default='sequential'
         epochs = epoch_fn(u, i, r, P, Q, rng)
         for epoch in range(1, self.epochs + 1):
             t = time.perf_counter()
-            P, Q, extra = next(epochs)
+            try:
+                P, Q, extra = next(epochs)
+            except HostLost as e:
+                kept = "no epoch had finished" if epoch == 1 else (
+                    f"P_ and Q_ hold epoch {epoch - 1}'s factors" + (
+                        f", also in {self.checkpoint_dir}" if self.checkpoint_dir else ""))
+                raise RuntimeError(
+                    f"A worker holding the {self.mode} mode's blocks was lost in epoch {epoch}: "
+                    f"{e}; {kept}. Fit again once the cluster's workers are back.") from e
             setup = extra.pop("setup_s", 0.0)
             self.setup_s_ += setup
             trained += time.perf_counter() - t - setup - extra.get("gather_s", 0.0)
