@@ -146,7 +146,7 @@ class Calibration:
     """Measured seconds of one block call's steps against its number of ratings.
 
     ``cpu_s``: a CPU block on one thread; ``transfer_s`` and ``kernel_s``: a GPU block's
-    copies and its kernel; ``overhead_cpu_s`` / ``overhead_gpu_s``: a task's cost to a CPU /
+    copies and its kernel; ``overhead_cpu_s`` / ``overhead_gpu_s``: a call's cost to a CPU /
     GPU slot outside its own run, with every slot busy (:func:`_task_overheads`; ``probe``:
     the ratings of the blocks it ran, 0 in a calibration from before it was measured so),
     and ``overhead_gpu_alone_s`` the GPU's with no CPU slot at work; ``block``: the sampled

@@ -65,7 +65,7 @@ from dask.utils import parse_bytes
 from mgpu import config
 from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
-from mgpu.mf.hosts import HostLost
+from mgpu.mf.hosts import HostLost, SegmentMap, call, start_hosts
 from mgpu.mf.sgd import rmse, sgd_block
 from mgpu.ops._validate import check_option
 from mgpu.sched.cost import split
@@ -303,8 +303,8 @@ default='sequential'
         between epochs, ``mgpu.mf.replan``) and the cost model's ``alpha_planned``.
     setup_s_ : float
         Seconds before the first epoch: calibrating the cost model (unless cached), compiling
-        the block kernel on each worker (:meth:`mgpu.mf.hosts.BlockHost.warm`), dividing the ratings and sending them
-        to the workers.
+        the block kernel on each worker (:meth:`mgpu.mf.hosts.BlockHost.warm`), dividing
+        the ratings and sending them to the workers.
     schedule_events_ : list of mgpu.sched.Event
         Block modes only: every assignment, steal and completion of the block scheduler
         (slot names end in ``#gpu`` for GPU slots, ``#<thread>`` for CPU threads).
@@ -465,7 +465,6 @@ default='sequential'
 
     def _block_epochs(self, u, i, r, P, Q, rng):
         from mgpu.dist.cluster import current_client
-        from mgpu.mf.hosts import call, start_hosts
 
         started = time.perf_counter()
         client = current_client()
@@ -554,7 +553,6 @@ default='sequential'
         block scheduler that runs them; returns the scheduler, the segments' map, the strata's
         members, the per-epoch side-time summary and ``reown`` (blocks with new owners, epochs
         done -> a scheduler for them; :meth:`_rebalance` puts it first)."""
-        from mgpu.mf.hosts import SegmentMap, call
         from mgpu.sched import BlockScheduler
 
         n_g = sum(s.kind == "gpu" for s in slots)

@@ -130,7 +130,8 @@ class BlockScheduler:
         the client to hear of it, which hides a round trip per task. A queued block may
         share a row or column only with the same slot's earlier tasks, so ``run`` must make
         each task wait for the segments the task that last updated them leaves (as futures,
-        or as versions a block host waits for): those tasks then run one after the other. A slot steals only once it has nothing in flight.
+        or as versions a block host waits for): those tasks then run one after the other. A
+        slot steals only once it has nothing in flight.
     epochs_done : int, default=0
         Epochs run before this scheduler (a job whose blocks changed owners): its events are
         numbered after them.
