@@ -5,7 +5,7 @@ Why actors and not a Dask task per block: a task's submission, its dependencies 
 travel through the Dask scheduler, and with a worker's threads all running SGD that cost
 40–43 ms a task on a 16-core H100 machine (12 threads, 12-ms blocks), as long as the block
 itself; a call to an actor goes from the client straight to the worker and cost 6.8 ms
-there (``mgpu bench``'s numbers are in BENCHMARKS.md).
+there (BENCHMARKS.md, "HSGD* with block hosts").
 
 Segments are versioned, so the dataflow is the same as with futures: the client numbers
 each segment's updates and tells a call which version of each input it needs and where that
