@@ -488,9 +488,9 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     pblock = _prefix_block(*sample, probe, k, np.dtype(dtype), window.n_items)
     overhead = _task_overheads(client, *pblock, cpu_worker, cpu_threads, gpu_worker, dtype,
                                gpu_kw or {})
+    alone = overhead.get("gpu", 0.0)
     if gpu_worker is not None and cpu_worker is not None:  # and the GPU with the CPUs idle
-        alone = _task_overheads(client, *pblock, None, 0, gpu_worker, dtype, gpu_kw or {})
-        overhead["gpu alone"] = alone["gpu"]
+        alone = _task_overheads(client, *pblock, None, 0, gpu_worker, dtype, gpu_kw or {})["gpu"]
     cal = Calibration(
         key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads,
                         window.block),
@@ -499,7 +499,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         transfer_s=got.get("gpu", {}).get("transfer", []),
         kernel_s=got.get("gpu", {}).get("kernel", []),
         overhead_cpu_s=overhead.get("cpu", 0.0), overhead_gpu_s=overhead.get("gpu", 0.0),
-        overhead_gpu_alone_s=overhead.get("gpu alone", overhead.get("gpu", 0.0)),
+        overhead_gpu_alone_s=alone,
         measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(window.block),
         probe=probe, calls="hosts")
     return cal
