@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mgpu.mf.calibration import Calibration, cached, calibrate, prefix_sizes, store
 from mgpu.mf.division import hsgd_star, move_rows, uniform
-from mgpu.mf.model import _epoch_time, _plan, _side_times
+from mgpu.mf.model import _alone_block_time, _epoch_time, _plan, _side_times
 from mgpu.mf.sgd import sgd_block
 from mgpu.sched import Event
 
@@ -287,6 +287,29 @@ def test_a_gpu_tasks_overhead_goes_with_the_cpu_slots_at_work():
     assert _plan(200_000, predict, 1, 4) == (0, 1.0)
     assert _epoch_time(200_000, predict, 1, 0, 1.0, load=0.0) < \
         _epoch_time(200_000, predict, 1, 0, 1.0, load=1.0)
+
+
+def test_plan_prices_the_gpus_alone_as_measured_when_told():
+    # curves by which the GPU alone (0.312 s) just beats two CPU slots beside it (0.318 s)
+    predict = {"gpu": lambda n, per_task=1, load=1.0: n / 3e7 + 0.004 / per_task,
+               "cpu": lambda n, per_task=1, load=1.0: n / 1.5e6 + 0.04 / per_task}
+    n = 9_000_000
+    assert _plan(n, predict, 1, 12) == (0, 1.0)
+    by_curves = _epoch_time(n, predict, 1, 0, 1.0, 0.0)
+    # measured half again as slow (its blocks of the gpu mode's division are larger than the
+    # calibration's): CPU slots are used
+    used, alpha = _plan(n, predict, 1, 12, alone=1.5 * by_curves)
+    assert used > 0 and 0 < alpha < 1
+    assert _epoch_time(n, predict, 1, used, alpha, used / 12) < 1.5 * by_curves
+    # measured faster: the GPUs alone still
+    assert _plan(n, predict, 1, 12, alone=0.5 * by_curves) == (0, 1.0)
+    # without CPU slots the measurement is the plan's only option
+    assert _plan(n, predict, 1, 0, alone=5.0) == (0, 1.0)
+    # a block's predicted time from the measurement: its ratings at the measured rate, its
+    # share of a call's copies and overhead
+    got = {"per_rating_s": 1e-7, "copy_s": 0.002, "overhead_s": 0.004, "epoch_s": 1.0}
+    assert _alone_block_time(got, 1e6, 2) == pytest.approx(0.1 + 0.003)
+    assert _alone_block_time(got, 0) == 0.0
 
 
 def _block(rng, n_users, n_items=20, n=300):

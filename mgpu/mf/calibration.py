@@ -372,6 +372,48 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     return out
 
 
+def _alone_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n_users: int,
+                n_items: int, k: int, dtype: str, gpu_kw: dict[str, Any], repeats: int = 2
+                ) -> dict[str, float]:
+    """Runs on a GPU worker: a block of the GPUs-alone division timed as an epoch runs it.
+
+    ``users`` and ``items`` are local ids of (a random share of) one of its blocks, whose
+    segments have ``n_users`` and ``n_items`` rows. Returns the kernel's seconds per rating
+    (mean of ``repeats`` passes after an untimed one) and the seconds to copy both segments
+    back to the host. A share of a block costs about the block's time per rating: it touches
+    the same rows, drawn as often relative to each other, so the device's caches see the
+    same footprint. That footprint is why the curves of :func:`calibrate` cannot price this
+    block: they are measured on blocks of one stratum of the division with CPU slots, about
+    a thirteenth of the items, and the GPUs-alone block (a half of the users and of the
+    items, one GPU) ran about 1.5 times slower per rating on an H100 at 16 warps (BENCHMARKS.md).
+    """
+    import cupy
+
+    from mgpu.mf.model import _host_copy, _stage
+    from mgpu.mf.sgd import sgd_block
+
+    if users.size == 0:
+        return {"per_rating_s": 0.0, "copy_s": 0.0}
+    rng = np.random.default_rng(users.size)
+    staged = _stage((users, items, ratings), np.dtype(dtype), 0)
+    P = cupy.asarray(rng.random((n_users, k)) / np.sqrt(k), dtype=dtype)
+    Q = cupy.asarray(rng.random((n_items, k)) / np.sqrt(k), dtype=dtype)
+    stream = cupy.cuda.get_current_stream()
+    times = []
+    for rep in range(repeats + 1):
+        stream.synchronize()
+        t0 = time.perf_counter()
+        sgd_block(*staged, P, Q, 0.005, 0.05, 0.05, **gpu_kw)
+        stream.synchronize()
+        if rep:
+            times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    _host_copy(P)
+    _host_copy(Q)
+    return {"per_rating_s": float(np.mean(times)) / users.size,
+            "copy_s": time.perf_counter() - t0}
+
+
 def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q: np.ndarray,
                     cpu_worker: str | None, threads: int, gpu_worker: str | None, dtype: Any,
                     gpu_kw: dict[str, Any], tasks: int = 6) -> dict[str, float]:

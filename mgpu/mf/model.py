@@ -167,7 +167,7 @@ def _epoch_time(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: i
 
 
 def _plan(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
-          n_c: int) -> tuple[int, float]:
+          n_c: int, alone: float | None = None) -> tuple[int, float]:
     """How many of the CPU slots to use, and the GPUs' share α, for the shortest predicted
     epoch.
 
@@ -176,15 +176,60 @@ def _plan(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
     pays a round trip, and the division has more blocks the more slots it serves, so on
     small data fewer CPU slots (down to none) can finish an epoch sooner: the number is
     chosen too, which the thesis, on data far larger than a block's overhead, fixes.
+    ``alone``: the seconds of an epoch of the GPUs alone, measured on one of their blocks
+    (:func:`_alone_epoch`), for that option instead of the curves.
     """
     best = (math.inf, 0, 1.0)
     for c in range(n_c + 1):
         load = c / n_c if n_c else 0.0
         alpha = split(float(n_ratings), *_sides(predict, n_g, c, load), n_g, c) if c else 1.0
-        t = _epoch_time(n_ratings, predict, n_g, c, alpha, load)
+        t = _epoch_time(n_ratings, predict, n_g, c, alpha, load) if c or alone is None \
+            else alone
         if t < best[0]:
             best = (t, c, alpha)
     return best[1], best[2]
+
+
+def _alone_epoch(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray,
+                 i: np.ndarray, r: np.ndarray, k: int, gpu_kw: dict[str, Any], overhead: float
+                 ) -> dict[str, float]:
+    """An epoch of the GPUs alone on their division ``div`` (the gpu mode's), priced by
+    timing one of its blocks on a GPU worker (a random share of its ratings, at most
+    ``mgpu.mf.calibration-ratings``: :func:`mgpu.mf.calibration._alone_block`): every GPU
+    runs its share of the ratings at that rate, and a call per column of its blocks, each
+    copying its segments back and paying ``overhead`` (a call's, the CPU slots idle).
+    Returns the rate (``per_rating_s``), the copies (``copy_s``), ``overhead`` and
+    ``epoch_s``."""
+    from mgpu.mf.calibration import _alone_block
+
+    big = max(div.blocks, key=lambda blk: blk.size)
+    mask = (div.user_stratum[u] == big.row) & (div.item_stratum[i] == big.col)
+    members_u = np.flatnonzero(div.user_stratum == big.row)
+    members_i = np.flatnonzero(div.item_stratum == big.col)
+    local_u = np.zeros(div.user_stratum.size, dtype=np.int64)
+    local_i = np.zeros(div.item_stratum.size, dtype=np.int64)
+    local_u[members_u] = np.arange(members_u.size)
+    local_i[members_i] = np.arange(members_i.size)
+    sel = np.flatnonzero(mask)
+    most = int(config.get("mf.calibration-ratings"))
+    if sel.size > most:
+        sel = np.sort(np.random.default_rng(sel.size).choice(sel, most, replace=False))
+    got = client.submit(_alone_block, local_u[u[sel]], local_i[i[sel]], r[sel],
+                        members_u.size, members_i.size, k, "float64", gpu_kw,
+                        workers=[gpu_worker], allow_other_workers=False, pure=False).result()
+    calls = div.n_cols  # a GPU's blocks of a column run in one call
+    got["overhead_s"] = overhead
+    got["epoch_s"] = (got["per_rating_s"] * r.size / n_g
+                      + calls * (got["copy_s"] + overhead))
+    return got
+
+
+def _alone_block_time(alone: dict[str, float], n: float, per_task: int = 1,
+                      load: float = 1.0) -> float:
+    """A block's predicted seconds on a GPU alone, from :func:`_alone_epoch`'s measurement
+    (the signature of :meth:`mgpu.mf.calibration.Calibration.predictor`'s functions)."""
+    return 0.0 if n <= 0 else (alone["per_rating_s"] * n
+                               + (alone["copy_s"] + alone["overhead_s"]) / per_task)
 
 
 def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float],
@@ -280,8 +325,11 @@ default='sequential'
         The cost model's measurements for ``hsgd-linear``, ``hsgd-static`` and ``hsgd*``.
         Default: the cached one for the cluster's GPU and CPU models, k, the GPU conflict
         bound and the division's block shape (``mgpu calibrate`` makes it), else measured on
-        the training ratings at the start of ``fit`` and cached. Where the plan from it
-        gives the CPU slots nothing, these modes run the ``gpu`` mode's division.
+        the training ratings at the start of ``fit`` and cached. Without one given, ``fit``
+        also times a block of the ``gpu`` mode's division on a GPU (its footprint is not the
+        calibration's) to price the GPUs alone (``gpus_alone_``); with one given, the plan
+        comes from it alone. Where the plan gives the CPU slots nothing, these modes run the
+        ``gpu`` mode's division.
 
     Attributes
     ----------
@@ -301,6 +349,10 @@ default='sequential'
         Block modes: the division's rows, columns and blocks, the slots of each kind, the
         GPUs' share ``alpha`` (the last epoch's: ``hsgd*`` and ``hsgd-static`` hand rows over
         between epochs, ``mgpu.mf.replan``) and the cost model's ``alpha_planned``.
+    gpus_alone_ : dict or None
+        Cost modes with GPU and CPU slots: the GPUs-alone option as measured on one of its
+        blocks before planning (seconds per rating, copies, a call's overhead, the epoch's
+        predicted seconds ``epoch_s``); None otherwise.
     setup_s_ : float
         Seconds before the first epoch: calibrating the cost model (unless cached), compiling
         the block kernel on each worker (:meth:`mgpu.mf.hosts.BlockHost.warm`), dividing
@@ -410,6 +462,7 @@ default='sequential'
         P = rng.random((shape[0], self.k)) * scale
         Q = rng.random((shape[1], self.k)) * scale
         self.history_: list[dict[str, Any]] = []
+        self.gpus_alone_: dict[str, float] | None = None
         self.setup_s_ = 0.0
         t0 = time.perf_counter()
         trained = 0.0
@@ -486,7 +539,19 @@ default='sequential'
             logger.info("%s: a task's overhead with every slot busy, CPU %.1f ms, GPU %.1f ms",
                         self.mode, 1e3 * cal.overhead_cpu_s, 1e3 * cal.overhead_gpu_s)
             latency = max(cal.overhead_cpu_s, cal.overhead_gpu_s, latency)
-            used, alpha = _plan(r.size, predict, n_g, n_c)
+            alone = None
+            if n_g and n_c and self.calibration is None:  # priced on a block of theirs
+                alone_div = dataclasses.replace(uniform(u, i, P.shape[0], Q.shape[0], n_g, rng),
+                                                alpha=1.0)
+                alone = _alone_epoch(client, slots[0].worker, alone_div, n_g, u, i, r,
+                                     self.k, gpu_kw, cal.overhead_gpu_alone_s)
+                self.gpus_alone_ = alone
+                logger.info("%s: the GPUs alone, measured on a block of theirs: %.3g M "
+                            "ratings/s, an epoch %.3g s (the curves: %.3g s)", self.mode,
+                            1e-6 / alone["per_rating_s"] if alone["per_rating_s"] else math.inf,
+                            alone["epoch_s"], _epoch_time(r.size, predict, n_g, 0, 1.0, 0.0))
+            used, alpha = _plan(r.size, predict, n_g, n_c,
+                                None if alone is None else alone["epoch_s"])
             if used < n_c:
                 logger.info("%s: %d of the %d CPU slots make the shortest predicted epoch",
                             self.mode, used, n_c)
@@ -497,6 +562,9 @@ default='sequential'
                 n_c = used
             if n_c:
                 div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
+            elif alone is not None:  # the GPUs alone, as measured
+                div = alone_div
+                predict = {"gpu": functools.partial(_alone_block_time, alone)}
             else:  # the GPUs alone: the gpu mode's division, all their ratings
                 div = dataclasses.replace(uniform(u, i, P.shape[0], Q.shape[0], n_g, rng),
                                           alpha=1.0)
