@@ -203,14 +203,13 @@ def _alone_epoch(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray
     from mgpu.mf.calibration import _alone_block
 
     big = max(div.blocks, key=lambda blk: blk.size)
-    mask = (div.user_stratum[u] == big.row) & (div.item_stratum[i] == big.col)
     members_u = np.flatnonzero(div.user_stratum == big.row)
     members_i = np.flatnonzero(div.item_stratum == big.col)
     local_u = np.zeros(div.user_stratum.size, dtype=np.int64)
     local_i = np.zeros(div.item_stratum.size, dtype=np.int64)
     local_u[members_u] = np.arange(members_u.size)
     local_i[members_i] = np.arange(members_i.size)
-    sel = np.flatnonzero(mask)
+    sel = np.flatnonzero(div.block_of(u, i) == big.id)
     most = int(config.get("mf.calibration-ratings"))
     if sel.size > most:
         sel = np.sort(np.random.default_rng(sel.size).choice(sel, most, replace=False))
@@ -540,9 +539,10 @@ default='sequential'
                         self.mode, 1e3 * cal.overhead_cpu_s, 1e3 * cal.overhead_gpu_s)
             latency = max(cal.overhead_cpu_s, cal.overhead_gpu_s, latency)
             alone = None
-            if n_g and n_c and self.calibration is None:  # priced on a block of theirs
-                alone_div = dataclasses.replace(uniform(u, i, P.shape[0], Q.shape[0], n_g, rng),
-                                                alpha=1.0)
+            # the GPUs alone run the gpu mode's division, all their ratings
+            alone_div = dataclasses.replace(uniform(u, i, P.shape[0], Q.shape[0], n_g, rng),
+                                            alpha=1.0)
+            if n_c and self.calibration is None:  # priced on a block of theirs
                 alone = _alone_epoch(client, slots[0].worker, alone_div, n_g, u, i, r,
                                      self.k, gpu_kw, cal.overhead_gpu_alone_s)
                 self.gpus_alone_ = alone
@@ -562,12 +562,10 @@ default='sequential'
                 n_c = used
             if n_c:
                 div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
-            elif alone is not None:  # the GPUs alone, as measured
+            else:
                 div = alone_div
-                predict = {"gpu": functools.partial(_alone_block_time, alone)}
-            else:  # the GPUs alone: the gpu mode's division, all their ratings
-                div = dataclasses.replace(uniform(u, i, P.shape[0], Q.shape[0], n_g, rng),
-                                          alpha=1.0)
+                if alone is not None:  # priced as measured
+                    predict = {"gpu": functools.partial(_alone_block_time, alone)}
         else:
             div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
         rebalance = self.mode in ("hsgd*", "hsgd-static") and n_g > 0 and n_c > 0 \
