@@ -312,6 +312,34 @@ def test_plan_prices_the_gpus_alone_as_measured_when_told():
     assert _alone_block_time(got, 0) == 0.0
 
 
+def test_gpu_blocks_are_priced_no_faster_than_the_rate_measured_on_a_real_block():
+    """Curves fitted on small prefixes can extrapolate a GPU faster than it runs a real block
+    (on an H100 its kernel ran no faster on the division's small blocks than on the gpu
+    mode's large one, BENCHMARKS.md); priced by them, a plan with the GPU taking most of the
+    ratings beside a few CPU slots looks far faster than it is."""
+    n = [float(1024 << j) for j in range(9)]
+    cal = Calibration("k", n, [x / 2.7e6 for x in n], [1e-4 + x * 1e-10 for x in n],
+                      [x / 3e7 for x in n], 0.018, 0.006, "now", probe=16384,
+                      overhead_gpu_alone_s=0.0015)
+    ratings, rate = 9_000_000, 1 / 1.5e7  # the GPU measured at half the curves' speed
+    alone = ratings * rate + 2 * (0.002 + 0.0015)
+    curves = {"gpu": cal.predictor("gpu"), "cpu": cal.predictor("cpu")}
+    used, alpha = _plan(ratings, curves, 1, 12, alone)
+    assert 0 < used < 6 and alpha > 0.8
+    assert _epoch_time(ratings, curves, 1, used, alpha, used / 12) < alpha * ratings * rate
+    floored = {"gpu": cal.predictor("gpu", floor=rate), "cpu": curves["cpu"]}
+    used_f, alpha_f = _plan(ratings, floored, 1, 12, alone)
+    assert used_f > used and alpha_f < alpha
+    assert _epoch_time(ratings, floored, 1, used_f, alpha_f, used_f / 12) >= \
+        alpha_f * ratings * rate
+    # the floor only slows what the curves price faster than it; 0 leaves them as they are
+    for m in (2e3, 2e5, 2e6):
+        assert floored["gpu"](m) >= m * rate
+        assert cal.predictor("gpu", floor=1e-12)(m) == curves["gpu"](m)
+        assert cal.predictor("gpu", "linear", floor=rate)(m) >= m * rate
+    assert floored["gpu"](0) == 0.0
+
+
 def _block(rng, n_users, n_items=20, n=300):
     return (rng.integers(0, n_users, n), rng.integers(0, n_items, n), rng.uniform(1, 5, n))
 

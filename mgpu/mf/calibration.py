@@ -189,12 +189,16 @@ class Calibration:
                 out["kernel"] = fit_gpu_curve(n, np.asarray(self.kernel_s), "log")
         return out
 
-    def predictor(self, kind: str, model: str = "hsgd*") -> Callable[..., float]:
+    def predictor(self, kind: str, model: str = "hsgd*", floor: float = 0.0
+                  ) -> Callable[..., float]:
         """``f(n, per_task=1, load=1.0)``: seconds a block of n ratings is expected to take
         on a slot of ``kind`` ("cpu" or "gpu"), with its share of its task's overhead when
         ``per_task`` blocks run in one task; 0 for an empty block. ``load``: the share of
         the calibrated CPU slots at work beside a GPU, whose task overhead goes from the one
-        measured alone (0) to the one measured with every slot busy (1)."""
+        measured alone (0) to the one measured with every slot busy (1). ``floor`` (GPU):
+        seconds per rating the kernel takes at least, a rate measured on a real block of the
+        job (:func:`mgpu.mf.model._alone_epoch`); the curves, fitted on smaller prefixes,
+        can extrapolate faster than the GPU runs."""
         c = self.curves(model)
         if kind == "cpu":
             if "cpu" not in c:
@@ -213,11 +217,11 @@ class Calibration:
 
         if model == "linear":
             line = c["gpu"]
-            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), 0.0)
+            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), floor * n)
                                                     + ovh(load) / per_task)
         tr, ke = c["transfer"], c["kernel"]
         return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(tr(n), 0.0)
-                                                + max(ke(n), 0.0) + ovh(load) / per_task)
+                                                + max(ke(n), floor * n) + ovh(load) / per_task)
 
     def describe(self) -> str:
         """The measurements and both models' curves, as text."""

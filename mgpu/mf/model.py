@@ -550,6 +550,8 @@ default='sequential'
                             "ratings/s, an epoch %.3g s (the curves: %.3g s)", self.mode,
                             1e-6 / alone["per_rating_s"] if alone["per_rating_s"] else math.inf,
                             alone["epoch_s"], _epoch_time(r.size, predict, n_g, 0, 1.0, 0.0))
+                # and no division's GPU blocks priced faster than that rate
+                predict["gpu"] = cal.predictor("gpu", model, floor=alone["per_rating_s"])
             used, alpha = _plan(r.size, predict, n_g, n_c,
                                 None if alone is None else alone["epoch_s"])
             if used < n_c:
