@@ -27,7 +27,11 @@ Modes so far:
     two sides at a share more than 0.02 from the one running, whole rows of blocks are
     handed between the GPUs and the CPU slots, halfway there (``mgpu.mf.replan``, on by
     default; :func:`mgpu.mf.division.move_rows`): the strata stay, so no ratings are
-    divided again, and a row a GPU takes is staged on its device once.
+    divided again, and a row a GPU takes is staged on its device once. When fit calibrates
+    for itself, it also times one block of the GPUs-alone division on a GPU: that prices
+    the option of no CPU slots, and no GPU block of any option is priced faster than that
+    rate per rating (the curves, fitted on smaller prefixes, extrapolate the GPU up to
+    twice too fast).
 ``hsgd-static``
     ``hsgd*`` without stealing: every slot runs exactly its own blocks (rows handed over
     between epochs like ``hsgd*``).
