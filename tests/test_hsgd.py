@@ -332,7 +332,7 @@ def test_gpu_blocks_are_priced_no_faster_than_the_rate_measured_on_a_real_block(
     assert used_f > used and alpha_f < alpha
     assert _epoch_time(ratings, floored, 1, used_f, alpha_f, used_f / 12) >= \
         alpha_f * ratings * rate
-    # the floor only slows what the curves price faster than it; 0 leaves them as they are
+    # the floor only slows what the curves price faster than it; one below them changes nothing
     for m in (2e3, 2e5, 2e6):
         assert floored["gpu"](m) >= m * rate
         assert cal.predictor("gpu", floor=1e-12)(m) == curves["gpu"](m)
