@@ -365,8 +365,10 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
     # the GPUs-alone option priced on one of its blocks, measured before the plan
     alone = mf.gpus_alone_
     assert alone["per_rating_s"] > 0 and alone["epoch_s"] > alone["per_rating_s"] * train.nnz
-    used, alpha = _plan(train.nnz, {k: cal.predictor(k) for k in ("gpu", "cpu")}, 1, 3,
-                        alone["epoch_s"])
+    # and no GPU block priced faster than that rate, as fit plans
+    predict = {"gpu": cal.predictor("gpu", floor=alone["per_rating_s"]),
+               "cpu": cal.predictor("cpu")}
+    used, alpha = _plan(train.nnz, predict, 1, 3, alone["epoch_s"])
     d = mf.division_
     assert d["cpu_slots"] == used and d["alpha"] == pytest.approx(alpha, abs=0.05)
     assert d["cols"] == (used + 3 if used else 2)  # the GPU alone: the gpu mode's 2×2 grid

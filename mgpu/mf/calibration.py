@@ -386,10 +386,11 @@ def _alone_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n_us
     (mean of ``repeats`` passes after an untimed one) and the seconds to copy both segments
     back to the host. A share of a block costs about the block's time per rating: it touches
     the same rows, drawn as often relative to each other, so the device's caches see the
-    same footprint. That footprint is why the curves of :func:`calibrate` cannot price this
-    block: they are measured on blocks of one stratum of the division with CPU slots, about
-    a thirteenth of the items, and the GPUs-alone block (a half of the users and of the
-    items, one GPU) ran about 1.5 times slower per rating on an H100 at 16 warps (BENCHMARKS.md).
+    same footprint. The curves of :func:`calibrate`, fitted on prefixes of one stratum of
+    the division with CPU slots, priced this block about 1.5 times too fast on an H100 at 16
+    warps; the kernel ran the division's own smaller blocks no faster per rating than this
+    one (BENCHMARKS.md), so the rate measured here also bounds theirs
+    (:meth:`Calibration.predictor`'s ``floor``).
     """
     import cupy
 

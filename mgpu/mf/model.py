@@ -329,8 +329,8 @@ default='sequential'
         Default: the cached one for the cluster's GPU and CPU models, k, the GPU conflict
         bound and the division's block shape (``mgpu calibrate`` makes it), else measured on
         the training ratings at the start of ``fit`` and cached. Without one given, ``fit``
-        also times a block of the ``gpu`` mode's division on a GPU (its footprint is not the
-        calibration's) to price the GPUs alone (``gpus_alone_``); with one given, the plan
+        also times a block of the ``gpu`` mode's division on a GPU to price the GPUs alone
+        (``gpus_alone_``), and no GPU block faster than that rate; with one given, the plan
         comes from it alone. Where the plan gives the CPU slots nothing, these modes run the
         ``gpu`` mode's division.
 
