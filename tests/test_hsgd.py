@@ -415,3 +415,40 @@ def test_block_scheduler_runs_over_host_calls_and_stops_at_a_failed_one(client):
     assert sorted(e.block for e in events if e.kind == "finish") == list(range(9))
     with pytest.raises(RuntimeError, match="block 4 broke"):
         BlockScheduler(blocks, slots, lambda g, s: run(g, s, 4), client=client).run_epoch()
+
+
+def test_the_block_scheduler_runs_beside_the_most_slots():
+    """Its host is the worker with the most slots; a tie goes to a CPU worker."""
+    from mgpu.mf.model import _driving
+    from mgpu.sched import Slot
+
+    gpu = [Slot("g#gpu", "g", "gpu")]
+    cpu = [Slot(f"c#{t}", "c", "cpu") for t in range(3)]
+    assert _driving(gpu + cpu) == "c"
+    assert _driving(gpu) == "g"
+    assert _driving(gpu + cpu[:1]) == "c"
+    assert _driving([Slot("a#0", "a"), Slot("b#0", "b"), Slot("b#1", "b")]) == "b"
+
+
+def _held_everywhere(driver, workers):
+    return [driver.call(w, "held").result(timeout=30) for w in workers]
+
+
+def _fails(driver):
+    raise ValueError("the driven function broke")
+
+
+def test_a_driven_function_calls_its_own_host_and_the_others(client):
+    """A function run on a host's driver thread reaches that host (on its event loop) and
+    another worker's host (a Dask actor call from there); its error reaches the client."""
+    from mgpu.mf.hosts import call, start_hosts
+
+    a, b = sorted(client.scheduler_info()["workers"])
+    hosts = start_hosts(client, {a: ("cpu", 1), b: ("cpu", 1)})
+    for f in [call(client, hosts[a], "put", {}, {("p", 0): np.ones((2, 2))}),
+              call(client, hosts[b], "put", {}, {("q", 1): np.ones((3, 2))})]:
+        f.result()
+    got = call(client, hosts[a], "drive", _held_everywhere, [a, b]).result(timeout=30)
+    assert got == [{("p", 0): 0}, {("q", 1): 0}]
+    with pytest.raises(ValueError, match="the driven function broke"):
+        call(client, hosts[b], "drive", _fails).result(timeout=30)

@@ -120,27 +120,35 @@ def test_blocked_cpu_mode_reaches_the_movielens_target(client, data_dir):
     assert set(counts.values()) == {len(h)}  # equal update counts per block
 
 
-def test_a_lost_worker_stops_the_fit_with_a_message_not_a_hang(tmp_path):
+@pytest.mark.parametrize("victim", ["driving", "other"])
+def test_a_lost_worker_stops_the_fit_with_a_message_not_a_hang(tmp_path, victim):
     """A block host's worker killed between two epochs of a fit: the next epoch stops at
-    once, naming the epoch and where the last finished epoch's factors are."""
+    once, naming the epoch and where the last finished epoch's factors are, whether the
+    worker lost is the one whose host runs the block scheduler (the client's call to it
+    fails) or another (that host sees the worker leave the cluster and stops its calls)."""
     import os
     import signal
 
     from mgpu.dist import connect
+    from mgpu.mf.model import _driving, _slots
     from mgpu.synthetic import planted_ratings
 
     R = planted_ratings(5000, 2000, 400_000, noise=0.5, seed=0)
     with connect(gpus=False, n_workers=2) as c:
-        victim = sorted(c.run(os.getpid).values())[1]
+        driving = _driving(_slots(c, "cpu"))
+        pids = c.run(os.getpid)
+        target = pids[driving] if victim == "driving" else next(
+            p for w, p in pids.items() if w != driving)
         mf = mgpu.MatrixFactorization(16, lr=0.01, epochs=10_000, mode="cpu", seed=0,
                                       checkpoint_dir=str(tmp_path))
 
         def kill(entry):
             if entry["epoch"] == 3:
-                os.kill(victim, signal.SIGKILL)
+                os.kill(target, signal.SIGKILL)
 
-        with pytest.raises(RuntimeError, match=r"the cpu mode's blocks was lost in epoch 4: .*"
-                           r"could not be reached.*; P_ and Q_ hold epoch 3's factors, also in "):
+        how = "could not be reached" if victim == "driving" else "left the cluster"
+        with pytest.raises(RuntimeError, match=r"the cpu mode's blocks was lost in epoch 4: "
+                           rf".*{how}.*; P_ and Q_ hold epoch 3's factors, also in "):
             mf.fit(R, callback=kill)
     assert len(mf.history_) == 3 and (tmp_path / "mf-epoch-3.npz").exists()
 

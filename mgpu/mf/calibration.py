@@ -18,12 +18,14 @@ place on the factor segments as a block host runs it); on a GPU worker: the tran
 item segment to the device, both segments back; the user segment stays on the device
 between the blocks of a GPU's own rows) apart from the kernel (``kernels/sgd.cu``).
 
-Every call also costs its slot time outside its own run: the round trip from the client's
-call to the client hearing it ended, and the copies of segments between workers. Idle,
+Every call also costs its slot time outside its own run: the round trip from the call to
+its sender hearing it ended (the sender is the host that runs the block scheduler,
+:meth:`mgpu.mf.hosts.BlockHost.drive`), and the copies of segments between workers. Idle,
 that is a few milliseconds; in an epoch, with every slot busy, the workers and the client
 all busy, it was 26 ms a CPU block on the 16-core GPU machine when each block was a Dask
 task, as long as a whole block of 18,000 ratings, and 7–8 ms since blocks are calls to
-block hosts (:mod:`mgpu.mf.hosts`). It is measured as an epoch has it
+block hosts (:mod:`mgpu.mf.hosts`) called from the client, 4–12 ms since the calls come
+from the CPU worker's own host. It is measured as an epoch has it
 (:func:`_task_overheads`): every slot runs block calls back to back, as the block
 scheduler runs them, and a call's overhead is the time its slot was busy with it, counted
 as HSGD*'s side times count it, less the call's own run on its worker.
@@ -151,8 +153,9 @@ class Calibration:
     the ratings of the blocks it ran, 0 in a calibration from before it was measured so),
     and ``overhead_gpu_alone_s`` the GPU's with no CPU slot at work; ``block``: the sampled
     column stratum's items and ratings per user (:class:`Window`); ``calls``: what ran the
-    blocks, "hosts" (:mod:`mgpu.mf.hosts`) or, in a calibration from before, a Dask task per
-    block. ``key`` names what was
+    blocks, "driven" (calls to block hosts, :mod:`mgpu.mf.hosts`, sent from the CPU
+    worker's host as a fit sends them) or, in a calibration from before, "hosts" (the same
+    calls sent from the client) or a Dask task per block. ``key`` names what was
     measured (the GPU and CPU models, k, dtype, the bound on conflicting GPU updates,
     ``block``), so a cached calibration is reused only for the same.
     """
@@ -431,10 +434,9 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     slots run (or ``tasks`` times).
     A call's busy time is counted as :func:`mgpu.mf.model._side_times` counts it: from its
     submission, or from the end of its slot's call before it when it was queued behind that
-    one, to the client hearing it ended. The median of busy less run over each kind's calls
+    one, to the sender hearing it ended; the calls are sent from the CPU worker's host (the
+    GPU worker's without one), as a fit's block scheduler sends them (:func:`_probe_calls`). The median of busy less run over each kind's calls
     but its slots' first ones (a first call may load what later ones find loaded)."""
-    import queue
-
     from mgpu.mf.hosts import call, start_hosts
 
     slots = [("cpu", cpu_worker)] * (threads if cpu_worker else 0)
@@ -450,6 +452,18 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
                    [0] if any(k == "gpu" and w2 == w for k, w2 in slots) else [], dtype)
               for w, h in hosts.items()]:
         f.result()
+    # sent as the fit's block scheduler sends its calls: from the CPU worker's host
+    driving = cpu_worker if cpu_worker else gpu_worker
+    return call(client, hosts[driving], "drive", _probe_calls, slots, depth, tasks, cpu_worker,
+                dtype).result()
+
+
+def _probe_calls(driver: Any, slots: list[tuple[str, str]], depth: dict[str, int], tasks: int,
+                 cpu_worker: str | None, dtype: str) -> dict[str, float]:
+    """:func:`_task_overheads`'s calls, sent from a host's driver thread
+    (:meth:`mgpu.mf.hosts.BlockHost.drive`)."""
+    import queue
+
     finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
     info: dict[Any, tuple[int, float]] = {}  # future -> (slot, submitted)
     flight: list[list[Any]] = [[] for _ in slots]
@@ -473,8 +487,8 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
             c = cpus[runs[s] % len(cpus)]
             q = (("q", c), ended[c], cpu_worker, True)
         runs[s] += 1
-        fut = call(client, hosts[worker], "run", [0], [p], q, [(("p", s), runs[s])],
-                   (("q", s), runs[s]), 0.005, 0.05, next(seeds), {}, dtype)
+        fut = driver.call(worker, "run", [0], [p], q, [(("p", s), runs[s])], (("q", s), runs[s]),
+                          0.005, 0.05, next(seeds), {}, dtype)
         info[fut] = (s, time.perf_counter())
         flight[s].append(fut)
         fut.add_done_callback(finished.put)
@@ -548,7 +562,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         overhead_cpu_s=overhead.get("cpu", 0.0), overhead_gpu_s=overhead.get("gpu", 0.0),
         overhead_gpu_alone_s=alone,
         measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(window.block),
-        probe=probe, calls="hosts")
+        probe=probe, calls="driven")
     return cal
 
 

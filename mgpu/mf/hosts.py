@@ -7,11 +7,18 @@ travel through the Dask scheduler, and with a worker's threads all running SGD t
 itself; a call to an actor goes from the client straight to the worker and cost 6.8 ms
 there (BENCHMARKS.md, "HSGD* with block hosts").
 
-Segments are versioned, so the dataflow is the same as with futures: the client numbers
+Why the block scheduler runs on a host (:meth:`BlockHost.drive`, the worker with the most
+slots): from the client, a CPU worker's 12 slots ending their blocks together queued their
+next calls behind one another, 3.9 ms out and 1.3 ms back a call beside 12–13 ms of SGD,
+and the calibration's probe of that cost read 7–23 ms. From the CPU worker's own host, a
+call to it is a coroutine put on its event loop: no message and no serialisation
+(BENCHMARKS.md, "HSGD*: the block scheduler beside the CPU slots").
+
+Segments are versioned, so the dataflow is the same as with futures: the scheduler numbers
 each segment's updates and tells a call which version of each input it needs and where that
 version will be (:class:`SegmentMap`); a host waits for a version it will make itself (a
 call queued behind its own running one), or takes it from the host that makes it, which
-gives it up (the client never sends a segment's next update back to a holder it moved
+gives it up (the scheduler never sends a segment's next update back to a holder it moved
 from). Blocks run in place on the host's segments: two calls in flight never update the
 same segment (the block scheduler's conflict rule), and a call's inputs are the versions
 the calls before it left.
@@ -27,13 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextvars
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BlockHost", "HostLost", "SegmentMap", "call", "start_hosts"]
+__all__ = ["BlockHost", "Driver", "HostLost", "SegmentMap", "call", "start_hosts"]
 
 Key = tuple[str, int]  # ("p", row stratum) or ("q", column stratum), or a probe's own keys
 
@@ -51,11 +59,65 @@ class BlockHost:
         self.segs: dict[Key, tuple[int, Any, Any]] = {}  # key -> (version, array, host copy)
         self.waiting: dict[tuple[Key, int], asyncio.Event] = {}
         self.peers: dict[str, Any] = {}
+        self.address: str | None = None  # this host's worker
+        self.state: dict[str, Any] = {}  # what functions run by :meth:`drive` keep here
+        self._driver: cf.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------- set up, look
     async def set_peers(self, peers: dict[str, Any]) -> None:
-        """The other hosts, by worker address."""
+        """The other hosts, by worker address (this one's among them)."""
+        from distributed import get_worker
+
         self.peers = dict(peers)
+        self.address = get_worker().address
+
+    async def drive(self, fn: Any, *args: Any) -> Any:
+        """``fn(driver, *args)`` run on this host's driver thread, its result returned:
+        ``driver`` (:class:`Driver`) calls this host and the others from here, so that a
+        loop over calls (the block scheduler's epoch) sends the calls to this worker's
+        slots without a message between processes. One function runs at a time.
+
+        While it runs, the Dask scheduler is asked every ``watch`` seconds which workers
+        there are; once another host's worker has left, the driver's calls in flight are
+        cancelled (a call to an actor whose worker is gone can wait for it forever) and
+        this raises :class:`HostLost`."""
+        from distributed import get_worker
+
+        if self._driver is None:
+            self._driver = cf.ThreadPoolExecutor(1, thread_name_prefix="mgpu-driver")
+        loop = asyncio.get_running_loop()
+        worker = get_worker()
+        driver = Driver(self, loop, worker)
+        # in this call's context, where Dask knows its worker: the calls to other hosts
+        # (Dask actors) made from the driver thread find it there
+        ctx = contextvars.copy_context()
+        work = loop.run_in_executor(self._driver, ctx.run, fn, driver, *args)
+        watch = asyncio.ensure_future(self._watch(worker))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                return work.result()
+            gone = watch.result()
+            driver.abort()
+            ended, _ = await asyncio.wait({work}, timeout=30)  # its calls cancelled, it ends
+            for f in ended:  # with the cancellation, which HostLost below reports
+                f.cancelled() or f.exception()
+            raise HostLost(f"a block host's worker left the cluster ({', '.join(gone)})")
+        finally:
+            watch.cancel()
+
+    async def _watch(self, worker: Any, every: float = 0.5) -> list[str]:
+        """The other hosts' workers that left the cluster, once some have."""
+        others = set(self.peers) - {self.address}
+        while True:
+            await asyncio.sleep(every)
+            try:
+                alive = await worker.scheduler.ncores()
+            except OSError:  # the scheduler out of reach: this worker's own end is near
+                continue
+            gone = sorted(others - set(alive))
+            if gone:
+                return gone
 
     async def put(self, blocks: dict[Any, Any], segments: dict[Key, np.ndarray],
                   stage: Sequence[Any] = (), dtype: str = "float64", seed: int = 0) -> None:
@@ -222,6 +284,16 @@ class HostLost(RuntimeError):
     """A block host, or a host it takes from, could not be reached: its worker is gone."""
 
 
+async def _reached(host: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+                   ) -> Any:
+    """A host's method awaited; a host that cannot be reached raises :class:`HostLost`."""
+    try:
+        return await getattr(host, method)(*args, **kwargs)
+    except (OSError, cf.CancelledError) as e:  # Dask's word for an actor whose worker left
+        raise HostLost(f"a block host's worker could not be reached ({type(e).__name__}: "
+                       f"{e})") from e
+
+
 def call(client: Any, host: Any, method: str, *args: Any, **kwargs: Any) -> cf.Future:
     """A host's method called from the client, as a ``concurrent.futures.Future`` (done
     callbacks, ``result()``), the call made on the client's event loop; a host that cannot
@@ -230,17 +302,51 @@ def call(client: Any, host: Any, method: str, *args: Any, **kwargs: Any) -> cf.F
 
     async def go() -> None:
         try:
-            out.set_result(await getattr(host, method)(*args, **kwargs))
-        except (OSError, cf.CancelledError) as e:  # Dask's word for an actor whose worker left
-            lost = HostLost(f"a block host's worker could not be reached ({type(e).__name__}: "
-                            f"{e})")
-            lost.__cause__ = e
-            out.set_exception(lost)
+            out.set_result(await _reached(host, method, args, kwargs))
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the call
             out.set_exception(e)
 
     client.loop.add_callback(go)
     return out
+
+
+class Driver:
+    """How a function run by :meth:`BlockHost.drive` calls the hosts: :meth:`call` as
+    :func:`call` does from the client, but from the driving host's worker. A call to that
+    host is a coroutine put on its own event loop, with no message and no serialisation; a
+    call to another host goes straight from this worker to it. ``state`` is what the host keeps between functions
+    (a job's scheduler and its segments' map); :meth:`log_event` logs to the Dask
+    scheduler as :meth:`distributed.Client.log_event` does."""
+
+    def __init__(self, host: BlockHost, loop: asyncio.AbstractEventLoop, worker: Any):
+        self.host = host
+        self.loop = loop
+        self.state = host.state
+        self.worker = worker
+        self.flight: set[cf.Future] = set()
+        self.aborted = False
+
+    def call(self, worker: str, method: str, *args: Any, **kwargs: Any) -> cf.Future:
+        """The method of the host on ``worker`` (an address), as a
+        ``concurrent.futures.Future``; a host that cannot be reached fails it with
+        :class:`HostLost`, and :meth:`abort` cancels it."""
+        target = self.host if worker == self.host.address else self.host.peers[worker]
+        fut = asyncio.run_coroutine_threadsafe(_reached(target, method, args, kwargs),
+                                               self.loop)
+        self.flight.add(fut)
+        fut.add_done_callback(self.flight.discard)
+        if self.aborted:
+            fut.cancel()
+        return fut
+
+    def abort(self) -> None:
+        """Cancel the calls in flight and every later one (their futures end cancelled)."""
+        self.aborted = True
+        for fut in list(self.flight):
+            fut.cancel()
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        self.worker.log_event(topic, msg)
 
 
 def start_hosts(client: Any, workers: dict[str, tuple[str, int]],

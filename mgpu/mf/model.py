@@ -40,8 +40,11 @@ Modes so far:
 
 Every block mode runs its blocks through block hosts (:mod:`mgpu.mf.hosts`): one Dask actor
 per worker holds the ratings of the blocks it owns and the factor segments, versioned, and
-runs the calls the block scheduler sends it straight from the client, without a Dask task
-per block (whose dispatch through the scheduler cost as long as the block). A GPU's own
+runs the calls the block scheduler sends it, without a Dask task per block (whose dispatch
+through the scheduler cost as long as the block). The block scheduler itself runs on the
+host of the worker with the most slots (:func:`_driving`, the CPU worker beside GPUs), so
+that its calls to that worker's slots are not messages between processes; the client
+asks it for an epoch at a time. A GPU's own
 blocks have their ratings staged on its device once, for every epoch; the factor segments
 stay on the device between its calls, each call leaving host copies of what it updated in
 pinned memory, sent when another host or the client asks, so that nobody waits behind the
@@ -304,6 +307,118 @@ def _measured_alpha(times: dict[str, float], n_g: int, n_c: int) -> float | None
     if rates is None:
         return None
     return n_g * rates[0] / (n_g * rates[0] + n_c * rates[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Planned:
+    """A fit's blocks (with their owners) and slots, as the client keeps them."""
+
+    blocks: tuple[Any, ...]
+    slots: tuple[Any, ...]
+
+
+def _driving(slots: list[Any]) -> str:
+    """The worker whose host runs the block scheduler: the one with the most slots, a CPU
+    worker on a tie (its slots' calls, many and each the length of a short block, are
+    the ones a message between processes would cost the most)."""
+    count: dict[str, int] = {}
+    for s in slots:
+        count[s.worker] = count.get(s.worker, 0) + 1
+    kind = {s.worker: s.kind for s in slots}
+    return max(count, key=lambda w: (count[w], kind[w] == "cpu"))
+
+
+@dataclasses.dataclass
+class _Job:
+    """The block scheduler's side of a fit, kept by the driving host
+    (:meth:`mgpu.mf.hosts.BlockHost.drive`): the calls it sends (which version of each
+    segment a block needs and where it will be), the cost model's seconds of a block on a
+    slot, what moving a block to another worker costs, and where each block's ratings
+    are."""
+
+    slots: list[Any]
+    segmap: SegmentMap
+    origin: dict[int, str]  # the host that keeps a block's ratings for whoever runs it
+    where: dict[int, str]  # the worker of a block's owner
+    row_sizes: list[int]
+    col_sizes: list[int]
+    predict: dict[str, Callable[..., float]]
+    per_task: dict[str, int]
+    ahead: dict[str, int]
+    deterministic: bool
+    lr: float
+    reg: float
+    k: int
+    itemsize: int
+    dtype: str
+    bandwidth: float
+    latency: float
+    seed: int
+    sched: Any = None
+    driver: Any = None  # the host's Driver, while an epoch runs there
+    calls: int = 0
+
+    def run(self, group: tuple[Any, ...], slot: Any) -> Any:
+        p = [self.segmap.use(("p", b.row), slot.worker) for b in group]
+        q = self.segmap.use(("q", group[0].col), slot.worker)
+        sources = {b.id: self.origin[b.id] for b in group if self.origin[b.id] != slot.worker}
+        self.calls += 1
+        return self.driver.call(slot.worker, "run", [b.id for b in group], [x[0] for x in p],
+                                q[0], [x[1] for x in p], q[1], self.lr, self.reg,
+                                self.seed + self.calls, sources, self.dtype)
+
+    def transfer(self, block: Any, slot: Any) -> float:
+        """Moving a block's ratings and segments to a slot on another worker."""
+        if self.where[block.id] == slot.worker:
+            return 0.0
+        nbytes = 24 * block.size + (self.row_sizes[block.row] + self.col_sizes[block.col]) \
+            * self.k * self.itemsize * 2
+        return nbytes / self.bandwidth + self.latency
+
+    def cost(self, block: Any, slot: Any) -> float:
+        return self.predict[slot.kind](block.size, self.per_task[slot.kind])
+
+    def batch(self, slot: Any) -> int:
+        return self.per_task[slot.kind]
+
+    def queued(self, slot: Any) -> int:
+        return self.ahead[slot.kind]
+
+    def scheduler(self, blocks: tuple[Any, ...], epochs_done: int) -> Any:
+        from mgpu.sched import BlockScheduler
+
+        return BlockScheduler(blocks, self.slots, self.run,
+                              cost=self.cost if self.predict else None,
+                              transfer=self.transfer, deterministic=self.deterministic,
+                              client=self.driver, batch=self.batch, ahead=self.queued,
+                              epochs_done=epochs_done)
+
+
+def _job_start(driver: Any, job: _Job, blocks: tuple[Any, ...]) -> None:
+    """On the driving host: keep the job, its scheduler made for ``blocks``."""
+    job.driver = driver
+    job.sched = job.scheduler(blocks, 0)
+    driver.state["job"] = job
+
+
+def _job_epoch(driver: Any) -> tuple[list[Any], dict[str, dict[Any, int]]]:
+    """On the driving host: one epoch of the job's blocks; returns its events and where
+    each segment's latest version is (host -> {key: version})."""
+    job = driver.state["job"]
+    job.driver = job.sched.client = driver
+    events = job.sched.run_epoch()
+    return events, job.segmap.latest()
+
+
+def _job_reown(driver: Any, blocks: tuple[Any, ...], epochs_done: int, where: dict[int, str],
+               gpu_batch: int) -> None:
+    """On the driving host: the job's blocks with new owners (on ``where``'s workers, a
+    GPU's call taking ``gpu_batch`` of them), a scheduler for them from the next epoch."""
+    job = driver.state["job"]
+    job.driver = driver
+    job.where.update(where)
+    job.per_task["gpu"] = gpu_batch
+    job.sched = job.scheduler(blocks, epochs_done)
 
 
 class MatrixFactorization:
@@ -596,16 +711,16 @@ default='sequential'
                 if moved:
                     extra["replan_s"] = time.perf_counter() - t0
                     extra["rows_moved"] = moved
-            sched, segs, rows, cols, side_times = placed[:5]
+            planned, drive, rows, cols, side_times = placed[:5]
             if predict:
-                extra["alpha"] = _gpu_share(sched)
+                extra["alpha"] = _gpu_share(planned)
             t0 = time.perf_counter()
-            events = sched.run_epoch()
+            events, latest = drive(_job_epoch).result()
             took = time.perf_counter() - t0
             self.schedule_events_.extend(events)
             # the factors to this process, for the RMSE: evaluation, not training
             for f in [call(client, hosts[w], "collect", wanted)
-                      for w, wanted in segs.latest().items()]:
+                      for w, wanted in latest.items()]:
                 for (kind, idx), got in f.result().items():
                     if kind == "p":
                         P[rows[idx]] = got
@@ -622,11 +737,11 @@ default='sequential'
                rng: np.random.Generator) -> list[Any]:
         """A division's blocks on the cluster: each block's ratings on its owner's host
         (:mod:`mgpu.mf.hosts`; a GPU's staged on its device), the factor segments, and the
-        block scheduler that runs them; returns the scheduler, the segments' map, the strata's
-        members, the per-epoch side-time summary and ``reown`` (blocks with new owners, epochs
-        done -> a scheduler for them; :meth:`_rebalance` puts it first)."""
-        from mgpu.sched import BlockScheduler
-
+        block scheduler that runs them, on the driving host (:func:`_driving`); returns the
+        blocks and slots (:class:`_Planned`), ``drive`` (a function and its arguments run on
+        the driving host), the strata's members, the per-epoch side-time summary and
+        ``reown`` (blocks with new owners, epochs done -> their :class:`_Planned`;
+        :meth:`_rebalance` puts it first)."""
         n_g = sum(s.kind == "gpu" for s in slots)
         n_c = len(slots) - n_g
         if predict and n_c:
@@ -683,39 +798,22 @@ default='sequential'
             f.result()
         segmap = SegmentMap({**{("p", a): w for a, w in home_p.items()},
                              **{("q", b): w for b, w in home_q.items()}})
-        counter = iter(range(1 << 62))
-        bandwidth = float(parse_bytes(config.get("mf.steal-bandwidth")))
-        itemsize = P.dtype.itemsize
-
-        def run(group: tuple[Any, ...], slot: Any) -> Any:
-            p = [segmap.use(("p", b.row), slot.worker) for b in group]
-            q = segmap.use(("q", group[0].col), slot.worker)
-            sources = {b.id: origin[b.id] for b in group if origin[b.id] != slot.worker}
-            return call(client, hosts[slot.worker], "run", [b.id for b in group],
-                        [x[0] for x in p], q[0], [x[1] for x in p], q[1], self.lr, self.reg,
-                        int(rng.integers(1 << 31)) + next(counter), sources, dtype)
-
-        def transfer(block: Any, slot: Any) -> float:
-            """Moving a block's ratings and segments to a slot on another worker."""
-            if where[block.id] == slot.worker:
-                return 0.0
-            nbytes = 24 * block.size + (rows[block.row].size + cols[block.col].size) * self.k \
-                * itemsize * 2
-            return nbytes / bandwidth + latency
-
-        def cost(block: Any, slot: Any) -> float:
-            return predict[slot.kind](block.size, per_task[slot.kind])
-
-        def scheduler(blocks: tuple[Any, ...], epochs_done: int) -> Any:
-            return BlockScheduler(blocks, slots, run, cost=cost if predict else None,
-                                  transfer=transfer, deterministic=self.mode == "hsgd-static",
-                                  client=client, batch=lambda s: per_task[s.kind],
-                                  ahead=lambda s: ahead[s.kind], epochs_done=epochs_done)
+        job = _Job(slots=list(slots), segmap=segmap, origin=origin, where=where,
+                   row_sizes=[int(m.size) for m in rows], col_sizes=[int(m.size) for m in cols],
+                   predict=predict, per_task=per_task, ahead=ahead,
+                   deterministic=self.mode == "hsgd-static", lr=self.lr, reg=self.reg,
+                   k=self.k, itemsize=P.dtype.itemsize, dtype=dtype,
+                   bandwidth=float(parse_bytes(config.get("mf.steal-bandwidth"))),
+                   latency=latency, seed=int(rng.integers(1 << 31)))
+        driving = _driving(slots)
+        drive = functools.partial(call, client, hosts[driving], "drive")
+        drive(_job_start, job, tuple(div.blocks)).result()
+        logger.info("%s: the block scheduler runs on %s's host", self.mode, driving)
 
         def reown(blocks: tuple[Any, ...], epochs_done: int) -> Any:
-            """A scheduler for the same blocks with new owners: a GPU that now owns a block
-            has its ratings staged on its device (fetched from the host that has them,
-            once)."""
+            """The same blocks with new owners, scheduled so from now on: a GPU that now owns
+            a block has its ratings staged on its device (fetched from the host that has
+            them, once)."""
             fetch: dict[str, list[int]] = {}
             for blk in blocks:
                 worker = slots[blk.owner].worker
@@ -731,16 +829,18 @@ default='sequential'
                 if slots[blk.owner].kind == "gpu":
                     gpu_rows.setdefault(blk.owner, set()).add(blk.row)
             per_task["gpu"] = max((len(x) for x in gpu_rows.values()), default=1)
-            return scheduler(blocks, epochs_done)
+            drive(_job_reown, tuple(blocks), epochs_done, dict(where), per_task["gpu"]
+                  ).result()
+            return _Planned(tuple(blocks), tuple(slots))
 
-        sched = scheduler(div.blocks, 0)
         kinds = {s.name: s.kind for s in slots}
         sizes = {blk.id: blk.size for blk in div.blocks}
 
         def side_times(events: list[Any]) -> dict[str, float]:
             return _side_times(events, kinds, sizes, predict, per_task)
 
-        return [sched, segmap, rows, cols, side_times, reown]
+        return [_Planned(tuple(div.blocks), tuple(slots)), drive, rows, cols, side_times,
+                reown]
 
     def _rebalance(self, placed: list[Any], last: dict[str, float], n_g: int, n_c: int,
                    epochs_done: int) -> int:
@@ -789,8 +889,8 @@ default='sequential'
         key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads, window.block)
         cal = cached(key)
         # (one without ``probe`` priced calls at an idle round trip, one of other ``calls``
-        # the dispatch of a Dask task per block: measured again)
-        if cal is None or not cal.probe or cal.calls != "hosts" or (cpu and not cal.cpu_s) \
+        # their dispatch from the client or a Dask task per block: measured again)
+        if cal is None or not cal.probe or cal.calls != "driven" or (cpu and not cal.cpu_s) \
                 or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
             cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,

@@ -1,4 +1,6 @@
-"""A client-side block scheduler over futures: static plan, then work stealing.
+"""A block scheduler over futures: static plan, then work stealing. It runs wherever its
+loop is called: on the client over Dask futures, or beside the slots (matrix
+factorisation runs it on a block host, :meth:`mgpu.mf.hosts.BlockHost.drive`).
 
 Generic: blocks (a row and a column stratum, a size, an owner from the static plan), slots
 (a GPU worker, or one thread of a CPU worker), a function that submits a block to a slot and
@@ -119,8 +121,9 @@ class BlockScheduler:
         once per block and slot.
     deterministic : bool, default=False
         No stealing; each slot runs its own blocks in plan order.
-    client : distributed.Client, optional
-        Where events are logged (``client.log_event``); default the current client.
+    client : distributed.Client or mgpu.mf.hosts.Driver, optional
+        Where events are logged (its ``log_event``, to the Dask scheduler); default the
+        current client.
     batch : callable (Slot) -> int, optional
         The most blocks a slot runs in one task (default 1). Only blocks of the slot's own
         queue sharing the first one's column are added, so stealing still moves single blocks.
