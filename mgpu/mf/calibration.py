@@ -435,8 +435,9 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     A call's busy time is counted as :func:`mgpu.mf.model._side_times` counts it: from its
     submission, or from the end of its slot's call before it when it was queued behind that
     one, to the sender hearing it ended; the calls are sent from the CPU worker's host (the
-    GPU worker's without one), as a fit's block scheduler sends them (:func:`_probe_calls`). The median of busy less run over each kind's calls
-    but its slots' first ones (a first call may load what later ones find loaded)."""
+    GPU worker's without one), as a fit's block scheduler sends them (:func:`_probe_calls`).
+    The median of busy less run over each kind's calls but its slots' first ones (a first
+    call may load what later ones find loaded)."""
     from mgpu.mf.hosts import call, start_hosts
 
     slots = [("cpu", cpu_worker)] * (threads if cpu_worker else 0)

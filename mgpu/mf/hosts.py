@@ -77,8 +77,8 @@ class BlockHost:
         loop over calls (the block scheduler's epoch) sends the calls to this worker's
         slots without a message between processes. One function runs at a time.
 
-        While it runs, the Dask scheduler is asked every ``watch`` seconds which workers
-        there are; once another host's worker has left, the driver's calls in flight are
+        While it runs, the Dask scheduler is asked every half second which workers there
+        are; once another host's worker has left, the driver's calls in flight are
         cancelled (a call to an actor whose worker is gone can wait for it forever) and
         this raises :class:`HostLost`."""
         from distributed import get_worker
@@ -99,9 +99,9 @@ class BlockHost:
                 return work.result()
             gone = watch.result()
             driver.abort()
-            ended, _ = await asyncio.wait({work}, timeout=30)  # its calls cancelled, it ends
-            for f in ended:  # with the cancellation, which HostLost below reports
-                f.cancelled() or f.exception()
+            await asyncio.wait({work}, timeout=30)  # its calls cancelled, it ends
+            if work.done() and not work.cancelled():
+                work.exception()  # the cancellation, which HostLost reports: retrieved
             raise HostLost(f"a block host's worker left the cluster ({', '.join(gone)})")
         finally:
             watch.cancel()
@@ -314,9 +314,9 @@ class Driver:
     """How a function run by :meth:`BlockHost.drive` calls the hosts: :meth:`call` as
     :func:`call` does from the client, but from the driving host's worker. A call to that
     host is a coroutine put on its own event loop, with no message and no serialisation; a
-    call to another host goes straight from this worker to it. ``state`` is what the host keeps between functions
-    (a job's scheduler and its segments' map); :meth:`log_event` logs to the Dask
-    scheduler as :meth:`distributed.Client.log_event` does."""
+    call to another host goes straight from this worker to it. ``state`` is what the host
+    keeps between functions (a job's scheduler and its segments' map); :meth:`log_event`
+    logs to the Dask scheduler as :meth:`distributed.Client.log_event` does."""
 
     def __init__(self, host: BlockHost, loop: asyncio.AbstractEventLoop, worker: Any):
         self.host = host
