@@ -657,12 +657,19 @@ default='sequential'
             logger.info("%s: a task's overhead with every slot busy, CPU %.1f ms, GPU %.1f ms",
                         self.mode, 1e3 * cal.overhead_cpu_s, 1e3 * cal.overhead_gpu_s)
             latency = max(cal.overhead_cpu_s, cal.overhead_gpu_s, latency)
-            alone = None
-            # the GPUs alone run the gpu mode's division, all their ratings
-            alone_div = dataclasses.replace(uniform(u, i, P.shape[0], Q.shape[0], n_g, rng),
-                                            alpha=1.0)
+            alone = alone_div = None
+
+            def gpus_alone() -> Any:
+                """The GPUs-alone division (the gpu mode's, all the ratings on the GPUs),
+                divided once and only where it is measured or run."""
+                nonlocal alone_div
+                if alone_div is None:
+                    alone_div = dataclasses.replace(
+                        uniform(u, i, P.shape[0], Q.shape[0], n_g, rng), alpha=1.0)
+                return alone_div
+
             if n_c and self.calibration is None:  # priced on a block of theirs
-                alone = _alone_epoch(client, slots[0].worker, alone_div, n_g, u, i, r,
+                alone = _alone_epoch(client, slots[0].worker, gpus_alone(), n_g, u, i, r,
                                      self.k, gpu_kw, cal.overhead_gpu_alone_s)
                 self.gpus_alone_ = alone
                 logger.info("%s: the GPUs alone, measured on a block of theirs: %.3g M "
@@ -684,7 +691,7 @@ default='sequential'
             if n_c:
                 div = hsgd_star(u, i, P.shape[0], Q.shape[0], alpha, n_g, n_c, rng)
             else:
-                div = alone_div
+                div = gpus_alone()
                 if alone is not None:  # priced as measured
                     predict = {"gpu": functools.partial(_alone_block_time, alone)}
         else:
