@@ -1436,6 +1436,11 @@ def bench_mf(ratings: str | None, synthetic: str | None, modes: str, k: int, lr:
                         address, cpu_threads, plot, one_cluster)
     rows = [b.summary(mf, target or None) for mf in mfs.values()]
     click.echo(b.markdown(rows, target or None))
+    calls = b.calls_markdown(rows)
+    if calls:
+        click.echo("\nWhere a block call's time went (ms per call, medians over the epochs "
+                   "after the first; busy counts from the call's sending to its end, per "
+                   "slot):\n" + calls)
     if json_path:
         Path(json_path).write_text(json.dumps(
             {"data": label, "k": k, "gpu_warps": gpu_warps, "rows": rows,

@@ -272,6 +272,9 @@ def test_bench_mf_on_planted_ratings(runner, tmp_path):
         h = got["history"][mode]
         assert len(h) == 4 and h[-1]["test_rmse"] < h[0]["test_rmse"]
     assert got["rows"][1]["blocks"] >= 4 and got["rows"][1]["alpha"] is None
+    calls = got["rows"][1]["cpu_call_ms"]  # one call a block, each timed on its host
+    assert calls["calls"] == got["rows"][1]["blocks"] and calls["run"] > 0
+    assert "Where a block call's time went" in r.output and "| cpu | cpu | " in r.output
     assert "| sequential | 4 |" in r.output and "| cpu | 4 |" in r.output
     # each mode on a cluster of its own (sequential needs none), unless --one-cluster
     assert "cpu: on a fresh cluster, " in r.output and "sequential: on a fresh" not in r.output

@@ -380,6 +380,11 @@ def test_block_hosts_wait_for_versions_and_hand_segments_over(client):
     early = call(client, hosts[a], "run", [1, 3], [x[0] for x in first[0]], first[1][0],
                  [x[1] for x in first[0]], first[1][1], 0.01, 0.05, 7)
     assert early.result(timeout=30) >= 0 and late.result(timeout=30) >= 0
+    # each host tells where its call's time went, once; the late one waited for its input
+    times = {w: call(client, hosts[w], "call_times").result() for w in (a, b)}
+    assert [sorted(t) for t in times[a] + times[b]] == [["inputs", "queued", "run"]] * 2
+    assert times[b][0]["inputs"] > 0 and times[a][0]["run"] == early.result()
+    assert call(client, hosts[a], "call_times").result() == []
     got = {}
     for w, wanted in segs.latest().items():
         got.update(call(client, hosts[w], "collect", wanted).result(timeout=30))

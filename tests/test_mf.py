@@ -234,6 +234,12 @@ def test_gpu_host_keeps_segments_on_the_device_and_matches_the_cpu():
         again = call(client, gpu, "collect", {("p", 0): 2, ("q", 0): 2}).result()
         np.testing.assert_allclose(again[("p", 0)], want[0], rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(again[("q", 0)], want[2], rtol=1e-12, atol=1e-12)
+        # the device's own timings of each call's parts fit in the call's run
+        times = call(client, gpu, "call_times").result()
+        assert len(times) == 2
+        for t in times:
+            assert min(t["h2d"], t["kernel"], t["copy"]) > 0
+            assert t["h2d"] + t["kernel"] + t["copy"] <= t["run"]
 
 
 @pytest.mark.gpu

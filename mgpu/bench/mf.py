@@ -76,7 +76,48 @@ def summary(mf: Any, target: float | None) -> dict[str, Any]:
             row[f"{side}_measured_s"] = float(np.median(meas))
             row[f"{side}_model_error"] = float(np.median(
                 [abs(p - m) / m for p, m in zip(pred, meas) if m > 0] or [np.nan]))
+        if f"{side}_calls" in h[-1]:
+            row[f"{side}_call_ms"] = _call_ms(later, side)
     return row
+
+
+CALL_PARTS = ("inputs", "queued", "run", "h2d", "kernel", "copy")
+
+
+def _call_ms(epochs: list[dict[str, Any]], side: str) -> dict[str, float]:
+    """A side's milliseconds per call, medians over the epochs: ``busy`` (the block
+    scheduler's, send to end, :func:`mgpu.mf.model._side_times`, per slot) and the parts
+    spent on the call's host (:meth:`mgpu.mf.hosts.BlockHost.call_times`); what ``busy``
+    has beyond ``inputs + queued + run`` is the call's messages to and from its host."""
+    out: dict[str, float] = {}
+    per = [e for e in epochs if e.get(f"{side}_calls")]
+    if not per:
+        return out
+    out["calls"] = float(np.median([e[f"{side}_calls"] for e in per]))
+    out["busy"] = float(np.median([1e3 * e[f"{side}_busy_s"] / e[f"{side}_calls"]
+                                   for e in per]))
+    for part in CALL_PARTS:
+        if f"{side}_call_{part}_s" in per[0]:
+            out[part] = float(np.median([1e3 * e[f"{side}_call_{part}_s"] / e[f"{side}_calls"]
+                                         for e in per]))
+    return out
+
+
+def calls_markdown(rows: list[dict[str, Any]]) -> str:
+    """Where a call's time went, per mode and side (:func:`_call_ms`), or "" where no row
+    has block calls."""
+    head = ("| mode | side | calls per epoch | busy ms per call | inputs | queued | run | "
+            "of run: to device | kernel | host copies |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        for side in ("gpu", "cpu"):
+            c = r.get(f"{side}_call_ms")
+            if not c:
+                continue
+            cells = [f"{c[p]:.2f}" if p in c else "–" for p in CALL_PARTS]
+            lines.append(f"| {r['mode']} | {side} | {c['calls']:.0f} | {c['busy']:.2f} | "
+                         + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def markdown(rows: list[dict[str, Any]], target: float | None) -> str:

@@ -61,6 +61,7 @@ class BlockHost:
         self.peers: dict[str, Any] = {}
         self.address: str | None = None  # this host's worker
         self.state: dict[str, Any] = {}  # what functions run by :meth:`drive` keep here
+        self.timings: list[dict[str, float]] = []  # each call's seconds (:meth:`call_times`)
         self._driver: cf.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------- set up, look
@@ -151,6 +152,16 @@ class BlockHost:
         """The segments held here and their versions."""
         return {key: v for key, (v, _, _) in self.segs.items()}
 
+    async def call_times(self) -> list[dict[str, float]]:
+        """Where each call's time went since the last asking, in seconds (and forgotten
+        here): ``inputs`` waiting for and taking its segments and blocks, ``queued`` waiting
+        for a thread (a CPU worker's) or the device (a GPU's), ``run`` its blocks with their
+        copies; on a GPU, of ``run``, ``h2d`` the segments sent to the device, ``kernel``
+        the SGD kernels and ``copy`` the host copies of what it updated (the device's own
+        timings)."""
+        out, self.timings = self.timings, []
+        return out
+
     async def collect(self, wanted: dict[Key, int]) -> dict[Key, np.ndarray]:
         """Segments at the given versions, as host arrays, kept here (the client's RMSE)."""
         return {key: await self.take(key, v, keep=True) for key, v in wanted.items()}
@@ -178,7 +189,7 @@ class BlockHost:
             from mgpu.mf.model import _stage
 
             self.staged["warm"] = _stage(block, seg.dtype, 0)
-        _, outs = self._run_blocks(["warm"], [seg.copy()], seg.copy(), 0.0, 0.0, 0)
+        _, outs, _ = self._run_blocks(["warm"], [seg.copy()], seg.copy(), 0.0, 0.0, 0)
         self._run_blocks(["warm"], [outs[0][0]], outs[1][0], 0.0, 0.0, 0)  # left as made
         del self.blocks["warm"]
         self.staged.pop("warm", None)
@@ -192,38 +203,52 @@ class BlockHost:
         segment ``p_in[j]`` and the item segment ``q_in``, each input ``(key, version,
         holder, keep)`` (holder None: this host); the results become ``p_out[j]`` and
         ``q_out`` (key, version). ``sources`` names a host holding each block this one does
-        not. Returns the seconds the blocks took here, inputs gathered."""
+        not. Returns the seconds the blocks took here, inputs gathered (:meth:`call_times`
+        says where the rest went)."""
+        t0 = time.perf_counter()
         got = await asyncio.gather(*(self._input(*x) for x in (*p_in, q_in)),
                                    *(self._fetch_block(b, sources or {}, dtype, seed)
                                      for b in ids))
         Ps, Q = list(got[:len(p_in)]), got[len(p_in)]
-        took, outs = await self._in_pool(self._run_blocks, list(ids), Ps, Q, lr, reg, seed)
+        t1 = time.perf_counter()
+        took, outs, times = await self._in_pool(self._run_blocks, list(ids), Ps, Q, lr, reg,
+                                                seed)
         for (key, v), out in zip((*p_out, q_out), outs):
             self._set(key, v, *out)
+        self.timings.append({"inputs": t1 - t0, "queued": time.perf_counter() - t1 - took,
+                             "run": took, **times})
         return took
 
     def _run_blocks(self, ids: list[Any], Ps: list[Any], Q: Any, lr: float, reg: float,
-                    seed: int) -> tuple[float, list[tuple[Any, Any]]]:
+                    seed: int) -> tuple[float, list[tuple[Any, Any]], dict[str, float]]:
         from mgpu.mf.sgd import sgd_block
 
         t0 = time.perf_counter()
+        times: dict[str, float] = {}
         if self.kind == "gpu":
             import cupy
 
             from mgpu.mf.model import _host_copy
 
+            marks = [cupy.cuda.Event() for _ in range(4)]
+            marks[0].record()
             Ps, Q = [self._on_device(P) for P in Ps], self._on_device(Q)
+            marks[1].record()
             for b, P in zip(ids, Ps):
                 sgd_block(*self.staged[b], P, Q, lr, reg, reg, **self.gpu_kw)
+            marks[2].record()
             outs = [(a, _host_copy(a)) for a in (*Ps, Q)]
-            cupy.cuda.get_current_stream().synchronize()
+            marks[3].record()
+            marks[3].synchronize()
+            for name, a, b in zip(("h2d", "kernel", "copy"), marks, marks[1:]):
+                times[name] = 1e-3 * cupy.cuda.get_elapsed_time(a, b)
         else:
             for j, (b, P) in enumerate(zip(ids, Ps)):
                 users, items, ratings = self.blocks[b]
                 order = np.random.default_rng(seed + j).permutation(users.shape[0])
                 sgd_block(users, items, ratings, P, Q, lr, reg, reg, order)
             outs = [(a, None) for a in (*Ps, Q)]
-        return time.perf_counter() - t0, outs
+        return time.perf_counter() - t0, outs, times
 
     # ---------------------------------------------------------------------- helpers
     async def _in_pool(self, fn: Any, *args: Any) -> Any:

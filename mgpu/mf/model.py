@@ -275,6 +275,21 @@ def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float
     return out
 
 
+def _call_times(calls: dict[str, list[dict[str, float]]], planned: Any) -> dict[str, float]:
+    """Per kind of slot in one epoch: its calls (``{kind}_calls``) and the seconds they
+    spent on their hosts, summed (``{kind}_call_{part}_s``, the parts of
+    :meth:`mgpu.mf.hosts.BlockHost.call_times`)."""
+    kinds = {s.worker: s.kind for s in planned.slots}
+    out: dict[str, float] = {}
+    for w, got in calls.items():
+        kind = kinds[w]
+        out[f"{kind}_calls"] = out.get(f"{kind}_calls", 0) + len(got)
+        for t in got:
+            for part, sec in t.items():
+                out[f"{kind}_call_{part}_s"] = out.get(f"{kind}_call_{part}_s", 0.0) + sec
+    return out
+
+
 def _gpu_share(sched: Any) -> float:
     """The share of the ratings in blocks a scheduler's GPU slots own."""
     total = sum(b.size for b in sched.blocks)
@@ -401,13 +416,17 @@ def _job_start(driver: Any, job: _Job, blocks: tuple[Any, ...]) -> None:
     driver.state["job"] = job
 
 
-def _job_epoch(driver: Any) -> tuple[list[Any], dict[str, dict[Any, int]]]:
-    """On the driving host: one epoch of the job's blocks; returns its events and where
-    each segment's latest version is (host -> {key: version})."""
+def _job_epoch(driver: Any) -> tuple[list[Any], dict[str, dict[Any, int]],
+                                     dict[str, list[dict[str, float]]]]:
+    """On the driving host: one epoch of the job's blocks; returns its events, where each
+    segment's latest version is (host -> {key: version}) and where each host's calls spent
+    their time (host -> :meth:`mgpu.mf.hosts.BlockHost.call_times`)."""
     job = driver.state["job"]
     job.driver = job.sched.client = driver
     events = job.sched.run_epoch()
-    return events, job.segmap.latest()
+    hosts = sorted({s.worker for s in job.slots})
+    times = [driver.call(w, "call_times") for w in hosts]
+    return events, job.segmap.latest(), {w: f.result() for w, f in zip(hosts, times)}
 
 
 def _job_reown(driver: Any, blocks: tuple[Any, ...], epochs_done: int, where: dict[int, str],
@@ -722,7 +741,7 @@ default='sequential'
             if predict:
                 extra["alpha"] = _gpu_share(planned)
             t0 = time.perf_counter()
-            events, latest = drive(_job_epoch).result()
+            events, latest, calls = drive(_job_epoch).result()
             took = time.perf_counter() - t0
             self.schedule_events_.extend(events)
             # the factors to this process, for the RMSE: evaluation, not training
@@ -733,7 +752,7 @@ default='sequential'
                         P[rows[idx]] = got
                     else:
                         Q[cols[idx]] = got
-            last = side_times(events)
+            last = {**side_times(events), **_call_times(calls, planned)}
             yield P, Q, {"epoch_s": took, "gather_s": time.perf_counter() - t0 - took, **setup,
                          **extra, **last}
             setup = {}
