@@ -443,6 +443,45 @@ def _fails(driver):
     raise ValueError("the driven function broke")
 
 
+def _call_spec(v, seed):
+    """A call on ("p", 0) and ("q", 0) from version v to v + 1."""
+    return ([(("p", 0), v, None, False)], (("q", 0), v, None, False), [(("p", 0), v + 1)],
+            (("q", 0), v + 1), 0.01, 0.05, seed)
+
+
+def _runs_here(driver):
+    host = driver.host
+    assert host.run_here([1], *_call_spec(1, 8)) is None  # its input not made yet
+    later = driver.call(host.address, "run", [1], *_call_spec(1, 8))  # waits on the loop
+    first = host.run_here([1], *_call_spec(0, 7))
+    assert first is not None and first.result(timeout=30) >= 0
+    assert later.result(timeout=30) >= 0
+    assert host.run_here([2], *_call_spec(2, 9)) is None  # a block not here
+    return driver.call(host.address, "collect", {("p", 0): 2, ("q", 0): 2}).result(timeout=30)
+
+
+def test_a_driving_hosts_own_calls_skip_its_event_loop(client):
+    """On the driving host, a call whose inputs are there goes straight to the host's
+    threads; one whose input is not made yet goes through the event loop and is woken by
+    the thread that makes it: the segments equal the sequential passes."""
+    from mgpu.mf.hosts import call, start_hosts
+
+    a = sorted(client.scheduler_info()["workers"])[0]
+    host = start_hosts(client, {a: ("cpu", 2)})[a]
+    rng = np.random.default_rng(3)
+    # a block long enough (some milliseconds) that the later call is waiting when it ends
+    b1, P, Q = _block(rng, 30, n=200_000), rng.random((30, 32)), 0.1 * rng.random((20, 32))
+    want = [P.copy(), Q.copy()]
+    _passes([b1, b1], [want[0], want[0]], want[1], [7, 8])
+    call(client, host, "put", {1: b1}, {("p", 0): P, ("q", 0): Q}).result()
+    got = call(client, host, "drive", _runs_here).result(timeout=60)
+    assert np.isfinite(want[0]).all() and not np.allclose(want[1], Q)
+    np.testing.assert_array_equal(got[("p", 0)], want[0])
+    np.testing.assert_array_equal(got[("q", 0)], want[1])
+    times = call(client, host, "call_times").result()
+    assert len(times) == 2 and min(t["run"] for t in times) > 0
+
+
 def test_a_driven_function_calls_its_own_host_and_the_others(client):
     """A function run on a host's driver thread reaches that host (on its event loop) and
     another worker's host (a Dask actor call from there); its error reaches the client."""

@@ -11,8 +11,9 @@ Why the block scheduler runs on a host (:meth:`BlockHost.drive`, the worker with
 slots): from the client, a CPU worker's 12 slots ending their blocks together queued their
 next calls behind one another, 3.9 ms out and 1.3 ms back a call beside 12–13 ms of SGD,
 and the calibration's probe of that cost read 7–23 ms. From the CPU worker's own host, a
-call to it is a coroutine put on its event loop: no message and no serialisation
-(BENCHMARKS.md, "HSGD*: the block scheduler beside the CPU slots").
+call to it needs no message and no serialisation (BENCHMARKS.md, "HSGD*: the block
+scheduler beside the CPU slots"), and one whose inputs are there goes straight to the
+host's threads, past its event loop (:meth:`BlockHost.run_here`).
 
 Segments are versioned, so the dataflow is the same as with futures: the scheduler numbers
 each segment's updates and tells a call which version of each input it needs and where that
@@ -35,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import contextvars
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -58,6 +60,9 @@ class BlockHost:
         self.staged: dict[Any, Any] = {}  # block id -> its ratings on the device (GPU)
         self.segs: dict[Key, tuple[int, Any, Any]] = {}  # key -> (version, array, host copy)
         self.waiting: dict[tuple[Key, int], asyncio.Event] = {}
+        # segments set from a thread (:meth:`run_here`) and waited for on the event loop
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.peers: dict[str, Any] = {}
         self.address: str | None = None  # this host's worker
         self.state: dict[str, Any] = {}  # what functions run by :meth:`drive` keep here
@@ -71,6 +76,7 @@ class BlockHost:
 
         self.peers = dict(peers)
         self.address = get_worker().address
+        self._loop = asyncio.get_running_loop()
 
     async def drive(self, fn: Any, *args: Any) -> Any:
         """``fn(driver, *args)`` run on this host's driver thread, its result returned:
@@ -143,9 +149,8 @@ class BlockHost:
         """A segment at ``version`` (waiting until it is made), as a host array; given up
         here unless ``keep``, and then at ``version`` or later (a copy: a calibration's)."""
         await self._wait(key, version, newer=keep)
-        _, arr, host = self.segs[key]
-        if not keep:
-            del self.segs[key]
+        with self._lock:
+            _, arr, host = self.segs[key] if keep else self.segs.pop(key)
         return arr if host is None else host
 
     async def held(self) -> dict[Key, int]:
@@ -219,6 +224,39 @@ class BlockHost:
                              "run": took, **times})
         return took
 
+    def run_here(self, ids: Sequence[Any], p_in: Sequence[tuple[Key, int, str | None, bool]],
+                 q_in: tuple[Key, int, str | None, bool], p_out: Sequence[tuple[Key, int]],
+                 q_out: tuple[Key, int], lr: float, reg: float, seed: int,
+                 sources: dict[Any, str] | None = None, dtype: str = "float64"
+                 ) -> cf.Future | None:
+        """:meth:`run` from a thread of this host's own process (the driver's), straight
+        to its pool, or None where it must go through :meth:`run`: an input not held
+        here at its version, or a block not here (not staged, on a GPU). A call on its
+        way through the event loop took 3–4 hops there (in, to a thread, back, out), and
+        with 12 CPU threads and another host's calls on it, a CPU block's call waited
+        about 3 ms on them (BENCHMARKS.md, "HSGD*: block calls past the event loop")."""
+        ins = [*p_in, q_in]
+        with self._lock:  # against the event loop's _wait and take
+            held = [self.segs.get(key) for key, *_ in ins]
+            if any(h is None or h[0] != v or holder is not None
+                   for h, (_, v, holder, _) in zip(held, ins)):
+                return None
+        if any(b not in self.blocks or self.kind == "gpu" and b not in self.staged
+               for b in ids):
+            return None
+        Ps, Q = [h[1] for h in held[:-1]], held[-1][1]
+        return self.pool.submit(self._run_direct, list(ids), Ps, Q, [*p_out, q_out], lr, reg,
+                                seed, time.perf_counter())
+
+    def _run_direct(self, ids: list[Any], Ps: list[Any], Q: Any, outs_at: list[tuple[Key, int]],
+                    lr: float, reg: float, seed: int, sent: float) -> float:
+        took, outs, times = self._run_blocks(ids, Ps, Q, lr, reg, seed)
+        for (key, v), out in zip(outs_at, outs):
+            self._set(key, v, *out)
+        self.timings.append({"inputs": 0.0, "queued": time.perf_counter() - sent - took,
+                             "run": took, **times})
+        return took
+
     def _run_blocks(self, ids: list[Any], Ps: list[Any], Q: Any, lr: float, reg: float,
                     seed: int) -> tuple[float, list[tuple[Any, Any]], dict[str, float]]:
         from mgpu.mf.sgd import sgd_block
@@ -269,16 +307,28 @@ class BlockHost:
         return a if isinstance(a, cupy.ndarray) else cupy.asarray(a)
 
     def _set(self, key: Key, version: int, arr: Any, host: Any) -> None:
-        self.segs[key] = (version, arr, host)
-        ev = self.waiting.pop((key, version), None)
-        if ev is not None:
+        """A segment's new version, and whoever waits for it woken (on the event loop, from
+        wherever this runs)."""
+        with self._lock:
+            self.segs[key] = (version, arr, host)
+            ev = self.waiting.pop((key, version), None)
+        if ev is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop or self._loop is None:
             ev.set()
+        else:
+            self._loop.call_soon_threadsafe(ev.set)
 
     async def _wait(self, key: Key, version: int, newer: bool = False) -> None:
-        held = self.segs.get(key)
-        if held is not None and (held[0] == version or newer and held[0] > version):
-            return
-        ev = self.waiting.setdefault((key, version), asyncio.Event())
+        with self._lock:
+            held = self.segs.get(key)
+            if held is not None and (held[0] == version or newer and held[0] > version):
+                return
+            ev = self.waiting.setdefault((key, version), asyncio.Event())
         await ev.wait()
 
     async def _input(self, key: Key, version: int, holder: str | None, keep: bool) -> Any:
@@ -338,8 +388,9 @@ def call(client: Any, host: Any, method: str, *args: Any, **kwargs: Any) -> cf.F
 class Driver:
     """How a function run by :meth:`BlockHost.drive` calls the hosts: :meth:`call` as
     :func:`call` does from the client, but from the driving host's worker. A call to that
-    host is a coroutine put on its own event loop, with no message and no serialisation; a
-    call to another host goes straight from this worker to it. ``state`` is what the host
+    host has no message and no serialisation: a block call whose inputs are there goes to
+    its threads (:meth:`BlockHost.run_here`), any other a coroutine put on its event loop;
+    a call to another host goes straight from this worker to it. ``state`` is what the host
     keeps between functions (a job's scheduler and its segments' map); :meth:`log_event`
     logs to the Dask scheduler as :meth:`distributed.Client.log_event` does."""
 
@@ -355,9 +406,16 @@ class Driver:
         """The method of the host on ``worker`` (an address), as a
         ``concurrent.futures.Future``; a host that cannot be reached fails it with
         :class:`HostLost`, and :meth:`abort` cancels it."""
-        target = self.host if worker == self.host.address else self.host.peers[worker]
-        fut = asyncio.run_coroutine_threadsafe(_reached(target, method, args, kwargs),
-                                               self.loop)
+        fut = None
+        if worker == self.host.address:
+            target = self.host
+            if method == "run":
+                fut = self.host.run_here(*args, **kwargs)
+        else:
+            target = self.host.peers[worker]
+        if fut is None:
+            fut = asyncio.run_coroutine_threadsafe(_reached(target, method, args, kwargs),
+                                                   self.loop)
         self.flight.add(fut)
         fut.add_done_callback(self.flight.discard)
         if self.aborted:
