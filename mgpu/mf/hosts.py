@@ -216,13 +216,8 @@ class BlockHost:
                                      for b in ids))
         Ps, Q = list(got[:len(p_in)]), got[len(p_in)]
         t1 = time.perf_counter()
-        took, outs, times = await self._in_pool(self._run_blocks, list(ids), Ps, Q, lr, reg,
-                                                seed)
-        for (key, v), out in zip((*p_out, q_out), outs):
-            self._set(key, v, *out)
-        self.timings.append({"inputs": t1 - t0, "queued": time.perf_counter() - t1 - took,
-                             "run": took, **times})
-        return took
+        return await self._in_pool(self._run_direct, list(ids), Ps, Q, [*p_out, q_out], lr,
+                                   reg, seed, t1, t1 - t0)
 
     def run_here(self, ids: Sequence[Any], p_in: Sequence[tuple[Key, int, str | None, bool]],
                  q_in: tuple[Key, int, str | None, bool], p_out: Sequence[tuple[Key, int]],
@@ -249,11 +244,15 @@ class BlockHost:
                                 seed, time.perf_counter())
 
     def _run_direct(self, ids: list[Any], Ps: list[Any], Q: Any, outs_at: list[tuple[Key, int]],
-                    lr: float, reg: float, seed: int, sent: float) -> float:
+                    lr: float, reg: float, seed: int, sent: float, inputs: float = 0.0
+                    ) -> float:
+        """A call's blocks on a pool thread, its inputs gathered at ``sent`` (after
+        ``inputs`` seconds): the outputs set (their waiters woken) and the call's times
+        kept."""
         took, outs, times = self._run_blocks(ids, Ps, Q, lr, reg, seed)
         for (key, v), out in zip(outs_at, outs):
             self._set(key, v, *out)
-        self.timings.append({"inputs": 0.0, "queued": time.perf_counter() - sent - took,
+        self.timings.append({"inputs": inputs, "queued": time.perf_counter() - sent - took,
                              "run": took, **times})
         return took
 
