@@ -613,8 +613,10 @@ def _plot_calibration(cal: Any, path: str) -> None:
                 label=f"{kind.upper()} measured")
         for model, ls in (("hsgd*", "-"), ("linear", ":")):
             f = cal.predictor(kind, model)
+            under = (f", runs ×{cal.cpu_load:.2f} under an epoch's load"
+                     if kind == "cpu" and cal.cpu_load else "")
             ax.plot(grid, grid / np.array([f(x) for x in grid]), ls, color=color,
-                    label=f"{kind.upper()} {model} model")
+                    label=f"{kind.upper()} {model} model{under}")
     ax.set_xscale("log")
     ax.set_xlabel("ratings in a block")
     ax.set_ylabel("updates per second (task round trip included)")

@@ -2,6 +2,7 @@
 times read off the scheduler's events, and the CPU half of a calibration on a CPU cluster."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import dask.config
@@ -173,15 +174,16 @@ def test_side_times_add_up_each_kind_of_slot():
           Event(0.9, "finish", 2, "w#0", "", 1, 2), Event(1.0, "finish", 3, "g#gpu", "", 1, 3)]
     kinds = {"g#gpu": "gpu", "w#0": "cpu"}
     sizes = {1: 100.0, 2: 50.0, 3: 10.0, 4: 40.0}
-    # a round trip of 0.1 s per task, shared by the blocks of a GPU task (2 here)
+    # a round trip of 0.1 s per task, shared by the blocks of a task: the two of GPU task 1,
+    # the stolen block 3 alone in its task
     predict = {"gpu": lambda n, per_task=1, load=1.0: n / 200 + 0.1 / per_task,
                "cpu": lambda n, per_task=1, load=1.0: n / 100 + 0.1 / per_task}
-    got = _side_times(ev, kinds, sizes, predict, {"gpu": 2, "cpu": 1})
+    got = _side_times(ev, kinds, sizes, predict)
     assert got["gpu_busy_s"] == pytest.approx(0.9) and got["gpu_ratings"] == 150
     assert got["cpu_busy_s"] == pytest.approx(0.8) and got["cpu_ratings"] == 50
-    assert got["gpu_predicted_s"] == pytest.approx(0.75 + 3 * 0.05)
+    assert got["gpu_predicted_s"] == pytest.approx(150 / 200 + 2 * 0.1)
     assert got["cpu_predicted_s"] == pytest.approx(0.6)
-    assert "gpu_predicted_s" not in _side_times(ev, kinds, sizes, {}, {"gpu": 2, "cpu": 1})
+    assert "gpu_predicted_s" not in _side_times(ev, kinds, sizes, {})
 
 
 def test_prefix_sizes_double_up_to_the_sample():
@@ -210,8 +212,13 @@ def test_cpu_calibration_on_a_cluster_fits_and_is_cached(client, tmp_path):
     assert [curve(n) for n in cal.sizes] == pytest.approx(np.maximum.accumulate(cal.cpu_s))
     line = cal.curves("linear")["cpu"]
     assert line.form == "linear" and line.a > 0
+    # the CPU's runs with every slot busy, against the curve's at the probe's size
+    assert 0.2 < cal.cpu_load < 5.0
     cpu = cal.predictor("cpu")
     assert cpu(0) == 0.0 and cpu(1e6) > cpu(1e5) > cal.overhead_cpu_s
+    assert cpu(1e5) == pytest.approx(curve(1e5) * cal.cpu_load + cal.overhead_cpu_s)
+    assert dataclasses.replace(cal, cpu_load=0.0).predictor("cpu")(1e5) == pytest.approx(
+        curve(1e5) + cal.overhead_cpu_s)  # one from before the factor: taken as 1
     with pytest.raises(ValueError, match="no GPU measurements"):
         cal.predictor("gpu")
     assert "40,000 |" in cal.describe()

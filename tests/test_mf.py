@@ -375,6 +375,7 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
         assert cached(cal.key) == cal
     assert "gpu=NVIDIA" in cal.key and len(cal.kernel_s) == len(cal.cpu_s) == len(cal.sizes)
     assert "|items~" in cal.key and 0 < cal.block[0] <= train.shape[1]  # a column stratum
+    assert 0.2 < cal.cpu_load < 5.0  # the CPU's runs beside the GPU, against the curve's
     assert mf.history_[-1]["test_rmse"] <= 0.98
     # the GPUs-alone option priced on one of its blocks, measured before the plan
     alone = mf.gpus_alone_

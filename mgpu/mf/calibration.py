@@ -28,7 +28,10 @@ block hosts (:mod:`mgpu.mf.hosts`) called from the client, 4–12 ms since the c
 from the CPU worker's own host. It is measured as an epoch has it
 (:func:`_task_overheads`): every slot runs block calls back to back, as the block
 scheduler runs them, and a call's overhead is the time its slot was busy with it, counted
-as HSGD*'s side times count it, less the call's own run on its worker.
+as HSGD*'s side times count it, less the call's own run on its worker. The same calls time
+the CPU's runs with the GPU and the calls at work beside them: an epoch ran its CPU blocks
+1.1–1.5 times as long as the curve, measured with the CPU blocks alone, said for their
+size, so the curve is scaled by what the probe's runs measured (``cpu_load``).
 
 :class:`Calibration` keeps the measurements and fits the curves of :mod:`mgpu.sched.cost`
 from them, as HSGD* does (CPU piecewise linear through the sizes measured; GPU transfer
@@ -155,7 +158,10 @@ class Calibration:
     column stratum's items and ratings per user (:class:`Window`); ``calls``: what ran the
     blocks, "driven" (calls to block hosts, :mod:`mgpu.mf.hosts`, sent from the CPU
     worker's host as a fit sends them) or, in a calibration from before, "hosts" (the same
-    calls sent from the client) or a Dask task per block. ``key`` names what was
+    calls sent from the client) or a Dask task per block; ``cpu_load``: a CPU block's run
+    with every slot busy as in an epoch (the GPU's too) over its run in ``cpu_s`` at the
+    probe's size, which the CPU curve is multiplied by (0: not measured, in a calibration
+    from before; taken as 1). ``key`` names what was
     measured (the GPU and CPU models, k, dtype, the bound on conflicting GPU updates,
     ``block``), so a cached calibration is reused only for the same.
     """
@@ -172,6 +178,7 @@ class Calibration:
     probe: int = 0
     overhead_gpu_alone_s: float = 0.0
     calls: str = "tasks"
+    cpu_load: float = 0.0
 
     # ------------------------------------------------------------------ fitted curves
     def curves(self, model: str = "hsgd*") -> dict[str, Curve]:
@@ -196,7 +203,8 @@ class Calibration:
                   ) -> Callable[..., float]:
         """``f(n, per_task=1, load=1.0)``: seconds a block of n ratings is expected to take
         on a slot of ``kind`` ("cpu" or "gpu"), with its share of its task's overhead when
-        ``per_task`` blocks run in one task; 0 for an empty block. ``load``: the share of
+        ``per_task`` blocks run in one task; 0 for an empty block; a CPU block's run as
+        under an epoch's load (``cpu_load``). ``load``: the share of
         the calibrated CPU slots at work beside a GPU, whose task overhead goes from the one
         measured alone (0) to the one measured with every slot busy (1). ``floor`` (GPU):
         seconds per rating the kernel takes at least, a rate measured on a real block of the
@@ -206,8 +214,8 @@ class Calibration:
         if kind == "cpu":
             if "cpu" not in c:
                 raise ValueError("This calibration has no CPU measurements.")
-            line, ovh = c["cpu"], self.overhead_cpu_s
-            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), 0.0)
+            line, ovh, slow = c["cpu"], self.overhead_cpu_s, self.cpu_load or 1.0
+            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), 0.0) * slow
                                                     + ovh / per_task)
         if kind != "gpu":
             raise ValueError(f"kind must be 'cpu' or 'gpu'. Got {kind!r}.")
@@ -234,7 +242,8 @@ class Calibration:
                  f"a task's overhead, every slot busy with blocks of {self.probe:,} ratings: "
                  f"CPU slot {self.overhead_cpu_s * 1e3:.2f} ms, GPU slot "
                  f"{self.overhead_gpu_s * 1e3:.2f} ms (alone "
-                 f"{self.overhead_gpu_alone_s * 1e3:.2f} ms)",
+                 f"{self.overhead_gpu_alone_s * 1e3:.2f} ms); a CPU block's run then "
+                 f"{self.cpu_load or 1.0:.3f}× the curve's",
                  "ratings     | CPU block s | GPU transfer s | GPU kernel s"]
         for j, n in enumerate(self.sizes):
             cols = [self.cpu_s, self.transfer_s, self.kernel_s]
@@ -344,7 +353,10 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
                     held.clear()
                     block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype),
                                                 n_items)
-                    held[n] = [(block, P.copy(), Q.copy()) for _ in range(threads)]
+                    # each thread its own copy of the block too, as each slot of an epoch
+                    # reads its own block's ratings
+                    held[n] = [(tuple(a.copy() for a in block), P.copy(), Q.copy())
+                               for _ in range(threads)]
                     one(*held[n][0], 0)
                 return float(np.mean(list(pool.map(lambda c: one(*c, next(seeds)),
                                                    held[n]))))
@@ -424,20 +436,24 @@ def _alone_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n_us
 
 def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q: np.ndarray,
                     cpu_worker: str | None, threads: int, gpu_worker: str | None, dtype: Any,
-                    gpu_kw: dict[str, Any], tasks: int = 6) -> dict[str, float]:
+                    gpu_kw: dict[str, Any], tasks: int = 8) -> dict[str, float]:
     """Seconds a call costs its slot beyond its own run, per kind of slot, with every slot
     busy as in an epoch: ``threads`` CPU slots and the GPU slot each run ``block`` again and
     again on their own segments, through block hosts (:mod:`mgpu.mf.hosts`) as the block
     scheduler runs them (the GPU's item segment is a copy of the one a CPU slot finished
-    last, so that it crosses between workers as in an epoch), a CPU slot one call at a time,
+    last, and each column the GPU finishes is a CPU slot's next call's, so that columns
+    cross between workers both ways as in an epoch), a CPU slot one call at a time,
     the GPU with ``mf.gpu-ahead`` calls queued behind its running one, as long as the CPU
     slots run (or ``tasks`` times).
     A call's busy time is counted as :func:`mgpu.mf.model._side_times` counts it: from its
     submission, or from the end of its slot's call before it when it was queued behind that
     one, to the sender hearing it ended; the calls are sent from the CPU worker's host (the
     GPU worker's without one), as a fit's block scheduler sends them (:func:`_probe_calls`).
-    The median of busy less run over each kind's calls but its slots' first ones (a first
-    call may load what later ones find loaded)."""
+    Returns, per kind, the mean of busy less run (an epoch's side time is a sum of them,
+    outliers included: the median read 0.4–2.8 ms where epochs' CPU calls had 2.2–6.7 ms a
+    call beyond their runs, BENCHMARKS.md) and, as ``{kind}_run``, the median run (one slow
+    call should not scale every block), over each kind's calls but its slots' first ones (a
+    first call may load what later ones find loaded)."""
     from mgpu.mf.hosts import call, start_hosts
 
     slots = [("cpu", cpu_worker)] * (threads if cpu_worker else 0)
@@ -447,10 +463,13 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     hosts = start_hosts(client, {w: (kind, threads if kind == "cpu" else 1)
                                  for kind, w in set(slots)}, gpu_kw)
     dtype = np.dtype(dtype).name
-    for f in [call(client, h, "put", {0: block},
+    # each slot its own copy of the block (numbered as the slot) and its own segments
+    for f in [call(client, h, "put",
+                   {s: tuple(a.copy() for a in block) for s, (_, w2) in enumerate(slots)
+                    if w2 == w},
                    {(name, s): x for s, (_, w2) in enumerate(slots) if w2 == w
                     for name, x in (("p", P), ("q", Q))},
-                   [0] if any(k == "gpu" and w2 == w for k, w2 in slots) else [], dtype)
+                   [s for s, (k, w2) in enumerate(slots) if k == "gpu" and w2 == w], dtype)
               for w, h in hosts.items()]:
         f.result()
     # sent as the fit's block scheduler sends its calls: from the CPU worker's host
@@ -473,7 +492,9 @@ def _probe_calls(driver: Any, slots: list[tuple[str, str]], depth: dict[str, int
     busy: list[tuple[int, float, float, bool]] = []  # (slot, busy, own run, its slot's first)
     seeds = iter(range(1 << 62))
     cpus = [c for c, (k, _) in enumerate(slots) if k == "cpu"]
+    gpus = [g for g, (k, _) in enumerate(slots) if k == "gpu"]
     ended = [0] * len(slots)  # each slot's calls that ended
+    handed = [0]  # the GPU's columns a CPU slot's call has taken
 
     def more(s: int) -> bool:
         if slots[s][0] == "cpu" or not cpus:
@@ -487,8 +508,12 @@ def _probe_calls(driver: Any, slots: list[tuple[str, str]], depth: dict[str, int
         if kind == "gpu" and cpus:  # a copy of a column a CPU slot finished, from its worker
             c = cpus[runs[s] % len(cpus)]
             q = (("q", c), ended[c], cpu_worker, True)
+        elif kind == "cpu" and gpus and handed[0] < ended[gpus[0]]:
+            # and each column the GPU finished goes on to a CPU slot, as in an epoch
+            q = (("q", gpus[0]), ended[gpus[0]], slots[gpus[0]][1], True)
+            handed[0] += 1
         runs[s] += 1
-        fut = driver.call(worker, "run", [0], [p], q, [(("p", s), runs[s])], (("q", s), runs[s]),
+        fut = driver.call(worker, "run", [s], [p], q, [(("p", s), runs[s])], (("q", s), runs[s]),
                           0.005, 0.05, next(seeds), {}, dtype)
         info[fut] = (s, time.perf_counter())
         flight[s].append(fut)
@@ -510,9 +535,10 @@ def _probe_calls(driver: Any, slots: list[tuple[str, str]], depth: dict[str, int
             submit(s)
     out = {}
     for kind in ("cpu", "gpu"):
-        got = [b - o for s, b, o, first in busy if slots[s][0] == kind and not first]
+        got = [(b - o, o) for s, b, o, first in busy if slots[s][0] == kind and not first]
         if got:
-            out[kind] = max(0.0, float(np.median(got)))
+            out[kind] = max(0.0, float(np.mean([x for x, _ in got])))
+            out[f"{kind}_run"] = float(np.median([o for _, o in got]))
     return out
 
 
@@ -528,7 +554,8 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     worker may be None (that side is then not measured). The CPU worker runs ``cpu_threads``
     blocks at once, as many as the slots that will share it. Then every slot runs blocks of
     the middle prefix size back to back, for each task's overhead under that load
-    (:func:`_task_overheads`), and the GPU's once more with the CPU slots idle. Returns a
+    (:func:`_task_overheads`; and the CPU's runs then against the curve, ``cpu_load``), and
+    the GPU's once more with the CPU slots idle. Returns a
     :class:`Calibration` (not cached: see :func:`store`).
     """
     if cpu_worker is None and gpu_worker is None:
@@ -548,16 +575,25 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     got = {kind: f.result() for kind, f in futs.items()}
     probe = sizes[len(sizes) // 2]  # blocks of a middle size, segments as the division's
     pblock = _prefix_block(*sample, probe, k, np.dtype(dtype), window.n_items)
+    # about half a second of calls a slot (8 to 64): a slot's first 8 gave a CPU block's
+    # run anywhere from 0.98 to 1.95 times the curve's where epochs ran it 1.15–1.46 times
+    cpu_s = got.get("cpu", {}).get("times", [])
+    one = cpu_s[sizes.index(probe)] if cpu_s else got["gpu"]["kernel"][sizes.index(probe)]
+    tasks = int(np.clip(np.ceil(0.5 / max(one, 1e-6)), 8, 64))
     overhead = _task_overheads(client, *pblock, cpu_worker, cpu_threads, gpu_worker, dtype,
-                               gpu_kw or {})
+                               gpu_kw or {}, tasks)
     alone = overhead.get("gpu", 0.0)
     if gpu_worker is not None and cpu_worker is not None:  # and the GPU with the CPUs idle
-        alone = _task_overheads(client, *pblock, None, 0, gpu_worker, dtype, gpu_kw or {})["gpu"]
+        alone = _task_overheads(client, *pblock, None, 0, gpu_worker, dtype, gpu_kw or {},
+                                tasks)["gpu"]
+    # the CPU's runs beside the GPU and the calls of an epoch, against the curve's: epochs
+    # ran them 1.11–1.46 times the curve on H100 machines at 1e7 and 89M (BENCHMARKS.md)
+    cpu_load = overhead["cpu_run"] / cpu_s[sizes.index(probe)] if cpu_s else 0.0
     cal = Calibration(
         key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads,
                         window.block),
         sizes=[float(s) for s in sizes],
-        cpu_s=got.get("cpu", {}).get("times", []),
+        cpu_s=cpu_s, cpu_load=cpu_load,
         transfer_s=got.get("gpu", {}).get("transfer", []),
         kernel_s=got.get("gpu", {}).get("kernel", []),
         overhead_cpu_s=overhead.get("cpu", 0.0), overhead_gpu_s=overhead.get("gpu", 0.0),

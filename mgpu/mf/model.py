@@ -239,12 +239,19 @@ def _alone_block_time(alone: dict[str, float], n: float, per_task: int = 1,
 
 
 def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float],
-                predict: dict[str, Callable[..., float]], per_task: dict[str, int]
-                ) -> dict[str, float]:
+                predict: dict[str, Callable[..., float]]) -> dict[str, float]:
     """Per kind of slot in one epoch: seconds its slots were busy (summed over the slots;
     a slot is busy from a task's submission to its end, a task queued behind another of the
     same slot counted from the end of that one), ratings it updated, and what the cost model
-    predicted for those blocks."""
+    predicted for those tasks: each block's run and its task's overhead once, shared by
+    the blocks the task ran (a GPU's sub-rows of a column; a block stolen from another slot
+    runs alone in its task and pays the whole overhead).
+
+    A steal from another worker is priced as any call: the calibration's overhead already
+    holds a segment that crosses between workers in every call (:mod:`mgpu.mf.calibration`),
+    and on H100 machines at 1e7 ratings adding the block scheduler's guess at the move
+    (``mf.steal-bandwidth``, both segments both ways) put the GPU side 8–30% above its
+    measured time (BENCHMARKS.md)."""
     spans: dict[int, list[float]] = {}  # task -> [start, end]
     out: dict[str, float] = {}
     for kind in sorted(set(kinds.values())):
@@ -253,17 +260,22 @@ def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float
         if kind in predict:
             out[f"{kind}_predicted_s"] = 0.0
     slot_of: dict[int, str] = {}
+    ran: dict[int, list[int]] = {}  # task -> its blocks that finished
     for ev in events:
         if ev.kind in ("assign", "steal"):
             spans.setdefault(ev.task, [ev.t, ev.t])
             slot_of[ev.task] = ev.slot
         elif ev.kind == "finish":
-            kind = kinds[ev.slot]
             if ev.task in spans:
                 spans[ev.task][1] = ev.t
-            out[f"{kind}_ratings"] += sizes[ev.block]
-            if kind in predict:
-                out[f"{kind}_predicted_s"] += predict[kind](sizes[ev.block], per_task[kind])
+            out[f"{kinds[ev.slot]}_ratings"] += sizes[ev.block]
+            ran.setdefault(ev.task, []).append(ev.block)
+            slot_of.setdefault(ev.task, ev.slot)
+    for task, got in ran.items():
+        slot = slot_of[task]
+        kind = kinds[slot]
+        if kind in predict:
+            out[f"{kind}_predicted_s"] += sum(predict[kind](sizes[b], len(got)) for b in got)
     by_slot: dict[str, list[list[float]]] = {}
     for task, span in spans.items():
         by_slot.setdefault(slot_of[task], []).append(span)
@@ -673,8 +685,9 @@ default='sequential'
             predict = {kind: cal.predictor(kind, model) for kind, n in (("gpu", n_g), ("cpu", n_c))
                        if n}
             self.calibration_ = cal
-            logger.info("%s: a task's overhead with every slot busy, CPU %.1f ms, GPU %.1f ms",
-                        self.mode, 1e3 * cal.overhead_cpu_s, 1e3 * cal.overhead_gpu_s)
+            logger.info("%s: a task's overhead with every slot busy, CPU %.1f ms, GPU %.1f ms; "
+                        "a CPU block's run then %.3f× the curve's", self.mode,
+                        1e3 * cal.overhead_cpu_s, 1e3 * cal.overhead_gpu_s, cal.cpu_load or 1.0)
             latency = max(cal.overhead_cpu_s, cal.overhead_gpu_s, latency)
             alone = alone_div = None
 
@@ -863,7 +876,7 @@ default='sequential'
         sizes = {blk.id: blk.size for blk in div.blocks}
 
         def side_times(events: list[Any]) -> dict[str, float]:
-            return _side_times(events, kinds, sizes, predict, per_task)
+            return _side_times(events, kinds, sizes, predict)
 
         return [_Planned(tuple(div.blocks), tuple(slots)), drive, rows, cols, side_times,
                 reown]
@@ -915,9 +928,10 @@ default='sequential'
         key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads, window.block)
         cal = cached(key)
         # (one without ``probe`` priced calls at an idle round trip, one of other ``calls``
-        # their dispatch from the client or a Dask task per block: measured again)
-        if cal is None or not cal.probe or cal.calls != "driven" or (cpu and not cal.cpu_s) \
-                or (gpu and not cal.kernel_s):
+        # their dispatch from the client or a Dask task per block, one without ``cpu_load``
+        # a CPU block as run alone: measured again)
+        if cal is None or not cal.probe or cal.calls != "driven" \
+                or (cpu and not (cal.cpu_s and cal.cpu_load)) or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
             cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,
                             dtype="float64", gpu_kw=gpu_kw, cpu_threads=max(threads, 1),
