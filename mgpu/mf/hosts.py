@@ -155,7 +155,8 @@ class BlockHost:
 
     async def held(self) -> dict[Key, int]:
         """The segments held here and their versions."""
-        return {key: v for key, (v, _, _) in self.segs.items()}
+        with self._lock:  # pool threads set segments (:meth:`run_here`)
+            return {key: v for key, (v, _, _) in self.segs.items()}
 
     async def call_times(self) -> list[dict[str, float]]:
         """Where each call's time went since the last asking, in seconds (and forgotten
