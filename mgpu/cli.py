@@ -486,7 +486,9 @@ def run_mf(ratings: str, modes: str, k: int, lr: float, reg: float, epochs: int,
 
     RATINGS is a MovieLens file (ratings.csv, ratings.dat or u.data, gzip or not). A random
     share is held out; every mode trains on the rest from the same start and reports RMSE per
-    epoch. Factors go to OUT as <mode>-factors.npz (P, Q and the original user/item ids).
+    epoch. Factors go to OUT as <mode>-factors.npz (P, Q, the original user/item ids, and
+    ``mean``, ``rated_users``, ``rated_items``: a user or item without a training rating is
+    predicted the training mean).
     """
     import json
 
@@ -503,7 +505,8 @@ def run_mf(ratings: str, modes: str, k: int, lr: float, reg: float, epochs: int,
                     test_fraction, seed, address, cpu_threads, plot, one_cluster)
     for mode, mf in mfs.items():
         tmp = out / f"{mode}-factors.partial.npz"
-        np.savez(tmp, P=mf.P_, Q=mf.Q_, user_ids=data.user_ids, item_ids=data.item_ids)
+        np.savez(tmp, P=mf.P_, Q=mf.Q_, user_ids=data.user_ids, item_ids=data.item_ids,
+                 mean=mf.mean_, rated_users=mf.rated_users_, rated_items=mf.rated_items_)
         tmp.replace(out / f"{mode}-factors.npz")
     (out / "history.json").write_text(json.dumps({m: mf.history_ for m, mf in mfs.items()},
                                                  indent=1))
@@ -613,10 +616,8 @@ def _plot_calibration(cal: Any, path: str) -> None:
                 label=f"{kind.upper()} measured")
         for model, ls in (("hsgd*", "-"), ("linear", ":")):
             f = cal.predictor(kind, model)
-            under = (f", runs ×{cal.cpu_load:.2f} under an epoch's load"
-                     if kind == "cpu" and cal.cpu_load else "")
             ax.plot(grid, grid / np.array([f(x) for x in grid]), ls, color=color,
-                    label=f"{kind.upper()} {model} model{under}")
+                    label=f"{kind.upper()} {model} model")
     ax.set_xscale("log")
     ax.set_xlabel("ratings in a block")
     ax.set_ylabel("updates per second (task round trip included)")

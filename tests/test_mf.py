@@ -11,6 +11,13 @@ from mgpu.mf.calibration import Calibration
 from mgpu.mf import rmse, sgd_block
 
 
+# Test RMSE on the MovieLens split that every mode must reach: the issue asks for 0.98 with
+# a sequential SGD at about 0.97; with unrated users and items predicted the training mean,
+# sequential SGD bottoms out at 0.897 on this split, so the tests ask for 0.91, within 1.5%
+# of that floor (the benchmark reports the time to 0.98 as well).
+MOVIELENS_TARGET = 0.91
+
+
 def _split(R: sp.coo_matrix, seed: int = 0) -> tuple[sp.coo_matrix, sp.coo_matrix]:
     """A 90/10 random split of the ratings."""
     perm = np.random.default_rng(seed).permutation(R.nnz)
@@ -88,28 +95,51 @@ def test_bad_ratings_and_divergence(tmp_path):
         mf.predict([0], [20])
 
 
+def test_unrated_users_and_items_are_predicted_the_training_mean():
+    # user 2 and item 3 have no training rating: their factors are the random start
+    R = sp.coo_matrix((np.array([1.0, 2.0, 4.0, 5.0]), (np.array([0, 0, 1, 1]),
+                                                       np.array([0, 1, 0, 2]))), shape=(3, 4))
+    test = sp.coo_matrix((np.array([3.0, 1.0, 4.0]), (np.array([2, 0, 1]),
+                                                     np.array([0, 3, 1]))), shape=(3, 4))
+    mf = mgpu.MatrixFactorization(k=4, lr=0.05, epochs=3).fit(R, test)
+    assert mf.mean_ == 3.0
+    assert mf.rated_users_.tolist() == [True, True, False]
+    assert mf.rated_items_.tolist() == [True, True, True, False]
+    pred = mf.predict([2, 0, 1], [0, 3, 1])
+    assert pred[0] == 3.0 and pred[1] == 3.0
+    assert pred[2] == pytest.approx(mf.P_[1] @ mf.Q_[1]) and pred[2] != 3.0
+    want = np.sqrt(np.mean((np.array([3.0, 3.0, mf.P_[1] @ mf.Q_[1]]) - test.data) ** 2))
+    assert mf.history_[-1]["test_rmse"] == pytest.approx(want)
+    assert mf.history_[-1]["train_rmse"] == pytest.approx(
+        np.sqrt(np.mean((mf.predict(R.row, R.col) - R.data) ** 2)))
+
+
 def test_sequential_reaches_the_movielens_target(data_dir):
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
-    mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80, target_rmse=0.98)
+    mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
+                                  target_rmse=MOVIELENS_TARGET)
     seen = []
     mf.fit(train, test, callback=seen.append)
-    assert mf.history_[-1]["test_rmse"] <= 0.98 and seen == mf.history_
+    assert mf.history_[-1]["test_rmse"] <= MOVIELENS_TARGET and seen == mf.history_
     assert len(mf.history_) < 80  # stopped at the target
     t = test.tocoo()
     pred = mf.predict(t.row, t.col)
     assert np.sqrt(np.mean((pred - t.data) ** 2)) == pytest.approx(mf.history_[-1]["test_rmse"])
+    # 339 of the 10000 test ratings name an item without a training rating
+    cold = ~mf.rated_items_[t.col]
+    assert cold.sum() == 339 and (pred[cold] == mf.mean_).all()
 
 
 def test_blocked_cpu_mode_reaches_the_movielens_target(client, data_dir):
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
     # the thesis's MovieLens parameters
-    mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80, target_rmse=0.98,
-                                  mode="cpu")
+    mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
+                                  target_rmse=MOVIELENS_TARGET, mode="cpu")
     mf.fit(train, test)
     h = mf.history_
-    assert h[-1]["test_rmse"] <= 0.98 and len(h) < 80
+    assert h[-1]["test_rmse"] <= MOVIELENS_TARGET and len(h) < 80
     starts = [e for e in mf.schedule_events_ if e.kind in ("assign", "steal")]
     n_slots = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
     g = n_slots + 1
@@ -249,10 +279,10 @@ def test_gpu_mode_reaches_the_movielens_target(data_dir):
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
     with connect(gpus=True, n_workers=1):
-        mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80, target_rmse=0.98,
-                                      mode="gpu")
+        mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
+                                      target_rmse=MOVIELENS_TARGET, mode="gpu")
         mf.fit(train, test)
-    assert mf.history_[-1]["test_rmse"] <= 0.98 and len(mf.history_) < 80
+    assert mf.history_[-1]["test_rmse"] <= MOVIELENS_TARGET and len(mf.history_) < 80
     starts = [e for e in mf.schedule_events_ if e.kind in ("assign", "steal")]
     assert starts and all(e.slot.endswith("#gpu") for e in starts)
 
@@ -271,9 +301,9 @@ def test_hsgd_runs_blocks_on_gpu_and_cpu_workers_of_one_cluster(data_dir):
         assert len(gpu_workers) == 1 and len(infos) == 2
         assert {a: i["nthreads"] for a, i in infos.items() if not i["gpu"]}.popitem()[1] == 2
         mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
-                                      target_rmse=0.98, mode="hsgd")
+                                      target_rmse=MOVIELENS_TARGET, mode="hsgd")
         mf.fit(train, test)
-    assert mf.history_[-1]["test_rmse"] <= 0.98
+    assert mf.history_[-1]["test_rmse"] <= MOVIELENS_TARGET
     starts = [e for e in mf.schedule_events_ if e.kind in ("assign", "steal")]
     on_gpu = [e for e in starts if e.slot.endswith("#gpu")]
     on_cpu = [e for e in starts if not e.slot.endswith("#gpu")]
@@ -298,11 +328,12 @@ def test_hsgd_star_runs_the_gpu_mode_division_when_the_cpus_would_only_slow_it(d
     with connect(gpus=True, n_workers=1, cpu_threads=3):
         for mode in ("hsgd*", "gpu"):
             mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
-                                          target_rmse=0.98, mode=mode, calibration=crawl)
+                                          target_rmse=MOVIELENS_TARGET, mode=mode,
+                                          calibration=crawl)
             mf.fit(train, test)
             runs[mode] = mf
     star, gpu = runs["hsgd*"], runs["gpu"]
-    assert star.history_[-1]["test_rmse"] <= 0.98
+    assert star.history_[-1]["test_rmse"] <= MOVIELENS_TARGET
     assert (star.division_["cpu_slots"], star.division_["alpha"]) == (0, 1.0)
     assert (star.division_["rows"], star.division_["cols"]) == (gpu.division_["rows"],
                                                                 gpu.division_["cols"])
@@ -334,10 +365,11 @@ def test_cost_model_modes_on_a_mixed_cluster(data_dir, mode):
     train, test = _split(R.tocoo())
     with connect(gpus=True, n_workers=1, cpu_threads=3), \
             dask.config.set({"mgpu.mf.replan": False}):  # the division the model gives
-        mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80, target_rmse=0.98,
-                                      mode=mode, calibration=_three_to_one())
+        mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
+                                      target_rmse=MOVIELENS_TARGET, mode=mode,
+                                      calibration=_three_to_one())
         mf.fit(train, test)
-    assert mf.history_[-1]["test_rmse"] <= 0.98
+    assert mf.history_[-1]["test_rmse"] <= MOVIELENS_TARGET
     d = mf.division_
     assert (d["gpu_slots"], d["cpu_slots"]) == (1, 3)
     assert (d["rows"], d["cols"]) == (4 + 4, 3 + 2 + 1)  # ⌈4/1⌉ GPU sub-rows + 4 CPU rows
@@ -369,14 +401,14 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
                           "mgpu.mf.replan": False}):  # the division the plan gives
         with connect(gpus=True, n_workers=1, cpu_threads=3):
             mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
-                                          target_rmse=0.98, mode="hsgd*")
+                                          target_rmse=MOVIELENS_TARGET, mode="hsgd*")
             mf.fit(train, test)
         cal = mf.calibration_
         assert cached(cal.key) == cal
     assert "gpu=NVIDIA" in cal.key and len(cal.kernel_s) == len(cal.cpu_s) == len(cal.sizes)
     assert "|items~" in cal.key and 0 < cal.block[0] <= train.shape[1]  # a column stratum
     assert 0.2 < cal.cpu_load < 5.0  # the CPU's runs beside the GPU, against the curve's
-    assert mf.history_[-1]["test_rmse"] <= 0.98
+    assert mf.history_[-1]["test_rmse"] <= MOVIELENS_TARGET
     # the GPUs-alone option priced on one of its blocks, measured before the plan
     alone = mf.gpus_alone_
     assert alone["per_rating_s"] > 0 and alone["epoch_s"] > alone["per_rating_s"] * train.nnz

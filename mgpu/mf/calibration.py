@@ -29,9 +29,11 @@ from the CPU worker's own host. It is measured as an epoch has it
 (:func:`_task_overheads`): every slot runs block calls back to back, as the block
 scheduler runs them, and a call's overhead is the time its slot was busy with it, counted
 as HSGD*'s side times count it, less the call's own run on its worker. The same calls time
-the CPU's runs with the GPU and the calls at work beside them: an epoch ran its CPU blocks
-1.1–1.5 times as long as the curve, measured with the CPU blocks alone, said for their
-size, so the curve is scaled by what the probe's runs measured (``cpu_load``).
+the CPU's runs with the GPU and the calls at work beside them, against the curve's at
+their size (``cpu_load``), which is recorded and not applied: that one size's ratio read
+0.82–1.34 over eight calibrations where the epochs that followed ran their CPU blocks
+0.92–1.26 times the curve, and scaling the curve by it left the CPU side 3–25% off (three
+runs over 15%) against 1–14% unscaled (BENCHMARKS.md).
 
 :class:`Calibration` keeps the measurements and fits the curves of :mod:`mgpu.sched.cost`
 from them, as HSGD* does (CPU piecewise linear through the sizes measured; GPU transfer
@@ -160,8 +162,8 @@ class Calibration:
     worker's host as a fit sends them) or, in a calibration from before, "hosts" (the same
     calls sent from the client) or a Dask task per block; ``cpu_load``: a CPU block's run
     with every slot busy as in an epoch (the GPU's too) over its run in ``cpu_s`` at the
-    probe's size, which the CPU curve is multiplied by (0: not measured, in a calibration
-    from before; taken as 1). ``key`` names what was
+    probe's size, recorded and not applied (0: not measured, in a calibration from
+    before). ``key`` names what was
     measured (the GPU and CPU models, k, dtype, the bound on conflicting GPU updates,
     ``block``), so a cached calibration is reused only for the same.
     """
@@ -203,8 +205,7 @@ class Calibration:
                   ) -> Callable[..., float]:
         """``f(n, per_task=1, load=1.0)``: seconds a block of n ratings is expected to take
         on a slot of ``kind`` ("cpu" or "gpu"), with its share of its task's overhead when
-        ``per_task`` blocks run in one task; 0 for an empty block; a CPU block's run as
-        under an epoch's load (``cpu_load``). ``load``: the share of
+        ``per_task`` blocks run in one task; 0 for an empty block. ``load``: the share of
         the calibrated CPU slots at work beside a GPU, whose task overhead goes from the one
         measured alone (0) to the one measured with every slot busy (1). ``floor`` (GPU):
         seconds per rating the kernel takes at least, a rate measured on a real block of the
@@ -214,8 +215,8 @@ class Calibration:
         if kind == "cpu":
             if "cpu" not in c:
                 raise ValueError("This calibration has no CPU measurements.")
-            line, ovh, slow = c["cpu"], self.overhead_cpu_s, self.cpu_load or 1.0
-            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), 0.0) * slow
+            line, ovh = c["cpu"], self.overhead_cpu_s
+            return lambda n, per_task=1, load=1.0: (0.0 if n <= 0 else max(line(n), 0.0)
                                                     + ovh / per_task)
         if kind != "gpu":
             raise ValueError(f"kind must be 'cpu' or 'gpu'. Got {kind!r}.")
@@ -243,7 +244,7 @@ class Calibration:
                  f"CPU slot {self.overhead_cpu_s * 1e3:.2f} ms, GPU slot "
                  f"{self.overhead_gpu_s * 1e3:.2f} ms (alone "
                  f"{self.overhead_gpu_alone_s * 1e3:.2f} ms); a CPU block's run then "
-                 f"{self.cpu_load or 1.0:.3f}× the curve's",
+                 f"{self.cpu_load:.3f}× the curve's (not applied)",
                  "ratings     | CPU block s | GPU transfer s | GPU kernel s"]
         for j, n in enumerate(self.sizes):
             cols = [self.cpu_s, self.transfer_s, self.kernel_s]
@@ -554,7 +555,8 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     worker may be None (that side is then not measured). The CPU worker runs ``cpu_threads``
     blocks at once, as many as the slots that will share it. Then every slot runs blocks of
     the middle prefix size back to back, for each task's overhead under that load
-    (:func:`_task_overheads`; and the CPU's runs then against the curve, ``cpu_load``), and
+    (:func:`_task_overheads`; and the CPU's runs then against the curve, ``cpu_load``,
+    recorded), and
     the GPU's once more with the CPU slots idle. Returns a
     :class:`Calibration` (not cached: see :func:`store`).
     """
@@ -586,8 +588,8 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     if gpu_worker is not None and cpu_worker is not None:  # and the GPU with the CPUs idle
         alone = _task_overheads(client, *pblock, None, 0, gpu_worker, dtype, gpu_kw or {},
                                 tasks)["gpu"]
-    # the CPU's runs beside the GPU and the calls of an epoch, against the curve's: epochs
-    # ran them 1.11–1.46 times the curve on H100 machines at 1e7 and 89M (BENCHMARKS.md)
+    # the CPU's runs beside the GPU and the calls of an epoch, against the curve's (recorded:
+    # too noisy a ratio to scale the curve by, BENCHMARKS.md)
     cpu_load = overhead["cpu_run"] / cpu_s[sizes.index(probe)] if cpu_s else 0.0
     cal = Calibration(
         key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads,

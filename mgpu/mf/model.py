@@ -484,6 +484,12 @@ default='sequential'
     ----------
     P_ : ndarray of shape (n_users, k)
     Q_ : ndarray of shape (n_items, k)
+    mean_ : float
+        The training ratings' mean: the prediction, in :meth:`predict` and the test RMSE, for
+        a user or an item that no training rating names (whose factors never left their
+        random start), as LIBMF predicts its average rating there.
+    rated_users_, rated_items_ : ndarray of bool
+        Which users and items the training ratings name.
     history_ : list of dict
         Per epoch: ``epoch``, ``seconds`` (training time so far: the epochs' own work; the
         setup before the first epoch and the evaluation after each, that is gathering the
@@ -606,6 +612,10 @@ default='sequential'
             if tr.size == 0:
                 raise ValueError("The 'test' parameter of MatrixFactorization.fit holds no "
                                  "ratings; pass None to train without one.")
+        self.mean_ = float(r.mean())
+        self.rated_users_ = np.bincount(u, minlength=shape[0]) > 0
+        self.rated_items_ = np.bincount(i, minlength=shape[1]) > 0
+        rated = (self.rated_users_, self.rated_items_)
         rng = np.random.default_rng(self.seed)
         scale = 1.0 / np.sqrt(self.k)
         P = rng.random((shape[0], self.k)) * scale
@@ -633,7 +643,8 @@ default='sequential'
             trained += time.perf_counter() - t - setup - extra.get("gather_s", 0.0)
             entry = {"epoch": epoch, "seconds": trained, "wall_s": time.perf_counter() - t0,
                      "train_rmse": rmse(u, i, r, P, Q),
-                     "test_rmse": rmse(tu, ti, tr, P, Q) if tr is not None else float("nan"),
+                     "test_rmse": rmse(tu, ti, tr, P, Q, rated, self.mean_) if tr is not None
+                     else float("nan"),
                      **extra}
             self.history_.append(entry)
             logger.info("%s epoch %d: train RMSE %.4f, test RMSE %.4f, %.2f s", self.mode, epoch,
@@ -686,8 +697,8 @@ default='sequential'
                        if n}
             self.calibration_ = cal
             logger.info("%s: a task's overhead with every slot busy, CPU %.1f ms, GPU %.1f ms; "
-                        "a CPU block's run then %.3f× the curve's", self.mode,
-                        1e3 * cal.overhead_cpu_s, 1e3 * cal.overhead_gpu_s, cal.cpu_load or 1.0)
+                        "a CPU block's run then %.3f× the curve's (not applied)", self.mode,
+                        1e3 * cal.overhead_cpu_s, 1e3 * cal.overhead_gpu_s, cal.cpu_load)
             latency = max(cal.overhead_cpu_s, cal.overhead_gpu_s, latency)
             alone = alone_div = None
 
@@ -929,7 +940,7 @@ default='sequential'
         cal = cached(key)
         # (one without ``probe`` priced calls at an idle round trip, one of other ``calls``
         # their dispatch from the client or a Dask task per block, one without ``cpu_load``
-        # a CPU block as run alone: measured again)
+        # its calls' median overhead, not their mean: measured again)
         if cal is None or not cal.probe or cal.calls != "driven" \
                 or (cpu and not (cal.cpu_s and cal.cpu_load)) or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
@@ -940,7 +951,8 @@ default='sequential'
         return cal
 
     def predict(self, users: Any, items: Any) -> np.ndarray:
-        """Predicted ratings pᵤ·qᵢ for pairs of row and column indices."""
+        """Predicted ratings pᵤ·qᵢ for pairs of row and column indices; ``mean_`` where the
+        user or the item has no training rating."""
         if not hasattr(self, "P_"):
             raise ValueError("This MatrixFactorization instance is not fitted yet. Call 'fit' "
                              "first.")
@@ -951,4 +963,6 @@ default='sequential'
             if idx.size and (idx.min() < 0 or idx.max() >= n):
                 raise ValueError(f"The '{name}' parameter of predict must be in [0, {n}). Got "
                                  f"values from {idx.min()} to {idx.max()}.")
-        return np.einsum("nk,nk->n", self.P_[users], self.Q_[items])
+        known = self.rated_users_[users] & self.rated_items_[items]
+        return np.where(known, np.einsum("nk,nk->n", self.P_[users], self.Q_[items]),
+                        self.mean_)

@@ -66,26 +66,42 @@ def _sgd_cpu(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.nd
 
 
 @numba.njit(nogil=True, parallel=True)
-def _sq_err(users, items, ratings, P, Q):
+def _sq_err(users, items, ratings, P, Q, rated_users, rated_items, fallback):
     total = 0.0
     for n in numba.prange(users.shape[0]):
-        e = ratings[n]
-        for f in range(P.shape[1]):
-            e -= P[users[n], f] * Q[items[n], f]
+        u = users[n]
+        i = items[n]
+        if rated_users[u] and rated_items[i]:
+            e = ratings[n]
+            for f in range(P.shape[1]):
+                e -= P[u, f] * Q[i, f]
+        else:
+            e = ratings[n] - fallback
         total += e * e
     return total
 
 
 def rmse(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.ndarray,
-         Q: np.ndarray) -> float:
+         Q: np.ndarray, rated: tuple[np.ndarray, np.ndarray] | None = None,
+         fallback: float = 0.0) -> float:
     """Root mean squared error of P Qᵀ on the given ratings (nan for none).
+
+    ``rated`` (a boolean per row of P and one per row of Q: does the training set rate it)
+    makes a pair whose user or item is unrated predict ``fallback`` (the training mean) in
+    place of pᵤ·qᵢ, whose factors never left their random start.
 
     >>> rmse(np.array([0]), np.array([0]), np.array([2.0]), np.ones((1, 1)), np.ones((1, 1)))
     1.0
+    >>> rmse(np.array([0]), np.array([0]), np.array([2.0]), np.ones((1, 1)), np.ones((1, 1)),
+    ...      rated=(np.array([True]), np.array([False])), fallback=2.5)
+    0.5
     """
     if users.shape[0] == 0:
         return float("nan")
-    return float(np.sqrt(_sq_err(users, items, ratings, P, Q) / users.shape[0]))
+    if rated is None:
+        rated = (np.ones(P.shape[0], dtype=np.bool_), np.ones(Q.shape[0], dtype=np.bool_))
+    return float(np.sqrt(_sq_err(users, items, ratings, P, Q, rated[0], rated[1],
+                                 float(fallback)) / users.shape[0]))
 
 
 def split_ratings(R: sp.spmatrix, test_fraction: float, seed: int = 0
