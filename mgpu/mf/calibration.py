@@ -556,8 +556,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     blocks at once, as many as the slots that will share it. Then every slot runs blocks of
     the middle prefix size back to back, for each task's overhead under that load
     (:func:`_task_overheads`; and the CPU's runs then against the curve, ``cpu_load``,
-    recorded), and
-    the GPU's once more with the CPU slots idle. Returns a
+    recorded), and the GPU's once more with the CPU slots idle. Returns a
     :class:`Calibration` (not cached: see :func:`store`).
     """
     if cpu_worker is None and gpu_worker is None:
