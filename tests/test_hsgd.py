@@ -165,6 +165,24 @@ def test_plan_leaves_cpu_slots_out_when_their_blocks_cost_more_than_they_save():
         100_000_000, fast, 1, 0, 1.0)
 
 
+def test_bench_row_keeps_the_calibration_a_cost_mode_planned_from():
+    import types
+
+    from mgpu.bench.mf import summary
+
+    n = [float(2 ** e) for e in range(10, 14)]
+    cal = Calibration("made-up", n, [x / 1e6 for x in n], [x / 1e8 for x in n],
+                      [x / 1e8 for x in n], 1e-3, 2e-3, "test", cpu_load=1.2)
+    history = [{"epoch": e, "seconds": 0.5 * e, "test_rmse": 1.0 / e} for e in (1, 2, 3)]
+    star = types.SimpleNamespace(mode="hsgd*", history_=history, calibration_=cal)
+    row = summary(star, 0.4)
+    assert row["calibration"] == cal.to_json()
+    assert Calibration.from_json(json.loads(json.dumps(row["calibration"]))) == cal
+    assert row["epochs_to_target"] == 3 and row["seconds_to_target"] == 1.5
+    assert "calibration" not in summary(types.SimpleNamespace(mode="cpu", history_=history),
+                                        0.4)
+
+
 def test_side_times_add_up_each_kind_of_slot():
     # blocks 1 and 4 run in one GPU task (task 1): its time counts once, their ratings both
     ev = [Event(0.0, "assign", 1, "g#gpu", "", 1, 1), Event(0.0, "assign", 4, "g#gpu", "", 1, 1),

@@ -44,7 +44,8 @@ def train_modes(train: sp.spmatrix, test: sp.spmatrix, modes: list[str], *, k: i
 def summary(mf: Any, target: float | None) -> dict[str, Any]:
     """One mode's row: time to the target, speed per epoch, the GPU share, steals and the
     cost model's predicted against measured busy seconds per side (medians over the epochs
-    after the first, which also compiles kernels)."""
+    after the first, which also compiles kernels), and in the cost-model modes the
+    calibration they planned from."""
     h = mf.history_
     reached = next((e for e in h if target and e["test_rmse"] <= target), None)
     later = h[1:] or h
@@ -64,6 +65,8 @@ def summary(mf: Any, target: float | None) -> dict[str, Any]:
     events = getattr(mf, "schedule_events_", None)
     if events:
         row["steals_per_epoch"] = sum(ev.kind == "steal" for ev in events) / len(h)
+    if getattr(mf, "calibration_", None) is not None:  # the curves the plan was made from
+        row["calibration"] = mf.calibration_.to_json()
     if getattr(mf, "division_", None):
         row["alpha"] = mf.division_["alpha"]
         row["alpha_planned"] = mf.division_.get("alpha_planned")
