@@ -163,9 +163,9 @@ class Calibration:
     calls sent from the client) or a Dask task per block; ``cpu_load``: a CPU block's run
     with every slot busy as in an epoch (the GPU's too) over its run in ``cpu_s`` at the
     probe's size, recorded and not applied (0: not measured, in a calibration from
-    before). ``key`` names what was
-    measured (the GPU and CPU models, k, dtype, the bound on conflicting GPU updates,
-    ``block``), so a cached calibration is reused only for the same.
+    before). ``key`` names what was measured (the GPU and CPU models, k, dtype, the bound
+    on conflicting GPU updates, ``block``), so a cached calibration is reused only for the
+    same.
     """
 
     key: str
