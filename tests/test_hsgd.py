@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import dask.config
 import numpy as np
@@ -369,28 +370,34 @@ def _block(rng, n_users, n_items=20, n=300):
     return (rng.integers(0, n_users, n), rng.integers(0, n_items, n), rng.uniform(1, 5, n))
 
 
-def _passes(blocks, P, Q, seeds, lr=0.01, reg=0.05):
-    """The reference: numba passes one after the other, in the order a host shuffles."""
-    for (users, items, ratings), P_, seed in zip(blocks, P, seeds):
-        order = np.random.default_rng(seed).permutation(users.shape[0])
-        sgd_block(users, items, ratings, P_, Q, lr, reg, reg, order)
+def _passes(blocks, P, Q, lr=0.01, reg=0.05):
+    """The reference: numba passes one after the other, each over its block's ratings in
+    the order given, as a host keeps and visits them."""
+    for (users, items, ratings), P_ in zip(blocks, P):
+        sgd_block(users, items, ratings, P_, Q, lr, reg, reg)
 
 
-def test_block_hosts_wait_for_versions_and_hand_segments_over(client):
+@pytest.mark.parametrize("shared", [False, True])
+def test_block_hosts_wait_for_versions_and_hand_segments_over(client, shared):
     """Two hosts on two workers: a call queued before the one that makes its input waits for
-    it, takes the item segment from the other host (which gives it up), and a call of two
-    blocks runs them one after the other: every segment equals the sequential passes."""
-    from mgpu.mf.hosts import SegmentMap, call, start_hosts
+    it, takes the item segment from the other host (which gives it up; or, where the two
+    share the node's segments, reads it from the shared file, where its maker keeps it),
+    and a call of two blocks runs them one after the other: every segment equals the
+    sequential passes."""
+    from mgpu.mf.hosts import SegmentMap, call, share_segments, start_hosts
 
     a, b = sorted(client.scheduler_info()["workers"])
     hosts = start_hosts(client, {a: ("cpu", 1), b: ("cpu", 1)})
+    if shared:
+        layout = [(("p", 0), 30), (("p", 1), 40), (("p", 2), 25), (("q", 0), 20)]
+        assert share_segments(client, hosts, layout, 8, "float64") == {"127.0.0.1": [a, b]}
     rng = np.random.default_rng(0)
     b1, b3, b2 = _block(rng, 30), _block(rng, 25), _block(rng, 40)
     P1, P3, P2, Q = (rng.random((30, 8)), rng.random((25, 8)), rng.random((40, 8)),
                      rng.random((20, 8)))
     want = [x.copy() for x in (P1, P3, P2, Q)]
-    _passes([b1, b3], want[:2], want[3], [7, 8])
-    _passes([b2], want[2:3], want[3], [9])
+    _passes([b1, b3], want[:2], want[3])
+    _passes([b2], want[2:3], want[3])
     for f in [call(client, hosts[a], "put", {1: b1, 3: b3}, {("p", 0): P1, ("p", 2): P3,
                                                              ("q", 0): Q}),
               call(client, hosts[b], "put", {2: b2}, {("p", 1): P2})]:
@@ -416,11 +423,29 @@ def test_block_hosts_wait_for_versions_and_hand_segments_over(client):
     assert segs.latest() == {a: {("p", 0): 1, ("p", 2): 1}, b: {("q", 0): 2, ("p", 1): 1}}
     for key, ref in zip((("p", 0), ("p", 2), ("p", 1), ("q", 0)), want):
         np.testing.assert_array_equal(got[key], ref)
-    assert call(client, hosts[a], "held").result() == {("p", 0): 1, ("p", 2): 1}  # q given up
+    # q given up, or kept where it was read from the shared file
+    assert call(client, hosts[a], "held").result() == {("p", 0): 1, ("p", 2): 1,
+                                                       **({("q", 0): 1} if shared else {})}
     with pytest.raises(KeyError):  # a block no host has: the call fails, with the error
         call(client, hosts[a], "run", [99], [(("p", 0), 1, None, False)],
              (("p", 2), 1, None, False), [(("p", 0), 2)], (("p", 2), 2), 0.01, 0.05, 1
              ).result(timeout=30)
+
+
+def test_shared_segments_need_room_and_a_file_every_host_can_open(client, tmp_path):
+    """A node whose shared memory is too small gets no store (a reason, not an error), and
+    a host that cannot open the file goes on without it, its segments sent as before."""
+    from mgpu.mf.hosts import call, start_hosts, store_supported
+
+    assert "free" in store_supported(1 << 62)
+    a, b = sorted(client.scheduler_info()["workers"])
+    hosts = start_hosts(client, {a: ("cpu", 1), b: ("cpu", 1)})
+    layout = [(("q", 0), 4)]
+    assert call(client, hosts[b], "share", str(tmp_path / "missing" / "segs"), layout, 2,
+                "float64").result() is None
+    path = call(client, hosts[a], "share", None, layout, 2, "float64").result()
+    call(client, hosts[a], "shared_with", [a], True).result()  # no other host: let go
+    assert not os.path.exists(path)
 
 
 def test_block_scheduler_runs_over_host_calls_and_stops_at_a_failed_one(client):
@@ -497,7 +522,7 @@ def test_a_driving_hosts_own_calls_skip_its_event_loop(client):
     # a block long enough (some milliseconds) that the later call is waiting when it ends
     b1, P, Q = _block(rng, 30, n=200_000), rng.random((30, 32)), 0.1 * rng.random((20, 32))
     want = [P.copy(), Q.copy()]
-    _passes([b1, b1], [want[0], want[0]], want[1], [7, 8])
+    _passes([b1, b1], [want[0], want[0]], want[1])
     call(client, host, "put", {1: b1}, {("p", 0): P, ("q", 0): Q}).result()
     got = call(client, host, "drive", _runs_here).result(timeout=60)
     assert np.isfinite(want[0]).all() and not np.allclose(want[1], Q)

@@ -91,13 +91,16 @@ def prefix_sizes(n: int, smallest: int = 1024) -> list[int]:
 class Window:
     """Ratings of one column stratum: their positions in the ratings given, their ids in it
     (users numbered in a random order of all users, items < ``n_items``, ordered by user),
-    and its number of items and ratings per user."""
+    and its number of items and ratings per user; ``by_user``: the matrix has more users
+    than items, so a CPU host visits a block's ratings by user, then item (else by item,
+    then user: :func:`mgpu.mf.sgd.libmf_order`)."""
 
     take: np.ndarray
     users: np.ndarray
     items: np.ndarray
     n_items: int
     per_user: float
+    by_user: bool = True
 
     @property
     def block(self) -> tuple[int, float]:
@@ -145,7 +148,7 @@ def block_window(users: np.ndarray, items: np.ndarray, shape: tuple[int, int],
         cols = max(1, cols // 2)
     take = inside[np.argsort(rank[users[inside]], kind="stable")]
     return Window(take, rank[users[take]], li[items[take]], int(wi.size),
-                  take.size / max(m, 1))
+                  take.size / max(m, 1), m > n)
 
 
 @dataclass
@@ -163,7 +166,9 @@ class Calibration:
     calls sent from the client) or a Dask task per block; ``cpu_load``: a CPU block's run
     with every slot busy as in an epoch (the GPU's too) over its run in ``cpu_s`` at the
     probe's size, recorded and not applied (0: not measured, in a calibration from
-    before). ``key`` names what was measured (the GPU and CPU models, k, dtype, the bound
+    before); ``cpu_order``: how the CPU blocks visited their ratings, "libmf" (in the order
+    a fit keeps them, :func:`mgpu.mf.sgd.libmf_order`) or, in a calibration from before,
+    "random" (a new permutation each pass). ``key`` names what was measured (the GPU and CPU models, k, dtype, the bound
     on conflicting GPU updates, ``block``), so a cached calibration is reused only for the
     same.
     """
@@ -181,6 +186,7 @@ class Calibration:
     overhead_gpu_alone_s: float = 0.0
     calls: str = "tasks"
     cpu_load: float = 0.0
+    cpu_order: str = "random"
 
     # ------------------------------------------------------------------ fitted curves
     def curves(self, model: str = "hsgd*") -> dict[str, Curve]:
@@ -308,22 +314,28 @@ def store(cal: Calibration) -> Path:
 
 # ---------------------------------------------------------------------- on the workers
 def _prefix_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n: int, k: int,
-                  dtype: Any, n_items: int
+                  dtype: Any, n_items: int, by_user: bool = True
                   ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
-    """The first n ratings (ids in a :class:`Window`, ordered by user) as a block, with
-    factor segments of every user up to the last one's and the stratum's ``n_items``."""
+    """The first n ratings (ids in a :class:`Window`, ordered by user) as a block, kept in
+    the order a fit keeps a block's (:func:`mgpu.mf.sgd.libmf_order`), with factor segments
+    of every user up to the last one's and the stratum's ``n_items``."""
+    from mgpu.mf.sgd import libmf_order
+
     rng = np.random.default_rng(n)
     P = (rng.random((int(users[:n].max()) + 1, k)) / np.sqrt(k)).astype(dtype)
     Q = (rng.random((n_items, k)) / np.sqrt(k)).astype(dtype)
-    return (users[:n].astype(np.int64), items[:n].astype(np.int64),
-            ratings[:n].astype(np.float64)), P, Q
+    o = libmf_order(users[:n], items[:n], by_user)
+    return (users[o].astype(np.int64), items[o].astype(np.int64),
+            ratings[o].astype(np.float64)), P, Q
 
 
 def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarray,
              n_items: int, sizes: list[int], k: int, dtype: str, repeats: int,
-             gpu_kw: dict[str, Any], threads: int = 1) -> dict[str, Any]:
+             gpu_kw: dict[str, Any], threads: int = 1, by_user: bool = True
+             ) -> dict[str, Any]:
     """Runs on a worker: a block call's steps timed on each prefix (means of repeats) of
-    a :class:`Window`'s ratings, a stratum of ``n_items``.
+    a :class:`Window`'s ratings, a stratum of ``n_items`` (CPU blocks visited as
+    ``by_user`` says, :func:`mgpu.mf.sgd.libmf_order`).
 
     CPU: ``threads`` blocks of the prefix's size at once, each on its own thread and its own
     copies, as the worker's slots run them in an epoch (they share its cores' memory bus);
@@ -340,12 +352,10 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     out: dict[str, Any] = {"times": [], "transfer": [], "kernel": []}
     if kind == "cpu":
         held: dict[int, list[tuple[Any, ...]]] = {}
-        seeds = iter(range(1 << 62))
 
-        def one(block: Any, P: np.ndarray, Q: np.ndarray, seed: int) -> float:
-            t0 = time.perf_counter()  # as a CPU host runs a block: in place on its segments
-            order = np.random.default_rng(seed).permutation(block[0].shape[0])
-            sgd_block(*block, P, Q, 0.005, 0.05, 0.05, order)
+        def one(block: Any, P: np.ndarray, Q: np.ndarray) -> float:
+            t0 = time.perf_counter()  # as a CPU host runs a block: in place on its segments,
+            sgd_block(*block, P, Q, 0.005, 0.05, 0.05)  # its ratings in the order kept
             return time.perf_counter() - t0
 
         with ThreadPoolExecutor(threads) as pool:
@@ -353,14 +363,13 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
                 if n not in held:  # one prefix at a time, its first pass untimed (compiling)
                     held.clear()
                     block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype),
-                                                n_items)
+                                                n_items, by_user)
                     # each thread its own copy of the block too, as each slot of an epoch
                     # reads its own block's ratings
                     held[n] = [(tuple(a.copy() for a in block), P.copy(), Q.copy())
                                for _ in range(threads)]
-                    one(*held[n][0], 0)
-                return float(np.mean(list(pool.map(lambda c: one(*c, next(seeds)),
-                                                   held[n]))))
+                    one(*held[n][0])
+                return float(np.mean(list(pool.map(lambda c: one(*c), held[n]))))
 
             out["times"] = [float(t) for t in prefix_times(run, sizes, repeats)[1]]
         return out
@@ -571,11 +580,12 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     for kind, worker in (("cpu", cpu_worker), ("gpu", gpu_worker)):
         if worker is not None:
             futs[kind] = client.submit(_measure, kind, *sample, window.n_items, sizes, k, dtype,
-                                       repeats, gpu_kw or {}, cpu_threads, workers=[worker],
+                                       repeats, gpu_kw or {}, cpu_threads, window.by_user,
+                                       workers=[worker],
                                        allow_other_workers=False, pure=False)
     got = {kind: f.result() for kind, f in futs.items()}
     probe = sizes[len(sizes) // 2]  # blocks of a middle size, segments as the division's
-    pblock = _prefix_block(*sample, probe, k, np.dtype(dtype), window.n_items)
+    pblock = _prefix_block(*sample, probe, k, np.dtype(dtype), window.n_items, window.by_user)
     # about half a second of calls a slot (8 to 64): a slot's first 8 gave a CPU block's
     # run anywhere from 0.98 to 1.95 times the curve's where epochs ran it 1.15–1.46 times
     cpu_s = got.get("cpu", {}).get("times", [])
@@ -600,7 +610,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         overhead_cpu_s=overhead.get("cpu", 0.0), overhead_gpu_s=overhead.get("gpu", 0.0),
         overhead_gpu_alone_s=alone,
         measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(window.block),
-        probe=probe, calls="driven")
+        probe=probe, calls="driven", cpu_order="libmf")
     return cal
 
 

@@ -36,23 +36,126 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import contextvars
+import logging
+import os
+import platform
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BlockHost", "Driver", "HostLost", "SegmentMap", "call", "start_hosts"]
+__all__ = ["BlockHost", "Driver", "HostLost", "SegmentMap", "SegmentStore", "call",
+           "share_segments", "start_hosts"]
+
+logger = logging.getLogger(__name__)
 
 Key = tuple[str, int]  # ("p", row stratum) or ("q", column stratum), or a probe's own keys
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+class SegmentStore:
+    """A job's factor segments in one shared-memory file of a node, mapped by every block
+    host of the node (:func:`share_segments`): a host reads a segment another host of the
+    node made where it lies, at the version it needs, with no message, no serialisation
+    and no wait on the maker's event loop; a CPU host runs its blocks on it in place, and
+    a GPU host copies it to the device and its results back (the mapping pinned for the
+    device's copies). Each segment's version is a counter at the head of the file, written
+    after the segment's rows; x86-64's store order makes a reader that sees the counter
+    see the rows (:func:`store_supported`).
+
+    ``layout`` lists (key, rows) in one order on every host; the segments are ``rows × k``
+    of ``dtype``.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "segs")
+    >>> a = SegmentStore(path, [(("p", 0), 3), (("q", 0), 2)], 4, "float64", create=True)
+    >>> b = SegmentStore(path, [(("p", 0), 3), (("q", 0), 2)], 4, "float64", create=False)
+    >>> a.views[("q", 0)][:] = 7.0; a.publish(("q", 0), 1)
+    >>> b.version(("q", 0)), float(b.views[("q", 0)].sum()), b.version(("p", 0))
+    (1, 56.0, -1)
+    """
+
+    def __init__(self, path: str, layout: Sequence[tuple[Key, int]], k: int, dtype: str,
+                 create: bool):
+        self.path = path
+        offsets, self.nbytes = self.offsets(layout, k, dtype)
+        self._map = np.memmap(path, dtype=np.uint8, mode="w+" if create else "r+",
+                              shape=(self.nbytes,))
+        self._versions = np.ndarray((len(layout),), np.int64, buffer=self._map)
+        if create:
+            self._versions[:] = -1
+        self.index = {tuple(key): j for j, (key, _) in enumerate(layout)}
+        self.views = {tuple(key): np.ndarray((int(rows), k), dtype, buffer=self._map, offset=o)
+                      for (key, rows), o in zip(layout, offsets)}
+        self.pinned = False
+
+    @staticmethod
+    def offsets(layout: Sequence[tuple[Key, int]], k: int, dtype: str
+                ) -> tuple[list[int], int]:
+        """Each segment's byte offset in the file, and the file's size."""
+        itemsize = np.dtype(dtype).itemsize
+        off = _round_up(8 * len(layout), 64)
+        out = []
+        for _, rows in layout:
+            out.append(off)
+            off += _round_up(int(rows) * k * itemsize, 64)
+        return out, max(off, 64)
+
+    def version(self, key: Key) -> int:
+        return int(self._versions[self.index[key]])
+
+    def publish(self, key: Key, version: int) -> None:
+        """The segment's rows are written: readers waiting for ``version`` may go on."""
+        self._versions[self.index[key]] = version
+
+    def pin(self) -> None:
+        """Page-lock the mapping for the device's copies (a GPU host's); left pageable,
+        with a warning, where the driver refuses."""
+        import cupy
+
+        try:
+            cupy.cuda.runtime.hostRegister(self._map.ctypes.data, self.nbytes, 0)
+            self.pinned = True
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            logger.warning("shared segments not page-locked (%s): device copies go through "
+                           "a staging buffer", e)
+
+    def close(self) -> None:
+        if self.pinned:
+            import cupy
+
+            cupy.cuda.runtime.hostUnregister(self._map.ctypes.data)
+            self.pinned = False
+
+
+def store_supported(nbytes: int, folder: str = "/dev/shm") -> str | None:
+    """Why a node cannot hold ``nbytes`` of shared segments, or None where it can: an
+    x86-64 machine (whose store order the version counters rely on) with a shared-memory
+    folder that has room (twice the size free)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"{platform.machine()} is not x86-64"
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return f"no {folder}"
+    if st.f_bavail * st.f_frsize < 2 * nbytes:
+        return f"{folder} has {st.f_bavail * st.f_frsize:,} bytes free, {2 * nbytes:,} wanted"
+    return None
 
 
 class BlockHost:
     """Blocks and factor segments on one worker (an actor: create it with
     :func:`start_hosts`)."""
 
-    def __init__(self, kind: str, threads: int, gpu_kw: dict[str, Any] | None = None):
+    def __init__(self, kind: str, threads: int, gpu_kw: dict[str, Any] | None = None,
+                 switch_interval: float | None = None):
         self.kind = kind
         self.gpu_kw = dict(gpu_kw or {})
         self.pool = cf.ThreadPoolExecutor(1 if kind == "gpu" else max(1, int(threads)))
@@ -68,6 +171,19 @@ class BlockHost:
         self.state: dict[str, Any] = {}  # what functions run by :meth:`drive` keep here
         self.timings: list[dict[str, float]] = []  # each call's seconds (:meth:`call_times`)
         self._driver: cf.ThreadPoolExecutor | None = None
+        self.store: SegmentStore | None = None  # the node's shared segments
+        self.store_peers: set[str] = set()  # the hosts that map it too
+        self._switch: tuple[float, float] | None = None  # (Python's, this host's)
+        if switch_interval:  # a call to another host waits less for the interpreter
+            self._switch = (sys.getswitchinterval(), float(switch_interval))
+            sys.setswitchinterval(float(switch_interval))
+
+    def __del__(self) -> None:
+        if getattr(self, "store", None) is not None:
+            self.store.close()
+        if getattr(self, "_switch", None) is not None \
+                and sys.getswitchinterval() == self._switch[1]:
+            sys.setswitchinterval(self._switch[0])
 
     # ------------------------------------------------------------------- set up, look
     async def set_peers(self, peers: dict[str, Any]) -> None:
@@ -77,6 +193,42 @@ class BlockHost:
         self.peers = dict(peers)
         self.address = get_worker().address
         self._loop = asyncio.get_running_loop()
+
+    async def share(self, path: str | None, layout: Sequence[tuple[Key, int]], k: int,
+                    dtype: str) -> str | None:
+        """Map the node's shared segments (:class:`SegmentStore`): a new file where ``path``
+        is None, returning its path, or None where this node cannot hold one
+        (:func:`store_supported`); else the file another host of the node made, returning
+        it, or None where it cannot be opened here (a worker in another container)."""
+        create = path is None
+        if create:
+            why = store_supported(SegmentStore.offsets(layout, k, dtype)[1])
+            if why is not None:
+                logger.info("factor segments not shared on this node: %s", why)
+                return None
+            path = os.path.join("/dev/shm", f"mgpu-segments-{uuid.uuid4().hex}")
+        try:
+            store = await self._in_pool(SegmentStore, path, layout, k, dtype, create)
+        except OSError as e:
+            logger.info("factor segments not shared with this host: %s", e)
+            return None
+        if self.kind == "gpu":
+            await self._in_pool(store.pin)
+        self.store = store
+        return path
+
+    async def shared_with(self, peers: Sequence[str], unlink: bool = False) -> None:
+        """The hosts that map this host's store (this one among them); with no other, the
+        store is let go. ``unlink``: remove its file's name (the maps stay until let go)."""
+        if self.store is None:
+            return
+        if unlink:
+            os.unlink(self.store.path)
+        if len(set(peers) - {self.address}) == 0:
+            self.store.close()
+            self.store, self.store_peers = None, set()
+        else:
+            self.store_peers = set(peers) - {self.address}
 
     async def drive(self, fn: Any, *args: Any) -> Any:
         """``fn(driver, *args)`` run on this host's driver thread, its result returned:
@@ -132,7 +284,7 @@ class BlockHost:
         go on the device once, for every epoch (GPU)."""
         self.blocks.update(blocks)
         for key, arr in segments.items():
-            self._set(key, 0, *await self._in_pool(self._adopt, arr))
+            self._set(key, 0, *await self._in_pool(self._adopt, key, arr))
         for b in stage:
             await self._stage(b, dtype, seed)
 
@@ -195,8 +347,8 @@ class BlockHost:
             from mgpu.mf.model import _stage
 
             self.staged["warm"] = _stage(block, seg.dtype, 0)
-        _, outs, _ = self._run_blocks(["warm"], [seg.copy()], seg.copy(), 0.0, 0.0, 0)
-        self._run_blocks(["warm"], [outs[0][0]], outs[1][0], 0.0, 0.0, 0)  # left as made
+        _, outs, _ = self._run_blocks(["warm"], [seg.copy()], seg.copy(), 0.0, 0.0)
+        self._run_blocks(["warm"], [outs[0][0]], outs[1][0], 0.0, 0.0)  # left as made
         del self.blocks["warm"]
         self.staged.pop("warm", None)
 
@@ -218,7 +370,7 @@ class BlockHost:
         Ps, Q = list(got[:len(p_in)]), got[len(p_in)]
         t1 = time.perf_counter()
         return await self._in_pool(self._run_direct, list(ids), Ps, Q, [*p_out, q_out], lr,
-                                   reg, seed, t1, t1 - t0)
+                                   reg, t1, t1 - t0)
 
     def run_here(self, ids: Sequence[Any], p_in: Sequence[tuple[Key, int, str | None, bool]],
                  q_in: tuple[Key, int, str | None, bool], p_out: Sequence[tuple[Key, int]],
@@ -231,26 +383,33 @@ class BlockHost:
         way through the event loop took 3–4 hops there (in, to a thread, back, out), and
         with 12 CPU threads and another host's calls on it, a CPU block's call waited
         about 3 ms on them (BENCHMARKS.md, "HSGD*: block calls past the event loop")."""
-        ins = [*p_in, q_in]
+        arrs = []
         with self._lock:  # against the event loop's _wait and take
-            held = [self.segs.get(key) for key, *_ in ins]
-            if any(h is None or h[0] != v or holder is not None
-                   for h, (_, v, holder, _) in zip(held, ins)):
-                return None
+            for key, v, holder, keep in (*p_in, q_in):
+                if holder is None:
+                    h = self.segs.get(key)
+                    if h is None or h[0] != v:
+                        return None
+                    arrs.append(h[1])
+                elif self._shared(key, holder, keep) and self.store.version(key) == v:  # type: ignore[union-attr]
+                    arrs.append(self.store.views[key])  # type: ignore[union-attr]
+                else:
+                    return None
         if any(b not in self.blocks or self.kind == "gpu" and b not in self.staged
                for b in ids):
             return None
-        Ps, Q = [h[1] for h in held[:-1]], held[-1][1]
+        Ps, Q = arrs[:-1], arrs[-1]
         return self.pool.submit(self._run_direct, list(ids), Ps, Q, [*p_out, q_out], lr, reg,
-                                seed, time.perf_counter())
+                                time.perf_counter())
 
     def _run_direct(self, ids: list[Any], Ps: list[Any], Q: Any, outs_at: list[tuple[Key, int]],
-                    lr: float, reg: float, seed: int, sent: float, inputs: float = 0.0
-                    ) -> float:
+                    lr: float, reg: float, sent: float, inputs: float = 0.0) -> float:
         """A call's blocks on a pool thread, its inputs gathered at ``sent`` (after
         ``inputs`` seconds): the outputs set (their waiters woken) and the call's times
         kept."""
-        took, outs, times = self._run_blocks(ids, Ps, Q, lr, reg, seed)
+        views = self.store.views if self.store is not None else {}
+        took, outs, times = self._run_blocks(ids, Ps, Q, lr, reg,
+                                             [views.get(key) for key, _ in outs_at])
         for (key, v), out in zip(outs_at, outs):
             self._set(key, v, *out)
         self.timings.append({"inputs": inputs, "queued": time.perf_counter() - sent - took,
@@ -258,7 +417,12 @@ class BlockHost:
         return took
 
     def _run_blocks(self, ids: list[Any], Ps: list[Any], Q: Any, lr: float, reg: float,
-                    seed: int) -> tuple[float, list[tuple[Any, Any]], dict[str, float]]:
+                    into: Sequence[Any] = ()
+                    ) -> tuple[float, list[tuple[Any, Any]], dict[str, float]]:
+        """The blocks run; returns their seconds, each output (P segments, then Q) with its
+        host copy (None on a CPU, where the output is the host array), and on a GPU the
+        device's timings. A GPU copies an output into ``into``'s array for it where there
+        is one (the node's shared segments), else into pinned memory of its own."""
         from mgpu.mf.sgd import sgd_block
 
         t0 = time.perf_counter()
@@ -275,16 +439,20 @@ class BlockHost:
             for b, P in zip(ids, Ps):
                 sgd_block(*self.staged[b], P, Q, lr, reg, reg, **self.gpu_kw)
             marks[2].record()
-            outs = [(a, _host_copy(a)) for a in (*Ps, Q)]
+            outs = []
+            for a, dst in zip((*Ps, Q), list(into) or [None] * (len(Ps) + 1)):
+                if dst is None:
+                    outs.append((a, _host_copy(a)))
+                else:
+                    a.get(out=dst)
+                    outs.append((a, dst))
             marks[3].record()
             marks[3].synchronize()
             for name, a, b in zip(("h2d", "kernel", "copy"), marks, marks[1:]):
                 times[name] = 1e-3 * cupy.cuda.get_elapsed_time(a, b)
         else:
-            for j, (b, P) in enumerate(zip(ids, Ps)):
-                users, items, ratings = self.blocks[b]
-                order = np.random.default_rng(seed + j).permutation(users.shape[0])
-                sgd_block(users, items, ratings, P, Q, lr, reg, reg, order)
+            for b, P in zip(ids, Ps):  # in the order the ratings are kept (LIBMF's)
+                sgd_block(*self.blocks[b], P, Q, lr, reg, reg)
             outs = [(a, None) for a in (*Ps, Q)]
         return time.perf_counter() - t0, outs, times
 
@@ -292,13 +460,30 @@ class BlockHost:
     async def _in_pool(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    def _adopt(self, arr: np.ndarray) -> tuple[Any, Any]:
-        """A segment arrived from elsewhere, as held here: (array, host copy)."""
+    def _adopt(self, key: Key, arr: np.ndarray) -> tuple[Any, Any]:
+        """A segment arrived from elsewhere, as held here: (array, host copy), in the
+        node's shared segments where they hold it."""
+        view = self.store.views.get(key) if self.store is not None else None
+        if view is not None:
+            np.copyto(view, arr)
+            arr = view
         if self.kind == "gpu":
             import cupy
 
             return cupy.asarray(arr), arr
-        return np.array(arr), None
+        return (arr if view is not None else np.array(arr)), None
+
+    def _shared(self, key: Key, holder: str | None, keep: bool) -> bool:
+        """Whether an input made by ``holder`` is read from the node's shared segments."""
+        return (not keep and holder is not None and self.store is not None
+                and holder in self.store_peers and key in self.store.index)
+
+    async def _store_wait(self, key: Key, version: int) -> None:
+        assert self.store is not None
+        delay = 5e-5
+        while self.store.version(key) < version:
+            await asyncio.sleep(delay)
+            delay = min(2.0 * delay, 1e-3)
 
     @staticmethod
     def _on_device(a: Any) -> Any:
@@ -308,7 +493,14 @@ class BlockHost:
 
     def _set(self, key: Key, version: int, arr: Any, host: Any) -> None:
         """A segment's new version, and whoever waits for it woken (on the event loop, from
-        wherever this runs)."""
+        wherever this runs); in the node's shared segments too, where they hold it (copied
+        there unless made there)."""
+        store = self.store
+        if store is not None and key in store.index:
+            view, src = store.views[key], arr if host is None else host
+            if src is not view:
+                np.copyto(view, src)
+            store.publish(key, version)
         with self._lock:
             self.segs[key] = (version, arr, host)
             ev = self.waiting.pop((key, version), None)
@@ -335,6 +527,9 @@ class BlockHost:
         if holder is None:
             await self._wait(key, version)
             return self.segs[key][1]
+        if self._shared(key, holder, keep):
+            await self._store_wait(key, version)
+            return self.store.views[key]  # type: ignore[union-attr]
         arr = await self.peers[holder].take(key, version, keep)
         if self.kind != "gpu":  # received buffers may be read-only
             arr = np.array(arr)
@@ -435,18 +630,50 @@ class Driver:
 def start_hosts(client: Any, workers: dict[str, tuple[str, int]],
                 gpu_kw: dict[str, Any] | None = None) -> dict[str, Any]:
     """One :class:`BlockHost` per worker (address -> (kind, threads)), each told of the
-    others; returns the actors by worker address."""
+    others; returns the actors by worker address. Their processes run at
+    ``mgpu.mf.switch-interval`` while they hold them."""
+    from mgpu import config
+
     if client.direct_to_workers is None:
         # calls straight to the workers, not relayed by the scheduler (a client made with
         # direct_to_workers=False, for workers it cannot reach, keeps the relay)
         client.direct_to_workers = True
-    futs = {w: client.submit(BlockHost, kind, threads, gpu_kw, workers=[w], actor=True,
-                             allow_other_workers=False, pure=False)
+    switch = config.get("mf.switch-interval")
+    futs = {w: client.submit(BlockHost, kind, threads, gpu_kw, switch, workers=[w],
+                             actor=True, allow_other_workers=False, pure=False)
             for w, (kind, threads) in workers.items()}
     hosts = {w: f.result() for w, f in futs.items()}
     for f in [call(client, h, "set_peers", hosts) for h in hosts.values()]:
         f.result()
     return hosts
+
+
+def share_segments(client: Any, hosts: dict[str, Any], layout: Sequence[tuple[Key, int]],
+                   k: int, dtype: str) -> dict[str, list[str]]:
+    """The hosts of each node that has more than one given one :class:`SegmentStore` of
+    a job's segments (``layout``: (key, rows) pairs); returns the hosts sharing one, by
+    node. A node that cannot hold one (:func:`store_supported`), or a host that cannot
+    open another's file, goes on without: its segments travel as before."""
+    from urllib.parse import urlparse
+
+    by_node: dict[str, list[str]] = {}
+    for w in sorted(hosts):
+        by_node.setdefault(urlparse(w).hostname or w, []).append(w)
+    out: dict[str, list[str]] = {}
+    for node, ws in by_node.items():
+        if len(ws) < 2:
+            continue
+        path = call(client, hosts[ws[0]], "share", None, list(layout), k, dtype).result()
+        if path is None:
+            continue
+        opened = [(w, call(client, hosts[w], "share", path, list(layout), k, dtype))
+                  for w in ws[1:]]
+        got = [ws[0]] + [w for w, f in opened if f.result() is not None]
+        for f in [call(client, hosts[w], "shared_with", got, w == ws[0]) for w in got]:
+            f.result()
+        if len(got) > 1:
+            out[node] = got
+    return out
 
 
 class SegmentMap:

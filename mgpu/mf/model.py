@@ -48,9 +48,13 @@ asks it for an epoch at a time. A GPU's own
 blocks have their ratings staged on its device once, for every epoch; the factor segments
 stay on the device between its calls, each call leaving host copies of what it updated in
 pinned memory, sent when another host or the client asks, so that nobody waits behind the
-GPU's next kernel. A GPU runs its blocks of one column (its sub-rows) in one call, one
-round trip for all of them, and its next column's call is queued on its host behind the
-running one (``mgpu.mf.gpu-ahead``).
+GPU's next kernel. Hosts of one node share the segments in a shared-memory file
+(``mgpu.mf.shared-segments``, :class:`mgpu.mf.hosts.SegmentStore`): the host copies are
+written there, and a segment another host of the node made is read where it lies. A GPU
+runs its blocks of one column (its sub-rows) in one call, one round trip for all of them,
+and its next columns' calls are queued on its host behind the running one
+(``mgpu.mf.gpu-ahead``). A CPU host visits a block's ratings in LIBMF's order (by user,
+then item, with more users than items: :func:`mgpu.mf.sgd.libmf_order`), kept so once.
 """
 from __future__ import annotations
 
@@ -72,7 +76,7 @@ from dask.utils import parse_bytes
 from mgpu import config
 from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
-from mgpu.mf.hosts import HostLost, SegmentMap, call, start_hosts
+from mgpu.mf.hosts import HostLost, SegmentMap, call, share_segments, start_hosts
 from mgpu.mf.sgd import rmse, sgd_block
 from mgpu.ops._validate import check_option
 from mgpu.sched.cost import split
@@ -355,6 +359,25 @@ def _driving(slots: list[Any]) -> str:
     return max(count, key=lambda w: (count[w], kind[w] == "cpu"))
 
 
+def _by_block(users: np.ndarray, items: np.ndarray, block: np.ndarray, n_users: int,
+              n_items: int) -> np.ndarray:
+    """The ratings' positions grouped by block id, ascending, each block's in LIBMF's order
+    (:func:`mgpu.mf.sgd.libmf_order`: by user, then item, with more users than items), the
+    order a CPU host visits them in. Ratings as a CSR matrix gives them, by user, are
+    already in it: then only the block ids are sorted.
+
+    >>> _by_block(np.array([1, 0, 1, 0]), np.array([0, 1, 1, 0]), np.array([1, 0, 1, 0]), 3, 2)
+    array([3, 1, 0, 2])
+    """
+    by_user = n_users > n_items
+    major, minor = (users, items) if by_user else (items, users)
+    key = major * max(n_items if by_user else n_users, 1) + minor
+    if key.size > 1 and bool((key[1:] < key[:-1]).any()):
+        within = np.argsort(key, kind="stable")
+        return within[np.argsort(block[within], kind="stable")]
+    return np.argsort(block, kind="stable")
+
+
 @dataclasses.dataclass
 class _Job:
     """The block scheduler's side of a fit, kept by the driving host
@@ -504,6 +527,11 @@ default='sequential'
         Block modes: the division's rows, columns and blocks, the slots of each kind, the
         GPUs' share ``alpha`` (the last epoch's: ``hsgd*`` and ``hsgd-static`` hand rows over
         between epochs, ``mgpu.mf.replan``) and the cost model's ``alpha_planned``.
+    shared_ : dict
+        Block modes: the workers whose block hosts shared the factor segments in one
+        shared-memory file, by node (``mgpu.mf.shared-segments``; a node with one host, or
+        whose shared memory is too small, is left out: its segments travel through the
+        workers' event loops).
     gpus_alone_ : dict or None
         Cost modes with GPU and CPU slots: the GPUs-alone option as measured on one of its
         blocks before planning (seconds per rating, copies, a call's overhead, the epoch's
@@ -820,7 +848,7 @@ default='sequential'
         for b, members in enumerate(cols):
             local_i[members] = np.arange(members.size)
         bid = div.block_of(u, i)
-        order = np.argsort(bid, kind="stable")
+        order = _by_block(u, i, bid, P.shape[0], Q.shape[0])
         bounds = np.searchsorted(bid[order], np.arange(div.n_rows * div.n_cols + 1))
         where = {blk.id: slots[blk.owner].worker for blk in div.blocks}
         origin = dict(where)  # the host that keeps a block's ratings for whoever runs it
@@ -832,6 +860,11 @@ default='sequential'
             home_p[blk.row] = home_q[blk.col] = where[blk.id]
         dtype = P.dtype.name
         kind_of = {sl.worker: sl.kind for sl in slots}
+        # hosts of one node read each other's segments from shared memory
+        self.shared_ = share_segments(
+            client, hosts, [(("p", a), int(m.size)) for a, m in enumerate(rows)]
+            + [(("q", b), int(m.size)) for b, m in enumerate(cols)], self.k, dtype
+        ) if config.get("mf.shared-segments") else {}
         puts = []
         for worker, host in hosts.items():
             mine = [blk for blk in div.blocks if where[blk.id] == worker]
@@ -940,9 +973,11 @@ default='sequential'
         cal = cached(key)
         # (one without ``probe`` priced calls at an idle round trip, one of other ``calls``
         # their dispatch from the client or a Dask task per block, one without ``cpu_load``
-        # its calls' median overhead, not their mean: measured again)
+        # its calls' median overhead, not their mean, one of another ``cpu_order`` CPU
+        # blocks visited in another order: measured again)
         if cal is None or not cal.probe or cal.calls != "driven" \
-                or (cpu and not (cal.cpu_s and cal.cpu_load)) or (gpu and not cal.kernel_s):
+                or (cpu and not (cal.cpu_s and cal.cpu_load and cal.cpu_order == "libmf")) \
+                or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
             cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,
                             dtype="float64", gpu_kw=gpu_kw, cpu_threads=max(threads, 1),
