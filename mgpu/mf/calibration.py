@@ -168,9 +168,9 @@ class Calibration:
     probe's size, recorded and not applied (0: not measured, in a calibration from
     before); ``cpu_order``: how the CPU blocks visited their ratings, "libmf" (in the order
     a fit keeps them, :func:`mgpu.mf.sgd.libmf_order`) or, in a calibration from before,
-    "random" (a new permutation each pass). ``key`` names what was measured (the GPU and CPU models, k, dtype, the bound
-    on conflicting GPU updates, ``block``), so a cached calibration is reused only for the
-    same.
+    "random" (a new permutation each pass). ``key`` names what was measured (the GPU and
+    CPU models, k, dtype, the bound on conflicting GPU updates, ``block``), so a cached
+    calibration is reused only for the same.
     """
 
     key: str

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
 import contextvars
 import logging
 import os
@@ -179,8 +180,9 @@ class BlockHost:
             sys.setswitchinterval(float(switch_interval))
 
     def __del__(self) -> None:
-        if getattr(self, "store", None) is not None:
-            self.store.close()
+        with contextlib.suppress(Exception):  # at the interpreter's exit, CUDA may be gone
+            if getattr(self, "store", None) is not None:
+                self.store.close()
         if getattr(self, "_switch", None) is not None \
                 and sys.getswitchinterval() == self._switch[1]:
             sys.setswitchinterval(self._switch[0])
@@ -391,8 +393,9 @@ class BlockHost:
                     if h is None or h[0] != v:
                         return None
                     arrs.append(h[1])
-                elif self._shared(key, holder, keep) and self.store.version(key) == v:  # type: ignore[union-attr]
-                    arrs.append(self.store.views[key])  # type: ignore[union-attr]
+                elif self._shared(key, holder, keep) and self.store is not None \
+                        and self.store.version(key) == v:
+                    arrs.append(self.store.views[key])
                 else:
                     return None
         if any(b not in self.blocks or self.kind == "gpu" and b not in self.staged
