@@ -77,7 +77,7 @@ from mgpu import config
 from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
 from mgpu.mf.hosts import HostLost, SegmentMap, call, share_segments, start_hosts
-from mgpu.mf.sgd import rmse, sgd_block
+from mgpu.mf.sgd import libmf_order, rmse, sgd_block
 from mgpu.ops._validate import check_option
 from mgpu.sched.cost import split
 
@@ -371,9 +371,9 @@ def _by_block(users: np.ndarray, items: np.ndarray, block: np.ndarray, n_users: 
     """
     by_user = n_users > n_items
     major, minor = (users, items) if by_user else (items, users)
-    key = major * max(n_items if by_user else n_users, 1) + minor
+    key = major * max(n_items if by_user else n_users, 1) + minor  # only to see if sorted
     if key.size > 1 and bool((key[1:] < key[:-1]).any()):
-        within = np.argsort(key, kind="stable")
+        within = libmf_order(users, items, by_user)
         return within[np.argsort(block[within], kind="stable")]
     return np.argsort(block, kind="stable")
 
