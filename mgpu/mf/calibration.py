@@ -168,7 +168,10 @@ class Calibration:
     probe's size, recorded and not applied (0: not measured, in a calibration from
     before); ``cpu_order``: how the CPU blocks visited their ratings, "libmf" (in the order
     a fit keeps them, :func:`mgpu.mf.sgd.libmf_order`) or, in a calibration from before,
-    "random" (a new permutation each pass). ``key`` names what was measured (the GPU and
+    "random" (a new permutation each pass); ``segments``: whether the hosts of the
+    overhead probe shared their segments (``"shared"``, as a fit's hosts of one node do,
+    :func:`mgpu.mf.hosts.share_segments`) or moved them between workers (``"moved"``);
+    "" in a calibration from before it was recorded, whose probe moved them. ``key`` names what was measured (the GPU and
     CPU models, k, dtype, the bound on conflicting GPU updates, ``block``), so a cached
     calibration is reused only for the same.
     """
@@ -187,6 +190,7 @@ class Calibration:
     calls: str = "tasks"
     cpu_load: float = 0.0
     cpu_order: str = "random"
+    segments: str = ""
 
     # ------------------------------------------------------------------ fitted curves
     def curves(self, model: str = "hsgd*") -> dict[str, Curve]:
@@ -249,7 +253,8 @@ class Calibration:
                  f"a task's overhead, every slot busy with blocks of {self.probe:,} ratings: "
                  f"CPU slot {self.overhead_cpu_s * 1e3:.2f} ms, GPU slot "
                  f"{self.overhead_gpu_s * 1e3:.2f} ms (alone "
-                 f"{self.overhead_gpu_alone_s * 1e3:.2f} ms); a CPU block's run then "
+                 f"{self.overhead_gpu_alone_s * 1e3:.2f} ms; segments "
+                 f"{self.segments or 'moved'} between hosts); a CPU block's run then "
                  f"{self.cpu_load:.3f}× the curve's (not applied)",
                  "ratings     | CPU block s | GPU transfer s | GPU kernel s"]
         for j, n in enumerate(self.sizes):
@@ -459,12 +464,15 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     submission, or from the end of its slot's call before it when it was queued behind that
     one, to the sender hearing it ended; the calls are sent from the CPU worker's host (the
     GPU worker's without one), as a fit's block scheduler sends them (:func:`_probe_calls`).
+    The hosts of one node share their segments as a fit's do (``mf.shared-segments``,
+    :func:`mgpu.mf.hosts.share_segments`); ``shared`` in the result is 1.0 where they did,
+    and then only the GPU's input crosses (:func:`_probe_calls`).
     Returns, per kind, the mean of busy less run (an epoch's side time is a sum of them,
     outliers included: the median read 0.4–2.8 ms where epochs' CPU calls had 2.2–6.7 ms a
     call beyond their runs, BENCHMARKS.md) and, as ``{kind}_run``, the median run (one slow
     call should not scale every block), over each kind's calls but its slots' first ones (a
     first call may load what later ones find loaded)."""
-    from mgpu.mf.hosts import call, start_hosts
+    from mgpu.mf.hosts import call, share_segments, start_hosts
 
     slots = [("cpu", cpu_worker)] * (threads if cpu_worker else 0)
     if gpu_worker is not None:
@@ -473,6 +481,12 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     hosts = start_hosts(client, {w: (kind, threads if kind == "cpu" else 1)
                                  for kind, w in set(slots)}, gpu_kw)
     dtype = np.dtype(dtype).name
+    # hosts of one node share the segments as a fit's do (mf.shared-segments): a column
+    # crossing between them is then read where it lies, not taken through both workers
+    shared = bool(share_segments(
+        client, hosts, [((name, s), int(x.shape[0])) for s in range(len(slots))
+                        for name, x in (("p", P), ("q", Q))], int(P.shape[1]), dtype
+    )) if config.get("mf.shared-segments") else False
     # each slot its own copy of the block (numbered as the slot) and its own segments
     for f in [call(client, h, "put",
                    {s: tuple(a.copy() for a in block) for s, (_, w2) in enumerate(slots)
@@ -484,14 +498,20 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
         f.result()
     # sent as the fit's block scheduler sends its calls: from the CPU worker's host
     driving = cpu_worker if cpu_worker else gpu_worker
-    return call(client, hosts[driving], "drive", _probe_calls, slots, depth, tasks, cpu_worker,
-                dtype).result()
+    out = call(client, hosts[driving], "drive", _probe_calls, slots, depth, tasks, cpu_worker,
+               dtype, shared).result()
+    out["shared"] = float(shared)
+    return out
 
 
 def _probe_calls(driver: Any, slots: list[tuple[str, str]], depth: dict[str, int], tasks: int,
-                 cpu_worker: str | None, dtype: str) -> dict[str, float]:
+                 cpu_worker: str | None, dtype: str, shared: bool = False) -> dict[str, float]:
     """:func:`_task_overheads`'s calls, sent from a host's driver thread
-    (:meth:`mgpu.mf.hosts.BlockHost.drive`)."""
+    (:meth:`mgpu.mf.hosts.BlockHost.drive`). ``shared``: the hosts share their segments
+    (:func:`mgpu.mf.hosts.share_segments`), so the GPU reads a CPU slot's column from
+    there, where it lies, and copies it to the device, and a CPU slot, which would run on
+    the GPU's column in place as on its own, runs on its own; else each column crossing
+    is taken from the other host as a copy."""
     import queue
 
     finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -517,9 +537,11 @@ def _probe_calls(driver: Any, slots: list[tuple[str, str]], depth: dict[str, int
         q = (("q", s), runs[s], None, False)
         if kind == "gpu" and cpus:  # a copy of a column a CPU slot finished, from its worker
             c = cpus[runs[s] % len(cpus)]
-            q = (("q", c), ended[c], cpu_worker, True)
-        elif kind == "cpu" and gpus and handed[0] < ended[gpus[0]]:
-            # and each column the GPU finished goes on to a CPU slot, as in an epoch
+            q = (("q", c), ended[c], cpu_worker, not shared)
+        elif kind == "cpu" and gpus and not shared and handed[0] < ended[gpus[0]]:
+            # and each column the GPU finished goes on to a CPU slot, as in an epoch (with
+            # shared segments a CPU slot runs on the GPU's column where it lies, as on its
+            # own: nothing crosses)
             q = (("q", gpus[0]), ended[gpus[0]], slots[gpus[0]][1], True)
             handed[0] += 1
         runs[s] += 1
@@ -610,7 +632,8 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         overhead_cpu_s=overhead.get("cpu", 0.0), overhead_gpu_s=overhead.get("gpu", 0.0),
         overhead_gpu_alone_s=alone,
         measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(window.block),
-        probe=probe, calls="driven", cpu_order="libmf")
+        probe=probe, calls="driven", cpu_order="libmf",
+        segments="shared" if overhead.get("shared") else "moved")
     return cal
 
 

@@ -974,8 +974,9 @@ default='sequential'
         # (one without ``probe`` priced calls at an idle round trip, one of other ``calls``
         # their dispatch from the client or a Dask task per block, one without ``cpu_load``
         # its calls' median overhead, not their mean, one of another ``cpu_order`` CPU
-        # blocks visited in another order: measured again)
-        if cal is None or not cal.probe or cal.calls != "driven" \
+        # blocks visited in another order, one without ``segments`` its calls' crossing
+        # segments taken between workers where a fit's hosts share them: measured again)
+        if cal is None or not cal.probe or cal.calls != "driven" or not cal.segments \
                 or (cpu and not (cal.cpu_s and cal.cpu_load and cal.cpu_order == "libmf")) \
                 or (gpu and not cal.kernel_s):
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
