@@ -242,7 +242,7 @@ def test_cpu_calibration_on_a_cluster_fits_and_is_cached(client, tmp_path):
         cal.predictor("gpu")
     assert "40,000 |" in cal.describe()
     # one host, nothing to share segments with: the probe's columns stayed on its worker
-    assert cal.segments == "moved" and "segments moved between hosts" in cal.describe()
+    assert cal.segments == "separate" and "segments not shared between hosts" in cal.describe()
     with dask.config.set({"mgpu.mf.calibration-cache": str(tmp_path / "c" / "cal.json")}):
         assert cached(cal.key) is None
         path = store(cal)

@@ -170,8 +170,9 @@ class Calibration:
     a fit keeps them, :func:`mgpu.mf.sgd.libmf_order`) or, in a calibration from before,
     "random" (a new permutation each pass); ``segments``: whether the hosts of the
     overhead probe shared their segments (``"shared"``, as a fit's hosts of one node do,
-    :func:`mgpu.mf.hosts.share_segments`) or moved them between workers (``"moved"``);
-    "" in a calibration from before it was recorded, whose probe moved them. ``key`` names what was measured (the GPU and
+    :func:`mgpu.mf.hosts.share_segments`) or each kept its own (``"separate"``: a segment
+    crossing between workers was copied), "" in a calibration from before it was
+    recorded, whose probe kept them separate. ``key`` names what was measured (the GPU and
     CPU models, k, dtype, the bound on conflicting GPU updates, ``block``), so a cached
     calibration is reused only for the same.
     """
@@ -254,7 +255,8 @@ class Calibration:
                  f"CPU slot {self.overhead_cpu_s * 1e3:.2f} ms, GPU slot "
                  f"{self.overhead_gpu_s * 1e3:.2f} ms (alone "
                  f"{self.overhead_gpu_alone_s * 1e3:.2f} ms; segments "
-                 f"{self.segments or 'moved'} between hosts); a CPU block's run then "
+                 f"{'shared' if self.segments == 'shared' else 'not shared'} between "
+                 "hosts); a CPU block's run then "
                  f"{self.cpu_load:.3f}× the curve's (not applied)",
                  "ratings     | CPU block s | GPU transfer s | GPU kernel s"]
         for j, n in enumerate(self.sizes):
@@ -633,7 +635,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         overhead_gpu_alone_s=alone,
         measured=datetime.datetime.now().isoformat(timespec="seconds"), block=list(window.block),
         probe=probe, calls="driven", cpu_order="libmf",
-        segments="shared" if overhead.get("shared") else "moved")
+        segments="shared" if overhead.get("shared") else "separate")
     return cal
 
 
