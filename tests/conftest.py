@@ -76,3 +76,26 @@ def client():
 
     with connect(gpus=False, n_workers=2) as c:
         yield c
+
+
+@pytest.fixture
+def tls_config(tmp_path) -> dict[str, object]:
+    """Dask's config for TLS everywhere, with a fresh self-signed certificate in files, as a
+    site would write it on every node (README, Deploying)."""
+    pytest.importorskip("cryptography", reason="Security.temporary() makes its certificate "
+                        "with cryptography (a test extra)")
+    from distributed.security import Security
+
+    tmp = Security.temporary()
+    (tmp_path / "ca.pem").write_text(tmp.tls_ca_file)
+    (tmp_path / "node.pem").write_text(tmp.tls_client_cert)
+    (tmp_path / "node-key.pem").write_text(tmp.tls_client_key)
+    cfg: dict[str, object] = {
+        "distributed.comm.require-encryption": True,
+        "distributed.comm.default-scheme": "tls",
+        "distributed.comm.tls.ca-file": str(tmp_path / "ca.pem"),
+    }
+    for role in ("scheduler", "worker", "client"):
+        cfg[f"distributed.comm.tls.{role}.cert"] = str(tmp_path / "node.pem")
+        cfg[f"distributed.comm.tls.{role}.key"] = str(tmp_path / "node-key.pem")
+    return cfg

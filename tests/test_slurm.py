@@ -34,6 +34,14 @@ def _answers(env: dict[str, str]) -> bool:
     return out.returncode == 0 and any(s in out.stdout for s in ("idle", "mix", "alloc"))
 
 
+def _unavailable(reason: str) -> None:
+    """Skip, or fail where the SLURM tests must run (``MGPU_REQUIRE_SLURM=1``, set by .ci/run):
+    a skipped SLURM test would let CI pass without the deployment it promises to check."""
+    if os.environ.get("MGPU_REQUIRE_SLURM") == "1":
+        pytest.fail(f"{reason}; MGPU_REQUIRE_SLURM=1 asks for the SLURM tests to run")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     """Environment variables for a SLURM that takes jobs."""
@@ -42,13 +50,14 @@ def slurm(tmp_path_factory):
         yield env
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
-        pytest.skip("no SLURM answers here and none can be started (needs root, and apt-get "
-                    "or an installed slurm-wlm)")
+        _unavailable("no SLURM answers here and none can be started (needs root, and apt-get "
+                     "or an installed slurm-wlm)")
     state = tmp_path_factory.mktemp("slurm")
+    # below pytest's own 600 s limit, so that a slow install fails with SLURM's words
     out = subprocess.run(["bash", str(LOCAL_SLURM), "start", str(state)], capture_output=True,
-                         text=True, timeout=900)
+                         text=True, timeout=540)
     if out.returncode == 3:
-        pytest.skip(f"SLURM could not be installed: {out.stderr.strip()}")
+        _unavailable(f"SLURM could not be installed: {out.stderr.strip()}")
     assert out.returncode == 0, f"the local SLURM did not start:\n{out.stderr}"
     env["SLURM_CONF"] = str(state / "slurm.conf")
     try:
@@ -117,6 +126,46 @@ def test_batch_script_runs_a_workflow_on_real_data(slurm, data_dir, tmp_path):
     J = sp.load_npz(out)
     assert (J != mgpu.jaccard(G)).nnz == 0 and J.nnz == 2 * 88_234
     # everything shut down: no scheduler file, no job, no step left
+    assert not list(tmp_path.glob("mgpu-scheduler-*.json"))
+    assert _no_job_left(slurm, set())
+
+
+@pytest.mark.slurm
+def test_batch_script_runs_over_tls_from_the_dask_config(slurm, tls_config, tmp_path):
+    import yaml
+
+    rng = np.random.default_rng(1)
+    edges = np.unique(np.sort(rng.integers(0, 200, size=(1500, 2)), axis=1), axis=0)
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    graph = tmp_path / "g.txt"
+    np.savetxt(graph, edges, fmt="%d")
+    conf = tmp_path / "dask-config"
+    conf.mkdir()
+    nested: dict = {}
+    for key, value in tls_config.items():
+        *path, leaf = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    (conf / "tls.yaml").write_text(yaml.safe_dump(nested))
+    out = tmp_path / "j.npz"
+    script = tmp_path / "job.sbatch"
+    script.write_text(_script(["--cpus-per-worker", "1", "--workers-per-node", "2", "--mem",
+                               "2G", "--time", "00:10:00", "--wait", "120", "--shared-dir",
+                               str(tmp_path), "--", "run", "jaccard", str(graph), "--out",
+                               str(out)]))
+    status, job = _sbatch(script, {**slurm, "DASK_CONFIG": str(conf)})
+    log = (tmp_path / f"mgpu-{job}.out").read_text()
+    assert status == 0, log
+    listening = re.findall(r"Scheduler at:\s+(\S+)", log)
+    assert listening and all(a.startswith("tls://") for a in listening), log
+    assert "2 CPU worker(s)" in log
+    from mgpu import io
+
+    G = io.load_snap(graph, symmetric=True, dtype=np.float64)
+    J = sp.load_npz(out)
+    assert (J != mgpu.jaccard(G)).nnz == 0 and J.nnz == 2 * len(edges)
     assert not list(tmp_path.glob("mgpu-scheduler-*.json"))
     assert _no_job_left(slurm, set())
 

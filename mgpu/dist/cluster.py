@@ -1,6 +1,7 @@
 """Connecting to a Dask cluster: an embedded one by default, or any running scheduler."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -155,7 +156,9 @@ def connect(
         A running scheduler (``"tcp://host:8786"``) or the path of a scheduler file. Without
         one, an embedded cluster is started: a dask-cuda ``LocalCUDACluster`` (one worker per
         GPU) when GPUs are visible, otherwise a ``LocalCluster`` sized to the CPU. The
-        embedded cluster listens on ``mgpu.connect.host`` (localhost by default).
+        embedded cluster listens on ``mgpu.connect.host`` (localhost by default), over TLS
+        when Dask's config asks for encryption (``distributed.comm.require-encryption``
+        with ``distributed.comm.tls.*`` certificates).
     gpus : bool, optional
         Force (True) or forbid (False) GPU workers for the embedded cluster; default: use
         GPUs when any are visible.
@@ -189,7 +192,8 @@ def connect(
         If the scheduler or the workers do not come up in time; the message says which and
         where to look.
     ValueError
-        If ``gpus=True`` but no GPU is visible, or ``n_workers < 1``.
+        If ``gpus=True`` but no GPU is visible, or ``n_workers < 1``, or ``address`` is a
+        ``tls://`` scheduler and Dask's config holds no client certificate.
 
     Examples
     --------
@@ -277,6 +281,27 @@ def _low_latency(client: Client) -> Client:
     return client
 
 
+def _check_tls(address: str) -> None:
+    """Refuse a ``tls://`` scheduler (given or in a scheduler file) before any client is made
+    when Dask's config gives this client no certificate: distributed's own TypeError leaves
+    the failed client's event loop behind, and the next client of the process can hang."""
+    if os.path.isfile(address):
+        try:
+            with open(address) as f:
+                address = str(json.load(f).get("address", ""))
+        except (OSError, ValueError, AttributeError):
+            return  # distributed reports an unreadable scheduler file in its own words
+    if not address.startswith("tls://"):
+        return
+    sec = distributed.Security()
+    if sec.tls_ca_file is None or sec.tls_client_cert is None:
+        raise ValueError(
+            f"The scheduler at {address} speaks TLS and Dask's config gives this client no "
+            "certificate: set distributed.comm.tls.ca-file, distributed.comm.tls.client.cert "
+            "and distributed.comm.tls.client.key (README, Deploying: across machines, "
+            "encrypted).")
+
+
 def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
              timeout: float | None, slurm: dict[str, Any] | None,
              cpu_threads: int | None = None) -> Client:
@@ -289,6 +314,7 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
             kw["scheduler_file"] = address
         else:
             kw["address"] = address
+        _check_tls(address)
         try:
             client = Client(**kw)
         except (OSError, TimeoutError) as exc:
