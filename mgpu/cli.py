@@ -682,6 +682,19 @@ def _devices(device: str) -> list[str]:
     return devices
 
 
+def _cluster_or_devices(device: str, parts: int | None, n_workers: int | None,
+                        address: str | None) -> list[str]:
+    """``["cluster"]`` for --device cluster, else the one-device runs :func:`_devices` asks
+    for; refuses the cluster's options (--parts, --workers, --address) without a cluster."""
+    if device != "cluster" and (parts is not None or n_workers is not None or address):
+        raise click.BadParameter("--parts, --workers and --address go with --device cluster "
+                                 "(the default)", param_hint="--device")
+    for name, v in (("--parts", parts), ("--workers", n_workers)):
+        if v is not None and v < 1:
+            raise click.BadParameter(f"must be >= 1, got {v}", param_hint=name)
+    return ["cluster"] if device == "cluster" else _devices(device)
+
+
 def _describe(client: Any) -> str:
     """'2 GPU worker(s)' or '4 CPU worker(s)' (or both) for a client's cluster."""
     from mgpu.dist import describe_workers
@@ -1153,9 +1166,19 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out_path
 
 @run.command("als")
 @click.argument("ratings", type=click.Path(exists=True, dir_okay=False))
-@click.option("--device", type=click.Choice(["auto", "cpu", "gpu", "both"]), default="auto",
-              show_default=True, help="Where the SDDMM + SpMM steps run (both: the CPU and the "
-              "GPU from the same start, and their per-step times compared).")
+@click.option("--device", type=click.Choice(["cluster", "auto", "cpu", "gpu", "both"]),
+              default="cluster", show_default=True,
+              help="Where the SDDMM + SpMM steps run: 'cluster', the users in row tiles of "
+              "equal nnz on the workers of the embedded cluster (GPU workers when GPUs are "
+              "visible) or of --address; or one device in this process, without a cluster: "
+              "auto (the GPU when one is visible), cpu, gpu, or both (the CPU and the GPU from "
+              "the same start, and their per-step times compared).")
+@click.option("--parts", default=None, type=int,
+              help="--device cluster: row tiles of the ratings (default: one per worker).")
+@click.option("--workers", "n_workers", default=None, type=int,
+              help="--device cluster: workers of the embedded cluster (default: every GPU, or "
+              "Dask's sizing on CPUs).")
+@click.option("--address", default=None, help="--device cluster: scheduler to join.")
 @click.option("-k", "--k", "k", default=32, show_default=True, type=int)
 @click.option("--iters", default=100, show_default=True, type=int, help="Gradient steps.")
 @click.option("--lr", default=0.01, show_default=True, type=float, help="Adam step size.")
@@ -1166,18 +1189,21 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out_path
               help="Folder for <device>-factors.npz and history.json.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write test RMSE against the step to this PNG.")
-def run_als(ratings: str, device: str, k: int, iters: int, lr: float, reg: float,
+def run_als(ratings: str, device: str, parts: int | None, n_workers: int | None,
+            address: str | None, k: int, iters: int, lr: float, reg: float,
             test_fraction: float, seed: int, out_dir: str, plot: str | None) -> None:
     """Matrix factorisation of a ratings file by SDDMM + SpMM gradient steps.
 
     Every step computes the predictions at the training ratings (mgpu.sddmm) and the two
     gradients (mgpu.spmm of the residual with V, of its transpose with U); the step's time and
-    the test RMSE are reported, per device.
+    the test RMSE are reported, per device. On a cluster (the default) each worker keeps its
+    users' ratings and rows of U, and only V moves.
     """
     import json
 
     from tqdm import tqdm
 
+    from mgpu.dist import connect
     from mgpu.io import load_ratings
     from workflows import als
 
@@ -1188,7 +1214,7 @@ def run_als(ratings: str, device: str, k: int, iters: int, lr: float, reg: float
         train, test = als.split(R, test_fraction, seed)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    devices = _devices(device)
+    devices = _cluster_or_devices(device, parts, n_workers, address)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     click.echo(f"{Path(ratings).name}: {R.shape[0]:,} users x {R.shape[1]:,} items, "
@@ -1205,8 +1231,15 @@ def run_als(ratings: str, device: str, k: int, iters: int, lr: float, reg: float
                 bar.update(1)
                 bar.set_postfix(test_rmse=f"{rec['test_rmse']:.4f}")
 
-            model = als.train(tr, te, k=k, reg=reg, lr=lr, iters=iters, seed=seed,
-                              progress=progress)
+            if dev == "cluster":
+                with connect(address, n_workers=n_workers) as client:
+                    click.echo(f"cluster: {_describe(client)}")
+                    model = als.train_distributed(tr, te, parts=parts, client=client, k=k,
+                                                  reg=reg, lr=lr, iters=iters, seed=seed,
+                                                  progress=progress)
+            else:
+                model = als.train(tr, te, k=k, reg=reg, lr=lr, iters=iters, seed=seed,
+                                  progress=progress)
         hist = model.history
         histories[dev] = hist
         steps = np.array([h["step_s"] for h in hist[1:]] or [hist[0]["step_s"]])
@@ -1233,11 +1266,12 @@ def run_als(ratings: str, device: str, k: int, iters: int, lr: float, reg: float
 @click.argument("corpus", type=click.Path(exists=True, dir_okay=False))
 @click.option("--vocab", type=click.Path(exists=True, dir_okay=False), default=None,
               help="One word per line (plain or gzip), for the topics' top words.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "gpu", "both", "cluster"]),
-              default="auto", show_default=True,
-              help="Where the SDDMM + SpMM updates run: one device (auto: the GPU when one is "
-              "visible), or 'cluster': the documents in row tiles of equal nnz on the workers "
-              "of the embedded cluster (GPU workers when GPUs are visible) or of --address.")
+@click.option("--device", type=click.Choice(["cluster", "auto", "cpu", "gpu", "both"]),
+              default="cluster", show_default=True,
+              help="Where the SDDMM + SpMM updates run: 'cluster', the documents in row tiles "
+              "of equal nnz on the workers of the embedded cluster (GPU workers when GPUs are "
+              "visible) or of --address; or one device in this process, without a cluster: "
+              "auto (the GPU when one is visible), cpu, gpu, or both.")
 @click.option("--parts", default=None, type=int,
               help="--device cluster: row tiles of the corpus (default: one per worker).")
 @click.option("--workers", "n_workers", default=None, type=int,
@@ -1288,13 +1322,7 @@ def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
         opener = gzip.open if vocab.endswith(".gz") else open
         with opener(vocab, "rt") as f:
             words = [w.strip() for w in f if w.strip()]
-    if device != "cluster" and (parts is not None or n_workers is not None or address):
-        raise click.BadParameter("--parts, --workers and --address go with --device cluster",
-                                 param_hint="--device")
-    for name, v in (("--parts", parts), ("--workers", n_workers)):
-        if v is not None and v < 1:
-            raise click.BadParameter(f"must be >= 1, got {v}", param_hint=name)
-    devices = ["cluster"] if device == "cluster" else _devices(device)
+    devices = _cluster_or_devices(device, parts, n_workers, address)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     click.echo(f"{Path(corpus).name}: {S.shape[0]:,} documents x {S.shape[1]:,} words, "

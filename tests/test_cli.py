@@ -382,6 +382,43 @@ def test_run_als_cpu(runner, tmp_path):
     assert r.exit_code != 0 and "'test_fraction' parameter of split_ratings must be in (0, 1)" in r.output
 
 
+def test_run_als_on_the_cluster_by_default_equals_one_device(runner, tmp_path):
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    U, V = rng.normal(size=(50, 3)), rng.normal(size=(30, 3))
+    pairs = sorted(set(zip(rng.integers(0, 50, 900).tolist(), rng.integers(0, 30, 900).tolist())))
+    path = tmp_path / "ratings.csv"
+    path.write_text("userId,movieId,rating,timestamp\n" + "".join(
+        f"{u},{i},{3 + U[u] @ V[i]:.3f},0\n" for u, i in pairs))
+    args = ["-k", "3", "--iters", "12", "--lr", "0.05", "--reg", "0.001"]
+    r = runner.invoke(main, ["run", "als", str(path), "--workers", "2", "--parts", "3",
+                             "--out", str(tmp_path / "c"), *args])
+    assert r.exit_code == 0, r.output
+    assert "cluster: 2 CPU worker(s)" in r.output and "cluster: test RMSE" in r.output
+    r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--out",
+                             str(tmp_path / "one"), *args])
+    assert r.exit_code == 0, r.output
+    spread = json.loads((tmp_path / "c" / "history.json").read_text())["cluster"]
+    one = json.loads((tmp_path / "one" / "history.json").read_text())["cpu"]
+    assert [h["iteration"] for h in spread] == list(range(1, 13))
+    for key in ("train_rmse", "test_rmse"):
+        # float32 ratings: V's gradient summed tile by tile rounds differently, nothing more
+        np.testing.assert_allclose([h[key] for h in spread], [h[key] for h in one], rtol=1e-6)
+    assert one[-1]["test_rmse"] < one[0]["test_rmse"]
+    with np.load(tmp_path / "c" / "cluster-factors.npz") as c, \
+            np.load(tmp_path / "one" / "cpu-factors.npz") as o:
+        assert c["U"].shape == (50, 3) and c["V"].shape == (30, 3)
+        np.testing.assert_allclose(c["U"], o["U"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(c["V"], o["V"], rtol=0, atol=1e-5)
+        assert float(c["mean"]) == float(o["mean"])
+    r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--workers", "2",
+                             "--out", str(tmp_path / "one")])
+    assert r.exit_code != 0 and "go with --device cluster (the default)" in r.output
+
+
 def _toy_corpus(tmp_path):
     """A UCI docword file with two clear topics (documents draw from words 0-4 or 5-9) and
     its vocabulary."""
@@ -426,6 +463,29 @@ def test_run_gap_on_the_cluster_and_bench_gap(runner, tmp_path):
     assert rows[1]["speedup"] == 1.0 and all(row["median_step_s"] > 0 for row in rows)
     r = runner.invoke(main, ["bench", "gap", str(path), "--iters", "2"])
     assert r.exit_code != 0 and "must be >= 3" in r.output
+
+
+def test_run_gap_on_the_cluster_by_default_equals_one_device(runner, tmp_path):
+    import json
+
+    import numpy as np
+
+    path, _ = _toy_corpus(tmp_path)
+    args = ["--topics", "2", "--iters", "6"]
+    r = runner.invoke(main, ["run", "gap", str(path), "--workers", "2", "--out",
+                             str(tmp_path / "c"), *args])
+    assert r.exit_code == 0, r.output
+    assert "cluster: 2 CPU worker(s)" in r.output
+    r = runner.invoke(main, ["run", "gap", str(path), "--device", "cpu", "--out",
+                             str(tmp_path / "one"), *args])
+    assert r.exit_code == 0, r.output
+    spread = json.loads((tmp_path / "c" / "history.json").read_text())["cluster"]
+    one = json.loads((tmp_path / "one" / "history.json").read_text())["cpu"]
+    np.testing.assert_allclose([h["loglik_per_token"] for h in spread],
+                               [h["loglik_per_token"] for h in one], rtol=1e-6)
+    with np.load(tmp_path / "c" / "cluster-topics.npz") as c, \
+            np.load(tmp_path / "one" / "cpu-topics.npz") as o:
+        np.testing.assert_allclose(c["L"], o["L"], rtol=1e-4, atol=1e-7)
 
 
 def test_run_gap_on_a_corpus(runner, tmp_path):

@@ -6,12 +6,14 @@ entries is ``(S ∘ (U Vᵀ) - R) V`` for U and its transpose for V).
 Adam's per-entry step sizes and an L2 penalty; each step costs one :func:`mgpu.sddmm` (the
 predictions at the observed entries) and two :func:`mgpu.spmm` (the residual times V, its
 transpose times U). NumPy/SciPy data runs on the CPU backend, CuPy data on the GPU.
+:func:`train_distributed` runs the same steps with the users cut into row tiles on a
+cluster's workers.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,7 @@ import mgpu
 from mgpu.mf import split_ratings as split
 from workflows._sparse import transpose_map
 
-__all__ = ["Factors", "split", "train"]
+__all__ = ["Factors", "split", "train", "train_distributed"]
 
 
 @dataclass
@@ -82,7 +84,6 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
     cnt_u = xp.maximum(xp.diff(R.indptr), 1).astype(dtype)[:, None]
     cnt_v = xp.maximum(xp.diff(t_ptr), 1).astype(dtype)[:, None]
     state = {name: [xp.zeros_like(A), xp.zeros_like(A)] for name, A in (("U", U), ("V", V))}
-    b1, b2, eps = 0.9, 0.999, 1e-8
     model = Factors(U, V, mean)
     t_start = time.perf_counter()
     for it in range(1, iters + 1):
@@ -97,13 +98,7 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
         step = time.perf_counter() - t0
         train_rmse = float(xp.sqrt(xp.mean(E.data.astype(xp.float64) ** 2)))
         for name, A, g, cnt in (("U", U, gU, cnt_u), ("V", V, gV, cnt_v)):
-            g = g / cnt + reg * A
-            mom, sq = state[name]
-            mom *= b1
-            mom += (1 - b1) * g
-            sq *= b2
-            sq += (1 - b2) * g * g
-            A -= (lr * (mom / (1 - b1 ** it)) / (xp.sqrt(sq / (1 - b2 ** it)) + eps)).astype(dtype)
+            _adam(xp, A, g, cnt, state[name], it, lr, reg)
         rec = {"iteration": it, "step_s": step, "train_rmse": train_rmse,
                "elapsed_s": time.perf_counter() - t_start}
         if test is not None:
@@ -113,6 +108,260 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
         model.history.append(rec)
         if progress is not None:
             progress(rec)
+    return model
+
+
+_B1, _B2, _EPS = 0.9, 0.999, 1e-8
+
+
+def _adam(xp: Any, A: Any, g: Any, cnt: Any, state: list[Any], it: int, lr: float,
+          reg: float) -> None:
+    """One Adam step of A in place from the summed gradient g (per-row means by ``cnt``, plus
+    the L2 term); ``state`` holds the two moments, updated in place too."""
+    g = g / cnt + reg * A
+    mom, sq = state
+    mom *= _B1
+    mom += (1 - _B1) * g
+    sq *= _B2
+    sq += (1 - _B2) * g * g
+    A -= (lr * (mom / (1 - _B1 ** it)) / (xp.sqrt(sq / (1 - _B2 ** it)) + _EPS)).astype(A.dtype)
+
+
+# ------------------------------------------------------------------- across a cluster
+
+
+@dataclass
+class _Tile:
+    """The training ratings of a block of users (rows), the map that transposes a matrix of
+    their pattern by one gather, their test ratings, and the block's U with its Adam
+    moments: all of it stays on the worker that holds the tile."""
+
+    R: Any
+    pattern: Any
+    t_ptr: Any
+    t_ind: Any
+    perm: Any
+    cnt: Any
+    test: Any
+    U: Any
+    state: list[Any]
+
+
+def _xp(S: Any) -> Any:
+    if hasattr(S, "get"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _tile_task(R: Any, test: Any, U: np.ndarray) -> _Tile:
+    """Build a tile on the worker holding R's rows (GPU arrays when R is a cupyx tile)."""
+    xp = _xp(R)
+    if xp is not np:
+        import cupyx.scipy.sparse as csp
+
+        test = csp.csr_matrix(test)
+    R = R.tocsr()
+    R.sort_indices()
+    U = xp.asarray(U)
+    cnt = xp.maximum(xp.diff(R.indptr), 1).astype(R.dtype)[:, None]
+    return _Tile(R, _pattern(R), *transpose_map(R), cnt, test, U,
+                 [xp.zeros_like(U), xp.zeros_like(U)])
+
+
+def _step_task(tile: _Tile, V: Any, it: int, update: bool, mean: float, lr: float,
+               reg: float) -> tuple[_Tile, tuple]:
+    """One round on one tile: the squared test error of the current U and V (the previous
+    step's factors), then, unless this is the last round, the residual at the training
+    ratings (SDDMM), U's gradient (SpMM) and Adam step, and this tile's share of V's gradient
+    (SpMM of the residual's transpose)."""
+    xp = _xp(tile.R)
+    V = xp.asarray(V)
+    test_sse = 0.0
+    if tile.test.nnz:
+        P = mgpu.sddmm(_pattern(tile.test), tile.U, V)
+        test_sse = float((((P.data + mean) - tile.test.data).astype(xp.float64) ** 2).sum())
+    if not update:
+        return tile, (0.0, test_sse, None)
+    m, n = tile.R.shape
+    E = mgpu.sddmm(tile.pattern, tile.U, V)
+    E.data += mean - tile.R.data
+    sparse = sp if xp is np else _cupyx_sparse()
+    ET = sparse.csr_matrix((E.data[tile.perm], tile.t_ind, tile.t_ptr), shape=(n, m))
+    gU = mgpu.spmm(E, V)
+    gV = mgpu.spmm(ET, tile.U)
+    train_sse = float((E.data.astype(xp.float64) ** 2).sum())
+    # a task's input is another task's result: step copies, never the inputs in place
+    U, state = tile.U.copy(), [a.copy() for a in tile.state]
+    _adam(xp, U, gU, tile.cnt, state, it, lr, reg)
+    from mgpu.backends import synchronize
+
+    return replace(tile, U=U, state=state), (train_sse, test_sse, synchronize(gV))
+
+
+def _reduce_task(V: Any, state: list[Any] | None, cnt: Any, it: int, update: bool,
+                 lr: float, reg: float, *parts: tuple) -> tuple[Any, Any, float, float]:
+    """Sum the tiles' shares of V's gradient in tile order and take V's Adam step (on
+    copies: the inputs are other tasks' results; no moments yet: zeros), and sum the tiles'
+    squared errors."""
+    train_sse = sum(p[0] for p in parts)
+    test_sse = sum(p[1] for p in parts)
+    if update:
+        xp = _xp(parts[0][2])
+        g = parts[0][2]
+        for p in parts[1:]:
+            g = g + xp.asarray(p[2])
+        V = xp.array(V, copy=True)
+        state = ([xp.zeros_like(V), xp.zeros_like(V)] if state is None
+                 else [xp.array(a, copy=True) for a in state])
+        _adam(xp, V, g, xp.asarray(cnt), state, it, lr, reg)
+    return V, state, train_sse, test_sse
+
+
+def _cupyx_sparse() -> Any:
+    import cupyx.scipy.sparse
+
+    return cupyx.scipy.sparse
+
+
+def _take(out: tuple, i: int) -> Any:
+    return out[i]
+
+
+def _tile_factor(tile: _Tile) -> np.ndarray:
+    return _host(tile.U)
+
+
+def _host(a: Any) -> np.ndarray:
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
+                      parts: int | None = None, client: Any = None, k: int = 32,
+                      reg: float = 0.1, lr: float = 0.01, iters: int = 100, seed: int = 0,
+                      progress: Callable[[dict[str, float]], None] | None = None) -> Factors:
+    """:func:`train` with the users cut into row tiles of equal nnz on a cluster's workers.
+
+    Each tile's ratings, its rows of U and their Adam moments stay on its worker (its GPU on
+    GPU workers); per step only V (items × k) moves: it is sent to every tile, each tile
+    returns its share of V's gradient, and one task sums them and steps V. The test error
+    of a step is summed in the next round, from the factors that start that round, so one
+    round per step suffices. The result equals :func:`train`'s up to rounding (V's gradient
+    is summed tile by tile).
+
+    Parameters
+    ----------
+    R : scipy sparse matrix of shape (n_users, n_items)
+        Training ratings, float32 or float64.
+    test : scipy sparse matrix of shape (n_users, n_items), optional
+        Test ratings; their RMSE is recorded per step.
+    parts : int, optional
+        Row tiles (default: one per worker).
+    client : distributed.Client, optional
+        Default: the current one (:func:`mgpu.connect`).
+    k, reg, lr, iters, seed, progress
+        As in :func:`train`. ``step_s`` is the time between consecutive steps as the
+        client sees them finish.
+
+    Returns
+    -------
+    Factors
+        numpy U and V, and the history.
+
+    Raises
+    ------
+    TypeError
+        If R or test is not a scipy sparse matrix.
+    ValueError
+        For the parameters :func:`train` refuses, a test matrix of another shape, or no
+        cluster.
+    """
+    from collections import deque
+
+    from mgpu.dist import from_scipy
+    from mgpu.dist.cluster import current_client
+    from mgpu.dist.collection import block_futures
+
+    if k < 1 or iters < 1 or lr <= 0 or reg < 0:
+        raise ValueError(f"k and iters must be >= 1, lr > 0 and reg >= 0. Got k={k}, "
+                         f"iters={iters}, lr={lr}, reg={reg}.")
+    for name, M in (("R", R), ("test", test)):
+        if M is not None and not sp.issparse(M):
+            raise TypeError(f"The '{name}' parameter of train_distributed must be a scipy "
+                            f"sparse matrix. Got {type(M).__name__} instead.")
+    if test is not None and test.shape != R.shape:
+        raise ValueError(f"The 'test' parameter of train_distributed must have R's shape "
+                         f"{R.shape}. Got {test.shape} instead.")
+    client = client or current_client()
+    if client is None:
+        raise ValueError("train_distributed runs on a cluster: call mgpu.connect() first.")
+    R = sp.csr_matrix(R)
+    R.sum_duplicates()
+    R.sort_indices()
+    dtype = R.dtype
+    m, n = R.shape
+    mean = float(R.data.mean())
+    rng = np.random.default_rng(seed)  # the same start as train
+    U0 = rng.normal(0, 0.1, (m, k)).astype(dtype)
+    V0 = rng.normal(0, 0.1, (n, k)).astype(dtype)
+    cnt_v = np.maximum(np.bincount(R.indices, minlength=n), 1).astype(dtype)[:, None]
+    T = sp.csr_matrix((0, n), dtype=dtype) if test is None else sp.csr_matrix(test, dtype=dtype)
+    Rd = from_scipy(R, parts, axis=0, client=client)
+    blocks = block_futures(Rd, client)
+    where = client.who_has(list(blocks.values()))
+    bounds = np.concatenate([[0], np.cumsum(Rd.chunks[0])]).astype(np.int64)
+    tiles = []
+    for i in range(Rd.numblocks[0]):
+        fut = blocks[(i, 0)]
+        pin = {"workers": list(where.get(fut.key, ()))[:1] or None, "allow_other_workers": False}
+        lo, hi = bounds[i], bounds[i + 1]
+        te = client.scatter(T[lo:hi] if test is not None else sp.csr_matrix((hi - lo, n),
+                                                                             dtype=dtype),
+                            hash=False, workers=pin["workers"])
+        u = client.scatter(U0[lo:hi], hash=False, workers=pin["workers"])
+        tiles.append([client.submit(_tile_task, fut, te, u, pure=False, **pin), pin])
+    V: Any = client.scatter(V0, broadcast=True, hash=False)
+    state: Any = None
+    n_train, n_test = R.nnz, T.nnz
+    model = Factors(None, None, mean)
+    t_start = last = time.perf_counter()
+    pending: deque = deque()
+    previous = None
+    for r in range(1, iters + 2):
+        update = r <= iters
+        steps = [client.submit(_step_task, t, V, r, update, mean, lr, reg, pure=False, **pin)
+                 for t, pin in tiles]
+        for pair, st in zip(tiles, steps):
+            pair[0] = client.submit(_take, st, 0, pure=False, **pair[1])
+        shares = [client.submit(_take, st, 1, pure=False, **pin)
+                  for st, (_, pin) in zip(steps, tiles)]
+        red = client.submit(_reduce_task, V, state, cnt_v, r, update, lr, reg, *shares,
+                            pure=False)
+        V = client.submit(_take, red, 0, pure=False)
+        state = client.submit(_take, red, 1, pure=False)
+        # Round r sums step r's training error and step r-1's test error (the factors that
+        # start round r): step r-1's record is complete once round r is done.
+        if previous is not None:
+            pending.append((r - 1, previous, red))
+        previous = red
+        while pending and (len(pending) > 1 or not update):
+            it, done, after = pending.popleft()
+            train_sse = done.result()[2]
+            test_sse = after.result()[3]
+            now = time.perf_counter()
+            rec = {"iteration": it, "step_s": now - last,
+                   "train_rmse": float(np.sqrt(train_sse / max(n_train, 1))),
+                   "elapsed_s": now - t_start}
+            if test is not None:
+                rec["test_rmse"] = float(np.sqrt(test_sse / max(n_test, 1)))
+            last = now
+            model.history.append(rec)
+            if progress is not None:
+                progress(rec)
+    final = [client.submit(_tile_factor, t, pure=False, **pin) for t, pin in tiles]
+    model.U = np.vstack(client.gather(final))
+    model.V = _host(client.gather(V))
     return model
 
 
