@@ -48,6 +48,11 @@ class Semiring:
     positive_rows: bool = False  # refuses rows that sum to zero
     similarity: bool = False  # larger is nearer
     namm_op: int = -1  # operation code of the union kernel (mgpu/backends/numpy.py)
+    # What a kNN batch holds on the CPU at its peak, for the working-memory budget: arrays of
+    # the batch's distances, and copies of the index (its values mapped, its CSC form), both
+    # measured with tracemalloc (tests/test_reliability.py checks the budget holds).
+    batch_copies: float = 2.4
+    index_copies: float = 1.25
 
 
 # The NAMM operation codes shared with the union kernels.
@@ -58,12 +63,13 @@ SEMIRINGS: dict[str, Semiring] = {s.name: s for s in (
     Semiring("sqeuclidean", "expanded"),
     Semiring("cosine", "expanded"),
     Semiring("correlation", "expanded"),
-    Semiring("inner_product", "expanded", similarity=True),
-    Semiring("dice", "expanded"),
-    Semiring("jaccard", "expanded"),
+    Semiring("inner_product", "expanded", similarity=True, batch_copies=3.4),
+    Semiring("dice", "expanded", batch_copies=5.6, index_copies=2.3),
+    Semiring("jaccard", "expanded", batch_copies=5.6, index_copies=2.3),
     Semiring("russellrao", "expanded"),
-    Semiring("hellinger", "expanded", nonnegative=True),
-    Semiring("kl_divergence", "expanded", ("kullback_leibler",), nonnegative=True),
+    Semiring("hellinger", "expanded", nonnegative=True, batch_copies=3.3),
+    Semiring("kl_divergence", "expanded", ("kullback_leibler",), nonnegative=True,
+             batch_copies=8.6),
     Semiring("manhattan", "namm", ("l1", "cityblock"), namm_op=NAMM_L1),
     Semiring("chebyshev", "namm", ("linf", "infinity"), namm_op=NAMM_LINF),
     Semiring("minkowski", "namm", ("lp",), namm_op=NAMM_LP),
@@ -192,9 +198,14 @@ def _expanded(ring: Semiring, X: Any, Y: Any) -> np.ndarray:
     name = ring.name
     if name == "inner_product":
         return _dot(X, Y)
+    # In place where it costs nothing: a batch's working memory is counted in these arrays
+    # (Semiring.batch_copies).
     if name in ("euclidean", "sqeuclidean"):
         sq = lambda Z: _row_sums(_map_values(Z, np.square))  # noqa: E731
-        d = sq(X)[:, None] + sq(Y)[None, :] - 2.0 * _dot(X, Y)
+        d = _dot(X, Y)
+        d *= -2.0
+        d += sq(X)[:, None]
+        d += sq(Y)[None, :]
         np.maximum(d, 0.0, out=d)
         return np.sqrt(d, out=d) if name == "euclidean" else d
     if name in ("cosine", "correlation"):
@@ -203,13 +214,15 @@ def _expanded(ring: Semiring, X: Any, Y: Any) -> np.ndarray:
         sy = np.sqrt(_row_sums(_map_values(Y, np.square)))
         if name == "correlation":
             mx, my = _row_sums(X) / n, _row_sums(Y) / n
-            dot = dot - n * mx[:, None] * my[None, :]
+            dot -= np.multiply.outer(n * mx, my)
             sx = np.sqrt(np.maximum(sx * sx - n * mx * mx, 0.0))
             sy = np.sqrt(np.maximum(sy * sy - n * my * my, 0.0))
-        den = sx[:, None] * sy[None, :]
+        den = np.multiply.outer(sx, sy)
         with np.errstate(divide="ignore", invalid="ignore"):
-            d = 1.0 - np.where(den > 0, dot / np.where(den > 0, den, 1.0), 0.0)
-        return np.clip(d, 0.0, 2.0)
+            dot /= den
+        dot[den <= 0] = 0.0  # a row without length is at distance 1 from every row
+        np.subtract(1.0, dot, out=dot)
+        return np.clip(dot, 0.0, 2.0, out=dot)
     if name in ("dice", "jaccard", "russellrao"):
         PX, PY = _pattern(X), _pattern(Y)
         both = _dot(PX, PY)
@@ -303,10 +316,40 @@ def _pairwise_cpu(X: Any, Y: Any, ring: Semiring, p: float) -> np.ndarray:
     return _distances(ring, X, Y, p)
 
 
-def working_memory_rows(n_index: int, budget: Any = None) -> int:
-    """Query rows per batch so that one batch's distances fit the working-memory budget."""
+_TOP_K_PARTS = 8  # a batch's top k taken in this many slices (knn_checked)
+
+
+def _nbytes(X: Any) -> int:
+    if sp.issparse(X):
+        return int(X.data.nbytes + X.indices.nbytes + X.indptr.nbytes)
+    return int(np.asarray(X).nbytes)
+
+
+def working_memory_rows(n_index: int, budget: Any = None, ring: Semiring | None = None,
+                        index_bytes: int = 0, func: str = "knn") -> int:
+    """Query rows per batch so that what a batch holds fits the working-memory budget: its
+    ``ring.batch_copies`` arrays of distances (8 bytes × rows × ``n_index`` each) and the
+    ``ring.index_copies`` copies of the index (``index_bytes`` each) that it makes.
+
+    Raises
+    ------
+    ValueError
+        If the budget cannot hold one query row beside the index's copies.
+    """
     nbytes = config.get_bytes("knn.working-memory", budget)
-    return max(1, nbytes // (8 * max(1, n_index)))
+    copies, index_copies = (1.0, 0.0) if ring is None else (ring.batch_copies,
+                                                            ring.index_copies)
+    free = nbytes - index_copies * index_bytes
+    row = copies * 8 * max(1, n_index)
+    if ring is not None and free < row:
+        need = index_copies * index_bytes + row
+        raise ValueError(
+            f"The working memory of {func} ({nbytes:,} bytes, mgpu.knn.working-memory or "
+            f"working_memory=) cannot hold one query's work for metric '{ring.name}' against "
+            f"this index: {index_copies:g} cop(ies) of the index ({index_bytes:,} bytes each) "
+            f"and {copies:g} row(s) of {n_index:,} distances need {need:,.0f} bytes. Raise it "
+            "or split the index into tiles (mgpu.dist.from_scipy).")
+    return max(1, int(free // row))
 
 
 def top_k(D: np.ndarray, k: int, largest: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -379,18 +422,25 @@ def _knn_cpu(index: Any, queries: Any, k: int, ring: Semiring, p: float,
     if not 1 <= k <= n:
         raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
                          f"{n} rows). Got {k!r} instead.")
-    return knn_checked(ring, index, queries, k, p, working_memory_rows(n, working_memory))
+    step = working_memory_rows(n, working_memory, ring, _nbytes(index))
+    return knn_checked(ring, index, queries, k, p, step)
 
 
 def knn_checked(ring: Semiring, index: Any, queries: Any, k: int, p: float,
                 step: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`knn` on input already checked and converted, ``step`` queries at a time."""
+    """:func:`knn` on input already checked and converted, ``step`` queries at a time; the
+    top k of a batch are taken an eighth of it at a time, so that their sort's copies stay
+    small beside the batch's distances."""
     nq = queries.shape[0]
     dist = np.empty((nq, k), dtype=np.float64)
     ids = np.empty((nq, k), dtype=np.int64)
+    sub = max(1, -(-step // _TOP_K_PARTS))
     for s in range(0, nq, step):
         D = _distances(ring, queries[s:s + step], index, p)
-        dist[s:s + step], ids[s:s + step] = top_k(D, k, ring.similarity)
+        for r in range(0, D.shape[0], sub):
+            e = min(r + sub, D.shape[0])
+            dist[s + r:s + e], ids[s + r:s + e] = top_k(D[r:e], k, ring.similarity)
+        del D
     return dist, ids
 
 
@@ -415,7 +465,7 @@ def knn_prepared(prepared: Any, queries: Any, k: int, ring: Semiring, p: float,
     if hasattr(prepared, "knn"):  # prepared on a GPU
         d, i = prepared.knn(queries, k, ring, working_memory)
         return d.get(), i.get()
-    step = working_memory_rows(prepared.shape[0], working_memory)
+    step = working_memory_rows(prepared.shape[0], working_memory, ring, _nbytes(prepared))
     return knn_checked(ring, prepared, queries, k, p, step)
 
 
