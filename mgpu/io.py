@@ -36,6 +36,7 @@ import io
 import logging
 import os
 import re
+import tokenize
 import warnings
 import zipfile
 import zlib
@@ -1163,8 +1164,11 @@ def load_npz_array(path: StrPath, key: str = "arr_0") -> np.ndarray:
                 return obj[key]
         except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
             raise MalformedFileError(p, None, expected, f"unreadable data ({exc})") from None
-        except ValueError as exc:  # numpy refusing pickles, or a bad npy header
-            raise MalformedFileError(p, None, expected, str(exc)) from None
+        except (ValueError, SyntaxError, tokenize.TokenError) as exc:
+            # numpy refusing pickles, or a bad npy header: numpy parses the header's dict
+            # with the tokenizer, which raises its own error on an unbalanced bracket
+            raise MalformedFileError(p, None, expected, f"a bad header ({exc})"
+                                     if not isinstance(exc, ValueError) else str(exc)) from None
 
 
 # --------------------------------------------------------------------------------------

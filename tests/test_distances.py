@@ -111,8 +111,12 @@ def test_knn_equals_scikit_learn_brute_force(metric):
     queries = _matrix(rng, 57, 40, density=0.1)
     if metric == "cosine":
         index, queries = _rows_with_mass(index), _rows_with_mass(queries)
-    # a tiny budget: several query batches
-    d, i = mgpu.knn(index, queries, 7, metric=metric, working_memory=8 * 300 * 10)
+    # a tiny budget: query batches of 10 (the metric's copies of the index and of a batch's
+    # distances, as the semiring table counts them)
+    ring = SEMIRINGS[metric]
+    index_bytes = index.data.nbytes + index.indices.nbytes + index.indptr.nbytes
+    budget = int(ring.index_copies * index_bytes + ring.batch_copies * 8 * 300 * 10) + 1
+    d, i = mgpu.knn(index, queries, 7, metric=metric, working_memory=budget)
     sk_metric = "cityblock" if metric == "manhattan" else metric
     sk_X, sk_Q = (index.toarray() != 0, queries.toarray() != 0) if metric == "jaccard" else \
         (index.toarray(), queries.toarray())

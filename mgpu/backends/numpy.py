@@ -11,6 +11,14 @@ from mgpu.backends import jaccard_lookup, namm_lookup, row_norms_lookup, sddmm_l
 ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX = 0, 1, 2, 3
 
 
+def narrow(r, dtype):
+    """A float64 result in the output dtype. A value past float32's range becomes inf, as
+    the float32 kernels (SDDMM's) give it, without numpy's overflow warning: the warning
+    names no operation, and under ``-W error`` it turns a valid input into a crash."""
+    with np.errstate(over="ignore"):
+        return r.astype(dtype, copy=False)
+
+
 @numba.njit(parallel=True, nogil=True)
 def _csr_row_reduce(indptr, data, op, out):
     n = out.shape[0]
@@ -45,14 +53,14 @@ def dense_row_reduce(X, op: int, xp=np):
         r = xp.zeros(X.shape[0], dtype=xp.float64)
     else:
         r = xp.abs(X64).max(axis=1)
-    return r.astype(X.dtype, copy=False)
+    return narrow(r, X.dtype)
 
 
 def row_reduce_csr(X: sp.csr_matrix, op: int) -> np.ndarray:
     """Per-row reduction of a canonical float CSR matrix, accumulated in float64."""
     out = np.empty(X.shape[0], dtype=np.float64)
     _csr_row_reduce(X.indptr, X.data, op, out)
-    return out.astype(X.dtype, copy=False)
+    return narrow(out, X.dtype)
 
 
 @row_norms_lookup.register((sp.spmatrix, sp.sparray))

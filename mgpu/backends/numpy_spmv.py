@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends import spmv_lookup
+from mgpu.backends.numpy import narrow
 
 __all__ = ["merge_path_rows", "piece_items", "spmm_merge", "spmv_merge"]
 
@@ -137,7 +138,7 @@ def spmv_merge(A: sp.csr_matrix, x: np.ndarray, *, items: int | None = None) -> 
     if n_pieces:
         _spmv_merge(A.indptr, A.indices, A.data, x, np.int64(items), y, carry_row, carry_val)
         _fixup(y, carry_row, carry_val)
-    return y.astype(x.dtype, copy=False)
+    return narrow(y, x.dtype)
 
 
 def spmm_merge(A: sp.csr_matrix, X: np.ndarray, *, items: int | None = None) -> np.ndarray:
@@ -153,7 +154,7 @@ def spmm_merge(A: sp.csr_matrix, X: np.ndarray, *, items: int | None = None) -> 
     if n_pieces and k:
         _spmm_merge(A.indptr, A.indices, A.data, X, np.int64(items), Y, carry_row, carry_val)
         _fixup(Y, carry_row, carry_val)
-    return Y.astype(X.dtype, copy=False)
+    return narrow(Y, X.dtype)
 
 
 @spmv_lookup.register((sp.spmatrix, sp.sparray))

@@ -213,7 +213,9 @@ def _expanded(ring: Semiring, X: Any, Y: Any) -> np.ndarray:
         sx = np.sqrt(_row_sums(_map_values(X, np.square)))
         sy = np.sqrt(_row_sums(_map_values(Y, np.square)))
         if name == "correlation":
-            mx, my = _row_sums(X) / n, _row_sums(Y) / n
+            # no features: every row is a zero row (distance 1), and no mean to divide out
+            mx, my = (_row_sums(X) / n, _row_sums(Y) / n) if n else (
+                np.zeros(X.shape[0]), np.zeros(Y.shape[0]))
             dot -= np.multiply.outer(n * mx, my)
             sx = np.sqrt(np.maximum(sx * sx - n * mx * mx, 0.0))
             sy = np.sqrt(np.maximum(sy * sy - n * my * my, 0.0))

@@ -110,5 +110,8 @@ def jaccard_local(G: Any, weighted: bool) -> Any:
     float64 from scipy input, cupyx in G's dtype from cupyx input)."""
     _, sparse = _xp(G)
     n = G.shape[0]
-    vals = jaccard_lookup(G, weighted, 0, n) if n else G.data[:0]
+    if n:
+        vals = jaccard_lookup(G, weighted, 0, n)
+    else:  # no node: no kernel call, but the documented dtype (float64 from scipy input)
+        vals = G.data[:0] if is_gpu_array(G) else np.empty(0)
     return sparse.csr_matrix((vals, G.indices.copy(), G.indptr.copy()), shape=G.shape)

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from mgpu.backends import is_gpu_array, row_norms_lookup
-from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM
+from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, narrow
 from mgpu.ops._validate import canonical_csr, check_matrix, check_option, float_dtype
 from mgpu.ops._validate import is_dask_array, is_sparse
 
@@ -21,12 +21,18 @@ NORMS: dict[str, tuple[int, bool]] = {
 
 
 def _row_norms_block(X: Any, op: int, root: bool) -> Any:
+    dt = float_dtype(X.dtype)
+    # A rooted norm is rounded to float32 after its square root, not before: the squares of
+    # float32 values above ~1.8e19 overflow float32 while their norm does not.
+    work = np.dtype(np.float64) if root else dt
     if is_sparse(X):
         X = canonical_csr(X)
+        if X.dtype != work:
+            X = X.astype(work)
     else:
-        X = X.astype(float_dtype(X.dtype), copy=False)
+        X = X.astype(work, copy=False)
     r = row_norms_lookup(X, op)
-    return np.sqrt(r) if root else r
+    return narrow(np.sqrt(r), dt) if root else r
 
 
 def row_norms(X: Any, *, norm: str = "l2") -> Any:
