@@ -381,7 +381,9 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
         working_memory: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest rows of ``index`` for every row of ``queries``, exact, in batches.
 
-    No step holds more than ``working_memory`` (default ``mgpu.knn.working-memory``) of
+    No step holds more than ``working_memory`` (default ``mgpu.knn.working-memory``) beyond
+    the inputs: on the CPU a batch's distances and the metric's copies of the index, as the
+    semiring table counts them (``batch_copies``, ``index_copies``); on the GPU a batch's
     distances. Ties go to the lower index, so the ids equal scikit-learn's brute force.
 
     Parameters
@@ -393,12 +395,18 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     metric, p
         As :func:`pairwise_distances`; for ``inner_product`` the largest are kept.
     working_memory : str or int, optional
-        Bytes of distances per batch ("256 MiB").
+        Bytes a batch may hold ("256 MiB").
 
     Returns
     -------
     distances : ndarray of shape (n_queries, k), float64, best first
     indices : ndarray of shape (n_queries, k), int64
+
+    Raises
+    ------
+    ValueError
+        As :func:`pairwise_distances`; k outside [1, n_index]; a working memory that cannot
+        hold one query's work (the message gives the bytes needed).
 
     Examples
     --------
