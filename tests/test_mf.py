@@ -1,6 +1,8 @@
 """Matrix factorisation: the SGD kernel, bad input, and convergence on MovieLens."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -217,6 +219,62 @@ def test_a_lost_worker_stops_the_fit_with_a_message_not_a_hang(tmp_path, victim)
                            rf".*{how}.*; P_ and Q_ hold epoch 3's factors, also in "):
             mf.fit(R, callback=kill)
     assert len(mf.history_) == 3 and (tmp_path / "mf-epoch-3.npz").exists()
+
+
+def test_a_fit_resumed_from_its_last_checkpoint_reaches_the_undisturbed_band(tmp_path):
+    """Worker loss for matrix factorisation: the fit stops naming its last checkpoint, and a
+    fit resumed from it on a fresh cluster goes on at the next epoch and ends in the RMSE
+    band of a run that lost nothing."""
+    import os
+    import signal
+
+    from mgpu.dist import connect
+    from mgpu.mf.model import _driving, _slots
+    from mgpu.synthetic import planted_ratings
+
+    train, test = _split(planted_ratings(4000, 1500, 300_000, noise=0.5, seed=1).tocoo())
+    opts = dict(k=16, lr=0.01, epochs=12, mode="cpu", seed=0)
+    with connect(gpus=False, n_workers=2) as c:
+        whole = mgpu.MatrixFactorization(**opts).fit(train, test)
+        driving = _driving(_slots(c, "cpu"))
+        other = next(p for w, p in c.run(os.getpid).items() if w != driving)
+        lost = mgpu.MatrixFactorization(**opts, checkpoint_dir=str(tmp_path))
+
+        def kill(entry):
+            if entry["epoch"] == 4:
+                os.kill(other, signal.SIGKILL)
+
+        last = tmp_path / "mf-epoch-4.npz"
+        with pytest.raises(RuntimeError, match=r"lost in epoch 5: .*fit\(\.\.\., resume="
+                           + re.escape(repr(str(last))) + r"\)"):
+            lost.fit(train, test, callback=kill)
+    with connect(gpus=False, n_workers=2):
+        again = mgpu.MatrixFactorization(**opts, checkpoint_dir=str(tmp_path)).fit(
+            train, test, resume=last)
+    h, w = again.history_, whole.history_
+    assert [e["epoch"] for e in h] == list(range(5, 13))
+    # it went on from epoch 4's factors (epoch 1 of a fresh start is far above)
+    assert abs(h[0]["test_rmse"] - w[4]["test_rmse"]) < 0.02 < w[0]["test_rmse"] - w[4][
+        "test_rmse"]
+    assert abs(h[-1]["test_rmse"] - w[-1]["test_rmse"]) <= 0.01 * w[-1]["test_rmse"]
+    assert (tmp_path / "mf-epoch-12.npz").exists()
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused(tmp_path):
+    R = sp.random(30, 20, density=0.3, format="coo", random_state=0)
+    mf = mgpu.MatrixFactorization(4, epochs=3, checkpoint_dir=str(tmp_path)).fit(R)
+    assert len(mf.history_) == 3
+    done = tmp_path / "mf-epoch-3.npz"
+    with pytest.raises(ValueError, match="of epoch 3; with epochs=3 no epoch is left"):
+        mgpu.MatrixFactorization(4, epochs=3).fit(R, resume=done)
+    with pytest.raises(ValueError, match=r"holds P \(30, 4\) and Q \(20, 4\); this fit needs "
+                       r"P \(30, 8\)"):
+        mgpu.MatrixFactorization(8, epochs=5).fit(R, resume=done)
+    np.savez(tmp_path / "other.npz", P=np.zeros((30, 4)))
+    with pytest.raises(ValueError, match="must be a checkpoint of a fit"):
+        mgpu.MatrixFactorization(4, epochs=5).fit(R, resume=tmp_path / "other.npz")
+    resumed = mgpu.MatrixFactorization(4, epochs=5).fit(R, resume=tmp_path / "mf-epoch-2.npz")
+    assert [e["epoch"] for e in resumed.history_] == [3, 4, 5]
 
 
 @pytest.mark.parametrize("mode", ["gpu", "hsgd"])

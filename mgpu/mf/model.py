@@ -492,7 +492,8 @@ class MatrixFactorization:
 default='sequential'
     seed : int, default=0
     checkpoint_dir : str, optional
-        Write ``P`` and ``Q`` after every epoch to ``<dir>/mf-epoch-<n>.npz``.
+        Write ``P`` and ``Q`` after every epoch to ``<dir>/mf-epoch-<n>.npz`` (with the
+        epoch); ``fit(..., resume=path)`` goes on from one.
     calibration : mgpu.mf.calibration.Calibration, optional
         The cost model's measurements for ``hsgd-linear``, ``hsgd-static`` and ``hsgd*``.
         Default: the cached one for the cluster's GPU and CPU models, k, the GPU conflict
@@ -624,11 +625,16 @@ default='sequential'
 
     # ------------------------------------------------------------------ training
     def fit(self, R: Any, test: Any = None, *,
-            callback: Callable[[dict[str, Any]], None] | None = None) -> MatrixFactorization:
+            callback: Callable[[dict[str, Any]], None] | None = None,
+            resume: str | os.PathLike[str] | None = None) -> MatrixFactorization:
         """Train on R (users × items), reporting RMSE on ``test`` after every epoch.
 
-        ``callback`` gets each epoch's history entry (for progress bars). Raises
-        FloatingPointError, naming the epoch, if the RMSE becomes NaN or infinite.
+        ``callback`` gets each epoch's history entry (for progress bars). ``resume``, a
+        checkpoint that ``checkpoint_dir`` holds (``mf-epoch-<n>.npz``), starts from its P
+        and Q at epoch n + 1 (after a lost worker, say); give the fit the ratings and
+        parameters that wrote it. Raises FloatingPointError, naming the epoch, if the RMSE
+        becomes NaN or infinite, and ValueError for a checkpoint of other shapes, with
+        non-finite factors, or with no epoch left to train.
         """
         self._check_params()
         u, i, r, shape = self._triplets(R, "R")
@@ -648,6 +654,9 @@ default='sequential'
         scale = 1.0 / np.sqrt(self.k)
         P = rng.random((shape[0], self.k)) * scale
         Q = rng.random((shape[1], self.k)) * scale
+        start = 0
+        if resume is not None:
+            P, Q, start = self._resumed(resume, P.shape, Q.shape)
         self.history_: list[dict[str, Any]] = []
         self.gpus_alone_: dict[str, float] | None = None
         self.setup_s_ = 0.0
@@ -655,17 +664,20 @@ default='sequential'
         trained = 0.0
         epoch_fn = self._sequential_epochs if self.mode == "sequential" else self._block_epochs
         epochs = epoch_fn(u, i, r, P, Q, rng)
-        for epoch in range(1, self.epochs + 1):
+        for epoch in range(start + 1, self.epochs + 1):
             t = time.perf_counter()
             try:
                 P, Q, extra = next(epochs)
             except HostLost as e:
-                kept = "no epoch had finished" if epoch == 1 else (
+                last = (Path(self.checkpoint_dir) / f"mf-epoch-{epoch - 1}.npz"
+                        if self.checkpoint_dir and epoch > start + 1 else None)
+                kept = "no epoch had finished" if epoch == start + 1 else (
                     f"P_ and Q_ hold epoch {epoch - 1}'s factors" + (
-                        f", also in {self.checkpoint_dir}" if self.checkpoint_dir else ""))
+                        f", also in {last}" if last else ""))
+                again = (f"fit(..., resume={str(last)!r})" if last else "Fit again")
                 raise RuntimeError(
                     f"A worker holding the {self.mode} mode's blocks was lost in epoch {epoch}: "
-                    f"{e}; {kept}. Fit again once the cluster's workers are back.") from e
+                    f"{e}; {kept}. {again} once the cluster's workers are back.") from e
             setup = extra.pop("setup_s", 0.0)
             self.setup_s_ += setup
             trained += time.perf_counter() - t - setup - extra.get("gather_s", 0.0)
@@ -696,8 +708,30 @@ default='sequential'
     def _checkpoint(self, epoch: int, P: np.ndarray, Q: np.ndarray) -> None:
         path = Path(self.checkpoint_dir) / f"mf-epoch-{epoch}.npz"
         tmp = path.with_name(path.name + ".partial.npz")
-        np.savez(tmp, P=P, Q=Q)
+        np.savez(tmp, P=P, Q=Q, epoch=np.int64(epoch))
         tmp.replace(path)
+
+    def _resumed(self, path: str | os.PathLike[str], p_shape: tuple[int, ...],
+                 q_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+        """P, Q and the epoch of a checkpoint written by :meth:`_checkpoint`, checked."""
+        what = f"The 'resume' parameter of MatrixFactorization.fit ({os.fspath(path)!r})"
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                P, Q, epoch = f["P"], f["Q"], int(f["epoch"])
+        except (OSError, KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"{what} must be a checkpoint of a fit (mf-epoch-<n>.npz with P, "
+                             f"Q and epoch): {exc}") from None
+        if P.shape != p_shape or Q.shape != q_shape:
+            raise ValueError(f"{what} holds P {P.shape} and Q {Q.shape}; this fit needs P "
+                             f"{p_shape} and Q {q_shape} (the ratings' shape and k).")
+        if not (np.isfinite(P).all() and np.isfinite(Q).all()):
+            raise ValueError(f"{what} holds NaN or infinite factors.")
+        if not 0 <= epoch < self.epochs:
+            raise ValueError(f"{what} is of epoch {epoch}; with epochs={self.epochs} no epoch "
+                             "is left to train.")
+        logger.info("%s: resuming from %s at epoch %d", self.mode, os.fspath(path), epoch + 1)
+        return (np.ascontiguousarray(P, dtype=np.float64),
+                np.ascontiguousarray(Q, dtype=np.float64), epoch)
 
     def _sequential_epochs(self, u, i, r, P, Q, rng):
         for _ in range(self.epochs):
