@@ -43,6 +43,7 @@ from scipy.special import rel_entr
 
 import mgpu
 from mgpu.ops import NORMS, SEMIRINGS
+from mgpu.ops.distances import working_memory_for
 
 EPS = np.finfo(np.float64).eps
 C = 4.0
@@ -457,14 +458,20 @@ def knn_problems(draw):
     queries = draw(sparse_matrices((None, index.A.shape[1]), nonnegative=nonneg))
     n = index.A.shape[0]
     k = draw(st.integers(1, n) if n and draw(st.integers(0, 5)) else st.sampled_from([0, n + 1]))
-    budget = draw(st.sampled_from([None, 8]))  # 8 bytes: one query per batch
-    return metric, p, index, queries, k, budget
+    one = draw(st.booleans())  # the working memory of one-query batches, or the default
+    return metric, p, index, queries, k, one
 
 
 @_settings(200)
 @given(knn_problems())
 def test_knn_is_right_or_refused(problem):
-    metric, p, index, queries, k, budget = problem
+    metric, p, index, queries, k, one = problem
+    budget = None
+    if one:  # as the index is checked: float64 CSR, duplicates summed
+        X = sp.csr_matrix(index.A, dtype=np.float64, copy=True)
+        X.sum_duplicates()
+        budget = working_memory_for(1, X.shape[0], SEMIRINGS[metric],
+                                    X.data.nbytes + X.indices.nbytes + X.indptr.nbytes)
     call = lambda: mgpu.knn(index.A, queries.A, k, metric=metric, p=p,  # noqa: E731
                             working_memory=budget)
     why = _refusal(metric, [("index", index), ("queries", queries)], "knn")

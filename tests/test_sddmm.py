@@ -106,6 +106,13 @@ def test_unsorted_indices_keep_their_order():
     P = mgpu.sddmm(S, A, B)
     assert np.array_equal(P.indices, S.indices)
     np.testing.assert_allclose(P.data, _reference(S, A, B, True), rtol=1e-12, atol=1e-12)
+    # S float32 with float64 factors: S's values are widened, its order kept
+    S32 = S.astype(np.float32)
+    S32.indices[:], S32.data[:] = S.indices, S.data.astype(np.float32)
+    S32.has_sorted_indices = False
+    P = mgpu.sddmm(S32, A, B, hadamard=False)
+    assert P.dtype == np.float64 and np.array_equal(P.indices, S.indices)
+    np.testing.assert_allclose(P.data, _reference(S, A, B, False), rtol=1e-12, atol=1e-12)
 
 
 def test_other_formats_and_empty_cases():

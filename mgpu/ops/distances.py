@@ -344,14 +344,22 @@ def working_memory_rows(n_index: int, budget: Any = None, ring: Semiring | None 
     free = nbytes - index_copies * index_bytes
     row = copies * 8 * max(1, n_index)
     if ring is not None and free < row:
-        need = index_copies * index_bytes + row
+        need = working_memory_for(1, n_index, ring, index_bytes)
         raise ValueError(
             f"The working memory of {func} ({nbytes:,} bytes, mgpu.knn.working-memory or "
             f"working_memory=) cannot hold one query's work for metric '{ring.name}' against "
             f"this index: {index_copies:g} cop(ies) of the index ({index_bytes:,} bytes each) "
-            f"and {copies:g} row(s) of {n_index:,} distances need {need:,.0f} bytes. Raise it "
+            f"and {copies:g} row(s) of {n_index:,} distances need {need:,} bytes. Raise it "
             "or split the index into tiles (mgpu.dist.from_scipy).")
     return max(1, int(free // row))
+
+
+def working_memory_for(rows: int, n_index: int, ring: Semiring, index_bytes: int) -> int:
+    """The working memory that gives CPU kNN batches of ``rows`` queries against an index of
+    ``n_index`` rows and ``index_bytes`` bytes (as checked: float64 CSR or dense), for
+    metric ``ring``: what :func:`working_memory_rows` divides, the other way round."""
+    return math.ceil(ring.index_copies * index_bytes + rows * ring.batch_copies * 8
+                     * max(1, n_index))
 
 
 def top_k(D: np.ndarray, k: int, largest: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array, sddmm_lookup, to_host
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
@@ -160,7 +161,9 @@ def sddmm_local(S: Any, A: Any, B: Any, hadamard: bool, plan: SDDMMPlan | None =
         A = np.ascontiguousarray(A, dtype=dt)
         B = np.ascontiguousarray(B, dtype=dt)
     if S.dtype != dt:
-        S = S.astype(dt)
+        # scipy's astype sorts unsorted indices; P keeps S's own order
+        S = S.astype(dt) if is_gpu_array(S) else sp.csr_matrix(
+            (S.data.astype(dt), S.indices, S.indptr), shape=S.shape)
     return sddmm_lookup(S, A, B, bool(hadamard), plan)
 
 
