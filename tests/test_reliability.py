@@ -7,10 +7,16 @@ import re
 import signal
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 from conftest import REPO_ROOT
+from dask.core import flatten
 
 import mgpu
+from mgpu.dist import chunk_workers, from_scipy, gather
+
+# Seconds any one wait of a worker-loss test may take: a hang fails the test with a message.
+WAIT = 60
 
 
 def test_jaccard_result_survives_a_killed_worker():
@@ -33,6 +39,98 @@ def test_jaccard_result_survives_a_killed_worker():
         J = mgpu.jaccard(G, parts=24, client=client, progress=kill_one)
     assert killed
     assert (J != ref).nnz == 0 and np.array_equal(J.indptr, ref.indptr)
+
+
+@pytest.fixture(scope="module")
+def cluster3():
+    """Three single-thread worker processes behind nannies (a killed one is restarted)."""
+    with mgpu.connect(gpus=False, n_workers=3) as client:
+        yield client
+
+
+@pytest.fixture
+def client3(cluster3):
+    """cluster3 with at least two workers up, so that a kill leaves one to carry on (the one
+    killed by the last test is restarted by its nanny, usually within seconds)."""
+    cluster3.wait_for_workers(2, timeout=WAIT)
+    return cluster3
+
+
+def _kill_holder(client, x) -> str:
+    """Kill (SIGKILL) the process of the worker holding x's first chunk; its address."""
+    victim = chunk_workers(x, client)[(0,) * x.ndim][0]
+    os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+    return victim
+
+
+def _through_a_kill(client, out, tiles):
+    """``out`` persisted and brought back, with the worker holding the first tile of
+    ``tiles`` killed as soon as the first block of ``out`` is done: that worker's tiles and
+    results are gone and must be made again. Every wait is bounded."""
+    from distributed import wait
+
+    out = client.persist(out)
+    futures = [out.dask[k] for k in flatten(out.__dask_keys__())]
+    wait(futures, timeout=WAIT, return_when="FIRST_COMPLETED")
+    _kill_holder(client, tiles)
+    wait(futures, timeout=WAIT)
+    return out
+
+
+@pytest.mark.timeout(2 * WAIT)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_sddmm_result_survives_a_killed_worker(client3, axis):
+    """Tiles of S and pieces of the split factor held by a killed worker are made again
+    elsewhere; every value equals an undisturbed run's to the last bit."""
+    rng = np.random.default_rng(1)
+    S = sp.random(1200, 900, density=0.02, random_state=rng, format="csr")
+    A, B = rng.standard_normal((1200, 16)), rng.standard_normal((900, 16))
+    Sd = from_scipy(S, 12, axis=axis, client=client3)
+    ref = gather(mgpu.sddmm(Sd, A, B))
+    Sd = from_scipy(S, 12, axis=axis, client=client3)
+    got = gather(_through_a_kill(client3, mgpu.sddmm(Sd, A, B), Sd))
+    assert np.array_equal(got.indptr, ref.indptr) and np.array_equal(got.indices, ref.indices)
+    assert np.array_equal(got.data, ref.data)
+
+
+@pytest.mark.timeout(2 * WAIT)
+@pytest.mark.parametrize("op", ["spmv", "spmm", "row_norms"])
+def test_spmv_spmm_and_row_norms_survive_a_killed_worker(client3, op):
+    rng = np.random.default_rng(2)
+    A = sp.random(3000, 500, density=0.02, random_state=rng, format="csr")
+    x = rng.standard_normal(500) if op == "spmv" else rng.standard_normal((500, 4))
+
+    def run(tiles):
+        return mgpu.row_norms(tiles) if op == "row_norms" else getattr(mgpu, op)(tiles, x)
+
+    ref = run(from_scipy(A, 12, axis=0, client=client3)).compute()
+    tiles = from_scipy(A, 12, axis=0, client=client3)
+    got = _through_a_kill(client3, run(tiles), tiles).compute()
+    assert got.dtype == ref.dtype and np.array_equal(got, ref)
+
+
+@pytest.mark.timeout(2 * WAIT)
+def test_knn_result_survives_a_killed_worker(client3):
+    """The worker holding an index tile is killed after the first query batch is merged;
+    the tile is made again (and prepared again) elsewhere and the neighbours are identical."""
+    rng = np.random.default_rng(3)
+    index = sp.random(3000, 400, density=0.02, random_state=rng, format="csr")
+    queries = sp.random(600, 400, density=0.02, random_state=rng, format="csr")
+    budget = 8 * 500 * 50  # 50 queries a batch against a tile of 500 rows: 12 batches
+    ref = mgpu.knn(from_scipy(index, 6, axis=0, client=client3), queries, 5,
+                   working_memory=budget)
+    Xd = from_scipy(index, 6, axis=0, client=client3)
+    killed = []
+
+    def kill_one(_queries: int) -> None:
+        if not killed:
+            killed.append(_kill_holder(client3, Xd))
+
+    got = mgpu.knn(Xd, queries, 5, working_memory=budget, progress=kill_one)
+    assert killed
+    assert np.array_equal(got[1], ref[1]) and np.array_equal(got[0], ref[0])
+    local = mgpu.knn(index, queries, 5)
+    assert np.array_equal(got[1], local[1]) and np.allclose(got[0], local[0])
 
 
 def test_embedded_cluster_listens_on_localhost_only():

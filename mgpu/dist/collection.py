@@ -1,8 +1,13 @@
 """Partitioned sparse collections: dask arrays whose chunks are CSR matrices.
 
 Chunk boundaries come from :mod:`mgpu.partition` (nnz prefix sums), so the chunks are uneven
-in rows (or columns) and even in nonzeros. With a client, every chunk is sent to one worker
+in rows (or columns) and even in nonzeros. With a client, every chunk is made on one worker
 and stays there (as cupyx CSR on GPU workers), so iterative jobs move only dense factors.
+
+A chunk is a task that holds its piece of the matrix (:func:`place_as`), not scattered data:
+the scheduler keeps the task, so when a worker is lost its chunks are made again on another
+worker and a job that needed them goes on. The price is a copy of the matrix on the
+scheduler (about its CSR bytes) for as long as the collection lives.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
+import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
@@ -24,7 +30,7 @@ from mgpu.partition import axis_counts, part_sums, split_counts
 logger = logging.getLogger(__name__)
 
 __all__ = ["block_futures", "chunk_nnz", "chunk_workers", "device_copy", "from_scipy", "gather",
-           "scatter_as"]
+           "place_as"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -59,16 +65,32 @@ def device_copy(X: Any, convert: Callable[[Any], Any]) -> Any:
     return dev
 
 
-def scatter_as(client: Any, key: Any, value: Any, *, workers: list[str] | None = None,
-               broadcast: bool = False) -> Any:
-    """Send ``value`` to the workers under the dask key ``key`` and return its future.
+def _held(piece: Any) -> Any:
+    """A piece of data as the task that holds it returns it."""
+    return piece
+
+
+def place_as(client: Any, key: Any, value: Any, *, workers: list[str] | None = None,
+             convert: Callable[[Any], Any] | None = None) -> Any:
+    """Put ``value`` (or ``convert(value)``) on a worker under the dask key ``key`` as a task
+    that holds it, and return its future.
+
+    The value travels inside the task, which the scheduler keeps: when the worker holding the
+    result is lost, the task runs again on another worker and every job that needs it goes on
+    (scattered data would be gone for good). ``workers`` is a preference, not a pin: a pin to
+    a worker that is gone would wait for it forever. The cost is a copy of ``value`` on the
+    scheduler for as long as the key is held.
 
     A dask array whose graph maps each key to the future *of that same key* is what
     ``client.persist`` returns: later graphs use the data where it is. A future under another
     key would make every later graph add an alias task per chunk, run on one worker, so that
-    a chunk copied to every worker (a broadcast factor) is fetched by the others each time.
+    a chunk needed by every worker (an unsplit factor) would be fetched by the others each time.
     """
-    return client.scatter({key: value}, workers=workers, broadcast=broadcast)[key]
+    pin = {"workers": list(workers), "allow_other_workers": True} if workers else {}
+    # Each value is a graph of its own, sent on purpose: distributed's warning about a large
+    # graph (and its advice to scatter) is not for it.
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 PiB"}):
+        return client.submit(convert or _held, value, key=key, **pin)
 
 
 def _to_device(chunk: sp.csr_matrix) -> Any:
@@ -136,7 +158,10 @@ def from_scipy(
         0 cuts rows (chunks span every column), 1 cuts columns (every row).
     client : distributed.Client, optional
         Where to place the chunks; default the current client, if any. Without one the
-        chunks stay in the graph and go wherever the scheduler runs the tasks.
+        chunks stay in the graph and go wherever the scheduler runs the tasks. With one,
+        each chunk is a task holding its piece (:func:`place_as`): the scheduler keeps a
+        copy of S (about its CSR bytes) while the collection lives, and makes the chunks of
+        a lost worker again on another one.
     device : {'auto', 'cpu', 'gpu'}, default='auto'
         Chunk type on the workers: scipy CSR ('cpu') or cupyx CSR ('gpu'); 'auto' picks
         'gpu' when every worker has a GPU.
@@ -210,19 +235,22 @@ def from_scipy(
             if progress is not None:
                 progress(int(nnz[i]))
     else:
+        from distributed import as_completed
+
+        held = 0
         for i, key in enumerate(keys):
-            w = workers[i % len(workers)]
-            if on_gpu:
-                host = client.scatter(piece(i), workers=[w], hash=False)
-                fut = client.submit(_to_device, host, key=key, workers=[w],
-                                    allow_other_workers=False)
-                fut.result()  # surfaces a GPU error now, not at the first compute
-                del host
-            else:
-                fut = scatter_as(client, key, piece(i), workers=[w])
+            p = piece(i)
+            held += p.data.nbytes + p.indices.nbytes + p.indptr.nbytes
+            graph[key] = place_as(client, key, p, workers=[workers[i % len(workers)]],
+                                  convert=_to_device if on_gpu else None)
+            del p
+        part_of = {graph[k].key: i for i, k in enumerate(keys)}
+        for fut in as_completed(list(graph.values())):
+            fut.result()  # surfaces an error (a GPU's) now, not at the first compute
             if progress is not None:
-                progress(int(nnz[i]))
-            graph[key] = fut
+                progress(int(nnz[part_of[fut.key]]))
+        logger.info("from_scipy: the scheduler keeps %.1f MB of chunks to make them again "
+                    "if a worker is lost", held / 1e6)
         if on_gpu:
             import cupyx.scipy.sparse as csp
 

@@ -1,14 +1,15 @@
 """Jaccard edge weights on one device or spread over the cluster, and the public
 ``mgpu.jaccard``.
 
-Spread: the graph is sent once to every worker (an edge's weight needs the neighbour lists of
-both ends, so no row block is enough alone) and each task computes the weights of a block of
-rows cut at nnz prefix sums (:func:`mgpu.partition.split`); GPU workers copy the graph to
-their device once per call and run the GPU kernel.
+Spread: the graph is sent once to the cluster and fetched by every worker (an edge's weight
+needs the neighbour lists of both ends, so no row block is enough alone) and each task
+computes the weights of a block of rows cut at nnz prefix sums (:func:`mgpu.partition.split`);
+GPU workers copy the graph to their device once per call and run the GPU kernel.
 """
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array, jaccard_lookup, to_host
 from mgpu.dist.cluster import current_client
-from mgpu.dist.collection import device_copy
+from mgpu.dist.collection import device_copy, place_as
 from mgpu.ops.jaccard import check_graph, jaccard_local
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,10 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
     from mgpu.dist.collection import _workers_have_gpus
 
     gpu = _workers_have_gpus(client)
-    shared = client.scatter(G, broadcast=True, hash=False)
+    # Held by a task, not broadcast: Dask's memory manager drops the extra copies of scattered
+    # data (a lost worker could hold the last), and a broadcast scatter waits forever for a
+    # worker lost while it runs. The workers fetch it from the first that has it.
+    shared = place_as(client, f"mgpu-jaccard-graph-{uuid.uuid4().hex}", G)
     futures = [client.submit(_rows_block, shared, weighted, int(r0), int(r1), gpu, pure=False,
                              key=f"mgpu-jaccard-{r0}-{r1}-{id(shared)}")
                for r0, r1 in zip(bounds[:-1], bounds[1:]) if r1 > r0]

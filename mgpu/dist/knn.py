@@ -8,6 +8,7 @@ by the merge), so the result equals the one-device :func:`mgpu.knn`.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 from mgpu import config
 from mgpu.backends import is_gpu_array
 from mgpu.dist.cluster import current_client
-from mgpu.dist.collection import block_futures
+from mgpu.dist.collection import block_futures, place_as
 from mgpu.ops import distances as dist
 
 logger = logging.getLogger(__name__)
@@ -101,18 +102,22 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     out_i = np.empty((nq, k), dtype=np.int64)
     logger.info("knn: %d queries in batches of %d (%d in flight) over %d tile(s), k=%d, %s",
                 nq, step, in_flight, len(tiles), k, ring.name)
-    # Each tile is checked and prepared once per call where it lives, and its queries run
-    # there: a prepared GPU tile belongs to its device.
+    # Each tile is checked and prepared once per call where it lives, and its queries are
+    # asked to run there: a prepared GPU tile belongs to its device. Asked, not pinned: when
+    # that worker is lost, the tile is made again elsewhere and its work follows it, where a
+    # pin would wait for the lost worker forever.
     prepared = []
     for t, o, rows in zip(tiles, offsets, index.chunks[0]):
         if rows:
             holders = list(where.get(t.key, ()))
-            pin = {"workers": holders[:1] or None, "allow_other_workers": False}
+            pin = {"workers": holders[:1] or None, "allow_other_workers": bool(holders)}
             prepared.append((client.submit(_prepare_tile, t, ring.name, p, pure=False, **pin),
                              int(o), pin))
 
     def submit_batch(s: int) -> list[Any]:
-        batch = client.scatter(queries[s:s + step], broadcast=True, hash=False)
+        # held by a task, not scattered to every worker: a broadcast scatter waits forever
+        # for a worker lost while it runs
+        batch = place_as(client, f"mgpu-knn-queries-{uuid.uuid4().hex}", queries[s:s + step])
         return [client.submit(_local_knn, t, batch, k, ring.name, p, o, working_memory,
                               pure=False, **pin)
                 for t, o, pin in prepared]

@@ -18,7 +18,7 @@ from dask.base import tokenize
 
 from mgpu.backends import is_gpu_array, synchronize, to_host
 from mgpu.dist.cluster import current_client
-from mgpu.dist.collection import block_futures, chunk_workers, device_copy, scatter_as
+from mgpu.dist.collection import block_futures, chunk_workers, device_copy, place_as
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
     check_dense_factor,
@@ -84,7 +84,8 @@ def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any) -> da.Array:
     """A dense factor as a dask array chunked like S's rows (A, ``axis=0``) or columns (B).
 
     A numpy/cupy factor is checked here, before any task runs, and sent to the workers:
-    one broadcast copy when it is not split, else each piece to the workers of its tiles.
+    each piece to the workers of its tiles (an unsplit factor to one worker, from which the
+    others fetch it), inside a task the scheduler keeps (:func:`mgpu.dist.collection.place_as`).
     """
     K = X.shape[1]
     row_chunks = S.chunks[axis]
@@ -101,10 +102,12 @@ def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any) -> da.Array:
     holders = _holders(S, client, axis) if len(row_chunks) > 1 else [[]]
     graph = {}
     for i in range(len(row_chunks)):
-        piece = X[bounds[i]:bounds[i + 1]]
-        graph[(key, i, 0)] = scatter_as(client, (key, i, 0), piece,
-                                        workers=holders[i] or None,
-                                        broadcast=len(row_chunks) == 1)
+        # Held by a task, not scattered, so that a lost worker's pieces are made again
+        # elsewhere as S's tiles are. An unsplit factor is put on one worker and fetched by
+        # the others: a broadcast scatter's copies are dropped by Dask's memory manager, and
+        # a broadcast waits forever for a worker lost while it runs.
+        graph[(key, i, 0)] = place_as(client, (key, i, 0), X[bounds[i]:bounds[i + 1]],
+                                      workers=holders[i])
     return da.Array(graph, key, chunks=chunks, dtype=X.dtype, meta=X[:0])
 
 
@@ -168,8 +171,8 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) ->
     A : array of shape (n_rows, K)
     B : array of shape (n_cols, K)
         Dense factors: numpy or cupy, or dask arrays. With a dask S, numpy/cupy factors are
-        sent to the workers (the unsplit one broadcast once per call) and dask factors are
-        rechunked to S's tiles.
+        sent to the workers once per call (the unsplit one to one worker, from which the
+        others fetch it) and dask factors are rechunked to S's tiles.
     hadamard : bool, default=True
         Multiply by S's values; False gives the plain sampled product on S's pattern.
     plan : SDDMMPlan, optional

@@ -2,8 +2,9 @@
 ``mgpu.spmm``.
 
 A is cut into row tiles at nnz prefix sums (``mgpu.dist.from_scipy(A, parts, axis=0)``) and
-stays on the workers; x is sent once to every worker (a broadcast scatter when a cluster is
-connected) and each tile computes its rows of the result with the one-device merge path.
+stays on the workers; x is put on one worker a call (in a task the scheduler keeps, so a lost
+worker's copy is made again) and fetched by the others, and each tile computes its rows of the
+result with the one-device merge path.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dask.base import tokenize
 
 from mgpu.backends import is_gpu_array, to_host
 from mgpu.dist.cluster import current_client
+from mgpu.dist.collection import place_as
 from mgpu.ops._validate import is_dask_array
 from mgpu.ops.spmv import (
     check_dense_operand,
@@ -53,17 +55,22 @@ def _spmv_block(A: Any, x: Any, op_name: str) -> Any:
 
 
 def _broadcast(x: Any, client: Any) -> da.Array:
-    """x as a one-chunk dask array, sent once to every worker when there is a cluster.
+    """x as a one-chunk dask array, put on a worker when there is a cluster, from which the
+    others fetch it.
 
-    x changes between calls of an iterative method: a fresh name, not a hash of its values.
+    x is held by a task (:func:`mgpu.dist.collection.place_as`), not scattered to every
+    worker: Dask's memory manager drops the extra copies of scattered data, and a broadcast
+    scatter waits forever for a worker lost while it runs, so a lost worker would either
+    lose x for good or hang the call. x changes between calls of an iterative method: a
+    fresh name, not a hash of its values.
     """
     name = f"{_X}{uuid.uuid4().hex}"
     chunks = tuple((s,) for s in x.shape)
     if client is None:
         return da.from_array(x, chunks=chunks, asarray=False, name=name)
-    fut = client.scatter(x, broadcast=True, hash=False)
     key = (name,) + (0,) * x.ndim
-    return da.Array({key: fut}, name, chunks=chunks, dtype=x.dtype, meta=x[:0])
+    return da.Array({key: place_as(client, key, x)}, name, chunks=chunks, dtype=x.dtype,
+                    meta=x[:0])
 
 
 def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int) -> da.Array:
@@ -114,9 +121,9 @@ def spmv(A: Any, x: Any) -> Any:
         scipy or cupyx (one device, see :func:`mgpu.ops.spmv`), or a dask array made by
         ``mgpu.dist.from_scipy(A, parts, axis=0)``, which stays on the workers.
     x : ndarray of shape (n_cols,)
-        numpy or cupy. With a dask A it is checked here and sent once to every worker (a
-        broadcast scatter when a cluster is connected); on a GPU tile a host x is copied to
-        the device.
+        numpy or cupy. With a dask A it is checked here and sent once to the cluster (to one
+        worker, from which the others fetch it); on a GPU tile a host x is copied to the
+        device.
 
     Returns
     -------
@@ -157,7 +164,7 @@ def spmm(A: Any, X: Any) -> Any:
     A : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR row tiles
         As in :func:`spmv`.
     X : ndarray of shape (n_cols, n_vectors)
-        numpy or cupy; with a dask A, sent once to every worker.
+        numpy or cupy; with a dask A, sent once to the cluster, as x in :func:`spmv`.
 
     Returns
     -------
