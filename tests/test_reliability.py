@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -131,6 +132,32 @@ def test_knn_result_survives_a_killed_worker(client3):
     assert np.array_equal(got[1], ref[1]) and np.array_equal(got[0], ref[0])
     local = mgpu.knn(index, queries, 5)
     assert np.array_equal(got[1], local[1]) and np.allclose(got[0], local[0])
+
+
+def test_a_job_whose_workers_are_gone_stops_with_a_message_not_a_hang():
+    """Every worker retired and none coming back: kNN's and jaccard's waits give up after
+    mgpu.dist.stall-timeout, saying what they waited for, instead of waiting forever."""
+    import dask
+
+    from mgpu.dist import connect
+
+    rng = np.random.default_rng(0)
+    A = sp.random(200, 200, density=0.05, random_state=rng, format="csr")
+    G = ((A + A.T) > 0).astype(np.float64).tocsr()
+    with connect(gpus=False, n_workers=1) as client:
+        index = from_scipy(A, 2, client=client)
+        client._mgpu_cluster.scale(0)  # a LocalCluster would start a retired worker again
+        deadline = time.monotonic() + 30
+        while client.scheduler_info()["workers"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not client.scheduler_info()["workers"]
+        with dask.config.set({"mgpu.dist.stall-timeout": "2s"}):
+            with pytest.raises(TimeoutError, match=r"knn's query batch at row 0: 2 of 2 "
+                               r"task\(s\) made no progress for 2 s, with 0 worker\(s\)"):
+                mgpu.knn(index, A[:5], 3)
+            with pytest.raises(TimeoutError, match=r"jaccard's row blocks: .* no progress "
+                               r"for 2 s, with 0 worker"):
+                mgpu.jaccard(G, parts=2, client=client)
 
 
 def test_embedded_cluster_listens_on_localhost_only():

@@ -8,6 +8,7 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import distributed
@@ -87,6 +88,28 @@ def visible_gpus() -> int:
 
 def _timeout_error(what: str, timeout: float, hint: str) -> TimeoutError:
     return TimeoutError(f"{what} did not come up within {timeout:g} s. {hint}")
+
+
+def completed(futures: list[Any], what: str, client: Any) -> Iterator[Any]:
+    """The futures as they finish; a TimeoutError that says what was waited for when none of
+    them finishes for ``mgpu.dist.stall-timeout``, where a cluster whose workers are gone, or
+    a task that no worker can run, would make the wait last forever."""
+    timeout = float(parse_timedelta(config.get("dist.stall-timeout"), "s"))
+    pending = list(futures)
+    while pending:
+        try:
+            done, not_done = distributed.wait(pending, timeout=timeout,
+                                              return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            n = len(client.scheduler_info().get("workers", {}))
+            raise TimeoutError(
+                f"{what}: {len(pending)} of {len(futures)} task(s) made no progress for "
+                f"{timeout:g} s, with {n} worker(s) in the cluster. Check the workers' logs "
+                "(a worker that died and did not come back, or one without the memory or GPU "
+                "the task needs); raise mgpu.dist.stall-timeout if a task of this job runs "
+                "longer.") from None
+        yield from (f for f in pending if f in done)
+        pending = [f for f in pending if f in not_done]
 
 
 def _wait_for_workers(client: Any, n: int, timeout: float, where: str, logs: str) -> None:

@@ -235,7 +235,7 @@ def from_scipy(
             if progress is not None:
                 progress(int(nnz[i]))
     else:
-        from distributed import as_completed
+        from mgpu.dist.cluster import completed
 
         held = 0
         for i, key in enumerate(keys):
@@ -245,7 +245,7 @@ def from_scipy(
                                   convert=_to_device if on_gpu else None)
             del p
         part_of = {graph[k].key: i for i, k in enumerate(keys)}
-        for fut in as_completed(list(graph.values())):
+        for fut in completed(list(graph.values()), "from_scipy placing the chunks", client):
             fut.result()  # surfaces an error (a GPU's) now, not at the first compute
             if progress is not None:
                 progress(int(nnz[part_of[fut.key]]))

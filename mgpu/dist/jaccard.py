@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array, jaccard_lookup, to_host
-from mgpu.dist.cluster import current_client
+from mgpu.dist.cluster import completed, current_client
 from mgpu.dist.collection import device_copy, place_as
 from mgpu.ops.jaccard import check_graph, jaccard_local
 
@@ -119,10 +119,8 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
     futures = [client.submit(_rows_block, shared, weighted, int(r0), int(r1), gpu, pure=False,
                              key=f"mgpu-jaccard-{r0}-{r1}-{id(shared)}")
                for r0, r1 in zip(bounds[:-1], bounds[1:]) if r1 > r0]
-    from distributed import as_completed
-
     by_key = {}
-    for fut in as_completed(futures):
+    for fut in completed(futures, "jaccard's row blocks", client):
         by_key[fut.key] = fut.result()
         if progress is not None:
             progress(len(by_key[fut.key]))

@@ -18,7 +18,7 @@ import numpy as np
 
 from mgpu import config
 from mgpu.backends import is_gpu_array
-from mgpu.dist.cluster import current_client
+from mgpu.dist.cluster import completed, current_client
 from mgpu.dist.collection import block_futures, place_as
 from mgpu.ops import distances as dist
 
@@ -125,6 +125,8 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     def collect(s: int, parts: list[Any]) -> None:
         # The tiles' lists (k per query) are merged here, in a tree of pairwise merges:
         # a merge task would take the thread of a GPU worker from its next batch.
+        for _ in completed(parts, f"knn's query batch at row {s}", client):
+            pass
         lists = client.gather(parts)
         while len(lists) > 1:
             lists = [merge_top_k(lists[j], lists[j + 1], k, ring.similarity)
