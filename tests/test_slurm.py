@@ -155,7 +155,10 @@ def test_batch_script_runs_over_tls_from_the_dask_config(slurm, tls_config, tmp_
                                "2G", "--time", "00:10:00", "--wait", "120", "--shared-dir",
                                str(tmp_path), "--", "run", "jaccard", str(graph), "--out",
                                str(out)]))
-    status, job = _sbatch(script, {**slurm, "DASK_CONFIG": str(conf)})
+    # the scheduler's "Scheduler at:" line is an INFO record (the CLI, run in this process
+    # by other tests, may have set DASK_LOGGING__DISTRIBUTED lower for its children)
+    status, job = _sbatch(script, {**slurm, "DASK_CONFIG": str(conf),
+                                   "DASK_LOGGING__DISTRIBUTED": "info"})
     log = (tmp_path / f"mgpu-{job}.out").read_text()
     assert status == 0, log
     listening = re.findall(r"Scheduler at:\s+(\S+)", log)
