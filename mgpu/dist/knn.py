@@ -103,14 +103,17 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     logger.info("knn: %d queries in batches of %d (%d in flight) over %d tile(s), k=%d, %s",
                 nq, step, in_flight, len(tiles), k, ring.name)
     # Each tile is checked and prepared once per call where it lives, and its queries are
-    # asked to run there: a prepared GPU tile belongs to its device. Asked, not pinned: when
-    # that worker is lost, the tile is made again elsewhere and its work follows it, where a
-    # pin would wait for the lost worker forever.
+    # asked to run there. Asked, not pinned, for CPU tiles: when that worker is lost, the
+    # tile is made again elsewhere and its work follows it, where a pin would wait for the
+    # lost worker until mgpu.dist.stall-timeout. A prepared GPU tile belongs to its device
+    # and stays pinned there (moving it has not been tried on GPUs).
+    gpu_tiles = is_gpu_array(index._meta)
     prepared = []
     for t, o, rows in zip(tiles, offsets, index.chunks[0]):
         if rows:
             holders = list(where.get(t.key, ()))
-            pin = {"workers": holders[:1] or None, "allow_other_workers": bool(holders)}
+            pin = {"workers": holders[:1] or None,
+                   "allow_other_workers": bool(holders) and not gpu_tiles}
             prepared.append((client.submit(_prepare_tile, t, ring.name, p, pure=False, **pin),
                              int(o), pin))
 
