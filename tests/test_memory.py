@@ -14,16 +14,11 @@ import scipy.sparse as sp
 
 import mgpu
 from mgpu.ops.distances import SEMIRINGS
+from mgpu.ops.distances import _nbytes as nbytes
 
 
 def _nbytes(*arrays) -> int:
-    total = 0
-    for X in arrays:
-        if sp.issparse(X):
-            total += X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
-        else:
-            total += X.nbytes
-    return total
+    return sum(nbytes(X) for X in arrays)
 
 
 def _inputs(kind: str, metric: str, n_index: int, n_queries: int, d: int, density: float):

@@ -96,6 +96,16 @@ def _sbatch(path, env, timeout=300) -> tuple[int, str]:
     return int(code.group(1)), job
 
 
+def _jaccard_job(folder, graph, out):
+    """A batch script, in ``folder``, that runs ``mgpu run jaccard`` on two CPU workers."""
+    script = folder / "job.sbatch"
+    script.write_text(_script(["--cpus-per-worker", "1", "--workers-per-node", "2", "--mem",
+                               "2G", "--time", "00:10:00", "--wait", "120", "--shared-dir",
+                               str(folder), "--", "run", "jaccard", str(graph), "--out",
+                               str(out)]))
+    return script
+
+
 def _no_job_left(env: dict[str, str], user_jobs_before: set[str]) -> bool:
     for _ in range(30):
         out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
@@ -112,11 +122,7 @@ def test_batch_script_runs_a_workflow_on_real_data(slurm, data_dir, tmp_path):
 
     graph = data_dir / "graphs" / "facebook_combined.txt.gz"
     out = tmp_path / "fb.npz"
-    script = tmp_path / "job.sbatch"
-    script.write_text(_script(["--cpus-per-worker", "1", "--workers-per-node", "2", "--mem",
-                               "2G", "--time", "00:10:00", "--wait", "120", "--shared-dir",
-                               str(tmp_path), "--", "run", "jaccard", str(graph), "--out",
-                               str(out)]))
+    script = _jaccard_job(tmp_path, graph, out)
     status, job = _sbatch(script, slurm)
     log = (tmp_path / f"mgpu-{job}.out").read_text()
     assert status == 0, log
@@ -150,11 +156,7 @@ def test_batch_script_runs_over_tls_from_the_dask_config(slurm, tls_config, tmp_
         node[leaf] = value
     (conf / "tls.yaml").write_text(yaml.safe_dump(nested))
     out = tmp_path / "j.npz"
-    script = tmp_path / "job.sbatch"
-    script.write_text(_script(["--cpus-per-worker", "1", "--workers-per-node", "2", "--mem",
-                               "2G", "--time", "00:10:00", "--wait", "120", "--shared-dir",
-                               str(tmp_path), "--", "run", "jaccard", str(graph), "--out",
-                               str(out)]))
+    script = _jaccard_job(tmp_path, graph, out)
     # the scheduler's "Scheduler at:" line is an INFO record (the CLI, run in this process
     # by other tests, may have set DASK_LOGGING__DISTRIBUTED lower for its children)
     status, job = _sbatch(script, {**slurm, "DASK_CONFIG": str(conf),

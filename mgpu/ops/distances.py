@@ -50,7 +50,7 @@ class Semiring:
     namm_op: int = -1  # operation code of the union kernel (mgpu/backends/numpy.py)
     # What a kNN batch holds on the CPU at its peak, for the working-memory budget: arrays of
     # the batch's distances, and copies of the index (its values mapped, its CSC form), both
-    # measured with tracemalloc (tests/test_reliability.py checks the budget holds).
+    # measured with tracemalloc (tests/test_memory.py checks the budget holds).
     batch_copies: float = 2.4
     index_copies: float = 1.25
 
