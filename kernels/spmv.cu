@@ -3,12 +3,15 @@
 //
 // The work of y = A x is the merge of two sorted lists: the row ends indptr[1..m] and the
 // nonzero indices 0..nnz-1. Consuming a nonzero index multiplies it in; consuming a row end
-// writes the row. The merge (m + nnz items) is cut into pieces of ITEMS items, one per thread
-// (SpMV) or per warp row of a column block (SpMM), so a long row is spread over many threads
-// and an empty row costs one item, with no row compaction pass. Each piece finds where it
-// starts by a binary search along its diagonal, writes the rows it ends, and leaves a carry
-// (row, partial sum) for the row that its end cuts; the carry passes below add them. Sums are accumulated in double for both T. Index arrays are int32 (cupyx CSR);
-// positions along the merge are 64-bit since m + nnz may pass 2^31.
+// writes the row. The merge (m + nnz items) is cut into pieces of a fixed number of items: a
+// block's tile for SpMV, a warp row of a column block for SpMM. So a long row is spread over
+// many threads and an empty row costs one item, with no row compaction pass. Each piece finds
+// where it starts by a binary search along its diagonal, writes the rows it ends, and leaves a
+// carry (row, partial sum) for the row that its end cuts; the carry passes below add them.
+// Sums are accumulated in double for both T (SpMV's products are rounded to T first). Index
+// arrays are int32 (cupyx CSR); positions along the merge are 64-bit since m + nnz may pass
+// 2^31. NaN or infinity in the operands sets *bad, which the caller reads once after the
+// launches and turns into an error.
 #include "common.cuh"
 
 namespace mgpu {
@@ -34,40 +37,119 @@ __device__ __forceinline__ long long merge_path_rows(long long d, const int* __r
 
 }  // namespace mgpu
 
-// One thread per piece of ITEMS merge items; blockDim.x a multiple of 32 (the end of a piece
-// is the start of the next lane's, so a warp does 33 searches for 32 pieces, not 64).
-// carry_row[p] is the row cut at the end of piece p (m when none), carry_val[p] its partial sum.
-template <typename T, int ITEMS>
-__global__ void mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
-                                const T* __restrict__ data, const T* __restrict__ x,
-                                long long m, long long nnz, long long n_pieces, T* __restrict__ y,
-                                int* __restrict__ carry_row, double* __restrict__ carry_val) {
-    const long long p = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const int lane = threadIdx.x & 31;
-    const long long total = m + nnz;
-    const long long d0 = p * ITEMS < total ? p * ITEMS : total;
-    const long long d1 = d0 + ITEMS < total ? d0 + ITEMS : total;
-    long long row = mgpu::merge_path_rows(d0, indptr, m, nnz);
-    long long row_end = __shfl_down_sync(MGPU_FULL_MASK, row, 1);
-    if (lane == 31) row_end = mgpu::merge_path_rows(d1, indptr, m, nnz);
-    if (p >= n_pieces) return;
-    long long nz = d0 - row;
-    const long long nz_end = d1 - row_end;
+// SpMV runs in tiles of MGPU_SPMV_THREADS * ITEMS merge items, one block a tile, as Merrill &
+// Garland's CsrMV does: mgpu_spmv_tile_search finds where every tile starts on the merge path
+// (one binary search over the row ends per tile), then the tile's block reads its row ends and
+// its nonzeros' products data[nz] * x[col] into shared memory with coalesced loads, and each
+// thread walks its ITEMS items of the tile there (a second search, in shared memory). Rows
+// ended inside the tile are summed in shared memory and written once, coalesced; the row the
+// tile's end cuts leaves one carry per tile for the carry passes below.
+#define MGPU_SPMV_THREADS 128
 
-    double acc = 0.0;
-    for (; row < row_end; ++row) {
-        const long long stop = indptr[row + 1];
-        for (; nz < stop; ++nz) {
-            acc += static_cast<double>(data[nz]) * static_cast<double>(x[indices[nz]]);
+// tile_row[t] = rows consumed before tile t's first item, for t in [0, n_tiles] (the last is
+// m). The same launch flags any NaN or infinity among the n_x entries of x.
+template <typename T>
+__global__ void mgpu_spmv_tile_search(const int* __restrict__ indptr, long long m, long long nnz,
+                                      long long tile, long long n_tiles,
+                                      long long* __restrict__ tile_row, const T* __restrict__ x,
+                                      long long n_x, int* __restrict__ bad) {
+    const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t <= n_tiles) {
+        const long long total = m + nnz;
+        const long long d = t * tile < total ? t * tile : total;
+        tile_row[t] = mgpu::merge_path_rows(d, indptr, m, nnz);
+    }
+    if (t < n_x && !isfinite(x[t])) *bad = 1;
+}
+
+// Launch bounds of 16 blocks per SM keep the registers within a full SM's occupancy.
+template <typename T, int ITEMS>
+__global__ void __launch_bounds__(MGPU_SPMV_THREADS, 16)
+mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
+                const T* __restrict__ data, const T* __restrict__ x, long long m, long long nnz,
+                const long long* __restrict__ tile_row, T* __restrict__ y,
+                int* __restrict__ carry_row, double* __restrict__ carry_val,
+                int* __restrict__ bad) {
+    constexpr int TILE = MGPU_SPMV_THREADS * ITEMS;
+    __shared__ int s_end[TILE + 1];      // row ends of the tile's rows, relative to nz0
+    __shared__ T s_val[TILE];            // products of the tile's nonzeros (rounded to T)
+    __shared__ double s_acc[TILE + 1];   // sums of the tile's rows; [R] the cut row's
+    const long long tile = blockIdx.x;
+    const long long total = m + nnz;
+    const long long d0 = tile * TILE;
+    const long long d1 = d0 + TILE < total ? d0 + TILE : total;
+    const long long row0 = tile_row[tile];
+    const long long row1 = tile_row[tile + 1];
+    const long long nz0 = d0 - row0;
+    const int R = static_cast<int>(row1 - row0);
+    const int N = static_cast<int>((d1 - row1) - nz0);
+
+    // fixed trip counts (R, N <= TILE), unrolled so that each thread's loads are in flight
+    // together
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) {
+        const int i = threadIdx.x + u * MGPU_SPMV_THREADS;
+        if (i < R) s_end[i] = static_cast<int>(indptr[row0 + 1 + i] - nz0);
+        if (i <= R) s_acc[i] = 0.0;
+    }
+    if (threadIdx.x == 0) {
+        s_end[R] = N;  // past the last row end: only nonzeros remain
+        s_acc[R] = 0.0;
+    }
+    bool finite = true;
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) {
+        const int j = threadIdx.x + u * MGPU_SPMV_THREADS;
+        if (j < N) {
+            const T a = data[nz0 + j];
+            finite = finite && isfinite(a);
+            s_val[j] = a * x[indices[nz0 + j]];
         }
-        y[row] = static_cast<T>(acc);
-        acc = 0.0;
     }
-    for (; nz < nz_end; ++nz) {
-        acc += static_cast<double>(data[nz]) * static_cast<double>(x[indices[nz]]);
+    if (!finite) *bad = 1;
+    __syncthreads();
+
+    // this thread's items [k0, k1) of the tile's R + N; r rows of it consumed before k0
+    const int items = R + N;
+    const int k0 = threadIdx.x * ITEMS < items ? threadIdx.x * ITEMS : items;
+    const int k1 = k0 + ITEMS < items ? k0 + ITEMS : items;
+    int lo = k0 - N > 0 ? k0 - N : 0;
+    int hi = k0 < R ? k0 : R;
+    while (lo < hi) {
+        const int pivot = (lo + hi) >> 1;
+        if (s_end[pivot] <= k0 - pivot - 1) lo = pivot + 1; else hi = pivot;
     }
-    carry_row[p] = static_cast<int>(row_end);
-    carry_val[p] = acc;
+    int r = lo;
+    int j = k0 - r;
+    double acc = 0.0;
+    bool first = true;  // the first row this thread ends may have begun in earlier threads
+    for (int k = k0; k < k1; ++k) {
+        if (j < s_end[r]) {
+            acc += s_val[j];
+            ++j;
+        } else {
+            if (first) atomicAdd(&s_acc[r], acc); else s_acc[r] = acc;
+            first = false;
+            acc = 0.0;
+            ++r;
+        }
+    }
+    if (k0 < k1) atomicAdd(&s_acc[r], acc);  // the row this thread's end cuts (R: the tile's)
+    __syncthreads();
+    for (int i = threadIdx.x; i < R; i += MGPU_SPMV_THREADS) {
+        y[row0 + i] = static_cast<T>(s_acc[i]);
+    }
+    if (threadIdx.x == 0) {
+        carry_row[tile] = static_cast<int>(row1);
+        carry_val[tile] = s_acc[R];
+    }
+}
+
+// Flags any NaN or infinity among n values (SpMM's X and A's stored values).
+template <typename T>
+__global__ void mgpu_flag_nonfinite(const T* __restrict__ v, long long n, int* __restrict__ bad) {
+    const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n && !isfinite(v[i])) *bad = 1;
 }
 
 // The carries are added in two passes, in double, so that a row cut by thousands of pieces is

@@ -1523,8 +1523,13 @@ def bench_sgd(shape: str, n_ratings: int, ks: str, conflicts: str, dtype: str, r
 
 @bench.command("spmv")
 @click.argument("inputs", nargs=-1, type=click.Path(exists=True))
-@click.option("--powerlaw", "powerlaw", multiple=True, metavar="ROWSxCOLS:NNZ",
-              help="Add a synthetic power-law matrix (repeatable), e.g. 1000000x1000000:2e7.")
+@click.option("--powerlaw", "powerlaw", multiple=True, metavar="ROWSxCOLS:NNZ[:REXP[:CEXP]]",
+              help="Add a synthetic power-law matrix (repeatable), e.g. 1000000x1000000:2e7; "
+              "REXP and CEXP are the row and column degree exponents (default 0.6 and 0.8; "
+              "0:0 gives uniform rows, REXP above 1 a few rows with most of the nonzeros).")
+@click.option("--banded", "banded", multiple=True, metavar="NxWIDTH",
+              help="Add an N x N band of WIDTH diagonals (repeatable), e.g. 4000000x11: every "
+              "row the same length, neighbouring columns.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto",
               show_default=True)
 @click.option("--repeats", default=10, show_default=True, type=int, help="Timed runs (median).")
@@ -1532,8 +1537,8 @@ def bench_sgd(shape: str, n_ratings: int, ks: str, conflicts: str, dtype: str, r
               help="Write every measurement to this JSON file.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write time against nnz (both methods) to this PNG.")
-def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], device: str,
-                   repeats: int, json_path: str | None, plot: str | None) -> None:
+def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], banded: tuple[str, ...],
+                   device: str, repeats: int, json_path: str | None, plot: str | None) -> None:
     """Merge-path SpMV against cuSPARSE (GPU) or scipy (CPU) on real and synthetic matrices,
     and how closely the time follows nnz (the merge path's promise)."""
     import json
@@ -1542,7 +1547,7 @@ def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], device: s
 
     from mgpu import io
     from mgpu.bench import spmv as b
-    from mgpu.synthetic import powerlaw_csr
+    from mgpu.synthetic import band_csr, powerlaw_csr
 
     if plot is not None:
         _need_matplotlib()
@@ -1552,13 +1557,25 @@ def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], device: s
         mats.append((Path(path).name, sp.csr_matrix(getattr(data, "matrix", data))))
     for spec in powerlaw:
         try:
-            shape, nnz = spec.split(":")
+            shape, nnz, *exps = spec.split(":")
+            if len(exps) > 2:
+                raise ValueError("expected ROWSxCOLS:NNZ[:REXP[:CEXP]]")
             m, n = _parse_shape(shape)
-            mats.append((f"power-law {m:,}x{n:,}", powerlaw_csr(m, n, int(float(nnz)), seed=0)))
+            rexp, cexp = [float(e) for e in exps] + [0.6, 0.8][len(exps):]
+            label = f"power-law {m:,}x{n:,}" + (f" ({rexp:g}/{cexp:g})" if exps else "")
+            mats.append((label, powerlaw_csr(m, n, int(float(nnz)), row_exponent=rexp,
+                                             col_exponent=cexp, seed=0)))
         except ValueError as exc:
             raise click.BadParameter(f"{spec!r}: {exc}", param_hint="--powerlaw") from None
+    for spec in banded:
+        try:
+            n, width = _parse_shape(spec)
+            mats.append((f"band {n:,}x{width}", band_csr(n, width)))
+        except ValueError as exc:
+            raise click.BadParameter(f"{spec!r}: {exc}", param_hint="--banded") from None
     if not mats:
-        raise click.UsageError("give matrix files (INPUTS) and/or --powerlaw ROWSxCOLS:NNZ")
+        raise click.UsageError("give matrix files (INPUTS), --powerlaw ROWSxCOLS:NNZ and/or "
+                               "--banded NxWIDTH")
     rows = b.bench_spmv(mats, repeats, device=device)
     click.echo(b.markdown(rows))
     r = b.nnz_time_correlation(rows)
@@ -1574,7 +1591,8 @@ def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], device: s
 
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         nnz = [row["nnz"] for row in rows]
-        ax.loglog(nnz, [row["mgpu_ms"] for row in rows], "o", label="mgpu merge path")
+        ax.loglog(nnz, [row["mgpu_ms"] for row in rows], "o", label="mgpu.spmv (with checks)")
+        ax.loglog(nnz, [row["kernels_ms"] for row in rows], "^", label="merge-path kernels")
         ax.loglog(nnz, [row["peer_ms"] for row in rows], "s", label=rows[0]["peer"])
         ax.set_xlabel("nonzeros")
         ax.set_ylabel("ms per SpMV")

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["powerlaw_corpus", "powerlaw_csr"]
+__all__ = ["band_csr", "powerlaw_corpus", "powerlaw_csr"]
 
 
 def _inverse_cdf(cdf: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -90,6 +90,30 @@ def powerlaw_csr(
     S = sp.csr_matrix((vals, c.astype(idx_dtype), indptr), shape=(n_rows, n_cols))
     S.has_canonical_format = True
     return S
+
+
+def band_csr(n: int, width: int, *, dtype: np.dtype | type = np.float32,
+             seed: int | None = 0) -> sp.csr_matrix:
+    """An n x n CSR band of ``width`` diagonals centred on the main one (a regular matrix:
+    every row but the first and last few has ``width`` neighbouring columns).
+
+    Values are uniform in [0.5, 1.5).
+
+    Examples
+    --------
+    >>> B = band_csr(6, 3)
+    >>> B.nnz, np.diff(B.indptr).tolist()
+    (16, [2, 3, 3, 3, 3, 2])
+    """
+    if n < 1 or width < 1:
+        raise ValueError(f"band_csr needs n >= 1 and width >= 1. Got n={n}, width={width}.")
+    offsets = np.arange(width) - (width - 1) // 2
+    offsets = offsets[np.abs(offsets) < n]
+    B = sp.diags([np.ones(n - abs(int(o))) for o in offsets], offsets, shape=(n, n),
+                 format="csr", dtype=np.float64)
+    B.sort_indices()
+    B.data = np.random.default_rng(seed).uniform(0.5, 1.5, B.nnz)
+    return B.astype(dtype)
 
 
 def powerlaw_corpus(n_docs: int, n_terms: int, density: float, *, seed: int | None = 0

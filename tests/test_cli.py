@@ -504,3 +504,23 @@ def test_run_gap_on_a_corpus(runner, tmp_path):
     halves = [{int(w[1:]) // 5 for w in t[:5]} for t in topics]
     assert sorted(map(len, halves)) == [1, 1] and halves[0] != halves[1]  # the two topics found
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_spmv_synthetic_matrices(runner, tmp_path):
+    import json
+
+    out = tmp_path / "spmv.json"
+    r = runner.invoke(main, ["bench", "spmv", "--device", "cpu", "--repeats", "1",
+                             "--powerlaw", "300x200:2000", "--powerlaw", "300x200:2000:1.2:0",
+                             "--banded", "500x5", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["name"] for row in rows] == ["power-law 300x200", "power-law 300x200 (1.2/0)",
+                                             "band 500x5"]
+    assert rows[2]["nnz"] == 500 * 5 - 6 and rows[2]["max_row"] == 5
+    assert rows[1]["max_row"] > rows[0]["max_row"]  # the steeper rows
+    assert all(row["rel_err"] <= 1e-6 and row["kernels_ms"] > 0 for row in rows)
+    for bad, hint in ((["--powerlaw", "300x200:2000:1:2:3"], "--powerlaw"),
+                      (["--banded", "500"], "expected ROWSxCOLS")):
+        r = runner.invoke(main, ["bench", "spmv", "--device", "cpu", *bad])
+        assert r.exit_code == 2 and hint in r.output, r.output

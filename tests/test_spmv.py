@@ -198,21 +198,34 @@ def test_bad_input_is_refused():
         mgpu.spmv(sp.coo_array(np.arange(6.0)), np.ones(6))
 
 
-def test_nan_and_inf_are_refused_with_location():
-    A = sp.csr_matrix(np.array([[1.0, 0.0, 0.0], [0.0, 2.0, np.inf], [np.nan, 0.0, 1.0]]))
-    with pytest.raises(ValueError, match=r"The 'A' parameter of spmv holds NaN or infinity "
-                       r"\(first at row 1, column 2\)"):
-        mgpu.spmv(A, np.ones(3))
-    good = sp.identity(3, format="csr")
-    x = np.array([1.0, np.nan, 2.0])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_and_inf_are_refused_with_location(xp, dtype):
+    """On the GPU the kernels flag these values as they read them; the message is the same.
+    An x entry that no stored value of A touches is refused too."""
+    A = sp.csr_matrix(np.array([[1.0, 0.0, 0.0], [0.0, 2.0, np.inf], [np.nan, 0.0, 1.0]],
+                               dtype=dtype))
+    for func, x in ((mgpu.spmv, np.ones(3, dtype)), (mgpu.spmm, np.ones((3, 2), dtype))):
+        with pytest.raises(ValueError, match=rf"The 'A' parameter of {func.__name__} holds NaN "
+                           r"or infinity \(first at row 1, column 2\)"):
+            func(*_on(xp, A, x))
+    good = sp.identity(3, format="csr", dtype=dtype)
+    x = np.array([1.0, np.nan, 2.0], dtype=dtype)
     with pytest.raises(ValueError, match=r"The 'x' parameter of spmv holds NaN or infinity "
                        r"\(first at index 1\)"):
-        mgpu.spmv(good, x)
-    X = np.ones((3, 4))
+        mgpu.spmv(*_on(xp, good, x))
+    unused = sp.csr_matrix(np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]], dtype=dtype))
+    with pytest.raises(ValueError, match=r"The 'x' parameter of spmv holds NaN or infinity "
+                       r"\(first at index 1\)"):
+        mgpu.spmv(*_on(xp, unused, x))
+    X = np.ones((3, 4), dtype)
     X[2, 3] = -np.inf
     with pytest.raises(ValueError, match=r"The 'X' parameter of spmm holds NaN or infinity "
                        r"\(first at row 2, column 3\)"):
-        mgpu.spmm(good, X)
+        mgpu.spmm(*_on(xp, good, X))
+    with pytest.raises(ValueError, match=r"The 'x' parameter of spmv holds NaN"):
+        mgpu.spmv(*_on(xp, sp.csr_matrix((0, 3), dtype=dtype), x))
+    # a clean call after a refused one: the flag is per call
+    assert _rel_err(_host(mgpu.spmv(*_on(xp, good, np.ones(3, dtype)))), np.ones(3)) == 0
 
 
 def test_one_device_op_refuses_dask():
@@ -314,12 +327,12 @@ def test_bench_spmv_on_cpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gpu_kernels_each_items_and_fallback(dtype):
-    """Both ITEMS instantiations of both kernels, the cuSPARSE fallback, against float64."""
+    """Every ITEMS instantiation of both kernels, the cuSPARSE fallback, against float64."""
     import cupy
     import cupyx.scipy.sparse as csp
 
     from mgpu.backends import cupy_spmv as gpu
-    from mgpu.backends.instances import SPMV_ITEMS
+    from mgpu.backends.instances import SPMM_ITEMS, SPMV_ITEMS
 
     rng = np.random.default_rng(11)
     for name, A in _matrices(rng, dtype).items():
@@ -333,6 +346,7 @@ def test_gpu_kernels_each_items_and_fallback(dtype):
         for items in SPMV_ITEMS:
             y = gpu.spmv_merge(G, xg, items=items)
             assert y.dtype == dtype and _rel_err(y.get(), ref) <= _tol(dtype), (name, items)
+        for items in SPMM_ITEMS:
             Y = gpu.spmm_merge(G, Xg, items=items)
             assert Y.dtype == dtype and _rel_err(Y.get(), REF) <= _tol(dtype), (name, items)
         tol = 1e-5 if dtype == np.float32 else 1e-12  # cuSPARSE sums in T
@@ -379,3 +393,45 @@ def test_gpu_single_row_spanning_many_pieces():
         ref = A.astype(dtype).astype(np.float64) @ x.astype(dtype).astype(np.float64)
         assert y[0] == 0 and y[2] == 0 and y[3] == 0
         assert abs(y[1] - ref[1]) <= _tol(dtype) * np.abs(A.data).sum() * np.abs(x).max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_spmv_tile_edges(dtype):
+    """SpMV tiles of 128 * items merge items: tiles of nothing but row ends (runs of empty
+    rows), of nothing but one row's nonzeros, merges that end exactly at a tile's end or one
+    item past it, rows ending exactly at a tile boundary, and a single tile (no carry pass)."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu.backends import cupy_spmv as gpu
+    from mgpu.backends.instances import SPMV_ITEMS
+
+    rng = np.random.default_rng(14)
+    for items in SPMV_ITEMS:
+        tile = 128 * items
+        one_row = tile * 3 - 1  # with its row end, exactly three tiles
+        cases = {
+            "empty-rows": sp.csr_matrix((tile * 3, 10), dtype=dtype),
+            "empty-rows+1": sp.csr_matrix((tile * 3 + 1, 10), dtype=dtype),
+            "one-row": sp.csr_matrix((rng.uniform(0.5, 1.5, one_row), np.arange(one_row),
+                                      [0, one_row]), shape=(1, one_row)),
+            "one-row+1": sp.csr_matrix((rng.uniform(0.5, 1.5, one_row + 1),
+                                        np.arange(one_row + 1), [0, one_row + 1]),
+                                       shape=(1, one_row + 1)),
+            # rows of tile - 1 nonzeros: each row end is a tile's last item
+            "row-per-tile": _random_csr(rng, 6, tile - 1, 1.0, dtype),
+            "single-tile": _random_csr(rng, 9, 40, 0.3, dtype),
+            "empty-then-dense": sp.vstack([sp.csr_matrix((tile + 5, 300)),
+                                           _random_csr(rng, 50, 300, 0.9),
+                                           sp.csr_matrix((2 * tile, 300)),
+                                           _random_csr(rng, 3, 300, 1.0)]).tocsr(),
+        }
+        for name, A in cases.items():
+            A = sp.csr_matrix(A, dtype=dtype)
+            x = rng.standard_normal(A.shape[1]).astype(dtype)
+            ref = A.astype(np.float64) @ x.astype(np.float64)
+            y = gpu.spmv_merge(csp.csr_matrix(A), cupy.asarray(x), items=items).get()
+            assert _rel_err(y, ref) <= _tol(dtype), (name, items)
+            if not ref.any():
+                assert not y.any(), (name, items)

@@ -37,15 +37,9 @@ class Factors:
 
     def predict(self, S: Any) -> Any:
         """Predictions at the stored entries of S (a CSR of S's pattern)."""
-        P = mgpu.sddmm(_pattern(S), self.U, self.V)
+        P = mgpu.sddmm(S, self.U, self.V, hadamard=False)
         P.data += self.mean
         return P
-
-
-def _pattern(S: Any) -> Any:
-    P = S.copy()
-    P.data[:] = 1
-    return P
 
 
 def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float = 0.01,
@@ -79,19 +73,24 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
     rng = np.random.default_rng(seed)
     U = xp.asarray(rng.normal(0, 0.1, (m, k)).astype(dtype))
     V = xp.asarray(rng.normal(0, 0.1, (n, k)).astype(dtype))
-    S = _pattern(R)
+    # the predictions at R's pattern (hadamard=False) each step; R does not change, so its
+    # plan keeps the tuned scheme and any tiled copy of the pattern across steps
+    plan = mgpu.sddmm_plan(R, k, dtype=dtype)
     t_ptr, t_ind, perm = transpose_map(R)
     cnt_u = xp.maximum(xp.diff(R.indptr), 1).astype(dtype)[:, None]
     cnt_v = xp.maximum(xp.diff(t_ptr), 1).astype(dtype)[:, None]
     state = {name: [xp.zeros_like(A), xp.zeros_like(A)] for name, A in (("U", U), ("V", V))}
+    offset = mean - R.data
+    # the residual's transpose: built once, its values replaced each step by one gather
+    ET = sparse.csr_matrix((xp.zeros(R.nnz, dtype=dtype), t_ind, t_ptr), shape=(n, m))
     model = Factors(U, V, mean)
     t_start = time.perf_counter()
     for it in range(1, iters + 1):
         sync()
         t0 = time.perf_counter()
-        E = mgpu.sddmm(S, U, V)  # predictions at the observed entries
-        E.data += mean - R.data  # the residual, R's pattern
-        ET = sparse.csr_matrix((E.data[perm], t_ind, t_ptr), shape=(n, m))
+        E = mgpu.sddmm(R, U, V, hadamard=False, plan=plan)  # predictions at the ratings
+        E.data += offset  # the residual, R's pattern
+        ET.data = E.data[perm]
         gU = mgpu.spmm(E, V)
         gV = mgpu.spmm(ET, U)
         sync()
@@ -137,7 +136,6 @@ class _Tile:
     moments: all of it stays on the worker that holds the tile."""
 
     R: Any
-    pattern: Any
     t_ptr: Any
     t_ind: Any
     perm: Any
@@ -166,7 +164,7 @@ def _tile_task(R: Any, test: Any, U: np.ndarray) -> _Tile:
     R.sort_indices()
     U = xp.asarray(U)
     cnt = xp.maximum(xp.diff(R.indptr), 1).astype(R.dtype)[:, None]
-    return _Tile(R, _pattern(R), *transpose_map(R), cnt, test, U,
+    return _Tile(R, *transpose_map(R), cnt, test, U,
                  [xp.zeros_like(U), xp.zeros_like(U)])
 
 
@@ -180,12 +178,12 @@ def _step_task(tile: _Tile, V: Any, it: int, update: bool, mean: float, lr: floa
     V = xp.asarray(V)
     test_sse = 0.0
     if tile.test.nnz:
-        P = mgpu.sddmm(_pattern(tile.test), tile.U, V)
+        P = mgpu.sddmm(tile.test, tile.U, V, hadamard=False)
         test_sse = float((((P.data + mean) - tile.test.data).astype(xp.float64) ** 2).sum())
     if not update:
         return tile, (0.0, test_sse, None)
     m, n = tile.R.shape
-    E = mgpu.sddmm(tile.pattern, tile.U, V)
+    E = mgpu.sddmm(tile.R, tile.U, V, hadamard=False)
     E.data += mean - tile.R.data
     sparse = sp if xp is np else _cupyx_sparse()
     ET = sparse.csr_matrix((E.data[tile.perm], tile.t_ind, tile.t_ptr), shape=(n, m))

@@ -57,8 +57,7 @@ def row_reduce_csr_kernel(X: csp.csr_matrix, op: int) -> cupy.ndarray:
         f"mgpu_row_norms_warp<{c_type(X.dtype)}, {c_type(X.indptr.dtype)}, {op}>",
         _ROWS_INSTANCES,
     )
-    dev = cupy.cuda.Device()
-    max_blocks = dev.attributes["MultiProcessorCount"] * 32
+    max_blocks = device_facts(cupy.cuda.Device().id).sms * 32
     blocks = int(min(max_blocks, -(-n // _WARPS_PER_BLOCK)))
     fn((blocks,), (32 * _WARPS_PER_BLOCK,), (X.indptr, X.data, cupy.int64(n), out))
     return out
@@ -99,10 +98,12 @@ _TUNE_REPEATS = 3
 
 @dataclass(frozen=True)
 class DeviceFacts:
-    """What the SDDMM model reads from the device."""
+    """What the SDDMM model and the launch sizes read from the device (once per device:
+    ``Device.attributes`` queries every attribute each time it is read)."""
 
     name: str
     sms: int
+    threads_per_sm: int  # resident threads an SM holds
     l2_bytes: int
     smem_bytes: int  # shared memory a tile may take: a quarter of an SM's, within a block's
 
@@ -115,8 +116,9 @@ def device_facts(device_id: int) -> DeviceFacts:
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     per_sm = attrs.get("MaxSharedMemoryPerMultiprocessor", 0) or attrs["MaxSharedMemoryPerBlock"]
     smem = min(attrs["MaxSharedMemoryPerBlock"], max(16 * 1024, per_sm // 4))
-    return DeviceFacts(name=name, sms=attrs["MultiProcessorCount"], l2_bytes=attrs["L2CacheSize"],
-                       smem_bytes=int(smem))
+    return DeviceFacts(name=name, sms=attrs["MultiProcessorCount"],
+                       threads_per_sm=attrs["MaxThreadsPerMultiProcessor"],
+                       l2_bytes=attrs["L2CacheSize"], smem_bytes=int(smem))
 
 
 def sddmm_is_usable_for(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray) -> bool:
@@ -380,7 +382,7 @@ def _jaccard_gpu(G, weighted: bool, r0: int, r1: int) -> cupy.ndarray:
     if hi > lo:
         fn = get_function(_JACCARD, f"mgpu_jaccard<{c_type(G.dtype)}, "
                           f"{'true' if weighted else 'false'}>", INSTANCES[_JACCARD])
-        dev = cupy.cuda.Device()
-        blocks = int(min(dev.attributes["MultiProcessorCount"] * 32, -(-(hi - lo) // 256)))
+        sms = device_facts(cupy.cuda.Device().id).sms
+        blocks = int(min(sms * 32, -(-(hi - lo) // 256)))
         fn((blocks,), (256,), (G.indptr, G.indices, G.data, np.int32(r0), np.int32(r1), out))
     return out

@@ -15,7 +15,6 @@ the input's dtype (float32 or float64).
 """
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import cupyx.scipy.sparse as csp
 import numpy as np
 
 from mgpu.backends import distances_lookup, knn_lookup, knn_prepare_lookup
-from mgpu.backends.cupy import row_reduce_csr_kernel
+from mgpu.backends.cupy import device_facts, row_reduce_csr_kernel
 from mgpu.backends.instances import KNN_GROUPS
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.numpy import ROW_SUM
@@ -279,18 +278,12 @@ def prepare_index(X: Any, metric: str, p: float) -> GpuIndex:
 # ----------------------------------------------------------------------------- batches
 
 
-@functools.lru_cache(maxsize=None)
-def _device(device_id: int) -> tuple[int, int]:
-    attrs = cupy.cuda.Device(device_id).attributes
-    return attrs["MultiProcessorCount"], attrs["L2CacheSize"]
-
-
 def _kernel(group: str, expression: str):
     return get_function("knn.cu", expression, KNN_GROUPS[group])
 
 
 def _warps(n_rows: int) -> tuple[int, int]:
-    sms, _ = _device(cupy.cuda.Device().id)
+    sms = device_facts(cupy.cuda.Device().id).sms
     blocks = max(1, min(sms * _BLOCKS_PER_SM, -(-n_rows // (_THREADS // 32))))
     return blocks, blocks * (_THREADS // 32)
 
@@ -300,7 +293,7 @@ def batch_size(index: GpuIndex, n_queries: int, k: int, budget: int) -> int:
     candidates (or the key tile) of the launch, within ``budget`` bytes."""
     n_rows, n_features = index.shape
     item = index.dtype.itemsize
-    _, l2 = _device(cupy.cuda.Device().id)
+    l2 = device_facts(cupy.cuda.Device().id).l2_bytes
     lanes = 32 if _fused_kmax(k) == 128 else 4 * _LANES_PER_WARP
     _, n_warps = _warps(n_rows)
     per_query = n_features * item + (

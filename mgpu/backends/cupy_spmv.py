@@ -10,19 +10,25 @@ import logging
 
 import cupy
 import cupyx.scipy.sparse as csp
+import numpy as np
 
 from mgpu.backends import spmv_lookup
-from mgpu.backends.instances import INSTANCES, SPMV_ITEMS
+from mgpu.backends.cupy import device_facts
+from mgpu.backends.instances import INSTANCES, SPMM_ITEMS, SPMV_ITEMS
 from mgpu.backends.loader import c_type, get_function
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["spmm_merge", "spmv_fallback", "spmv_is_usable_for", "spmv_items", "spmv_merge"]
+__all__ = ["spmm_merge", "spmv_fallback", "spmv_flagged", "spmv_is_usable_for", "spmv_items",
+           "spmv_merge"]
 
 _SPMV = "spmv.cu"
-_THREADS = 256  # SpMV: pieces per block (a multiple of 32: the kernel shuffles across lanes)
+_TILE_THREADS = 128  # SpMV: threads of a tile's block (MGPU_SPMV_THREADS in kernels/spmv.cu)
+_THREADS = 256  # the searches and carry passes (a multiple of 32: the carries shuffle in warps)
 _SPMM_PIECES = 8  # SpMM: pieces per block, each a warp over 32 columns of X
-_FULL_WAVES = 4  # below this many pieces per resident thread, smaller pieces pay off
+_FULL_WAVES = 4  # below this many items per resident thread, smaller pieces pay off
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_INT32 = np.dtype(np.int32)
 
 
 def spmv_is_usable_for(A: csp.csr_matrix, x: cupy.ndarray) -> bool:
@@ -30,32 +36,36 @@ def spmv_is_usable_for(A: csp.csr_matrix, x: cupy.ndarray) -> bool:
     32-bit indices, row-major x, int32 carry rows)."""
     return (
         A.format == "csr"
-        and A.dtype.name in ("float32", "float64")
+        and A.dtype in _FLOATS
         and x.dtype == A.dtype
         and x.ndim in (1, 2)
         and x.flags.c_contiguous
-        and A.indptr.dtype.name == "int32"
-        and A.indices.dtype.name == "int32"
+        and A.indptr.dtype == _INT32
+        and A.indices.dtype == _INT32
         and A.shape[0] < 2**31 - 1
     )
 
 
-def spmv_items(m: int, nnz: int) -> int:
-    """Merge items per piece: the larger instantiation once the merge fills the device
-    ``_FULL_WAVES`` times over with it, the smaller otherwise (more pieces, more threads)."""
-    dev = cupy.cuda.Device()
-    resident = dev.attributes["MultiProcessorCount"] * dev.attributes["MaxThreadsPerMultiProcessor"]
-    small, large = min(SPMV_ITEMS), max(SPMV_ITEMS)
+def _pick(m: int, nnz: int, sizes: tuple[int, ...]) -> int:
+    """The larger of ``sizes`` once the merge fills the device ``_FULL_WAVES`` times over with
+    it, the smaller otherwise (more pieces, more threads)."""
+    facts = device_facts(cupy.cuda.Device().id)
+    resident = facts.sms * facts.threads_per_sm
+    small, large = min(sizes), max(sizes)
     return large if (m + nnz) >= _FULL_WAVES * resident * large else small
+
+
+def spmv_items(m: int, nnz: int) -> int:
+    """Merge items per thread of an SpMV tile (one of ``SPMV_ITEMS``)."""
+    return _pick(m, nnz, SPMV_ITEMS)
 
 
 def _function(expression: str):
     return get_function(_SPMV, expression, INSTANCES[_SPMV])
 
 
-def _carries(n_pieces: int, k: int) -> tuple[cupy.ndarray, cupy.ndarray]:
-    shape = (n_pieces,) if k == 0 else (n_pieces, k)
-    return cupy.empty(n_pieces, dtype=cupy.int32), cupy.empty(shape, dtype=cupy.float64)
+def _blocks(n: int, threads: int = _THREADS) -> tuple[int]:
+    return (max(1, -(-n // threads)),)
 
 
 def _add_carries(carry_row: cupy.ndarray, carry_val: cupy.ndarray, n_pieces: int, m: int,
@@ -64,55 +74,83 @@ def _add_carries(carry_row: cupy.ndarray, carry_val: cupy.ndarray, n_pieces: int
     then add the total to the row once (pass 2)."""
     n, m64, k64 = cupy.int64(n_pieces), cupy.int64(m), cupy.int64(k)
     if k == 1 and out.ndim == 1:
-        _function("mgpu_spmv_carries")((-(-n_pieces // _THREADS),), (_THREADS,),
+        _function("mgpu_spmv_carries")(_blocks(n_pieces), (_THREADS,),
                                        (carry_row, carry_val, n, m64))
     else:
-        _function("mgpu_spmm_carries")((-(-(n_pieces * k) // _THREADS),), (_THREADS,),
+        _function("mgpu_spmm_carries")(_blocks(n_pieces * k), (_THREADS,),
                                        (carry_row, carry_val, n, m64, k64))
     _function(f"mgpu_carry_apply<{c_type(out.dtype)}>")(
-        (-(-(n_pieces * k) // _THREADS),), (_THREADS,), (carry_row, carry_val, n, m64, k64, out))
+        _blocks(n_pieces * k), (_THREADS,), (carry_row, carry_val, n, m64, k64, out))
 
 
-def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None) -> cupy.ndarray:
-    """``A @ x`` for 1-D ``x`` by ``mgpu_spmv_merge`` and the carry passes.
+def _flag(bad: cupy.ndarray | None) -> cupy.ndarray:
+    return cupy.zeros(1, dtype=cupy.int32) if bad is None else bad
+
+
+def _flag_nonfinite(v: cupy.ndarray, bad: cupy.ndarray) -> None:
+    """Set ``bad`` when the contiguous array ``v`` holds NaN or infinity."""
+    if v.size:
+        _function(f"mgpu_flag_nonfinite<{c_type(v.dtype)}>")(
+            _blocks(v.size), (_THREADS,), (v, cupy.int64(v.size), bad))
+
+
+def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
+               bad: cupy.ndarray | None = None) -> cupy.ndarray:
+    """``A @ x`` for 1-D ``x``: the tile search, ``mgpu_spmv_merge`` over tiles of
+    ``128 * items`` merge items, and the carry passes (skipped for a single tile).
 
     Operands must pass :func:`spmv_is_usable_for`; ``items`` (one of ``SPMV_ITEMS``)
-    defaults to :func:`spmv_items`.
+    defaults to :func:`spmv_items`. ``bad`` (int32, one element, zero) is set to 1 when A's
+    stored values or x hold NaN or infinity; nothing reads it back here.
     """
-    m = int(A.shape[0])
+    m, n = int(A.shape[0]), int(A.shape[1])
     nnz = int(A.nnz)  # cupyx keeps data of length indptr[-1]: no device sync
     y = cupy.empty(m, dtype=A.dtype)
+    bad = _flag(bad)
     if m == 0:
+        _flag_nonfinite(x, bad)
         return y
     items = spmv_items(m, nnz) if items is None else int(items)
     t = c_type(A.dtype)
-    n_pieces = -(-(m + nnz) // items)
-    carry_row, carry_val = _carries(n_pieces, 0)
-    blocks = -(-n_pieces // _THREADS)
+    tile = _TILE_THREADS * items
+    n_tiles = -(-(m + nnz) // tile)
+    tile_row = cupy.empty(n_tiles + 1, dtype=cupy.int64)
+    carry_row = cupy.empty(n_tiles, dtype=cupy.int32)
+    carry_val = cupy.empty(n_tiles, dtype=cupy.float64)
+    m64, nnz64 = cupy.int64(m), cupy.int64(nnz)
+    _function(f"mgpu_spmv_tile_search<{t}>")(
+        _blocks(max(n_tiles + 1, n)), (_THREADS,),
+        (A.indptr, m64, nnz64, cupy.int64(tile), cupy.int64(n_tiles), tile_row, x,
+         cupy.int64(n), bad))
     _function(f"mgpu_spmv_merge<{t}, {items}>")(
-        (blocks,), (_THREADS,),
-        (A.indptr, A.indices, A.data, x, cupy.int64(m), cupy.int64(nnz), cupy.int64(n_pieces),
-         y, carry_row, carry_val),
-    )
-    _add_carries(carry_row, carry_val, n_pieces, m, 1, y)
+        (n_tiles,), (_TILE_THREADS,),
+        (A.indptr, A.indices, A.data, x, m64, nnz64, tile_row, y, carry_row, carry_val, bad))
+    if n_tiles > 1:
+        _add_carries(carry_row, carry_val, n_tiles, m, 1, y)
     return y
 
 
-def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None) -> cupy.ndarray:
+def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None,
+               bad: cupy.ndarray | None = None) -> cupy.ndarray:
     """``A @ X`` for row-major 2-D ``X`` by ``mgpu_spmm_merge`` and the carry passes:
-    each piece is walked by one warp per block of 32 columns of X."""
+    each piece is walked by one warp per block of 32 columns of X. ``items`` is one of
+    ``SPMM_ITEMS``; ``bad`` as in :func:`spmv_merge` (A's values and X are scanned for it)."""
     m, k = int(A.shape[0]), int(X.shape[1])
     nnz = int(A.nnz)  # cupyx keeps data of length indptr[-1]: no device sync
-    Y = cupy.empty((m, k), dtype=A.dtype)
-    if m == 0 or k == 0:
-        return Y
-    items = spmv_items(m, nnz) if items is None else int(items)
-    t = c_type(A.dtype)
-    n_pieces = -(-(m + nnz) // items)
-    carry_row, carry_val = _carries(n_pieces, k)
     col_blocks = -(-k // 32)
     if col_blocks > 65535:
         raise ValueError(f"spmm takes at most {65535 * 32} columns of X on the GPU; got {k}.")
+    Y = cupy.empty((m, k), dtype=A.dtype)
+    if bad is not None:
+        _flag_nonfinite(A.data, bad)
+        _flag_nonfinite(X, bad)
+    if m == 0 or k == 0:
+        return Y
+    items = _pick(m, nnz, SPMM_ITEMS) if items is None else int(items)
+    t = c_type(A.dtype)
+    n_pieces = -(-(m + nnz) // items)
+    carry_row = cupy.empty(n_pieces, dtype=cupy.int32)
+    carry_val = cupy.empty((n_pieces, k), dtype=cupy.float64)
     grid = (-(-n_pieces // _SPMM_PIECES), col_blocks)
     block = (32, _SPMM_PIECES)
     _function(f"mgpu_spmm_merge<{t}, {items}>")(
@@ -122,6 +160,17 @@ def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None) 
     )
     _add_carries(carry_row, carry_val, n_pieces, m, k, Y)
     return Y
+
+
+def spmv_flagged(A: csp.csr_matrix, x: cupy.ndarray) -> tuple[cupy.ndarray, cupy.ndarray | None]:
+    """``A @ x`` (1-D) or ``A @ X`` (2-D) by the merge-path kernels, with the device flag
+    they set on NaN or infinity in A's stored values or in x; ``None`` in its place when the
+    operands go to cuSPARSE (:func:`spmv_fallback`), which checks nothing."""
+    if not spmv_is_usable_for(A, x):
+        return spmv_fallback(A, x), None
+    bad = cupy.zeros(1, dtype=cupy.int32)
+    y = spmv_merge(A, x, bad=bad) if x.ndim == 1 else spmm_merge(A, x, bad=bad)
+    return y, bad
 
 
 def spmv_fallback(A: csp.spmatrix, x: cupy.ndarray) -> cupy.ndarray:

@@ -20,8 +20,11 @@ KNN_OPS = range(8)
 KNN_UNION_SUMS = range(2, 7)  # L1, Lp, Canberra, Hamming, Jensen-Shannon
 KNN_SHAPES = ((4, 16), (1, 128), (4, 0))
 KNN_SELECT = (16, 128)
-# merge-path SpMV/SpMM (kernels/spmv.cu): merge items (rows + nonzeros) per piece
-SPMV_ITEMS = (8, 16)
+# merge-path SpMV/SpMM (kernels/spmv.cu): merge items (rows + nonzeros) per thread of an SpMV
+# tile (128 threads; odd, so that the threads' strided reads of the tile in shared memory
+# fall in different banks) and per SpMM piece
+SPMV_ITEMS = (3, 5)
+SPMM_ITEMS = (8, 16)
 # SGD (kernels/sgd.cu): factor elements per lane, so k <= 32 * the largest
 SGD_KPL = (1, 2, 4, 8)
 
@@ -59,11 +62,11 @@ INSTANCES: dict[str, tuple[str, ...]] = {
         for b in ("false", "true")
     ),
     # merge-path SpMV/SpMM: int32 indices only (cupyx CSR), carries added by the fix-ups
-    "spmv.cu": tuple(
-        f"mgpu_{op}_merge<{t}, {items}>" for op in ("spmv", "spmm") for t in _FLOATS
-        for items in SPMV_ITEMS
-    ) + ("mgpu_spmv_carries", "mgpu_spmm_carries")
-    + tuple(f"mgpu_carry_apply<{t}>" for t in _FLOATS),
+    "spmv.cu": tuple(f"mgpu_spmv_merge<{t}, {items}>" for t in _FLOATS for items in SPMV_ITEMS)
+    + tuple(f"mgpu_spmm_merge<{t}, {items}>" for t in _FLOATS for items in SPMM_ITEMS)
+    + tuple(f"mgpu_{f}<{t}>" for f in ("spmv_tile_search", "flag_nonfinite", "carry_apply")
+            for t in _FLOATS)
+    + ("mgpu_spmv_carries", "mgpu_spmm_carries"),
     # SGD block kernel of matrix factorisation: k <= 32 * KPL
     "sgd.cu": tuple(f"mgpu_sgd_block<{t}, {kpl}>" for t in _FLOATS for kpl in SGD_KPL),
     # benchmark probe (float32 factors, as the SDDMM benchmark uses)

@@ -31,6 +31,7 @@ _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.MULTILI
 _NVRTC_OPTIONS = ("-std=c++17",)
 _lock = threading.Lock()
 _modules: dict[tuple, Any] = {}
+_functions: dict[tuple, Any] = {}  # (file, expression, device) -> kernel
 
 
 def c_type(dtype: Any) -> str:
@@ -107,7 +108,10 @@ def get_function(name: str, expression: str, name_expressions: tuple[str, ...]) 
         raise ValueError(f"{expression!r} is not among the instantiations of {name}")
     import cupy
 
-    dev = cupy.cuda.Device().id
+    dev = cupy.cuda.runtime.getDevice()
+    fn = _functions.get((name, expression, dev))
+    if fn is not None:  # launches of small problems are host-bound: no lookups past this
+        return fn
     key = (name, name_expressions, dev)
     mod = _modules.get(key)
     if mod is None:
@@ -121,4 +125,6 @@ def get_function(name: str, expression: str, name_expressions: tuple[str, ...]) 
                 )
                 mod.compile()
                 _modules[key] = mod
-    return mod.get_function(expression)
+    fn = mod.get_function(expression)
+    _functions[(name, expression, dev)] = fn
+    return fn

@@ -22,10 +22,9 @@ from mgpu.dist.collection import place_as
 from mgpu.ops._validate import is_dask_array
 from mgpu.ops.spmv import (
     check_dense_operand,
-    check_sparse_operand,
     check_sparse_shape,
+    spmv_checked,
     spmv_dtype,
-    spmv_local,
 )
 from mgpu.ops.spmv import spmm as spmm_one_device
 from mgpu.ops.spmv import spmv as spmv_one_device
@@ -44,14 +43,13 @@ def _spmv_block(A: Any, x: Any, op_name: str) -> Any:
     # taking the blocks (not concatenate=True) keeps x the object the worker holds.
     A = A[0] if isinstance(A, list) else A
     x = x[0] if isinstance(x, list) else x
-    A = check_sparse_operand(A, op_name)
     if is_gpu_array(A) and not is_gpu_array(x):
         import cupy
 
         x = cupy.asarray(x)
     elif not is_gpu_array(A) and is_gpu_array(x):
         x = to_host(x)
-    return spmv_local(A, x)
+    return spmv_checked(A, x, "x" if x.ndim == 1 else "X", op_name)
 
 
 def _broadcast(x: Any, client: Any) -> da.Array:

@@ -14,10 +14,12 @@ from mgpu.backends import is_gpu_array, spmv_lookup, to_host
 from mgpu.ops._validate import is_dask_array, is_sparse
 
 __all__ = [
+    "check_dense_finite",
     "check_dense_operand",
     "check_sparse_operand",
     "spmm",
     "spmv",
+    "spmv_checked",
     "spmv_dtype",
     "spmv_local",
 ]
@@ -84,9 +86,10 @@ def _cupy_isfinite(x: Any) -> Any:
     return cupy.isfinite(x)
 
 
-def check_dense_operand(x: Any, n: int, name: str, func: str, ndim: int) -> None:
+def check_dense_operand(x: Any, n: int, name: str, func: str, ndim: int, *,
+                        finite: bool = True) -> None:
     """Refuse an x that is not a dense numpy/cupy array of ``ndim`` dimensions with ``n``
-    entries (rows) along its first axis, or that holds NaN or infinity."""
+    entries (rows) along its first axis, or (with ``finite``) that holds NaN or infinity."""
     if is_sparse(x) or is_dask_array(x) or not (isinstance(x, np.ndarray) or is_gpu_array(x)):
         raise TypeError(f"The '{name}' parameter of {func} must be a dense numpy or cupy array. "
                         f"Got {type(x).__name__} instead.")
@@ -106,6 +109,12 @@ def check_dense_operand(x: Any, n: int, name: str, func: str, ndim: int) -> None
             f"{'entry' if ndim == 1 else 'row'} per column of A). Got {what} {x.shape[0]} "
             "instead."
         )
+    if finite:
+        check_dense_finite(x, name, func, ndim)
+
+
+def check_dense_finite(x: Any, name: str, func: str, ndim: int) -> None:
+    """Refuse a dense x holding NaN or infinity, naming the first place."""
     if np.dtype(x.dtype).kind == "f" and x.size:
         bad = ~(np.isfinite(x) if isinstance(x, np.ndarray) else _cupy_isfinite(x))
         if bool(bad.any()):
@@ -130,18 +139,46 @@ def check_same_device(A: Any, x: Any, name: str, func: str) -> None:
         )
 
 
-def spmv_local(A: Any, x: Any) -> Any:
-    """The kernel call on already-validated CSR A and dense x (1-D or 2-D) of one device."""
+def _promote(A: Any, x: Any) -> tuple[Any, Any]:
+    """A and a C-ordered x in the result dtype (:func:`spmv_dtype`), on A's device."""
     dt = spmv_dtype(A.dtype, x.dtype)
     if A.dtype != dt:
         A = A.astype(dt)
     if is_gpu_array(A):
         import cupy
 
-        x = cupy.ascontiguousarray(x, dtype=dt)
-    else:
-        x = np.ascontiguousarray(x, dtype=dt)
-    return spmv_lookup(A, x)
+        return A, cupy.ascontiguousarray(x, dtype=dt)
+    return A, np.ascontiguousarray(x, dtype=dt)
+
+
+def spmv_local(A: Any, x: Any) -> Any:
+    """The kernel call on already-validated CSR A and dense x (1-D or 2-D) of one device."""
+    return spmv_lookup(*_promote(A, x))
+
+
+def spmv_checked(A: Any, x: Any, name: str, func: str) -> Any:
+    """The kernel call on CSR A and dense x (1-D or 2-D) of one device whose shapes and
+    types are checked, refusing NaN or infinity among A's stored values or in x.
+
+    On the CPU the values are checked first. On the GPU the merge-path kernels flag such
+    values while they read them, and one flag comes back per call; only a raised flag runs
+    the checks that name the place (the result, a new array, is dropped).
+    """
+    A = A.tocsr()
+    if not is_gpu_array(A):
+        check_dense_finite(x, name, func, x.ndim)  # x first, then A, on both devices
+        return spmv_local(check_sparse_operand(A, func), x)
+    from mgpu.backends.cupy_spmv import spmv_flagged
+
+    y, bad = spmv_flagged(*_promote(A, x))
+    flagged = None if bad is None else bool(bad.get()[0])  # the one read back
+    if flagged is not False:  # raised, or cuSPARSE ran without looking
+        check_dense_finite(x, name, func, x.ndim)
+        check_sparse_operand(A, func)
+        if flagged:
+            raise RuntimeError(f"{func}: the GPU kernels flagged NaN or infinity that the "
+                               "checks of the operands did not find.")
+    return y
 
 
 def _one_device(A: Any, x: Any, name: str, func: str, ndim: int) -> Any:
@@ -149,9 +186,9 @@ def _one_device(A: Any, x: Any, name: str, func: str, ndim: int) -> Any:
         raise TypeError(f"mgpu.ops.{func} runs on one device; for a dask array A use "
                         f"mgpu.{func}, which runs the distributed version.")
     check_sparse_shape(A, func)
-    check_dense_operand(x, A.shape[1], name, func, ndim)
+    check_dense_operand(x, A.shape[1], name, func, ndim, finite=False)
     check_same_device(A, x, name, func)
-    return spmv_local(check_sparse_operand(A, func), x)
+    return spmv_checked(A, x, name, func)
 
 
 def spmv(A: Any, x: Any) -> Any:
