@@ -155,6 +155,33 @@ def _matrix_input(f: Any) -> Any:
     return f
 
 
+def _workflow_placement(what: str, rows: str, data: str, both: str) -> Any:
+    """The --device/--parts/--workers/--address options of the SDDMM + SpMM workflows
+    (``run als``, ``run gap``): the embedded cluster by default, or one device in this
+    process."""
+    def wrap(f: Any) -> Any:
+        for deco in reversed((
+            click.option("--device", type=click.Choice(["cluster", "auto", "cpu", "gpu", "both"]),
+                         default="cluster", show_default=True,
+                         help=f"Where the SDDMM + SpMM {what} run: 'cluster', {rows} in row "
+                         "tiles of equal nnz on the workers of the embedded cluster (GPU workers "
+                         "when GPUs are visible) or of --address; or one device in this process, "
+                         "without a cluster: auto (the GPU when one is visible), cpu, gpu, or "
+                         f"both{both}."),
+            click.option("--parts", default=None, type=int,
+                         help=f"--device cluster: row tiles of {data} (default: one per "
+                         "worker)."),
+            click.option("--workers", "n_workers", default=None, type=int,
+                         help="--device cluster: workers of the embedded cluster (default: "
+                         "every GPU, or Dask's sizing on CPUs)."),
+            click.option("--address", default=None, help="--device cluster: scheduler to join."),
+        )):
+            f = deco(f)
+        return f
+
+    return wrap
+
+
 @run.command("partition")
 @_matrix_input
 @click.option("--parts", default=None, type=int, help="Chunks (default: one per worker).")
@@ -1166,19 +1193,9 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out_path
 
 @run.command("als")
 @click.argument("ratings", type=click.Path(exists=True, dir_okay=False))
-@click.option("--device", type=click.Choice(["cluster", "auto", "cpu", "gpu", "both"]),
-              default="cluster", show_default=True,
-              help="Where the SDDMM + SpMM steps run: 'cluster', the users in row tiles of "
-              "equal nnz on the workers of the embedded cluster (GPU workers when GPUs are "
-              "visible) or of --address; or one device in this process, without a cluster: "
-              "auto (the GPU when one is visible), cpu, gpu, or both (the CPU and the GPU from "
-              "the same start, and their per-step times compared).")
-@click.option("--parts", default=None, type=int,
-              help="--device cluster: row tiles of the ratings (default: one per worker).")
-@click.option("--workers", "n_workers", default=None, type=int,
-              help="--device cluster: workers of the embedded cluster (default: every GPU, or "
-              "Dask's sizing on CPUs).")
-@click.option("--address", default=None, help="--device cluster: scheduler to join.")
+@_workflow_placement("steps", "the users", "the ratings",
+                     " (the CPU and the GPU from the same start, and their per-step times "
+                     "compared)")
 @click.option("-k", "--k", "k", default=32, show_default=True, type=int)
 @click.option("--iters", default=100, show_default=True, type=int, help="Gradient steps.")
 @click.option("--lr", default=0.01, show_default=True, type=float, help="Adam step size.")
@@ -1266,18 +1283,7 @@ def run_als(ratings: str, device: str, parts: int | None, n_workers: int | None,
 @click.argument("corpus", type=click.Path(exists=True, dir_okay=False))
 @click.option("--vocab", type=click.Path(exists=True, dir_okay=False), default=None,
               help="One word per line (plain or gzip), for the topics' top words.")
-@click.option("--device", type=click.Choice(["cluster", "auto", "cpu", "gpu", "both"]),
-              default="cluster", show_default=True,
-              help="Where the SDDMM + SpMM updates run: 'cluster', the documents in row tiles "
-              "of equal nnz on the workers of the embedded cluster (GPU workers when GPUs are "
-              "visible) or of --address; or one device in this process, without a cluster: "
-              "auto (the GPU when one is visible), cpu, gpu, or both.")
-@click.option("--parts", default=None, type=int,
-              help="--device cluster: row tiles of the corpus (default: one per worker).")
-@click.option("--workers", "n_workers", default=None, type=int,
-              help="--device cluster: workers of the embedded cluster (default: every GPU, or "
-              "Dask's sizing on CPUs).")
-@click.option("--address", default=None, help="--device cluster: scheduler to join.")
+@_workflow_placement("updates", "the documents", "the corpus", "")
 @click.option("--topics", default=20, show_default=True, type=int)
 @click.option("--iters", default=50, show_default=True, type=int)
 @click.option("--alpha", default=1.1, show_default=True, type=float,
