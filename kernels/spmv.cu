@@ -47,7 +47,8 @@ __device__ __forceinline__ long long merge_path_rows(long long d, const int* __r
 #define MGPU_SPMV_THREADS 128
 
 // tile_row[t] = rows consumed before tile t's first item, for t in [0, n_tiles] (the last is
-// m). The same launch flags any NaN or infinity among the n_x entries of x.
+// m). The same launch flags any NaN or infinity among the n_x entries of x; with no flag
+// (bad null: the caller's operands are not checked) x is not read.
 template <typename T>
 __global__ void mgpu_spmv_tile_search(const int* __restrict__ indptr, long long m, long long nnz,
                                       long long tile, long long n_tiles,
@@ -59,7 +60,7 @@ __global__ void mgpu_spmv_tile_search(const int* __restrict__ indptr, long long 
         const long long d = t * tile < total ? t * tile : total;
         tile_row[t] = mgpu::merge_path_rows(d, indptr, m, nnz);
     }
-    if (t < n_x && !isfinite(x[t])) *bad = 1;
+    if (bad != nullptr && t < n_x && !isfinite(x[t])) *bad = 1;
 }
 
 // Launch bounds of 16 blocks per SM keep the registers within a full SM's occupancy.
@@ -106,7 +107,7 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
             s_val[j] = a * x[indices[nz0 + j]];
         }
     }
-    if (!finite) *bad = 1;
+    if (!finite && bad != nullptr) *bad = 1;
     __syncthreads();
 
     // this thread's items [k0, k1) of the tile's R + N; r rows of it consumed before k0

@@ -1248,15 +1248,18 @@ def run_als(ratings: str, device: str, parts: int | None, n_workers: int | None,
                 bar.update(1)
                 bar.set_postfix(test_rmse=f"{rec['test_rmse']:.4f}")
 
-            if dev == "cluster":
-                with connect(address, n_workers=n_workers) as client:
-                    click.echo(f"cluster: {_describe(client)}")
-                    model = als.train_distributed(tr, te, parts=parts, client=client, k=k,
-                                                  reg=reg, lr=lr, iters=iters, seed=seed,
-                                                  progress=progress)
-            else:
-                model = als.train(tr, te, k=k, reg=reg, lr=lr, iters=iters, seed=seed,
-                                  progress=progress)
+            try:
+                if dev == "cluster":
+                    with connect(address, n_workers=n_workers) as client:
+                        click.echo(f"cluster: {_describe(client)}")
+                        model = als.train_distributed(tr, te, parts=parts, client=client,
+                                                      k=k, reg=reg, lr=lr, iters=iters,
+                                                      seed=seed, progress=progress)
+                else:
+                    model = als.train(tr, te, k=k, reg=reg, lr=lr, iters=iters, seed=seed,
+                                      progress=progress)
+            except FloatingPointError as exc:  # diverged: nothing of this run is written
+                raise click.ClickException(f"{dev}: {exc}") from None
         hist = model.history
         histories[dev] = hist
         steps = np.array([h["step_s"] for h in hist[1:]] or [hist[0]["step_s"]])
@@ -1598,6 +1601,8 @@ def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], banded: t
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         nnz = [row["nnz"] for row in rows]
         ax.loglog(nnz, [row["mgpu_ms"] for row in rows], "o", label="mgpu.spmv (with checks)")
+        ax.loglog(nnz, [row["unchecked_ms"] for row in rows], "x",
+                  label="mgpu.spmv, check_finite=False")
         ax.loglog(nnz, [row["kernels_ms"] for row in rows], "^", label="merge-path kernels")
         ax.loglog(nnz, [row["peer_ms"] for row in rows], "s", label=rows[0]["peer"])
         ax.set_xlabel("nonzeros")

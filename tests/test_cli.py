@@ -380,6 +380,11 @@ def test_run_als_cpu(runner, tmp_path):
     r = runner.invoke(main, ["run", "als", str(path), "--test-fraction", "1.5", "--out",
                              str(out)])
     assert r.exit_code != 0 and "'test_fraction' parameter of split_ratings must be in (0, 1)" in r.output
+    diverged = tmp_path / "diverged"
+    r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--iters", "5",
+                             "--lr", "1e200", "--out", str(diverged)])
+    assert r.exit_code == 1 and "cpu: ALS diverged at step" in r.output, r.output
+    assert not (diverged / "history.json").exists() and not list(diverged.glob("*.npz"))
 
 
 def test_run_als_on_the_cluster_by_default_equals_one_device(runner, tmp_path):
@@ -520,6 +525,7 @@ def test_bench_spmv_synthetic_matrices(runner, tmp_path):
     assert rows[2]["nnz"] == 500 * 5 - 6 and rows[2]["max_row"] == 5
     assert rows[1]["max_row"] > rows[0]["max_row"]  # the steeper rows
     assert all(row["rel_err"] <= 1e-6 and row["kernels_ms"] > 0 for row in rows)
+    assert all(row["unchecked_speedup"] == row["peer_ms"] / row["unchecked_ms"] for row in rows)
     for bad, hint in ((["--powerlaw", "300x200:2000:1:2:3"], "--powerlaw"),
                       (["--banded", "500"], "expected ROWSxCOLS")):
         r = runner.invoke(main, ["bench", "spmv", "--device", "cpu", *bad])

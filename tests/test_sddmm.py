@@ -179,6 +179,29 @@ def test_duplicates_are_refused_and_nan_values_only_with_hadamard():
     assert mgpu.sddmm(N, A, B, hadamard=False).data.tolist() == [2.0, 2.0]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_check_finite_false_skips_the_check_and_spreads_nan(xp, dtype):
+    """Finite factors: the checked call's numbers. NaN in a row of A or infinity among S's
+    values: no error, and exactly the entries they touch are not finite."""
+    rng = np.random.default_rng(23)
+    S = sp.random(50, 40, density=0.2, format="csr", random_state=23, dtype=dtype)
+    A = rng.standard_normal((50, 8)).astype(dtype)
+    B = rng.standard_normal((40, 8)).astype(dtype)
+    dev = _on(xp, S, A, B)
+    ref = _host(mgpu.sddmm(*dev))
+    got = _host(mgpu.sddmm(*dev, check_finite=False))
+    np.testing.assert_array_equal(got.data, ref.data)
+    A[3, 5] = np.nan
+    S.data[-1] = np.inf
+    got = _host(mgpu.sddmm(*_on(xp, S, A, B), check_finite=False))
+    rows = np.repeat(np.arange(50), np.diff(S.indptr))
+    bad = (rows == 3) | (np.arange(S.nnz) == S.nnz - 1)
+    assert bad.sum() > 1 and not np.isfinite(got.data[bad]).any()
+    np.testing.assert_array_equal(got.data[~bad], ref.data[~bad])
+    with pytest.raises(ValueError, match=r"'A' .* NaN or infinity \(first at row 3, column 5\)"):
+        mgpu.sddmm(*_on(xp, S, A, B))
+
+
 def test_real_corpus(data_dir):
     from mgpu import io
 

@@ -228,6 +228,38 @@ def test_nan_and_inf_are_refused_with_location(xp, dtype):
     assert _rel_err(_host(mgpu.spmv(*_on(xp, good, np.ones(3, dtype)))), np.ones(3)) == 0
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_check_finite_false_skips_the_check_and_spreads_nan(xp, dtype):
+    """The checked call's numbers on finite operands; NaN or infinity are not refused but
+    reach exactly the rows that touch them (no error, no crash).
+
+    On the GPU a row cut among a tile's threads is summed by shared-memory atomics, whose
+    order varies, so two calls may differ in the last bit of a float64 row.
+    """
+    rng = np.random.default_rng(21)
+    A = sp.random(300, 200, density=0.05, format="csr", random_state=21, dtype=dtype)
+    x = rng.standard_normal(200).astype(dtype)
+    X = rng.standard_normal((200, 5)).astype(dtype)
+    eps = float(np.finfo(dtype).eps)
+    for func, v in ((mgpu.spmv, x), (mgpu.spmm, X)):
+        ref = A.astype(np.float64) @ v.astype(np.float64)
+        checked = _host(func(*_on(xp, A, v)))
+        unchecked = _host(func(*_on(xp, A, v), check_finite=False))
+        assert _rel_err(unchecked, ref) <= _tol(dtype)
+        assert _rel_err(unchecked, checked) <= 2 * eps
+    bad = sp.csr_matrix(np.array([[1.0, 0.0, 0.0], [0.0, 2.0, np.inf], [np.nan, 0.0, 1.0],
+                                  [0.0, 0.0, 0.0]], dtype=dtype))
+    y = _host(mgpu.spmv(*_on(xp, bad, np.ones(3, dtype)), check_finite=False))
+    assert y[0] == 1 and y[3] == 0 and np.isinf(y[1]) and np.isnan(y[2])
+    Y = _host(mgpu.spmm(*_on(xp, bad, np.ones((3, 2), dtype)), check_finite=False))
+    assert (Y[0] == 1).all() and (Y[3] == 0).all() and np.isinf(Y[1]).all()
+    assert np.isnan(Y[2]).all()
+    good = sp.csr_matrix(np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]], dtype=dtype))
+    y = _host(mgpu.spmv(*_on(xp, good, np.array([2.0, np.nan, 3.0], dtype)),
+                        check_finite=False))
+    assert y[0] == 2 and np.isnan(y[1])
+
+
 def test_one_device_op_refuses_dask():
     from mgpu.ops import spmv as spmv_local
 
@@ -275,6 +307,14 @@ def test_distributed_bad_input(client):
     B.data[-1] = np.inf
     with pytest.raises(ValueError, match=r"The 'A' parameter of spmv holds NaN or infinity"):
         mgpu.spmv(from_scipy(B, 2, axis=0), np.ones(30)).compute()
+    # check_finite=False: neither the client nor the tiles look; NaN reaches its rows only
+    y = mgpu.spmv(from_scipy(B, 2, axis=0), x, check_finite=False).compute()
+    touched = np.diff(B[:, 4].tocsr().indptr).astype(bool)
+    touched[np.searchsorted(B.indptr, B.nnz - 1, side="right") - 1] = True
+    assert touched.any() and not np.isfinite(y[touched]).any()
+    assert np.isfinite(y[~touched]).all()
+    np.testing.assert_allclose(y[~touched], (A @ np.where(np.isnan(x), 0, x))[~touched],
+                               rtol=1e-12)
 
 
 # ------------------------------------------------------------------------------- real data

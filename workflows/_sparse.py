@@ -1,24 +1,49 @@
 """Helpers the workflows share."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 
-def transpose_map(S: Any) -> tuple[Any, Any, Any]:
-    """Sᵀ's CSR structure (indptr, indices) and, for each of its entries, where it sits in
-    S.data: a matrix of S's pattern is then transposed by one gather, ``data[perm]``.
-    Arrays on S's device (scipy or cupyx CSR with sorted indices)."""
-    host = S.get() if hasattr(S, "get") else S
-    pos = sp.csr_matrix((np.arange(host.nnz, dtype=np.float64) + 1, host.indices, host.indptr),
-                        shape=host.shape)
-    T = pos.T.tocsr()
-    T.sort_indices()
-    perm = T.data.astype(np.int64) - 1
-    if hasattr(S, "get"):
-        import cupy
+@dataclass(frozen=True)
+class Transposer:
+    """Transposes matrices of one CSR pattern S by one gather: ``T`` holds Sᵀ's pattern
+    (CSR, sorted indices) and ``perm`` where each of its entries sits in S.data."""
 
-        return cupy.asarray(T.indptr), cupy.asarray(T.indices), cupy.asarray(perm)
-    return T.indptr, T.indices, perm
+    T: Any
+    perm: Any
+
+    @classmethod
+    def of(cls, S: Any) -> Transposer:
+        """For S (scipy or cupyx CSR with sorted indices); arrays on S's device."""
+        host = S.get() if hasattr(S, "get") else S
+        pos = sp.csr_matrix((np.arange(host.nnz, dtype=np.float64) + 1, host.indices,
+                             host.indptr), shape=host.shape)
+        T = pos.T.tocsr()
+        T.sort_indices()
+        perm = T.data.astype(np.int64) - 1
+        T.data = np.zeros(T.nnz, dtype=S.dtype)
+        if hasattr(S, "get"):
+            import cupy
+            import cupyx.scipy.sparse as csp
+
+            return cls(csp.csr_matrix(T), cupy.asarray(perm))
+        return cls(T, perm)
+
+    def counts(self) -> Any:
+        """Entries per row of Sᵀ (per column of S)."""
+        return self.T.indptr[1:] - self.T.indptr[:-1]
+
+    def __call__(self, data: Any) -> Any:
+        """Sᵀ holding the values ``data`` (given in S.data's order).
+
+        The result shares T's index arrays, which nothing here changes, and is made from T
+        rather than from a ``(data, indices, indptr)`` triple: cupyx's constructor reads a
+        triple's indptr back from the device, a wait per call.
+        """
+        out = type(self.T)(self.T)
+        out.data = data[self.perm]
+        return out

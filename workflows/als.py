@@ -11,6 +11,9 @@ cluster's workers.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,9 +24,11 @@ import scipy.sparse as sp
 
 import mgpu
 from mgpu.mf import split_ratings as split
-from workflows._sparse import transpose_map
+from workflows._sparse import Transposer
 
 __all__ = ["Factors", "split", "train", "train_distributed"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,12 +48,21 @@ class Factors:
 
 
 def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float = 0.01,
-          iters: int = 100, seed: int = 0,
+          iters: int = 100, seed: int = 0, cuda_graph: bool = True,
           progress: Callable[[dict[str, float]], None] | None = None) -> Factors:
     """Fit ``R ≈ μ + U Vᵀ`` at R's stored entries (scipy or cupyx CSR, float32 or float64).
 
     Each step's SDDMM + SpMM time is recorded (``step_s``, synchronised on the GPU) with the
     training and test RMSE; ``progress`` receives each step's record.
+
+    R's values are checked once; the steps then call SDDMM and SpMM with
+    ``check_finite=False`` (no wait on the device inside a step) and watch the RMSE instead:
+    NaN or infinity there, or in the final factors, raises FloatingPointError naming the step.
+
+    On the GPU the step (its SDDMM, residual, transpose and two SpMM) is captured as a CUDA
+    graph after the first step and replayed from then on, one launch a step
+    (:class:`mgpu.backends.graph.Replay`); ``cuda_graph=False`` launches its kernels one by
+    one every step. The numbers are the same either way.
     """
     if k < 1 or iters < 1 or lr <= 0 or reg < 0:
         raise ValueError(f"k and iters must be >= 1, lr > 0 and reg >= 0. Got k={k}, "
@@ -56,17 +70,22 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
     gpu = hasattr(R, "get")
     if gpu:
         import cupy as xp
-        import cupyx.scipy.sparse as sparse
+
+        stream: Any = xp.cuda.Stream(non_blocking=True)  # the steps' own, for the capture
 
         def sync() -> None:
-            xp.cuda.Device().synchronize()
+            stream.synchronize()
     else:
-        xp, sparse = np, sp
+        xp = np
+        stream = contextlib.nullcontext()
 
         def sync() -> None:
             pass
     R = R.tocsr()
     R.sort_indices()
+    if R.nnz and not bool(xp.isfinite(R.data).all()):
+        raise ValueError("The 'R' parameter of train holds NaN or infinity among its ratings. "
+                         "Clean them first.")
     dtype = R.dtype
     m, n = R.shape
     mean = float(R.data.mean())
@@ -76,38 +95,70 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
     # the predictions at R's pattern (hadamard=False) each step; R does not change, so its
     # plan keeps the tuned scheme and any tiled copy of the pattern across steps
     plan = mgpu.sddmm_plan(R, k, dtype=dtype)
-    t_ptr, t_ind, perm = transpose_map(R)
+    transpose = Transposer.of(R)  # the residual's transpose each step: one gather
     cnt_u = xp.maximum(xp.diff(R.indptr), 1).astype(dtype)[:, None]
-    cnt_v = xp.maximum(xp.diff(t_ptr), 1).astype(dtype)[:, None]
+    cnt_v = xp.maximum(transpose.counts(), 1).astype(dtype)[:, None]
     state = {name: [xp.zeros_like(A), xp.zeros_like(A)] for name, A in (("U", U), ("V", V))}
     offset = mean - R.data
-    # the residual's transpose: built once, its values replaced each step by one gather
-    ET = sparse.csr_matrix((xp.zeros(R.nnz, dtype=dtype), t_ind, t_ptr), shape=(n, m))
     model = Factors(U, V, mean)
+
+    def run_step() -> tuple[Any, Any, Any]:
+        """The predictions at the ratings, the residual on R's pattern, both gradients."""
+        E = mgpu.sddmm(R, U, V, hadamard=False, plan=plan, check_finite=False)
+        E.data += offset
+        gU = mgpu.spmm(E, V, check_finite=False)
+        gV = mgpu.spmm(transpose(E.data), U, check_finite=False)
+        return E, gU, gV
+
+    replay = None
     t_start = time.perf_counter()
-    for it in range(1, iters + 1):
-        sync()
-        t0 = time.perf_counter()
-        E = mgpu.sddmm(R, U, V, hadamard=False, plan=plan)  # predictions at the ratings
-        E.data += offset  # the residual, R's pattern
-        ET.data = E.data[perm]
-        gU = mgpu.spmm(E, V)
-        gV = mgpu.spmm(ET, U)
-        sync()
-        step = time.perf_counter() - t0
-        train_rmse = float(xp.sqrt(xp.mean(E.data.astype(xp.float64) ** 2)))
-        for name, A, g, cnt in (("U", U, gU, cnt_u), ("V", V, gV, cnt_v)):
-            _adam(xp, A, g, cnt, state[name], it, lr, reg)
-        rec = {"iteration": it, "step_s": step, "train_rmse": train_rmse,
-               "elapsed_s": time.perf_counter() - t_start}
-        if test is not None:
-            P = model.predict(test)
-            rec["test_rmse"] = float(xp.sqrt(xp.mean((P.data - test.data).astype(xp.float64)
-                                                     ** 2)))
-        model.history.append(rec)
-        if progress is not None:
-            progress(rec)
+    # unchecked steps on the CPU: overflow shows in the RMSE, which is watched, not as
+    # numpy's warnings
+    with np.errstate(over="ignore", invalid="ignore"), stream:
+        for it in range(1, iters + 1):
+            sync()
+            t0 = time.perf_counter()
+            E, gU, gV = run_step() if replay is None else replay()
+            sync()
+            step = time.perf_counter() - t0
+            train_rmse = float(xp.sqrt(xp.mean(E.data.astype(xp.float64) ** 2)))
+            _finite(train_rmse, "training RMSE", it, lr)
+            for name, A, g, cnt in (("U", U, gU, cnt_u), ("V", V, gV, cnt_v)):
+                _adam(xp, A, g, cnt, state[name], it, lr, reg)
+            rec = {"iteration": it, "step_s": step, "train_rmse": train_rmse,
+                   "elapsed_s": time.perf_counter() - t_start}
+            if test is not None:
+                P = mgpu.sddmm(test, U, V, hadamard=False, check_finite=False)
+                rec["test_rmse"] = float(xp.sqrt(xp.mean((P.data + mean - test.data)
+                                                         .astype(xp.float64) ** 2)))
+                _finite(rec["test_rmse"], "test RMSE", it, lr)
+            model.history.append(rec)
+            if progress is not None:
+                progress(rec)
+            if gpu and cuda_graph and it == 1 and iters > 1:
+                replay = _capture(run_step, stream)  # warm now: kernels built, plan tuned
+    if not (bool(xp.isfinite(U).all()) and bool(xp.isfinite(V).all())):
+        _finite(math.nan, "last step's factors", iters, lr)
     return model
+
+
+def _capture(step: Callable[[], Any], stream: Any) -> Any:
+    """``step`` as a CUDA graph to replay, or None (logged) where it cannot be captured."""
+    from mgpu.backends.graph import Replay
+
+    try:
+        return Replay(step, stream)
+    except Exception as exc:  # e.g. a CuPy or driver without stream capture
+        logger.info("ALS: the step was not captured as a CUDA graph (%s); its kernels are "
+                    "launched one by one.", exc)
+        return None
+
+
+def _finite(value: float, what: str, it: int, lr: float) -> None:
+    """Refuse a NaN or infinite measure of the fit (the steps themselves check nothing)."""
+    if not math.isfinite(value):
+        raise FloatingPointError(f"ALS diverged at step {it}: the {what} is {value}. Lower the "
+                                 f"learning rate (lr={lr}) or check the ratings' scale.")
 
 
 _B1, _B2, _EPS = 0.9, 0.999, 1e-8
@@ -136,9 +187,7 @@ class _Tile:
     moments: all of it stays on the worker that holds the tile."""
 
     R: Any
-    t_ptr: Any
-    t_ind: Any
-    perm: Any
+    transpose: Transposer
     cnt: Any
     test: Any
     U: Any
@@ -164,7 +213,7 @@ def _tile_task(R: Any, test: Any, U: np.ndarray) -> _Tile:
     R.sort_indices()
     U = xp.asarray(U)
     cnt = xp.maximum(xp.diff(R.indptr), 1).astype(R.dtype)[:, None]
-    return _Tile(R, *transpose_map(R), cnt, test, U,
+    return _Tile(R, Transposer.of(R), cnt, test, U,
                  [xp.zeros_like(U), xp.zeros_like(U)])
 
 
@@ -173,22 +222,20 @@ def _step_task(tile: _Tile, V: Any, it: int, update: bool, mean: float, lr: floa
     """One round on one tile: the squared test error of the current U and V (the previous
     step's factors), then, unless this is the last round, the residual at the training
     ratings (SDDMM), U's gradient (SpMM) and Adam step, and this tile's share of V's gradient
-    (SpMM of the residual's transpose)."""
+    (SpMM of the residual's transpose). The values go unchecked (``check_finite=False``): the
+    client watches the summed errors instead."""
     xp = _xp(tile.R)
     V = xp.asarray(V)
     test_sse = 0.0
     if tile.test.nnz:
-        P = mgpu.sddmm(tile.test, tile.U, V, hadamard=False)
+        P = mgpu.sddmm(tile.test, tile.U, V, hadamard=False, check_finite=False)
         test_sse = float((((P.data + mean) - tile.test.data).astype(xp.float64) ** 2).sum())
     if not update:
         return tile, (0.0, test_sse, None)
-    m, n = tile.R.shape
-    E = mgpu.sddmm(tile.R, tile.U, V, hadamard=False)
+    E = mgpu.sddmm(tile.R, tile.U, V, hadamard=False, check_finite=False)
     E.data += mean - tile.R.data
-    sparse = sp if xp is np else _cupyx_sparse()
-    ET = sparse.csr_matrix((E.data[tile.perm], tile.t_ind, tile.t_ptr), shape=(n, m))
-    gU = mgpu.spmm(E, V)
-    gV = mgpu.spmm(ET, tile.U)
+    gU = mgpu.spmm(E, V, check_finite=False)
+    gV = mgpu.spmm(tile.transpose(E.data), tile.U, check_finite=False)
     train_sse = float((E.data.astype(xp.float64) ** 2).sum())
     # a task's input is another task's result: step copies, never the inputs in place
     U, state = tile.U.copy(), [a.copy() for a in tile.state]
@@ -215,12 +262,6 @@ def _reduce_task(V: Any, state: list[Any] | None, cnt: Any, it: int, update: boo
                  else [xp.array(a, copy=True) for a in state])
         _adam(xp, V, g, xp.asarray(cnt), state, it, lr, reg)
     return V, state, train_sse, test_sse
-
-
-def _cupyx_sparse() -> Any:
-    import cupyx.scipy.sparse
-
-    return cupyx.scipy.sparse
 
 
 def _take(out: tuple, i: int) -> Any:
@@ -272,8 +313,11 @@ def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
     TypeError
         If R or test is not a scipy sparse matrix.
     ValueError
-        For the parameters :func:`train` refuses, a test matrix of another shape, or no
-        cluster.
+        For the parameters :func:`train` refuses, NaN or infinity among R's ratings, a test
+        matrix of another shape, or no cluster.
+    FloatingPointError
+        When a step's RMSE or the final factors are NaN or infinite (the steps themselves
+        run with ``check_finite=False``).
     """
     from collections import deque
 
@@ -297,6 +341,9 @@ def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
     R = sp.csr_matrix(R)
     R.sum_duplicates()
     R.sort_indices()
+    if not np.isfinite(R.data).all():
+        raise ValueError("The 'R' parameter of train_distributed holds NaN or infinity among "
+                         "its ratings. Clean them first.")
     dtype = R.dtype
     m, n = R.shape
     mean = float(R.data.mean())
@@ -351,8 +398,10 @@ def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
             rec = {"iteration": it, "step_s": now - last,
                    "train_rmse": float(np.sqrt(train_sse / max(n_train, 1))),
                    "elapsed_s": now - t_start}
+            _finite(rec["train_rmse"], "training RMSE", it, lr)
             if test is not None:
                 rec["test_rmse"] = float(np.sqrt(test_sse / max(n_test, 1)))
+                _finite(rec["test_rmse"], "test RMSE", it, lr)
             last = now
             model.history.append(rec)
             if progress is not None:
@@ -360,6 +409,8 @@ def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
     final = [client.submit(_tile_factor, t, pure=False, **pin) for t, pin in tiles]
     model.U = np.vstack(client.gather(final))
     model.V = _host(client.gather(V))
+    if not (np.isfinite(model.U).all() and np.isfinite(model.V).all()):
+        _finite(math.nan, "last step's factors", iters, lr)
     return model
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import mgpu
-from workflows._sparse import transpose_map
+from workflows._sparse import Transposer
 
 __all__ = ["Topics", "fit", "fit_distributed", "top_words"]
 
@@ -129,25 +129,20 @@ def _constants(S: Any) -> tuple[float, float]:
 
 @dataclass
 class _Tile:
-    """Documents (rows) of the corpus with what the updates need: the counts, their
-    pattern, and the map that transposes a matrix of that pattern by one gather."""
+    """Documents (rows) of the corpus with what the updates need: the counts and the map
+    that transposes a matrix of their pattern by one gather."""
 
     S: Any
-    pattern: Any
-    t_ptr: Any
-    t_ind: Any
-    perm: Any
+    transpose: Transposer
 
     @classmethod
     def of(cls, S: Any) -> _Tile:
         S = _canonical(S)
-        pattern = S.copy()
-        pattern.data[:] = 1
-        return cls(S, pattern, *transpose_map(S))
+        return cls(S, Transposer.of(S))
 
     def rates(self, X: Any, L: Any) -> Any:
         """ŝ = S's pattern ∘ (X Λᵀ): the Poisson rates at the nonzero counts (SDDMM)."""
-        return mgpu.sddmm(self.pattern, X, L)
+        return mgpu.sddmm(self.S, X, L, hadamard=False)
 
     def _ratio(self, R: Any, tiny: float) -> Any:
         R.data = self.S.data / _xp(self.S).maximum(R.data, tiny)
@@ -164,10 +159,7 @@ class _Tile:
     def topic_parts(self, X: Any, L: Any, tiny: float) -> tuple[Any, Any]:
         """(S / ŝ)ᵀ X and 1ᵀX for these documents: the sums behind Λ's update."""
         Q = self._ratio(self.rates(X, L), tiny)
-        sparse = sp if _xp(self.S) is np else _cupyx_sparse()
-        QT = sparse.csr_matrix((Q.data[self.perm], self.t_ind, self.t_ptr),
-                               shape=(self.S.shape[1], self.S.shape[0]))
-        return mgpu.spmm(QT, X), X.sum(axis=0)
+        return mgpu.spmm(self.transpose(Q.data), X), X.sum(axis=0)
 
     def loglik_parts(self, R: Any, X: Any, tiny: float) -> tuple[float, Any]:
         """Σ s log ŝ over these documents (given ŝ = ``R``) and 1ᵀX, in float64."""
@@ -175,12 +167,6 @@ class _Tile:
         ll = float((self.S.data.astype(xp.float64)
                     * xp.log(xp.maximum(R.data.astype(xp.float64), tiny))).sum())
         return ll, X.sum(axis=0).astype(xp.float64)
-
-
-def _cupyx_sparse() -> Any:
-    import cupyx.scipy.sparse
-
-    return cupyx.scipy.sparse
 
 
 # ------------------------------------------------------------------- across a cluster

@@ -121,13 +121,17 @@ def device_facts(device_id: int) -> DeviceFacts:
                        l2_bytes=attrs["L2CacheSize"], smem_bytes=int(smem))
 
 
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
 def sddmm_is_usable_for(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray) -> bool:
     """Whether the kernels take these operands (instantiated dtypes, C order)."""
     return (
         S.format == "csr"
-        and S.dtype.name in ("float32", "float64")
+        and S.dtype in _FLOATS
         and S.dtype == A.dtype == B.dtype
-        and S.indptr.dtype.name in ("int32", "int64")
+        and S.indptr.dtype in _INDEX_TYPES
         and S.indices.dtype == S.indptr.dtype
         and A.flags.c_contiguous
         and B.flags.c_contiguous
@@ -184,7 +188,7 @@ def _csr_launch(nnz: int, V: int) -> tuple[int, int]:
     """(nonzeros per warp, blocks) for the virtual-warp kernels: every SM filled twice over,
     then runs of at most 512 nonzeros, a whole number of the warp's steps."""
     per_step = (32 // V) * 4  # nonzeros a warp has in flight
-    facts = device_facts(cupy.cuda.Device().id)
+    facts = device_facts(cupy.cuda.runtime.getDevice())
     want_warps = facts.sms * 64 * 2
     nz_per_warp = max(per_step, min(512, -(-nnz // want_warps)))
     nz_per_warp = -(-nz_per_warp // per_step) * per_step
@@ -248,7 +252,19 @@ def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: 
             if layout is None:
                 layout = tile_layout(S.indptr, S.indices, S.shape, plan.Tj, plan.ti)
             run_tiled(S, A, B, hadamard, layout, plan.scheme, plan.Tk, out)
-    return csp.csr_matrix((out, S.indices.copy(), S.indptr.copy()), shape=S.shape)
+    return with_values(S, out)
+
+
+def with_values(S: csp.csr_matrix, values: cupy.ndarray) -> csp.csr_matrix:
+    """A CSR matrix of S's pattern, with its own copies of S's index arrays, holding
+    ``values``.
+
+    Made from S and then handed the new arrays: cupyx's constructor from a ``(data, indices,
+    indptr)`` triple reads indptr's ends back from the device, a wait on every call.
+    """
+    P = csp.csr_matrix(S)  # shares S's arrays: no copy, nothing read back
+    P.data, P.indices, P.indptr = values, S.indices.copy(), S.indptr.copy()
+    return P
 
 
 def sddmm_fallback(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray,
@@ -264,7 +280,7 @@ def sddmm_fallback(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray,
         out[s:s + step] = (A[r] * B[c]).sum(axis=1)
     if hadamard:
         out *= S.data.astype(out.dtype, copy=False)
-    return csp.csr_matrix((out, S.indices.copy(), S.indptr.copy()), shape=S.shape)
+    return with_values(S, out)
 
 
 # ------------------------------------------------------------------------------- the tuner

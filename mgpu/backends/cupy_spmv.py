@@ -20,7 +20,7 @@ from mgpu.backends.loader import c_type, get_function
 logger = logging.getLogger(__name__)
 
 __all__ = ["spmm_merge", "spmv_fallback", "spmv_flagged", "spmv_is_usable_for", "spmv_items",
-           "spmv_merge"]
+           "spmv_merge", "takes_as_is"]
 
 _SPMV = "spmv.cu"
 _TILE_THREADS = 128  # SpMV: threads of a tile's block (MGPU_SPMV_THREADS in kernels/spmv.cu)
@@ -46,10 +46,18 @@ def spmv_is_usable_for(A: csp.csr_matrix, x: cupy.ndarray) -> bool:
     )
 
 
+def takes_as_is(A: object, x: object, ndim: int) -> bool:
+    """Whether ``mgpu.spmv`` (``ndim`` 1) or ``mgpu.spmm`` (2) can hand A and x to the kernels
+    with no conversion and no check but of their values: a cupyx CSR matrix and a cupy array
+    of that many dimensions, x's rows A's columns, and :func:`spmv_is_usable_for`."""
+    return (type(A) is csp.csr_matrix and type(x) is cupy.ndarray and x.ndim == ndim
+            and x.shape[0] == A.shape[1] and spmv_is_usable_for(A, x))
+
+
 def _pick(m: int, nnz: int, sizes: tuple[int, ...]) -> int:
     """The larger of ``sizes`` once the merge fills the device ``_FULL_WAVES`` times over with
     it, the smaller otherwise (more pieces, more threads)."""
-    facts = device_facts(cupy.cuda.Device().id)
+    facts = device_facts(cupy.cuda.runtime.getDevice())
     resident = facts.sms * facts.threads_per_sm
     small, large = min(sizes), max(sizes)
     return large if (m + nnz) >= _FULL_WAVES * resident * large else small
@@ -83,8 +91,7 @@ def _add_carries(carry_row: cupy.ndarray, carry_val: cupy.ndarray, n_pieces: int
         _blocks(n_pieces * k), (_THREADS,), (carry_row, carry_val, n, m64, k64, out))
 
 
-def _flag(bad: cupy.ndarray | None) -> cupy.ndarray:
-    return cupy.zeros(1, dtype=cupy.int32) if bad is None else bad
+_NO_FLAG = np.uint64(0)  # a null flag pointer: the kernels then check nothing
 
 
 def _flag_nonfinite(v: cupy.ndarray, bad: cupy.ndarray) -> None:
@@ -101,14 +108,15 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
 
     Operands must pass :func:`spmv_is_usable_for`; ``items`` (one of ``SPMV_ITEMS``)
     defaults to :func:`spmv_items`. ``bad`` (int32, one element, zero) is set to 1 when A's
-    stored values or x hold NaN or infinity; nothing reads it back here.
+    stored values or x hold NaN or infinity; nothing reads it back here. Without ``bad``
+    nothing is checked (and x is read only where A's columns point).
     """
     m, n = int(A.shape[0]), int(A.shape[1])
     nnz = int(A.nnz)  # cupyx keeps data of length indptr[-1]: no device sync
     y = cupy.empty(m, dtype=A.dtype)
-    bad = _flag(bad)
     if m == 0:
-        _flag_nonfinite(x, bad)
+        if bad is not None:
+            _flag_nonfinite(x, bad)
         return y
     items = spmv_items(m, nnz) if items is None else int(items)
     t = c_type(A.dtype)
@@ -118,13 +126,15 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
     carry_row = cupy.empty(n_tiles, dtype=cupy.int32)
     carry_val = cupy.empty(n_tiles, dtype=cupy.float64)
     m64, nnz64 = cupy.int64(m), cupy.int64(nnz)
+    flag = _NO_FLAG if bad is None else bad
+    searched = n_tiles + 1 if bad is None else max(n_tiles + 1, n)
     _function(f"mgpu_spmv_tile_search<{t}>")(
-        _blocks(max(n_tiles + 1, n)), (_THREADS,),
+        _blocks(searched), (_THREADS,),
         (A.indptr, m64, nnz64, cupy.int64(tile), cupy.int64(n_tiles), tile_row, x,
-         cupy.int64(n), bad))
+         cupy.int64(n), flag))
     _function(f"mgpu_spmv_merge<{t}, {items}>")(
         (n_tiles,), (_TILE_THREADS,),
-        (A.indptr, A.indices, A.data, x, m64, nnz64, tile_row, y, carry_row, carry_val, bad))
+        (A.indptr, A.indices, A.data, x, m64, nnz64, tile_row, y, carry_row, carry_val, flag))
     if n_tiles > 1:
         _add_carries(carry_row, carry_val, n_tiles, m, 1, y)
     return y

@@ -66,10 +66,12 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
     -------
     rows : list of dict
         One per matrix: ``name, device, rows, cols, nnz, empty_rows, max_row, mgpu_ms``
-        (the public call: checks, kernels, the check flag read back), ``kernels_ms`` (the
-        merge-path kernels alone), ``peer, peer_ms, speedup`` (peer time / mgpu time),
-        ``mgpu_gflops, peer_gflops`` and ``rel_err`` (of mgpu's result against a float64
-        reference).
+        (the public call: checks, kernels, the check flag read back), ``unchecked_ms`` (the
+        public call with ``check_finite=False``, which checks what the peer checks: shapes
+        and kinds, not values), ``kernels_ms`` (the merge-path kernels alone), ``peer,
+        peer_ms, speedup`` (peer time / mgpu time, ``unchecked_speedup`` likewise),
+        ``mgpu_gflops, peer_gflops`` and ``rel_err`` (the larger error of the checked and
+        the unchecked call's results against a float64 reference).
     """
     if device not in ("auto", "gpu", "cpu"):
         raise ValueError("The 'device' parameter of bench_spmv must be a str among {'auto', "
@@ -96,7 +98,10 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
 
             Ag, xg = csp.csr_matrix(A), cupy.asarray(x)
             got = mgpu.spmv(Ag, xg).get()
+            same = mgpu.spmv(Ag, xg, check_finite=False).get()
             t_mgpu = time_gpu(lambda: mgpu.spmv(Ag, xg), repeats=repeats)
+            t_unchecked = time_gpu(lambda: mgpu.spmv(Ag, xg, check_finite=False),
+                                   repeats=repeats)
             t_kernels = time_gpu(lambda: gpu_kernels(Ag, xg), repeats=repeats)
             t_peer = time_gpu(lambda: Ag @ xg, repeats=repeats)
             row.update(device="gpu", peer="cuSPARSE (cupyx A @ x)")
@@ -104,19 +109,23 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
             from mgpu.backends.numpy_spmv import spmv_merge as cpu_kernels
 
             got = mgpu.spmv(A, x)
+            same = mgpu.spmv(A, x, check_finite=False)
             t_mgpu = time_cpu(lambda: mgpu.spmv(A, x), repeats=repeats)
+            t_unchecked = time_cpu(lambda: mgpu.spmv(A, x, check_finite=False), repeats=repeats)
             t_kernels = time_cpu(lambda: cpu_kernels(A, x), repeats=repeats)
             t_peer = time_cpu(lambda: A @ x, repeats=repeats)
             row.update(device="cpu", peer="scipy A @ x")
         flops = 2.0 * A.nnz
         row.update(
             mgpu_ms=1e3 * t_mgpu,
+            unchecked_ms=1e3 * t_unchecked,
             kernels_ms=1e3 * t_kernels,
             peer_ms=1e3 * t_peer,
             speedup=t_peer / t_mgpu if t_mgpu > 0 else math.nan,
+            unchecked_speedup=t_peer / t_unchecked if t_unchecked > 0 else math.nan,
             mgpu_gflops=flops / t_mgpu / 1e9 if t_mgpu > 0 else math.nan,
             peer_gflops=flops / t_peer / 1e9 if t_peer > 0 else math.nan,
-            rel_err=_rel_err(got, ref),
+            rel_err=max(_rel_err(got, ref), _rel_err(same, ref)),  # both calls' results
         )
         logger.info("spmv %s: mgpu %.3f ms, %s %.3f ms", name, row["mgpu_ms"], row["peer"],
                     row["peer_ms"])
@@ -150,26 +159,31 @@ def markdown(rows: Sequence[dict[str, Any]], label: str = "") -> str:
     Examples
     --------
     >>> print(markdown([{"name": "m", "device": "cpu", "rows": 2, "cols": 2, "nnz": 3,
-    ...                  "empty_rows": 0, "max_row": 2, "mgpu_ms": 1.0, "kernels_ms": 0.9,
-    ...                  "peer": "scipy A @ x", "peer_ms": 2.0, "speedup": 2.0,
-    ...                  "mgpu_gflops": 0.1, "peer_gflops": 0.05, "rel_err": 0.0}]).splitlines()[2])
-    | m | cpu | 2×2 | 3 | 0 | 2 | 1.000 | 0.900 | 2.000 | 2.00 | 0.10 | 0.05 | 0.0e+00 |
+    ...                  "empty_rows": 0, "max_row": 2, "mgpu_ms": 1.0, "unchecked_ms": 0.95,
+    ...                  "kernels_ms": 0.9, "peer": "scipy A @ x", "peer_ms": 2.0,
+    ...                  "speedup": 2.0, "unchecked_speedup": 2.1, "mgpu_gflops": 0.1,
+    ...                  "peer_gflops": 0.05, "rel_err": 0.0}]).splitlines()[2])
+    | m | cpu | 2×2 | 3 | 0 | 2 | 1.000 | 0.950 | 0.900 | 2.000 | 2.00 | 2.10 | 0.10 | 0.05 | 0.0e+00 |
     """
-    head = ("| matrix | device | shape | nnz | empty rows | longest row | mgpu ms | kernels ms | "
-            "peer ms | speedup | mgpu GFLOP/s | peer GFLOP/s | rel. error |")
-    lines = ([f"**{label}**", ""] if label else []) + [head, "|" + "---|" * 13]
+    head = ("| matrix | device | shape | nnz | empty rows | longest row | mgpu ms | unchecked ms "
+            "| kernels ms | peer ms | speedup | unchecked speedup | mgpu GFLOP/s | peer GFLOP/s "
+            "| rel. error |")
+    lines = ([f"**{label}**", ""] if label else []) + [head, "|" + "---|" * 15]
+    nan = math.nan
     for r in rows:
+        unchecked = r.get("unchecked_ms", nan)
         lines.append(
             f"| {r['name']} | {r['device']} | {r['rows']}×{r['cols']} | {r['nnz']} | "
-            f"{r['empty_rows']} | {r['max_row']} | {r['mgpu_ms']:.3f} | "
-            f"{r.get('kernels_ms', math.nan):.3f} | {r['peer_ms']:.3f} | "
-            f"{r['speedup']:.2f} | {r['mgpu_gflops']:.2f} | {r['peer_gflops']:.2f} | "
-            f"{r['rel_err']:.1e} |"
+            f"{r['empty_rows']} | {r['max_row']} | {r['mgpu_ms']:.3f} | {unchecked:.3f} | "
+            f"{r.get('kernels_ms', nan):.3f} | {r['peer_ms']:.3f} | "
+            f"{r['speedup']:.2f} | {r.get('unchecked_speedup', nan):.2f} | "
+            f"{r['mgpu_gflops']:.2f} | {r['peer_gflops']:.2f} | {r['rel_err']:.1e} |"
         )
     if rows:
         peer = rows[0]["peer"]
         lines += ["", f"Peer: {peer}. Correlation of time with nnz: mgpu "
-                  f"{nnz_time_correlation(rows, 'mgpu_ms'):.3f} (kernels alone "
+                  f"{nnz_time_correlation(rows, 'mgpu_ms'):.3f} (unchecked "
+                  f"{nnz_time_correlation(rows, 'unchecked_ms'):.3f}, kernels alone "
                   f"{nnz_time_correlation(rows, 'kernels_ms'):.3f}), peer "
                   f"{nnz_time_correlation(rows, 'peer_ms'):.3f}."]
     return "\n".join(lines)

@@ -61,10 +61,12 @@ def _on_device(X: Any) -> Any:
     return device_copy(X, cupy.asarray)
 
 
-def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool]) -> Any:
+def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool],
+                 finite: bool = True) -> Any:
     """One tile: validate what only the task can see, move factors to S's device, run.
 
-    ``check`` says which factors came as dask arrays unseen by the client's checks.
+    ``check`` says which factors came as dask arrays unseen by the client's checks;
+    ``finite`` whether values are checked at all (``check_finite``).
     """
     # K is one chunk, so blockwise hands each factor over as a one-block list; taking the
     # block itself (instead of concatenate=True) keeps it the object the worker holds: no
@@ -72,15 +74,16 @@ def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool
     A, B = (X[0] if isinstance(X, list) else X for X in (A, B))
     for X, name, needed in ((A, "A", check[0]), (B, "B", check[1])):
         if needed:
-            check_dense_factor(X, name)
+            check_dense_factor(X, name, finite)
     if is_gpu_array(S):
         A, B = _on_device(A), _on_device(B)
     elif is_gpu_array(A) or is_gpu_array(B):
         A, B = to_host(A), to_host(B)
-    return synchronize(sddmm_local(check_sparse(S, hadamard), A, B, hadamard))
+    return synchronize(sddmm_local(check_sparse(S, hadamard and finite), A, B, hadamard))
 
 
-def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any) -> da.Array:
+def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any,
+            finite: bool = True) -> da.Array:
     """A dense factor as a dask array chunked like S's rows (A, ``axis=0``) or columns (B).
 
     A numpy/cupy factor is checked here, before any task runs, and sent to the workers:
@@ -92,7 +95,7 @@ def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any) -> da.Array:
     chunks = (row_chunks, (K,))
     if is_dask_array(X):
         return X.rechunk(chunks) if X.chunks != chunks else X
-    check_dense_factor(X, name)
+    check_dense_factor(X, name, finite)
     # Factors change every call of an iterative method: a fresh name instead of hashing
     # hundreds of MB of values for a deterministic one.
     key = f"{_PLACED}{name}-{uuid.uuid4().hex}"
@@ -159,7 +162,8 @@ def _holders(S: da.Array, client: Any, axis: int) -> list[list[str]]:
     return out
 
 
-def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) -> Any:
+def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
+          check_finite: bool = True) -> Any:
     """Sampled dense-dense product ``P = S ∘ (A Bᵀ)`` on one device or across a cluster.
 
     Parameters
@@ -178,6 +182,10 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) ->
     plan : SDDMMPlan, optional
         One device only: from :func:`mgpu.sddmm_plan` on this S, to reuse its tuned scheme
         and tiled copy of S across calls.
+    check_finite : bool, default=True
+        Refuse NaN or infinity in the factors (and S's values with ``hadamard``); ``False``
+        skips the check and its wait, for factors known to be finite, as in
+        :func:`mgpu.ops.sddmm`.
 
     Returns
     -------
@@ -203,7 +211,8 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) ->
     True
     """
     if not is_dask_array(S):
-        return sddmm_one_device(S, A, B, hadamard=hadamard, plan=plan)
+        return sddmm_one_device(S, A, B, hadamard=hadamard, plan=plan,
+                                check_finite=check_finite)
     if plan is not None:
         raise ValueError("The 'plan' parameter of sddmm is for one matrix on one device; a "
                          "distributed S is planned per tile on its worker. Leave it out.")
@@ -212,8 +221,9 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) ->
         raise ValueError("The 'S' parameter of sddmm has unknown chunk sizes; call "
                          "S.compute_chunk_sizes() first.")
     client = current_client()
-    A_d = _factor(A, "A", S, 0, client)
-    B_d = _factor(B, "B", S, 1, client)
+    finite = bool(check_finite)
+    A_d = _factor(A, "A", S, 0, client, finite)
+    B_d = _factor(B, "B", S, 1, client, finite)
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
     meta = S._meta.astype(dt) if hasattr(S._meta, "astype") else S._meta
     check = tuple(is_dask_array(X) and not X.name.startswith(_PLACED) for X in (A, B))
@@ -221,14 +231,16 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None) ->
     if client is None:
         return da.blockwise(
             _sddmm_block, "ij", S, "ij", A_d, "ik", B_d, "jk",
-            hadamard=bool(hadamard), check=check, concatenate=False, dtype=dt, meta=meta,
+            hadamard=bool(hadamard), check=check, finite=finite, concatenate=False, dtype=dt,
+            meta=meta,
             name="mgpu-sddmm-" + tokenize(S, A_d, B_d, hadamard),
         )
-    return _submit_tiles(S, A_d, B_d, bool(hadamard), check, dt, meta, client)
+    return _submit_tiles(S, A_d, B_d, bool(hadamard), check, finite, dt, meta, client)
 
 
 def _submit_tiles(S: da.Array, A_d: da.Array, B_d: da.Array, hadamard: bool,
-                  check: tuple[bool, bool], dt: np.dtype, meta: Any, client: Any) -> da.Array:
+                  check: tuple[bool, bool], finite: bool, dt: np.dtype, meta: Any,
+                  client: Any) -> da.Array:
     """One task per tile of S, started now, each asked to run where its tile is.
 
     Dask alone would run a tile's task where the largest inputs are, and a GPU tile can look
@@ -244,7 +256,7 @@ def _submit_tiles(S: da.Array, A_d: da.Array, B_d: da.Array, hadamard: bool,
     for (i, j), tile in tiles.items():
         key = (name, i, j)
         graph[key] = client.submit(
-            _sddmm_block, tile, a[(i, 0)], b[(j, 0)], hadamard, check, key=key,
+            _sddmm_block, tile, a[(i, 0)], b[(j, 0)], hadamard, check, finite, key=key,
             workers=list(where.get(tile.key, ())) or None, allow_other_workers=True,
         )
     return da.Array(graph, name, chunks=S.chunks, dtype=dt, meta=meta)

@@ -36,9 +36,9 @@ __all__ = ["spmm", "spmv"]
 _X = "mgpu-spmv-x-"
 
 
-def _spmv_block(A: Any, x: Any, op_name: str) -> Any:
-    """One row tile: refuse NaN/inf in it (only the worker sees its values), move x to the
-    tile's device, run the merge path."""
+def _spmv_block(A: Any, x: Any, op_name: str, check_finite: bool = True) -> Any:
+    """One row tile: refuse NaN/inf in it (only the worker sees its values) unless told not
+    to, move x to the tile's device, run the merge path."""
     # j (A's columns) is contracted, so blockwise hands A and x over as one-block lists;
     # taking the blocks (not concatenate=True) keeps x the object the worker holds.
     A = A[0] if isinstance(A, list) else A
@@ -49,7 +49,7 @@ def _spmv_block(A: Any, x: Any, op_name: str) -> Any:
         x = cupy.asarray(x)
     elif not is_gpu_array(A) and is_gpu_array(x):
         x = to_host(x)
-    return spmv_checked(A, x, "x" if x.ndim == 1 else "X", op_name)
+    return spmv_checked(A, x, "x" if x.ndim == 1 else "X", op_name, check_finite)
 
 
 def _broadcast(x: Any, client: Any) -> da.Array:
@@ -71,7 +71,8 @@ def _broadcast(x: Any, client: Any) -> da.Array:
                     meta=x[:0])
 
 
-def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int) -> da.Array:
+def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int,
+                 check_finite: bool) -> da.Array:
     check_sparse_shape(A, func)
     if any(np.isnan(c).any() for c in (np.array(A.chunks[0], float),
                                        np.array(A.chunks[1], float))):
@@ -87,7 +88,7 @@ def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int) -> da.Arr
         raise TypeError(f"The '{name}' parameter of {func} must be a numpy or cupy array with a "
                         f"dask A (it is sent to every worker). Got a dask array; pass "
                         f"{name}.compute().")
-    check_dense_operand(x, A.shape[1], name, func, ndim)
+    check_dense_operand(x, A.shape[1], name, func, ndim, finite=check_finite)
     client = current_client()
     x_d = _broadcast(x, client)
     dt = spmv_dtype(A.dtype, x.dtype)
@@ -103,6 +104,7 @@ def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int) -> da.Arr
         _spmv_block, out_ind,
         A, "ij", x_d, x_ind,
         op_name=func,
+        check_finite=check_finite,
         concatenate=False,
         dtype=dt,
         meta=meta,
@@ -110,7 +112,7 @@ def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int) -> da.Arr
     )
 
 
-def spmv(A: Any, x: Any) -> Any:
+def spmv(A: Any, x: Any, *, check_finite: bool = True) -> Any:
     """Sparse matrix times dense vector ``y = A @ x`` on one device or across a cluster.
 
     Parameters
@@ -122,6 +124,10 @@ def spmv(A: Any, x: Any) -> Any:
         numpy or cupy. With a dask A it is checked here and sent once to the cluster (to one
         worker, from which the others fetch it); on a GPU tile a host x is copied to the
         device.
+    check_finite : bool, default=True
+        Refuse NaN or infinity in A's stored values and in x; ``False`` skips the check (and,
+        on a GPU, the wait for it) for operands known to be finite, as in
+        :func:`mgpu.ops.spmv`.
 
     Returns
     -------
@@ -136,7 +142,8 @@ def spmv(A: Any, x: Any) -> Any:
     TypeError, ValueError
         As :func:`mgpu.ops.spmv`, before any task is submitted, for everything that can be
         seen without computing: kinds, shapes, column tiles, NaN/inf in x. NaN or infinity
-        in a tile of a dask A fails that tile's task with the same message.
+        in a tile of a dask A fails that tile's task with the same message. (NaN and
+        infinity only with ``check_finite``.)
 
     Examples
     --------
@@ -150,11 +157,11 @@ def spmv(A: Any, x: Any) -> Any:
     (True, True)
     """
     if not is_dask_array(A):
-        return spmv_one_device(A, x)
-    return _distributed(A, x, "x", "spmv", 1)
+        return spmv_one_device(A, x, check_finite=check_finite)
+    return _distributed(A, x, "x", "spmv", 1, bool(check_finite))
 
 
-def spmm(A: Any, X: Any) -> Any:
+def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     """Sparse matrix times dense matrix ``Y = A @ X`` on one device or across a cluster.
 
     Parameters
@@ -163,6 +170,8 @@ def spmm(A: Any, X: Any) -> Any:
         As in :func:`spmv`.
     X : ndarray of shape (n_cols, n_vectors)
         numpy or cupy; with a dask A, sent once to the cluster, as x in :func:`spmv`.
+    check_finite : bool, default=True
+        As in :func:`spmv`.
 
     Returns
     -------
@@ -186,5 +195,5 @@ def spmm(A: Any, X: Any) -> Any:
     ((200, 3), True)
     """
     if not is_dask_array(A):
-        return spmm_one_device(A, X)
-    return _distributed(A, X, "X", "spmm", 2)
+        return spmm_one_device(A, X, check_finite=check_finite)
+    return _distributed(A, X, "X", "spmm", 2, bool(check_finite))

@@ -56,13 +56,15 @@ def check_sddmm_shapes(s_shape: tuple[int, ...], a_shape: tuple[int, ...],
         )
 
 
-def check_dense_factor(X: Any, name: str) -> None:
-    """Refuse a dense factor that is not a real numpy/cupy matrix or holds NaN/inf."""
-    check_dense_factors({name: X})
+def check_dense_factor(X: Any, name: str, finite: bool = True) -> None:
+    """Refuse a dense factor that is not a real numpy/cupy matrix or (with ``finite``) holds
+    NaN/inf."""
+    check_dense_factors({name: X}, finite)
 
 
-def check_dense_factors(factors: dict[str, Any]) -> None:
-    """:func:`check_dense_factor` for several factors, with one device round trip for all."""
+def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
+    """:func:`check_dense_factor` for several factors, with one device round trip for all
+    (none without ``finite``: kinds only, values not looked at)."""
     for name, X in factors.items():
         if is_sparse(X) or not (isinstance(X, np.ndarray) or is_gpu_array(X)):
             raise TypeError(
@@ -72,7 +74,8 @@ def check_dense_factors(factors: dict[str, Any]) -> None:
         if np.dtype(X.dtype).kind not in "biuf":
             raise TypeError(
                 f"The '{name}' parameter of sddmm must hold real numbers. Got {X.dtype}.")
-    checked = {n: X for n, X in factors.items() if np.dtype(X.dtype).kind == "f" and X.size}
+    checked = {n: X for n, X in factors.items()
+               if finite and np.dtype(X.dtype).kind == "f" and X.size}
     flags = [_all_finite(X) for X in checked.values()]
     if flags and any(is_gpu_array(f) for f in flags):
         import cupy
@@ -102,7 +105,8 @@ def _cupy_isfinite(X: Any) -> Any:
 
 
 def check_sparse(S: Any, hadamard: bool) -> Any:
-    """S as CSR (scipy or cupyx) with a float dtype, refusing duplicates and NaN/inf values."""
+    """S as CSR (scipy or cupyx) with a float dtype, refusing duplicates and (when its values
+    are used, ``hadamard``) NaN/inf values."""
     if not is_sparse(S):
         raise TypeError(
             f"The 'S' parameter of sddmm must be a scipy or cupyx sparse matrix or a dask array "
@@ -168,7 +172,7 @@ def sddmm_local(S: Any, A: Any, B: Any, hadamard: bool, plan: SDDMMPlan | None =
 
 
 def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
-          plan: SDDMMPlan | None = None) -> Any:
+          plan: SDDMMPlan | None = None, check_finite: bool = True) -> Any:
     """Sampled dense-dense product ``P = S ∘ (A Bᵀ)`` on one CPU or GPU.
 
     Parameters
@@ -186,6 +190,11 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         From :func:`sddmm_plan` on this S: reuses its tuned scheme and its tiled copy of S,
         so repeated calls with new factors skip the preprocessing. Without one, the tuned
         scheme of S's shape class is used (tuned on first sight) and any tiling is redone.
+    check_finite : bool, default=True
+        Refuse NaN or infinity in A and B (and in S's values with ``hadamard``), as
+        scipy.linalg's ``check_finite``; on the GPU the check waits for the device. ``False``
+        skips it, for factors known to be finite (an iterative method that watches its own
+        loss): NaN or infinity then spread into the entries of P that touch them.
 
     Returns
     -------
@@ -199,7 +208,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         If an operand is of the wrong kind (dense S, sparse A, complex values).
     ValueError
         On shape mismatches, operands on different devices, NaN or infinity in A or B (or in
-        S's values when ``hadamard``), or duplicate entries in S.
+        S's values when ``hadamard``; both with ``check_finite``), or duplicate entries in S.
 
     Examples
     --------
@@ -217,7 +226,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
             "runs the distributed version."
         )
     check_sddmm_shapes(S.shape, getattr(A, "shape", ()), getattr(B, "shape", ()))
-    check_dense_factors({"A": A, "B": B})
+    check_dense_factors({"A": A, "B": B}, finite=check_finite)
     on_gpu = [is_gpu_array(x) for x in (S, A, B)]
     if len(set(on_gpu)) != 1:
         where = ", ".join(
@@ -228,7 +237,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
             f"The operands of sddmm must be on one device. Got {where}. Move them with "
             "cupy.asarray / cupyx.scipy.sparse.csr_matrix or cupy.asnumpy / .get()."
         )
-    S = check_sparse(S, hadamard)
+    S = check_sparse(S, hadamard and check_finite)
     if plan is not None:
         check_plan(plan, S, A.shape[1])
     return sddmm_local(S, A, B, hadamard, plan)

@@ -156,21 +156,29 @@ def spmv_local(A: Any, x: Any) -> Any:
     return spmv_lookup(*_promote(A, x))
 
 
-def spmv_checked(A: Any, x: Any, name: str, func: str) -> Any:
+def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True) -> Any:
     """The kernel call on CSR A and dense x (1-D or 2-D) of one device whose shapes and
     types are checked, refusing NaN or infinity among A's stored values or in x.
 
     On the CPU the values are checked first. On the GPU the merge-path kernels flag such
     values while they read them, and one flag comes back per call; only a raised flag runs
-    the checks that name the place (the result, a new array, is dropped).
+    the checks that name the place (the result, a new array, is dropped). Without
+    ``check_finite`` the values are not looked at and nothing waits for the device.
     """
     A = A.tocsr()
+    if not check_finite:
+        return spmv_local(A, x)
     if not is_gpu_array(A):
         check_dense_finite(x, name, func, x.ndim)  # x first, then A, on both devices
         return spmv_local(check_sparse_operand(A, func), x)
+    return _gpu_checked(*_promote(A, x), name, func)
+
+
+def _gpu_checked(A: Any, x: Any, name: str, func: str) -> Any:
+    """The GPU half of :func:`spmv_checked`, for operands in the result dtype."""
     from mgpu.backends.cupy_spmv import spmv_flagged
 
-    y, bad = spmv_flagged(*_promote(A, x))
+    y, bad = spmv_flagged(A, x)
     flagged = None if bad is None else bool(bad.get()[0])  # the one read back
     if flagged is not False:  # raised, or cuSPARSE ran without looking
         check_dense_finite(x, name, func, x.ndim)
@@ -181,17 +189,24 @@ def spmv_checked(A: Any, x: Any, name: str, func: str) -> Any:
     return y
 
 
-def _one_device(A: Any, x: Any, name: str, func: str, ndim: int) -> Any:
+def _one_device(A: Any, x: Any, name: str, func: str, ndim: int, check_finite: bool) -> Any:
+    if is_gpu_array(A):
+        from mgpu.backends import cupy_spmv
+
+        if cupy_spmv.takes_as_is(A, x, ndim):  # passes every check but the values'
+            if check_finite:
+                return _gpu_checked(A, x, name, func)
+            return cupy_spmv.spmv_merge(A, x) if ndim == 1 else cupy_spmv.spmm_merge(A, x)
     if is_dask_array(A):
         raise TypeError(f"mgpu.ops.{func} runs on one device; for a dask array A use "
                         f"mgpu.{func}, which runs the distributed version.")
     check_sparse_shape(A, func)
     check_dense_operand(x, A.shape[1], name, func, ndim, finite=False)
     check_same_device(A, x, name, func)
-    return spmv_checked(A, x, name, func)
+    return spmv_checked(A, x, name, func, bool(check_finite))
 
 
-def spmv(A: Any, x: Any) -> Any:
+def spmv(A: Any, x: Any, *, check_finite: bool = True) -> Any:
     """Sparse matrix times dense vector, ``y = A @ x``, by merge path on one CPU or GPU.
 
     Parameters
@@ -201,6 +216,12 @@ def spmv(A: Any, x: Any) -> Any:
         entries are summed, as in scipy.
     x : ndarray of shape (n_cols,)
         numpy with a scipy A, cupy with a cupyx A.
+    check_finite : bool, default=True
+        Refuse NaN or infinity among A's stored values or in x (as scipy.linalg's
+        ``check_finite``). On the GPU the check is a flag the kernels raise while they read
+        the operands, and the call waits for it; ``False`` skips the check and the wait, for
+        operands known to be finite (a loop over checked data): NaN or infinity then spread
+        into the rows of y that touch them.
 
     Returns
     -------
@@ -214,7 +235,8 @@ def spmv(A: Any, x: Any) -> Any:
         If A is not sparse, x is not a dense array, or either is complex.
     ValueError
         If A is not 2-D, x is not 1-D or its length is not ``A.shape[1]``, the operands are on
-        different devices, or either holds NaN or infinity (the message gives where).
+        different devices, or (with ``check_finite``) either holds NaN or infinity (the
+        message gives where).
 
     See Also
     --------
@@ -227,10 +249,10 @@ def spmv(A: Any, x: Any) -> Any:
     >>> spmv(A, np.array([1.0, 2.0, 3.0]))
     array([7., 0., 6.])
     """
-    return _one_device(A, x, "x", "spmv", 1)
+    return _one_device(A, x, "x", "spmv", 1, check_finite)
 
 
-def spmm(A: Any, X: Any) -> Any:
+def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     """Sparse matrix times dense matrix, ``Y = A @ X``, by merge path on one CPU or GPU.
 
     Each piece of A's merge path is applied to every column of X (on the GPU, one warp per
@@ -242,6 +264,8 @@ def spmm(A: Any, X: Any) -> Any:
         scipy (CPU) or cupyx (GPU) sparse matrix, any format.
     X : ndarray of shape (n_cols, n_vectors)
         numpy with a scipy A, cupy with a cupyx A; any memory order.
+    check_finite : bool, default=True
+        As in :func:`spmv`.
 
     Returns
     -------
@@ -261,4 +285,4 @@ def spmm(A: Any, X: Any) -> Any:
     array([[3., 2.],
            [0., 3.]])
     """
-    return _one_device(A, X, "X", "spmm", 2)
+    return _one_device(A, X, "X", "spmm", 2, check_finite)
