@@ -1587,6 +1587,9 @@ def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], banded: t
                                "--banded NxWIDTH")
     rows = b.bench_spmv(mats, repeats, device=device)
     click.echo(b.markdown(rows))
+    files = rows[:len(inputs)]  # the matrices read from INPUTS come first
+    if len(files) > 1 and len(files) < len(rows):
+        click.echo(f"The {len(files)} matrices from files alone: {b.correlations(files)}")
     r = b.nnz_time_correlation(rows)
     if json_path:
         Path(json_path).write_text(json.dumps({"rows": rows, "nnz_time_correlation": r},
@@ -1604,6 +1607,9 @@ def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], banded: t
         ax.loglog(nnz, [row["unchecked_ms"] for row in rows], "x",
                   label="mgpu.spmv, check_finite=False")
         ax.loglog(nnz, [row["kernels_ms"] for row in rows], "^", label="merge-path kernels")
+        if any(row["graph_ms"] == row["graph_ms"] for row in rows):  # GPU: not NaN
+            ax.loglog(nnz, [row["graph_ms"] for row in rows], "d",
+                      label="mgpu.spmv, unchecked, in a CUDA graph")
         ax.loglog(nnz, [row["peer_ms"] for row in rows], "s", label=rows[0]["peer"])
         ax.set_xlabel("nonzeros")
         ax.set_ylabel("ms per SpMV")

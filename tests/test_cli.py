@@ -526,6 +526,18 @@ def test_bench_spmv_synthetic_matrices(runner, tmp_path):
     assert rows[1]["max_row"] > rows[0]["max_row"]  # the steeper rows
     assert all(row["rel_err"] <= 1e-6 and row["kernels_ms"] > 0 for row in rows)
     assert all(row["unchecked_speedup"] == row["peer_ms"] / row["unchecked_ms"] for row in rows)
+    import scipy.io
+    import scipy.sparse as sp
+
+    paths = []
+    for i, density in enumerate((0.01, 0.05)):
+        paths.append(tmp_path / f"m{i}.mtx")
+        scipy.io.mmwrite(paths[-1], sp.random(200, 200, density=density, random_state=i))
+    r = runner.invoke(main, ["bench", "spmv", "--device", "cpu", "--repeats", "1",
+                             *map(str, paths), "--banded", "500x5"])
+    assert r.exit_code == 0, r.output
+    assert "The 2 matrices from files alone: Correlation of time with nnz over 2 matrices" \
+        in r.output
     for bad, hint in ((["--powerlaw", "300x200:2000:1:2:3"], "--powerlaw"),
                       (["--banded", "500"], "expected ROWSxCOLS")):
         r = runner.invoke(main, ["bench", "spmv", "--device", "cpu", *bad])

@@ -19,7 +19,9 @@ from mgpu.backends.timing import time_cpu, time_gpu
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["bench_spmv", "markdown", "nnz_time_correlation"]
+__all__ = ["bench_spmv", "correlations", "markdown", "nnz_time_correlation"]
+
+_GRAPH_CALLS = 20  # calls per CUDA graph in the launch-free timings
 
 
 def _gpu_available() -> bool:
@@ -34,6 +36,26 @@ def _gpu_available() -> bool:
 def _rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     scale = max(float(np.abs(ref).max(initial=0.0)), 1e-300)
     return float(np.abs(got.astype(np.float64) - ref).max(initial=0.0) / scale)
+
+
+def _graph_ms(fn: Any, repeats: int) -> float:
+    """Milliseconds per call of ``fn`` replayed in a CUDA graph of ``_GRAPH_CALLS`` calls:
+    the device's time for the work alone, with no launch from Python in between (what a
+    solver looping on the device sees). NaN when ``fn`` cannot be captured."""
+    import cupy
+
+    from mgpu.backends.graph import Replay
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        stream.synchronize()
+        try:
+            replay = Replay(lambda: [fn() for _ in range(_GRAPH_CALLS)], stream)
+        except Exception as exc:  # e.g. a peer whose call waits on the device
+            logger.info("not captured as a CUDA graph: %s", exc)
+            return math.nan
+        return 1e3 * time_gpu(replay, repeats=repeats) / _GRAPH_CALLS
 
 
 def _row_stats(A: sp.csr_matrix) -> dict[str, Any]:
@@ -70,6 +92,8 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
         public call with ``check_finite=False``, which checks what the peer checks: shapes
         and kinds, not values), ``kernels_ms`` (the merge-path kernels alone), ``peer,
         peer_ms, speedup`` (peer time / mgpu time, ``unchecked_speedup`` likewise),
+        on the GPU ``graph_ms`` and ``peer_graph_ms`` (the unchecked call and the peer, each
+        per call of a CUDA graph of 20 calls: no launch cost; NaN on the CPU),
         ``mgpu_gflops, peer_gflops`` and ``rel_err`` (the larger error of the checked and
         the unchecked call's results against a float64 reference).
     """
@@ -104,7 +128,10 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
                                    repeats=repeats)
             t_kernels = time_gpu(lambda: gpu_kernels(Ag, xg), repeats=repeats)
             t_peer = time_gpu(lambda: Ag @ xg, repeats=repeats)
-            row.update(device="gpu", peer="cuSPARSE (cupyx A @ x)")
+            row.update(device="gpu", peer="cuSPARSE (cupyx A @ x)",
+                       graph_ms=_graph_ms(lambda: mgpu.spmv(Ag, xg, check_finite=False),
+                                          repeats),
+                       peer_graph_ms=_graph_ms(lambda: Ag @ xg, repeats))
         else:
             from mgpu.backends.numpy_spmv import spmv_merge as cpu_kernels
 
@@ -114,7 +141,8 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
             t_unchecked = time_cpu(lambda: mgpu.spmv(A, x, check_finite=False), repeats=repeats)
             t_kernels = time_cpu(lambda: cpu_kernels(A, x), repeats=repeats)
             t_peer = time_cpu(lambda: A @ x, repeats=repeats)
-            row.update(device="cpu", peer="scipy A @ x")
+            row.update(device="cpu", peer="scipy A @ x", graph_ms=math.nan,
+                       peer_graph_ms=math.nan)
         flops = 2.0 * A.nnz
         row.update(
             mgpu_ms=1e3 * t_mgpu,
@@ -161,29 +189,34 @@ def markdown(rows: Sequence[dict[str, Any]], label: str = "") -> str:
     >>> print(markdown([{"name": "m", "device": "cpu", "rows": 2, "cols": 2, "nnz": 3,
     ...                  "empty_rows": 0, "max_row": 2, "mgpu_ms": 1.0, "unchecked_ms": 0.95,
     ...                  "kernels_ms": 0.9, "peer": "scipy A @ x", "peer_ms": 2.0,
-    ...                  "speedup": 2.0, "unchecked_speedup": 2.1, "mgpu_gflops": 0.1,
-    ...                  "peer_gflops": 0.05, "rel_err": 0.0}]).splitlines()[2])
-    | m | cpu | 2×2 | 3 | 0 | 2 | 1.000 | 0.950 | 0.900 | 2.000 | 2.00 | 2.10 | 0.10 | 0.05 | 0.0e+00 |
+    ...                  "speedup": 2.0, "unchecked_speedup": 2.1, "graph_ms": float("nan"),
+    ...                  "peer_graph_ms": float("nan"), "rel_err": 0.0}]).splitlines()[2])
+    | m | cpu | 2×2 | 3 | 0 | 2 | 1.000 | 0.950 | 0.900 | 2.000 | 2.00 | 2.10 | nan | nan | 0.0e+00 |
     """
     head = ("| matrix | device | shape | nnz | empty rows | longest row | mgpu ms | unchecked ms "
-            "| kernels ms | peer ms | speedup | unchecked speedup | mgpu GFLOP/s | peer GFLOP/s "
+            "| kernels ms | peer ms | speedup | unchecked speedup | graph ms | peer graph ms "
             "| rel. error |")
     lines = ([f"**{label}**", ""] if label else []) + [head, "|" + "---|" * 15]
     nan = math.nan
     for r in rows:
-        unchecked = r.get("unchecked_ms", nan)
         lines.append(
             f"| {r['name']} | {r['device']} | {r['rows']}×{r['cols']} | {r['nnz']} | "
-            f"{r['empty_rows']} | {r['max_row']} | {r['mgpu_ms']:.3f} | {unchecked:.3f} | "
-            f"{r.get('kernels_ms', nan):.3f} | {r['peer_ms']:.3f} | "
-            f"{r['speedup']:.2f} | {r.get('unchecked_speedup', nan):.2f} | "
-            f"{r['mgpu_gflops']:.2f} | {r['peer_gflops']:.2f} | {r['rel_err']:.1e} |"
+            f"{r['empty_rows']} | {r['max_row']} | {r['mgpu_ms']:.3f} | "
+            f"{r.get('unchecked_ms', nan):.3f} | {r.get('kernels_ms', nan):.3f} | "
+            f"{r['peer_ms']:.3f} | {r['speedup']:.2f} | {r.get('unchecked_speedup', nan):.2f} | "
+            f"{r.get('graph_ms', nan):.4f} | {r.get('peer_graph_ms', nan):.4f} | "
+            f"{r['rel_err']:.1e} |"
         )
     if rows:
-        peer = rows[0]["peer"]
-        lines += ["", f"Peer: {peer}. Correlation of time with nnz: mgpu "
-                  f"{nnz_time_correlation(rows, 'mgpu_ms'):.3f} (unchecked "
-                  f"{nnz_time_correlation(rows, 'unchecked_ms'):.3f}, kernels alone "
-                  f"{nnz_time_correlation(rows, 'kernels_ms'):.3f}), peer "
-                  f"{nnz_time_correlation(rows, 'peer_ms'):.3f}."]
+        lines += ["", f"Peer: {rows[0]['peer']}. " + correlations(rows)]
     return "\n".join(lines)
+
+
+def correlations(rows: Sequence[dict[str, Any]]) -> str:
+    """One sentence: the correlation of each timing with nnz over ``rows``."""
+    def r(key: str) -> str:
+        return f"{nnz_time_correlation(rows, key):.3f}"
+
+    return (f"Correlation of time with nnz over {len(rows)} matrices: mgpu {r('mgpu_ms')} "
+            f"(unchecked {r('unchecked_ms')}, kernels alone {r('kernels_ms')}, in a CUDA graph "
+            f"{r('graph_ms')}), peer {r('peer_ms')} (in a CUDA graph {r('peer_graph_ms')}).")
