@@ -448,6 +448,13 @@ def test_distributed_bad_input(client, problem):
     # A dask factor is only seen by the tasks: they fail with the same message.
     with pytest.raises(ValueError, match=r"'A' .* NaN or infinity"):
         mgpu.sddmm(Sd, da.from_array(bad, chunks=(2000, 24)), B).compute()
+    # check_finite=False: neither the client nor the tasks look; NaN reaches row 3 only
+    ref = gather(mgpu.sddmm(Sd, A, B)).tocsr()
+    for factor in (bad, da.from_array(bad, chunks=(2000, 24))):
+        got = gather(mgpu.sddmm(Sd, factor, B, check_finite=False)).tocsr()
+        row3 = np.repeat(np.arange(S.shape[0]), np.diff(got.indptr)) == 3
+        assert row3.any() and np.isnan(got.data[row3]).all()
+        np.testing.assert_array_equal(got.data[~row3], ref.data[~row3])
 
 
 def test_placed_factors_stay_on_their_workers_across_calls(client, problem):
