@@ -153,4 +153,6 @@ def test_gpu_steps_replayed_as_a_cuda_graph_are_the_eager_steps():
     x = cupy.ones(4)
     with pytest.raises(Exception, match="(?i)captur"):
         Replay(lambda: float(x.sum()), s)
-    assert Replay(lambda: x * 2, s)().get().tolist() == [2.0] * 4
+    doubled = Replay(lambda: x * 2, s)()
+    s.synchronize()  # the replay runs on s; get() copies on the default stream
+    assert doubled.get().tolist() == [2.0] * 4

@@ -111,6 +111,8 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
         return E, gU, gV
 
     replay = None
+    if gpu:  # the setup above ran on the default stream, the steps run on their own
+        xp.cuda.Device().synchronize()
     t_start = time.perf_counter()
     # unchecked steps on the CPU: overflow shows in the RMSE, which is watched, not as
     # numpy's warnings
@@ -137,6 +139,7 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
                 progress(rec)
             if gpu and cuda_graph and it == 1 and iters > 1:
                 replay = _capture(run_step, stream)  # warm now: kernels built, plan tuned
+    sync()  # the last Adam step, before the factors are used on another stream
     if not (bool(xp.isfinite(U).all()) and bool(xp.isfinite(V).all())):
         _finite(math.nan, "last step's factors", iters, lr)
     return model

@@ -19,7 +19,9 @@ class Replay:
 
     Each call launches the graph on ``stream`` (no wait) and returns what ``fn()`` returned
     at capture: the same arrays, overwritten by the replay. Capturing runs nothing, so
-    ``fn`` must have run once before (kernels compiled, plans tuned).
+    ``fn`` must have run once before (kernels compiled, plans tuned). Work on another stream
+    is not ordered with the replay: read the results on ``stream``, or after
+    ``stream.synchronize()``, and have the inputs ready before the call.
 
     ``fn`` must only launch work: no wait on the device and no copy to the host (the capture
     fails with an error saying so). It reads its inputs at fixed addresses, so they are to be

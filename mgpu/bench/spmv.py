@@ -47,6 +47,7 @@ def _graph_ms(fn: Any, repeats: int) -> float:
     from mgpu.backends.graph import Replay
 
     stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.Device().synchronize()  # the operands were made on the default stream
     with stream:
         fn()
         stream.synchronize()
