@@ -41,10 +41,13 @@ __device__ __forceinline__ long long merge_path_rows(long long d, const int* __r
 // Garland's CsrMV does: mgpu_spmv_tile_search finds where every tile starts on the merge path
 // (one binary search over the row ends per tile), then the tile's block reads its row ends and
 // its nonzeros' products data[nz] * x[col] into shared memory with coalesced loads, and each
-// thread walks its ITEMS items of the tile there (a second search, in shared memory). Rows
-// ended inside the tile are summed in shared memory and written once, coalesced; the row the
-// tile's end cuts leaves one carry per tile for the carry passes below.
+// thread walks its ITEMS items of the tile there (a second search, in shared memory); a tile
+// whose rows are all short is summed a row per thread instead. Rows ended inside the tile are
+// summed in shared memory and written once, coalesced; the row the tile's end cuts leaves one
+// carry per tile for the carry passes below.
 #define MGPU_SPMV_THREADS 128
+// rows of at most this many nonzeros are summed a row per thread (see mgpu_spmv_merge)
+#define MGPU_SPMV_ROW_CAP 32
 
 // tile_row[t] = rows consumed before tile t's first item, for t in [0, n_tiles] (the last is
 // m). The same launch flags any NaN or infinity among the n_x entries of x; with no flag
@@ -62,6 +65,43 @@ __global__ void mgpu_spmv_tile_search(const int* __restrict__ indptr, long long 
     }
     if (bad != nullptr && t < n_x && !isfinite(x[t])) *bad = 1;
 }
+
+// The merge walk of one tile: thread t takes items [t * ITEMS, (t + 1) * ITEMS) of the tile's
+// R row ends and N nonzeros, finds how many rows come before its first item (a search in
+// shared memory), and sums its items into s_acc (zeroed): rows it ends whole are stored,
+// the first row it ends and the row its end cuts (R: the tile's) may be shared with other
+// threads and are added atomically.
+namespace mgpu {
+template <typename T, int ITEMS>
+__device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, double* s_acc, int R,
+                                          int N) {
+    const int items = R + N;
+    const int k0 = threadIdx.x * ITEMS < items ? threadIdx.x * ITEMS : items;
+    const int k1 = k0 + ITEMS < items ? k0 + ITEMS : items;
+    int lo = k0 - N > 0 ? k0 - N : 0;
+    int hi = k0 < R ? k0 : R;
+    while (lo < hi) {
+        const int pivot = (lo + hi) >> 1;
+        if (s_end[pivot] <= k0 - pivot - 1) lo = pivot + 1; else hi = pivot;
+    }
+    int r = lo;
+    int j = k0 - r;
+    double acc = 0.0;
+    bool first = true;  // the first row this thread ends may have begun in earlier threads
+    for (int k = k0; k < k1; ++k) {
+        if (j < s_end[r]) {
+            acc += s_val[j];
+            ++j;
+        } else {
+            if (first) atomicAdd(&s_acc[r], acc); else s_acc[r] = acc;
+            first = false;
+            acc = 0.0;
+            ++r;
+        }
+    }
+    if (k0 < k1) atomicAdd(&s_acc[r], acc);  // the row this thread's end cuts (R: the tile's)
+}
+}  // namespace mgpu
 
 // Launch bounds of 16 blocks per SM keep the registers within a full SM's occupancy.
 template <typename T, int ITEMS>
@@ -110,32 +150,24 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     if (!finite && bad != nullptr) *bad = 1;
     __syncthreads();
 
-    // this thread's items [k0, k1) of the tile's R + N; r rows of it consumed before k0
-    const int items = R + N;
-    const int k0 = threadIdx.x * ITEMS < items ? threadIdx.x * ITEMS : items;
-    const int k1 = k0 + ITEMS < items ? k0 + ITEMS : items;
-    int lo = k0 - N > 0 ? k0 - N : 0;
-    int hi = k0 < R ? k0 : R;
-    while (lo < hi) {
-        const int pivot = (lo + hi) >> 1;
-        if (s_end[pivot] <= k0 - pivot - 1) lo = pivot + 1; else hi = pivot;
+    // A tile whose rows are all short (at most MGPU_SPMV_ROW_CAP items, as the whole block
+    // finds) is summed a row per thread, in order: no search, no atomics, few instructions,
+    // which is what bounds the kernel on regular matrices. Otherwise each thread walks its
+    // ITEMS items of the merge path, so a long row is shared among threads.
+    bool long_row = false;
+    for (int i = threadIdx.x; i <= R; i += MGPU_SPMV_THREADS) {
+        long_row = long_row || s_end[i] - (i == 0 ? 0 : s_end[i - 1]) > MGPU_SPMV_ROW_CAP;
     }
-    int r = lo;
-    int j = k0 - r;
-    double acc = 0.0;
-    bool first = true;  // the first row this thread ends may have begun in earlier threads
-    for (int k = k0; k < k1; ++k) {
-        if (j < s_end[r]) {
-            acc += s_val[j];
-            ++j;
-        } else {
-            if (first) atomicAdd(&s_acc[r], acc); else s_acc[r] = acc;
-            first = false;
-            acc = 0.0;
-            ++r;
+    if (!__syncthreads_or(long_row)) {
+        for (int i = threadIdx.x; i <= R; i += MGPU_SPMV_THREADS) {
+            const int e = s_end[i];
+            double acc = 0.0;
+            for (int j = i == 0 ? 0 : s_end[i - 1]; j < e; ++j) acc += s_val[j];
+            s_acc[i] = acc;  // [R]: the part of the cut row in this tile
         }
+    } else {
+        mgpu::spmv_walk<T, ITEMS>(s_end, s_val, s_acc, R, N);
     }
-    if (k0 < k1) atomicAdd(&s_acc[r], acc);  // the row this thread's end cuts (R: the tile's)
     __syncthreads();
     for (int i = threadIdx.x; i < R; i += MGPU_SPMV_THREADS) {
         y[row0 + i] = static_cast<T>(s_acc[i]);

@@ -475,3 +475,36 @@ def test_gpu_spmv_tile_edges(dtype):
             assert _rel_err(y, ref) <= _tol(dtype), (name, items)
             if not ref.any():
                 assert not y.any(), (name, items)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_spmv_rows_around_the_row_per_thread_cap(dtype):
+    """A tile whose rows all hold at most 32 nonzeros (MGPU_SPMV_ROW_CAP) is summed a row per
+    thread, any other by the merge walk: bands of 31, 32 and 33 diagonals, rows whose lengths
+    cycle through 0..40 (both kinds of tile side by side, rows cut at tile ends), and one
+    33-long row among short ones."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu.backends import cupy_spmv as gpu
+    from mgpu.backends.instances import SPMV_ITEMS
+    from mgpu.synthetic import band_csr
+
+    rng = np.random.default_rng(15)
+    lengths = np.arange(6000) % 41
+    cycling = sp.csr_matrix((rng.uniform(0.5, 1.5, lengths.sum()),
+                             np.concatenate([rng.choice(500, k, replace=False) for k in lengths]),
+                             np.concatenate([[0], np.cumsum(lengths)])), shape=(6000, 500))
+    one_long = _random_csr(rng, 3000, 400, 0.02, dtype).tolil()
+    one_long[1700, :33] = 1.0
+    cases = {f"band{w}": band_csr(20_000, w, dtype=dtype) for w in (31, 32, 33)}
+    cases.update(cycling=cycling, one_long=one_long.tocsr())
+    for items in SPMV_ITEMS:
+        for name, A in cases.items():
+            A = sp.csr_matrix(A, dtype=dtype)
+            A.sort_indices()
+            x = rng.standard_normal(A.shape[1]).astype(dtype)
+            ref = A.astype(np.float64) @ x.astype(np.float64)
+            y = gpu.spmv_merge(csp.csr_matrix(A), cupy.asarray(x), items=items).get()
+            assert _rel_err(y, ref) <= _tol(dtype), (name, items)
