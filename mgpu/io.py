@@ -325,6 +325,24 @@ def _uint_table(
     return table
 
 
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"
+
+
+def _check_rows_fit(path: StrPath, line: int | None, what: str, rows: int) -> None:
+    """Refuse a declared row count whose CSR row pointers alone (int64) would not fit in the
+    memory available now: a corrupt or hostile header, refused before numpy is asked for
+    the array."""
+    import psutil
+
+    need = 8 * (int(rows) + 1)
+    avail = int(psutil.virtual_memory().available)
+    if need > avail:
+        raise MalformedFileError(
+            path, line, f"a {what} whose row pointers fit in the {_gib(avail)} of memory "
+            "available", f"{int(rows):,} ({_gib(need)} of row pointers)")
+
+
 def _first_bad_row(mask: np.ndarray) -> int | None:
     bad = np.flatnonzero(mask)
     return int(bad[0]) if bad.size else None
@@ -341,10 +359,53 @@ _MMREAD_KW = ({"spmatrix": True}
               if "spmatrix" in inspect.signature(scipy.io.mmread).parameters else {})
 
 
+_LEFT_TO_SCIPY = 1 << 26  # bytes: declared entries below this are allocated and then checked
+
+
+def _mm_check_sizes(path: StrPath, data: bytes) -> None:
+    """Refuse a size line that declares more than the file can hold, before scipy allocates
+    for it: more entries than the bytes after the size line can spell (an entry of a
+    coordinate file takes at least 4 bytes, ``"1 1\\n"``, a value of an array file 2), or
+    more rows than memory can index. Lines the check cannot read are left to scipy."""
+    end = data.find(b"\n")
+    banner = data[:end if end >= 0 else len(data)].lower().split()
+    line = 1
+    while end >= 0:  # the size line: the first after the banner that is not a comment
+        start, end = end + 1, data.find(b"\n", end + 1)
+        line += 1
+        text = data[start:end if end >= 0 else len(data)].strip()
+        if text and not text.startswith(b"%"):
+            break
+    else:
+        return
+    try:
+        sizes = [int(v) for v in text.split()]
+    except ValueError:
+        return
+    if len(sizes) < 2 or min(sizes) < 0:
+        return
+    rest = len(data) - end - 1 if end >= 0 else 0
+    rows, cols = sizes[0], sizes[1]
+    if b"coordinate" in banner and len(sizes) == 3:
+        stored, per = sizes[2], 4
+    elif b"array" in banner and len(sizes) == 2:
+        symmetric = any(w in banner for w in (b"symmetric", b"skew-symmetric", b"hermitian"))
+        stored, per = (rows * cols) // (2 if symmetric else 1), 2
+    else:
+        return
+    # small declarations are left to scipy, whose message names the truncated line
+    if stored > rest // per + 1 and 16 * stored > _LEFT_TO_SCIPY:
+        raise MalformedFileError(
+            path, line, f"a size line whose {stored:,} entries fit in the {rest:,} bytes that "
+            "follow it", _show(text.decode("utf-8", "replace")))
+    _check_rows_fit(path, line, "row count", rows)
+
+
 def _mm_from_bytes(path: StrPath, data: bytes) -> sp.csr_matrix:
     if not data.lstrip()[:14].lower().startswith(b"%%matrixmarket"):
         first = data.split(b"\n", 1)[0].decode("utf-8", "replace")
         raise MalformedFileError(path, 1, "a '%%MatrixMarket matrix ...' banner", _show(first))
+    _mm_check_sizes(path, data)
     try:
         m = scipy.io.mmread(io.BytesIO(data), **_MMREAD_KW)
     except (ValueError, OverflowError) as exc:
@@ -382,7 +443,9 @@ def load_matrix_market(path: StrPath) -> sp.csr_matrix:
         If ``path`` does not exist.
     MalformedFileError
         On a missing banner, a bad header or entry (with scipy's line number), a count
-        that does not match the size line, or a truncated gzip stream.
+        that does not match the size line, a size line declaring more entries than the
+        rest of the file can hold or more rows than the memory available can index
+        (refused before anything is allocated), or a truncated gzip stream.
 
     Examples
     --------
@@ -504,6 +567,15 @@ def load_snap(
                 f"{Path(path).name}: node id {n - 1} would need a {n}-row adjacency matrix; "
                 "pass relabel=True to number the ids present as 0..n-1."
             )
+        import psutil
+
+        need, avail = 16 * (n + 1), int(psutil.virtual_memory().available)
+        if need > avail:  # the ids and the row pointers, before numpy is asked for them
+            raise ValueError(
+                f"{Path(path).name}: node id {n - 1} would need {_gib(need)} for a {n}-row "
+                f"adjacency matrix's ids and row pointers, more than the {_gib(avail)} "
+                "available; pass relabel=True to number the ids present as 0..n-1."
+            )
         ids = np.arange(n, dtype=np.int64)
     if not self_loops:
         keep = u != v
@@ -536,6 +608,7 @@ def _parse_docword(path: StrPath, text: str) -> sp.csr_matrix:
             )
         header.append(int(line))
     d, w, nnz = header
+    _check_rows_fit(path, 1, "document count D", d)
     layout = "'docID wordID count'"
     t = _uint_table(path, body, 3, layout, comments=None, first_line=4)
     if len(t) != nnz:
@@ -579,7 +652,8 @@ def load_docword(path: StrPath) -> sp.csr_matrix:
     MalformedFileError
         If a header line is not one integer, a body line is not three non-negative
         integers, an id is outside ``1..D`` / ``1..W``, the number of body lines differs
-        from ``NNZ``, or the gzip stream is truncated.
+        from ``NNZ``, ``D`` needs more memory for the row pointers than is available, or
+        the gzip stream is truncated.
 
     Examples
     --------

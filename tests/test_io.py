@@ -459,6 +459,47 @@ def test_mm_malformed(tmp_path, text, pattern):
         load_matrix_market(write(tmp_path, "m.mtx", text))
 
 
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        (
+            MM_GENERAL.replace("3 4 3", "3 4 900000000000"),
+            r"^m\.mtx line 3: expected a size line whose 900,000,000,000 entries fit in the \d+ "
+            r"bytes that follow it, found '3 4 900000000000'",
+        ),
+        (
+            "%%MatrixMarket matrix array real general\n100000 100000\n1\n2\n",
+            r"^m\.mtx line 2: expected a size line whose 10,000,000,000 entries fit in the 4 "
+            r"bytes",
+        ),
+        (
+            "%%MatrixMarket matrix array real symmetric\n200000 200000\n1\n",
+            r"^m\.mtx line 2: expected a size line whose 20,000,000,000 entries",
+        ),
+        (
+            MM_GENERAL.replace("3 4 3", "1000000000000000 4 3"),
+            r"^m\.mtx line 3: expected a row count whose row pointers fit in the [\d,.]+ GiB of "
+            r"memory available, found 1,000,000,000,000,000 \([\d,.]+ GiB of row pointers\)",
+        ),
+    ],
+)
+def test_mm_sizes_beyond_the_file_are_refused_before_allocating(tmp_path, text, pattern):
+    """A size line that declares more entries than the rest of the file can spell, or more
+    rows than memory can index, is refused from the header (scipy would first allocate
+    terabytes); plain and gzip alike."""
+    import tracemalloc
+
+    for name in ("m.mtx", "m.mtx.gz"):
+        path = write(tmp_path, name, text, gz=name.endswith(".gz"))
+        tracemalloc.start()
+        where = pattern.replace("m\\.mtx", name.replace(".", "\\."))
+        with pytest.raises(MalformedFileError, match=where):
+            load_matrix_market(path)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 1 << 24, peak
+
+
 # ======================================================================================
 # Bag of words, synthetic
 # ======================================================================================
@@ -509,6 +550,11 @@ def test_docword(tmp_path, gz):
             r"^d\.txt line 2: expected the header count W \(one non-negative integer\), found 'W'",
         ),
         ("4\n5\n", r"^d\.txt line 3: expected the header count NNZ .*found end of file"),
+        (
+            DOCWORD.replace("4\n", "1000000000000000\n", 1),
+            r"^d\.txt line 1: expected a document count D whose row pointers fit in the [\d,.]+ "
+            r"GiB of memory available, found 1,000,000,000,000,000",
+        ),
     ],
 )
 def test_docword_malformed(tmp_path, text, pattern):
