@@ -177,3 +177,57 @@ def test_no_user_file_is_ever_unpickled():
                 if bad.search(line):
                     offenders.append(f"{path.relative_to(REPO_ROOT)}:{n}: {line.strip()}")
     assert not offenders, offenders
+
+
+@pytest.mark.timeout(4 * WAIT)
+def test_als_training_survives_a_killed_worker(client3):
+    """ALS across the cluster: a worker is killed after the second step; the tiles it held
+    (ratings, rows of U and their Adam moments, made step by step) are made again from
+    their tasks elsewhere, and every RMSE and both factors equal an undisturbed run's."""
+    from workflows import als
+
+    rng = np.random.default_rng(4)
+    R = sp.random(600, 300, density=0.05, format="csr", random_state=rng,
+                  data_rvs=lambda s: rng.uniform(1, 5, s))
+    train, test = als.split(R, 0.2, 0)
+    ref = als.train_distributed(train, test, parts=6, client=client3, k=8, iters=6, lr=0.05)
+    killed = []
+
+    def kill_one(rec: dict) -> None:
+        if rec["iteration"] == 2 and not killed:
+            addr, pid = sorted(client3.run(os.getpid).items())[0]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(addr)
+
+    got = als.train_distributed(train, test, parts=6, client=client3, k=8, iters=6, lr=0.05,
+                                progress=kill_one)
+    assert killed
+    for key in ("train_rmse", "test_rmse"):
+        assert [h[key] for h in got.history] == [h[key] for h in ref.history]
+    assert np.array_equal(got.U, ref.U) and np.array_equal(got.V, ref.V)
+
+
+@pytest.mark.timeout(4 * WAIT)
+def test_gap_fit_survives_a_killed_worker(client3):
+    """The topic model across the cluster: a worker is killed after the second iteration;
+    its tiles and loadings are made again from their tasks, and every log-likelihood and
+    both factors equal an undisturbed run's."""
+    from workflows import gap
+
+    rng = np.random.default_rng(5)
+    S = sp.random(400, 250, density=0.05, format="csr", random_state=rng,
+                  data_rvs=lambda s: rng.integers(1, 6, s).astype(float))
+    ref = gap.fit_distributed(S, 5, parts=6, client=client3, iters=5)
+    killed = []
+
+    def kill_one(rec: dict) -> None:
+        if rec["iteration"] == 2 and not killed:
+            addr, pid = sorted(client3.run(os.getpid).items())[0]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(addr)
+
+    got = gap.fit_distributed(S, 5, parts=6, client=client3, iters=5, progress=kill_one)
+    assert killed
+    assert [h["loglik_per_token"] for h in got.history] == \
+        [h["loglik_per_token"] for h in ref.history]
+    assert np.array_equal(got.X, ref.X) and np.array_equal(got.L, ref.L)

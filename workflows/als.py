@@ -324,9 +324,12 @@ def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
     """
     from collections import deque
 
+    import uuid
+
+    from mgpu.backends import is_gpu_array
     from mgpu.dist import from_scipy
-    from mgpu.dist.cluster import current_client
-    from mgpu.dist.collection import block_futures
+    from mgpu.dist.cluster import current_client, result, task_placement
+    from mgpu.dist.collection import block_futures, place_as
 
     if k < 1 or iters < 1 or lr <= 0 or reg < 0:
         raise ValueError(f"k and iters must be >= 1, lr > 0 and reg >= 0. Got k={k}, "
@@ -359,17 +362,24 @@ def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
     blocks = block_futures(Rd, client)
     where = client.who_has(list(blocks.values()))
     bounds = np.concatenate([[0], np.cumsum(Rd.chunks[0])]).astype(np.int64)
+    # A tile's work runs where its ratings are (task_placement) and its starting data is held
+    # by tasks, not scattered: when a worker is lost, its tiles are made again elsewhere from
+    # their tasks (every step since the first: it costs time, not results), where scattered
+    # data would be gone for good.
+    gpu_tiles = is_gpu_array(Rd._meta)
+    run = uuid.uuid4().hex
     tiles = []
     for i in range(Rd.numblocks[0]):
         fut = blocks[(i, 0)]
-        pin = {"workers": list(where.get(fut.key, ()))[:1] or None, "allow_other_workers": False}
+        holders = list(where.get(fut.key, ()))[:1]
+        pin = task_placement(holders, gpu_tiles)
         lo, hi = bounds[i], bounds[i + 1]
-        te = client.scatter(T[lo:hi] if test is not None else sp.csr_matrix((hi - lo, n),
-                                                                             dtype=dtype),
-                            hash=False, workers=pin["workers"])
-        u = client.scatter(U0[lo:hi], hash=False, workers=pin["workers"])
+        te = place_as(client, f"mgpu-als-test-{run}-{i}",
+                      T[lo:hi] if test is not None else sp.csr_matrix((hi - lo, n), dtype=dtype),
+                      workers=holders)
+        u = place_as(client, f"mgpu-als-U0-{run}-{i}", U0[lo:hi], workers=holders)
         tiles.append([client.submit(_tile_task, fut, te, u, pure=False, **pin), pin])
-    V: Any = client.scatter(V0, broadcast=True, hash=False)
+    V: Any = place_as(client, f"mgpu-als-V0-{run}", V0)
     state: Any = None
     n_train, n_test = R.nnz, T.nnz
     model = Factors(None, None, mean)
@@ -395,8 +405,8 @@ def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
         previous = red
         while pending and (len(pending) > 1 or not update):
             it, done, after = pending.popleft()
-            train_sse = done.result()[2]
-            test_sse = after.result()[3]
+            train_sse = result(done, f"ALS step {it}", client)[2]
+            test_sse = result(after, f"ALS step {it + 1}", client)[3]
             now = time.perf_counter()
             rec = {"iteration": it, "step_s": now - last,
                    "train_rmse": float(np.sqrt(train_sse / max(n_train, 1))),
@@ -410,8 +420,8 @@ def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
             if progress is not None:
                 progress(rec)
     final = [client.submit(_tile_factor, t, pure=False, **pin) for t, pin in tiles]
-    model.U = np.vstack(client.gather(final))
-    model.V = _host(client.gather(V))
+    model.U = np.vstack([result(f, "ALS's final factors", client) for f in final])
+    model.V = _host(result(V, "ALS's final factors", client))
     if not (np.isfinite(model.U).all() and np.isfinite(model.V).all()):
         _finite(math.nan, "last step's factors", iters, lr)
     return model

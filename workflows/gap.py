@@ -252,9 +252,12 @@ def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = Non
     """
     from collections import deque
 
+    import uuid
+
+    from mgpu.backends import is_gpu_array
     from mgpu.dist import from_scipy
-    from mgpu.dist.cluster import current_client
-    from mgpu.dist.collection import block_futures
+    from mgpu.dist.cluster import current_client, result, task_placement
+    from mgpu.dist.collection import block_futures, place_as
 
     _check_params(topics, iters, alpha, beta)
     if not sp.issparse(S):
@@ -271,14 +274,19 @@ def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = Non
     blocks = block_futures(Sd, client)
     where = client.who_has(list(blocks.values()))
     bounds = np.concatenate([[0], np.cumsum(Sd.chunks[0])]).astype(np.int64)
+    # as in workflows.als.train_distributed: work where the tiles are, starting data held by
+    # tasks, so that a lost worker costs time, not results
+    gpu_tiles = is_gpu_array(Sd._meta)
+    run = uuid.uuid4().hex
     tiles, X = [], []
     for i in range(Sd.numblocks[0]):
         fut = blocks[(i, 0)]
-        pin = {"workers": list(where.get(fut.key, ()))[:1] or None, "allow_other_workers": False}
+        holders = list(where.get(fut.key, ()))[:1]
+        pin = task_placement(holders, gpu_tiles)
         tiles.append((client.submit(_tile_task, fut, pure=False, **pin), pin))
-        X.append(client.scatter(X0[bounds[i]:bounds[i + 1]], hash=False, **{
-            "workers": pin["workers"]}))
-    L = client.scatter(L0, broadcast=True, hash=False)
+        X.append(place_as(client, f"mgpu-gap-X0-{run}-{i}", X0[bounds[i]:bounds[i + 1]],
+                          workers=holders))
+    L = place_as(client, f"mgpu-gap-L0-{run}", L0)
     model = Topics(None, None)
     t_start = last = time.perf_counter()
     pending: deque = deque()
@@ -296,7 +304,7 @@ def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = Non
             pending.append((r - 1, red))
         while pending and (len(pending) > 1 or not update):
             it, fut = pending.popleft()
-            _, ll, penalty = fut.result()
+            _, ll, penalty = result(fut, f"GaP iteration {it}", client)
             now = time.perf_counter()
             rec = {"iteration": it, "loglik_per_token": (ll - penalty - log_fact) / tokens,
                    "step_s": now - last, "elapsed_s": now - t_start}
@@ -304,8 +312,8 @@ def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = Non
             model.history.append(rec)
             if progress is not None:
                 progress(rec)
-    model.X = np.vstack([_host(x) for x in client.gather(X)])
-    model.L = _host(client.gather(L))
+    model.X = np.vstack([_host(result(x, "GaP's final factors", client)) for x in X])
+    model.L = _host(result(L, "GaP's final factors", client))
     return model
 
 

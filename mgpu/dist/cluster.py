@@ -112,6 +112,21 @@ def completed(futures: list[Any], what: str, client: Any) -> Iterator[Any]:
         pending = [f for f in pending if f in not_done]
 
 
+def result(future: Any, what: str, client: Any) -> Any:
+    """``future.result()``, waited for as :func:`completed` waits: a TimeoutError that says
+    what was waited for after ``mgpu.dist.stall-timeout`` without it."""
+    for done in completed([future], what, client):
+        return done.result()
+
+
+def task_placement(holders: list[str], gpu: bool) -> dict[str, Any]:
+    """``client.submit`` keywords that run a tile's task where the tile is (``holders``, its
+    worker). Asked, not pinned, for CPU tiles: when that worker is lost the tile is made again
+    elsewhere and its work follows it, where a pin would wait for the lost worker for ever. A
+    GPU tile belongs to its device and stays pinned (moving one has not been tried)."""
+    return {"workers": list(holders) or None, "allow_other_workers": bool(holders) and not gpu}
+
+
 def _wait_for_workers(client: Any, n: int, timeout: float, where: str, logs: str) -> None:
     """Block until ``n`` workers are connected; on timeout close the client and say how many
     came up and where their logs are."""

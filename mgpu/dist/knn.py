@@ -18,7 +18,7 @@ import numpy as np
 
 from mgpu import config
 from mgpu.backends import is_gpu_array
-from mgpu.dist.cluster import completed, current_client
+from mgpu.dist.cluster import completed, current_client, task_placement
 from mgpu.dist.collection import block_futures, place_as
 from mgpu.ops import distances as dist
 
@@ -112,8 +112,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     for t, o, rows in zip(tiles, offsets, index.chunks[0]):
         if rows:
             holders = list(where.get(t.key, ()))
-            pin = {"workers": holders[:1] or None,
-                   "allow_other_workers": bool(holders) and not gpu_tiles}
+            pin = task_placement(holders[:1], gpu_tiles)
             prepared.append((client.submit(_prepare_tile, t, ring.name, p, pure=False, **pin),
                              int(o), pin))
 
