@@ -179,6 +179,20 @@ def test_no_user_file_is_ever_unpickled():
     assert not offenders, offenders
 
 
+def _killer_at_iteration(client, iteration: int):
+    """A progress callback that kills (SIGKILL) one worker's process when the record of
+    ``iteration`` arrives, and the list it appends that worker's address to."""
+    killed = []
+
+    def kill_one(rec: dict) -> None:
+        if rec["iteration"] == iteration and not killed:
+            addr, pid = sorted(client.run(os.getpid).items())[0]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(addr)
+
+    return kill_one, killed
+
+
 @pytest.mark.timeout(4 * WAIT)
 def test_als_training_survives_a_killed_worker(client3):
     """ALS across the cluster: a worker is killed after the second step; the tiles it held
@@ -191,14 +205,7 @@ def test_als_training_survives_a_killed_worker(client3):
                   data_rvs=lambda s: rng.uniform(1, 5, s))
     train, test = als.split(R, 0.2, 0)
     ref = als.train_distributed(train, test, parts=6, client=client3, k=8, iters=6, lr=0.05)
-    killed = []
-
-    def kill_one(rec: dict) -> None:
-        if rec["iteration"] == 2 and not killed:
-            addr, pid = sorted(client3.run(os.getpid).items())[0]
-            os.kill(pid, signal.SIGKILL)
-            killed.append(addr)
-
+    kill_one, killed = _killer_at_iteration(client3, 2)
     got = als.train_distributed(train, test, parts=6, client=client3, k=8, iters=6, lr=0.05,
                                 progress=kill_one)
     assert killed
@@ -218,14 +225,7 @@ def test_gap_fit_survives_a_killed_worker(client3):
     S = sp.random(400, 250, density=0.05, format="csr", random_state=rng,
                   data_rvs=lambda s: rng.integers(1, 6, s).astype(float))
     ref = gap.fit_distributed(S, 5, parts=6, client=client3, iters=5)
-    killed = []
-
-    def kill_one(rec: dict) -> None:
-        if rec["iteration"] == 2 and not killed:
-            addr, pid = sorted(client3.run(os.getpid).items())[0]
-            os.kill(pid, signal.SIGKILL)
-            killed.append(addr)
-
+    kill_one, killed = _killer_at_iteration(client3, 2)
     got = gap.fit_distributed(S, 5, parts=6, client=client3, iters=5, progress=kill_one)
     assert killed
     assert [h["loglik_per_token"] for h in got.history] == \
