@@ -326,6 +326,9 @@ def _uint_table(
 
 
 def _gib(nbytes: int) -> str:
+    """A byte count in GiB, or MiB below one GiB."""
+    if nbytes < 2**30:
+        return f"{nbytes / 2**20:,.1f} MiB"
     return f"{nbytes / 2**30:,.1f} GiB"
 
 

@@ -282,6 +282,23 @@ def test_snap_relabel_ids(tmp_path):
     assert B.shape == (43, 43) and np.array_equal(plain, np.arange(43))
 
 
+def test_sizes_are_weighed_against_the_memory_available(tmp_path, monkeypatch):
+    """With 1 MiB available, a SNAP id of a million (16 MB of ids and row pointers) and a
+    docword of a million documents are refused with the numbers, before allocating."""
+    import types
+
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=1 << 20))
+    with pytest.raises(ValueError, match=r"node id 1000000 would need 15\.3 MiB .* more than "
+                                         r"the 1\.0 MiB available; pass relabel=True"):
+        load_snap(write(tmp_path, "g.txt", "0 1000000\n"))
+    assert load_snap(write(tmp_path, "g.txt", "0 1000000\n"), relabel=True).shape == (2, 2)
+    with pytest.raises(MalformedFileError, match=r"^d\.txt line 1: expected a document count D "
+                                                 r"whose row pointers fit .* found 1,000,000"):
+        load_docword(write(tmp_path, "d.txt", "1000000\n5\n1\n1 1 1\n"))
+
+
 def test_snap_empty_and_huge_ids(tmp_path):
     assert load_snap(write(tmp_path, "e.txt", "# nothing\n")).shape == (0, 0)
     big = write(tmp_path, "big.txt", "0 9000000000\n")
