@@ -40,9 +40,10 @@ class Factors:
     mean: float
     history: list[dict[str, float]] = field(default_factory=list)
 
-    def predict(self, S: Any) -> Any:
-        """Predictions at the stored entries of S (a CSR of S's pattern)."""
-        P = mgpu.sddmm(S, self.U, self.V, hadamard=False)
+    def predict(self, S: Any, *, check_finite: bool = True) -> Any:
+        """Predictions at the stored entries of S (a CSR of S's pattern); ``check_finite``
+        as in :func:`mgpu.sddmm` (of the factors)."""
+        P = mgpu.sddmm(S, self.U, self.V, hadamard=False, check_finite=check_finite)
         P.data += self.mean
         return P
 
@@ -130,8 +131,8 @@ def train(R: Any, test: Any = None, *, k: int = 32, reg: float = 0.1, lr: float 
             rec = {"iteration": it, "step_s": step, "train_rmse": train_rmse,
                    "elapsed_s": time.perf_counter() - t_start}
             if test is not None:
-                P = mgpu.sddmm(test, U, V, hadamard=False, check_finite=False)
-                rec["test_rmse"] = float(xp.sqrt(xp.mean((P.data + mean - test.data)
+                P = model.predict(test, check_finite=False)
+                rec["test_rmse"] = float(xp.sqrt(xp.mean((P.data - test.data)
                                                          .astype(xp.float64) ** 2)))
                 _finite(rec["test_rmse"], "test RMSE", it, lr)
             model.history.append(rec)
