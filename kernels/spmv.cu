@@ -42,11 +42,11 @@ __device__ __forceinline__ long long merge_path_rows(long long d, const int* __r
 // (one binary search over the row ends per tile), then the tile's block reads its row ends and
 // its nonzeros' products data[nz] * x[col] into shared memory with coalesced loads, and each
 // thread walks its ITEMS items of the tile there (a second search, in shared memory); a tile
-// whose rows are all short is summed a row per thread instead. Rows ended inside the tile are
+// whose rows are all short is summed a few lanes a row instead. Rows ended inside the tile are
 // summed in shared memory and written once, coalesced; the row the tile's end cuts leaves one
 // carry per tile for the carry passes below.
 #define MGPU_SPMV_THREADS 128
-// rows of at most this many nonzeros are summed a row per thread (see mgpu_spmv_merge)
+// rows of at most this many nonzeros are summed a few lanes a row (see mgpu_spmv_merge)
 #define MGPU_SPMV_ROW_CAP 32
 
 // tile_row[t] = rows consumed before tile t's first item, for t in [0, n_tiles] (the last is
@@ -151,19 +151,32 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     __syncthreads();
 
     // A tile whose rows are all short (at most MGPU_SPMV_ROW_CAP items, as the whole block
-    // finds) is summed a row per thread, in order: no search, no atomics, few instructions,
-    // which is what bounds the kernel on regular matrices. Otherwise each thread walks its
+    // finds) is summed a few lanes a row, in a fixed order: no search, no atomics, few
+    // instructions, which is what bounds the kernel on regular matrices. Otherwise each thread walks its
     // ITEMS items of the merge path, so a long row is shared among threads.
     bool long_row = false;
     for (int i = threadIdx.x; i <= R; i += MGPU_SPMV_THREADS) {
         long_row = long_row || s_end[i] - (i == 0 ? 0 : s_end[i - 1]) > MGPU_SPMV_ROW_CAP;
     }
     if (!__syncthreads_or(long_row)) {
-        for (int i = threadIdx.x; i <= R; i += MGPU_SPMV_THREADS) {
-            const int e = s_end[i];
+        // L lanes a row, the most (a power of two, at most 32) that gives every row of the
+        // tile its lanes at once: each lane sums every L-th product of its row, then the
+        // lanes add theirs by shuffles. The rounds are the same for the whole block (R is),
+        // so every lane of a warp takes part in each shuffle.
+        int L = 1;
+        while (L < 32 && (R + 1) * 2 * L <= MGPU_SPMV_THREADS) L *= 2;
+        const int lane = threadIdx.x & (L - 1);
+        for (int base = 0; base <= R; base += MGPU_SPMV_THREADS / L) {
+            const int i = base + static_cast<int>(threadIdx.x) / L;
             double acc = 0.0;
-            for (int j = i == 0 ? 0 : s_end[i - 1]; j < e; ++j) acc += s_val[j];
-            s_acc[i] = acc;  // [R]: the part of the cut row in this tile
+            if (i <= R) {
+                const int e = s_end[i];
+                for (int j = (i == 0 ? 0 : s_end[i - 1]) + lane; j < e; j += L) acc += s_val[j];
+            }
+            for (int off = L >> 1; off > 0; off >>= 1) {
+                acc += __shfl_down_sync(MGPU_FULL_MASK, acc, off, L);
+            }
+            if (i <= R && lane == 0) s_acc[i] = acc;  // [R]: the part of the cut row here
         }
     } else {
         mgpu::spmv_walk<T, ITEMS>(s_end, s_val, s_acc, R, N);
