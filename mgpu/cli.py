@@ -956,6 +956,61 @@ def bench_sddmm(data_dir: str | None, powerlaw: str, nnz: float, ks: str, device
         click.echo(f"measurements written to {json_path}")
 
 
+@bench.command("sddmm-stream")
+@click.option("--shape", default="17000000x17000000", show_default=True, metavar="ROWSxCOLS",
+              help="S's shape (A has ROWS rows, B COLS rows).")
+@click.option("--row-nnz", default=12, show_default=True, type=int,
+              help="Nonzeros in every row of S.")
+@click.option("--k", "K", default=640, show_default=True, type=int, help="Columns of A and B.")
+@click.option("--working-memory", default=None,
+              help="Device bytes for the tiles (default: 80% of what the GPU has available).")
+@click.option("--cpu/--no-cpu", "cpu_peer", default=True, show_default=True,
+              help="Also run mgpu's CPU backend on the same operands.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the measurement to this JSON file.")
+def bench_sddmm_stream(shape: str, row_nnz: int, K: int, working_memory: str | None,
+                       cpu_peer: bool, json_path: str | None) -> None:
+    """SDDMM of host operands larger than the GPU, streamed through it in tiles.
+
+    The defaults make float32 operands of about 89 GB (A and B 43.5 GB each), more than an
+    80 GB GPU holds; the host needs about 95 GB free.
+    """
+    import json
+
+    from tqdm import tqdm
+
+    from mgpu.bench import sddmm as b
+    from mgpu.dist import visible_gpus
+
+    if visible_gpus() == 0:
+        raise click.ClickException("mgpu bench sddmm-stream needs a visible GPU.")
+    m, n = _parse_shape(shape)
+    t0 = time.perf_counter()
+    S, A, B = b.stream_operands(m, n, row_nnz, K)
+    inputs = A.nbytes + B.nbytes + S.data.nbytes + S.indices.nbytes + S.indptr.nbytes
+    click.echo(f"S {m:,}×{n:,} with {S.nnz:,} nonzeros, K={K}: {inputs / 1e9:.1f} GB of "
+               f"operands (made in {time.perf_counter() - t0:.0f} s)")
+    with tqdm(total=S.nnz, desc="streamed SDDMM", unit="nz", unit_scale=True, file=sys.stderr,
+              disable=None) as bar:
+        row = b.bench_streamed(S, A, B, working_memory=working_memory, cpu_peer=False,
+                               progress=bar.update)
+    click.echo(
+        f"GPU: {row['device_bytes'] / 2**30:.1f} GiB ({row['device_available'] / 2**30:.1f} "
+        f"available); operands {row['input_bytes'] / 2**30:.1f} GiB; budget "
+        f"{row['budget'] / 2**30:.1f} GiB: {row['panels']} panel(s) of B × {row['blocks']} "
+        f"block(s) of S\n"
+        f"streamed: {row['gpu_s']:.2f} s ({row['gpu_gflops']:.1f} GFLOP/s, "
+        f"{row['bus_bytes'] / row['gpu_s'] / 1e9:.1f} GB/s of operands to the device), "
+        f"max rel err {row['max_rel_err']:.1e} against float64")
+    if cpu_peer:
+        row.update(b.run_cpu_peer(S, A, B, row["gpu_s"]))
+        click.echo(f"CPU backend: {row['cpu_s']:.2f} s; streamed GPU {row['speedup_vs_cpu']:.2f}× "
+                   f"(max rel err {row['cpu_max_rel_err']:.1e} against float64)")
+    if json_path:
+        Path(json_path).write_text(json.dumps(row, indent=1))
+        click.echo(f"measurement written to {json_path}")
+
+
 def _corpus(input: str | None, corpus: str, density: float, dense: bool = False
             ) -> tuple[Any, str]:
     """The kNN benchmarks' data: INPUT's rows (a 10x folder: spots × genes) or a power-law

@@ -1,9 +1,15 @@
-"""Memory budgets on the CPU: kNN's batches hold no more than their working memory beyond the
+"""Memory budgets. On the CPU: kNN's batches hold no more than their working memory beyond the
 inputs, for every metric, where the unbatched distances would be ten times the budget; a
 budget that cannot hold one query is refused with the numbers before any work; SDDMM never
-forms the dense product.
+forms the dense product; an SDDMM streamed through a device in tiles gives the direct
+product whatever the cut. On the GPU (CuPy's memory pool, with a limit standing for a
+smaller device): the same promises, operands larger than the device streamed, and what does
+not fit refused with the numbers before anything is allocated, never CUDA's out-of-memory
+error.
 
-Peaks are tracemalloc's, which sees NumPy's allocations (every array of these paths)."""
+CPU peaks are tracemalloc's, which sees NumPy's allocations (every array of these paths).
+GPU peaks are the bytes CuPy's pool holds after the call, emptied before it: the pool keeps
+every block it was handed, so that is at least the peak of the call's live arrays."""
 from __future__ import annotations
 
 import tracemalloc
@@ -13,7 +19,9 @@ import pytest
 import scipy.sparse as sp
 
 import mgpu
+from mgpu.backends.memory import DeviceMemoryError
 from mgpu.ops.distances import SEMIRINGS
+from mgpu.ops.sddmm_stream import HostDevice, plan_stream, sddmm_streamed
 from mgpu.ops.distances import _nbytes as nbytes
 
 
@@ -82,3 +90,232 @@ def test_sddmm_never_forms_the_dense_product():
     assert peak <= 3 * _nbytes(S), (peak, _nbytes(S), dense)
     np.testing.assert_allclose(out.data, np.einsum("ij,ij->i", A[S.tocoo().row],
                                                    B[S.tocoo().col]) * S.tocoo().data)
+
+
+# ------------------------------------------------------------------ SDDMM streamed in tiles
+
+
+def _sddmm_reference(S, A, B, hadamard=True):
+    """float64 S ∘ (A Bᵀ) at S's nonzeros, in CSR order."""
+    C = sp.csr_matrix(S)
+    rows = np.repeat(np.arange(C.shape[0]), np.diff(C.indptr))
+    v = np.einsum("ij,ij->i", A[rows].astype(np.float64), B[C.indices].astype(np.float64))
+    return v * C.data if hadamard else v
+
+
+def _streaming_case(m=400, n=300, k=12, density=0.04, seed=0):
+    rng = np.random.default_rng(seed)
+    S = sp.random(m, n, density=density, random_state=rng, format="csr")
+    S = sp.csr_matrix(S.multiply(sp.csr_matrix((np.arange(m) % 7 != 3).astype(float)[:, None])))
+    S.sort_indices()  # rows 3, 10, ... empty
+    return S, rng.standard_normal((m, k)), rng.standard_normal((n, k))
+
+
+@pytest.mark.parametrize("panels", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("hadamard", [True, False])
+def test_streamed_sddmm_gives_the_direct_product_whatever_the_cut(panels, dtype, hadamard):
+    S, A, B = _streaming_case()
+    S, A, B = S.astype(dtype), A.astype(dtype), B.astype(dtype)
+    budget = 2 * -(-B.nbytes // panels)  # B's panels take half
+    plan = plan_stream(S.indptr, S.shape[1], A.shape[1], np.dtype(dtype).itemsize, budget)
+    assert len(plan.panels) == panels and len(plan.blocks) > 1
+    assert plan.panel_bytes + plan.block_bytes <= budget
+    done = []
+    P = sddmm_streamed(S, A, B, hadamard, dtype, plan, HostDevice(), progress=done.append)
+    direct = mgpu.sddmm(S, A, B, hadamard=hadamard)
+    assert P.dtype == direct.dtype == dtype
+    np.testing.assert_array_equal(P.indptr, S.indptr)
+    np.testing.assert_array_equal(P.indices, S.indices)
+    np.testing.assert_array_equal(P.data, direct.data)  # the same products, tile or not
+    eps = np.finfo(dtype).eps
+    np.testing.assert_allclose(P.data, _sddmm_reference(S, A, B, hadamard),
+                               rtol=0, atol=40 * eps * np.abs(A).max() * np.abs(B).max() * 12)
+    assert sum(done) == S.nnz and len(done) == plan.tiles
+
+
+def test_streaming_plan_counts_what_a_tile_holds():
+    indptr = np.array([0, 2, 4, 6, 8])  # four rows of two
+    plan = plan_stream(indptr, 10, 4, 4, budget=500)
+    # B whole (160 B); a row is A's 16 B + 4 B of indptr + 2 × (4 + 4 + 4) B = 44 B
+    assert plan.panels == ((0, 10),) and plan.panel_bytes == 160
+    assert plan.blocks == ((0, 4),) and plan.block_bytes == 176
+    plan = plan_stream(indptr, 10, 4, 4, budget=250)
+    assert plan.panels == ((0, 5), (5, 10)) and plan.panel_bytes == 80
+    assert plan.blocks == ((0, 3), (3, 4))  # 170 B of room: three rows of 44 B
+
+
+def test_a_row_too_large_for_the_stream_is_refused_before_any_copy():
+    S, A, B = _streaming_case()
+    row = int(np.diff(S.indptr).argmax())
+    # no device is asked for anything: the refusal comes from the sizes (runs without a GPU)
+    with pytest.raises(DeviceMemoryError, match=rf"row {row} of S \(\d+ nonzeros\) with its row "
+                       r"of A needs [\d.]+ [kKMG]?i?B on the device beside a panel of B "
+                       r"\([\d.]+ [kKMG]?i?B\); the budget is 1\.00 kiB"):
+        mgpu.sddmm(S, A, B, device="gpu", working_memory=1024)
+    assert issubclass(DeviceMemoryError, MemoryError)
+
+
+def test_streaming_parameters_are_checked_before_any_work():
+    S, A, B = _streaming_case()
+    with pytest.raises(ValueError, match="'device' parameter of sddmm must be 'cpu', 'gpu' or "
+                       "None. Got 'tpu'"):
+        mgpu.sddmm(S, A, B, device="tpu")
+    with pytest.raises(ValueError, match="streamed through the GPU"):
+        mgpu.sddmm(S, A, B, working_memory="1 GiB")
+    with pytest.raises(ValueError, match="'plan' parameter of sddmm does not apply"):
+        mgpu.sddmm(S, A, B, device="gpu", working_memory="1 GiB", plan=mgpu.sddmm_plan(S, 12))
+    np.testing.assert_array_equal(mgpu.sddmm(S, A, B, device="cpu").data,
+                                  mgpu.sddmm(S, A, B).data)
+
+
+# ------------------------------------------------------------------------------- on the GPU
+
+
+@pytest.fixture
+def gpu_pool():
+    """CuPy's default pool, emptied, with the limit a test sets lifted afterwards."""
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    cupy.cuda.Device().synchronize()
+    pool.free_all_blocks()
+    yield pool
+    cupy.cuda.Device().synchronize()
+    pool.set_limit(size=0)
+    pool.free_all_blocks()
+
+
+@pytest.mark.gpu
+def test_gpu_streamed_sddmm_of_operands_ten_times_the_device(gpu_pool):
+    rng = np.random.default_rng(11)
+    m, n, k = 60_000, 50_000, 128
+    S = sp.random(m, n, density=4e-4, random_state=rng, format="csr", dtype=np.float32)
+    A = rng.standard_normal((m, k), dtype=np.float32)
+    B = rng.standard_normal((n, k), dtype=np.float32)
+    inputs = A.nbytes + B.nbytes + S.data.nbytes + S.indices.nbytes + S.indptr.nbytes
+    limit = inputs // 10  # the device stands at a tenth of the operands
+    gpu_pool.set_limit(size=limit)
+    done = []
+    P = mgpu.sddmm(S, A, B, device="gpu", progress=done.append)
+    assert gpu_pool.total_bytes() <= limit
+    assert isinstance(P, sp.csr_matrix) and P.dtype == np.float32 and sum(done) == S.nnz
+    ref = _sddmm_reference(S, A, B)
+    scale = np.abs(S.data)[:, None].max() * np.abs(A).max() * np.abs(B).max()
+    np.testing.assert_allclose(P.data, ref, rtol=0, atol=k * 4 * np.finfo(np.float32).eps * scale)
+    # the device's own product on the whole problem, once the limit is lifted: the same values
+    gpu_pool.set_limit(size=0)
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    whole = mgpu.sddmm(csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B))
+    np.testing.assert_array_equal(whole.data.get(), P.data)
+
+
+@pytest.mark.gpu
+def test_gpu_sddmm_that_does_not_fit_is_refused_with_the_numbers(gpu_pool):
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    rng = np.random.default_rng(12)
+    S = csp.csr_matrix(sp.random(50_000, 40_000, density=1e-3, random_state=rng, format="csr",
+                                 dtype=np.float32))
+    A = cupy.asarray(rng.standard_normal((50_000, 32), dtype=np.float32))
+    B = cupy.asarray(rng.standard_normal((40_000, 32), dtype=np.float32))
+    held = gpu_pool.used_bytes()
+    gpu_pool.set_limit(size=held + S.nnz * 4)  # room for P's values, not its indices
+    with pytest.raises(DeviceMemoryError, match=r"SDDMM of a 50000×40000 S with 2,000,000 "
+                       r"nonzeros and K=32 \(float32\) needs 15\.\d\d MiB of GPU memory on "
+                       r"device \d; 7\.\d\d MiB of its [\d.]+ MiB are available\. Pass host"):
+        mgpu.sddmm(S, A, B)
+    assert gpu_pool.used_bytes() == held  # nothing was allocated, nothing was lost
+    gpu_pool.set_limit(size=0)
+    P = mgpu.sddmm(S, A, B)
+    np.testing.assert_allclose(P.data.get(), _sddmm_reference(S.get(), A.get(), B.get()),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_sddmm_never_forms_the_dense_product_nor_a_layout_it_cannot_hold(gpu_pool):
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu.backends.cupy import LAYOUT_BYTES_PER_NZ, product_bytes
+    from mgpu.backends.sddmm_plan import tile_layout
+
+    rng = np.random.default_rng(13)
+    m, n, k = 40_000, 40_000, 64
+    S = csp.csr_matrix(sp.random(m, n, density=1e-3, random_state=rng, format="csr",
+                                 dtype=np.float32))
+    A = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32))
+    B = cupy.asarray(rng.standard_normal((n, k), dtype=np.float32))
+    base = gpu_pool.total_bytes()
+    # the tiled layout's build stays within the bytes per nonzero the planner counts
+    for tj, ti in ((4096, 64), (40_000, 256)):
+        gpu_pool.free_all_blocks()
+        lay = tile_layout(S.indptr, S.indices, S.shape, tj, ti)
+        cupy.cuda.Device().synchronize()
+        assert gpu_pool.total_bytes() - base <= LAYOUT_BYTES_PER_NZ * S.nnz, (tj, ti)
+        del lay
+    gpu_pool.free_all_blocks()
+    P = mgpu.sddmm(S, A, B)  # tunes (layouts built and dropped), then runs
+    cupy.cuda.Device().synchronize()
+    grown = gpu_pool.total_bytes() - base
+    assert grown <= 2 * product_bytes(S, np.float32) + LAYOUT_BYTES_PER_NZ * S.nnz
+    assert grown < m * n * 4 // 10  # nothing of m × n
+    np.testing.assert_allclose(P.data.get(), _sddmm_reference(S.get(), A.get(), B.get()),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "jaccard", "manhattan"])
+def test_gpu_knn_stays_within_its_working_memory_and_the_device(gpu_pool, metric):
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    X, Q = _inputs("sparse", metric, 20_000, 3000, 400, 0.02)
+    Xg, Qg = csp.csr_matrix(X.astype(np.float32)), csp.csr_matrix(Q.astype(np.float32))
+    budget = 20_000 * 3000 * 12 // 10  # the unbatched distances and ids: ten budgets
+    d1, i1 = mgpu.knn(Xg, Qg, 10, metric=metric, working_memory=1 << 40)
+    cupy.cuda.Device().synchronize()
+    gpu_pool.free_all_blocks()
+    base = gpu_pool.total_bytes()
+    d, i = mgpu.knn(Xg, Qg, 10, metric=metric, working_memory=budget)
+    cupy.cuda.Device().synchronize()
+    copies = 2 * sum(Z.data.nbytes + Z.indices.nbytes + Z.indptr.nbytes for Z in (Xg, Qg))
+    results = 3000 * 10 * (4 + 8) + (20_000 + 3000) * 12
+    assert gpu_pool.total_bytes() - base <= budget + copies + results
+    np.testing.assert_array_equal(i.get(), i1.get())
+    # a device with room for less than the budget: batches shrink to what it has
+    held = gpu_pool.used_bytes()
+    gpu_pool.set_limit(size=held + copies + results + budget // 4)
+    d2, i2 = mgpu.knn(Xg, Qg, 10, metric=metric, working_memory=budget)
+    np.testing.assert_array_equal(i2.get(), i1.get())
+    np.testing.assert_allclose(d2.get(), d1.get(), rtol=1e-5, atol=1e-6)
+    # and one with no room for the index's copies, or for a single query beside them, is
+    # refused with the numbers
+    gpu_pool.set_limit(size=held + copies + results)
+    with pytest.raises(DeviceMemoryError, match=r"kNN (index of 20,000×400 \(\w+\)|of 3,000 "
+                       r"queries \(k=10\) against a 20,000×400 index) needs [\d.]+ [kMG]?i?B "
+                       r"of GPU (working )?memory.* [\d.]+ [kMG]?i?B (of its [\d.]+ [kMG]?i?B )?"
+                       r"are available"):
+        mgpu.knn(Xg, Qg, 10, metric=metric, working_memory=budget)
+
+
+@pytest.mark.gpu
+def test_gpu_spmm_whose_carries_do_not_fit_is_refused_with_the_numbers(gpu_pool):
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu.synthetic import band_csr
+
+    A = csp.csr_matrix(band_csr(100_000, 11))
+    X = cupy.ones((100_000, 64), dtype=np.float32)
+    held = gpu_pool.used_bytes()
+    gpu_pool.set_limit(size=held + 100_000 * 64 * 4 + (1 << 20))  # Y and the flag, no carries
+    with pytest.raises(DeviceMemoryError, match=r"SpMM of a 100,000×100,000 A with "
+                       rf"{A.nnz:,} nonzeros by 64 columns needs [\d.]+ MiB of GPU memory"):
+        mgpu.spmm(A, X)
+    gpu_pool.set_limit(size=0)
+    np.testing.assert_allclose(mgpu.spmm(A, X).get(), np.repeat(
+        np.asarray(A.get().sum(axis=1)), 64, axis=1), rtol=1e-5)

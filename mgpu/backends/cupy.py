@@ -18,7 +18,8 @@ import numpy as np
 from mgpu.backends import jaccard_lookup, row_norms_lookup, sddmm_lookup
 from mgpu.backends.instances import INSTANCES
 from mgpu.backends.loader import c_type, get_function
-from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, dense_row_reduce
+from mgpu.backends.memory import gpu_available, require_gpu
+from mgpu.backends.numpy import ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, dense_row_reduce
 from mgpu.backends.sddmm_plan import (
     SM_SM_DENSITY,
     Candidate,
@@ -57,7 +58,7 @@ def row_reduce_csr_kernel(X: csp.csr_matrix, op: int) -> cupy.ndarray:
         f"mgpu_row_norms_warp<{c_type(X.dtype)}, {c_type(X.indptr.dtype)}, {op}>",
         _ROWS_INSTANCES,
     )
-    max_blocks = device_facts(cupy.cuda.Device().id).sms * 32
+    max_blocks = current_facts().sms * 32
     blocks = int(min(max_blocks, -(-n // _WARPS_PER_BLOCK)))
     fn((blocks,), (32 * _WARPS_PER_BLOCK,), (X.indptr, X.data, cupy.int64(n), out))
     return out
@@ -94,6 +95,11 @@ _SDDMM = "sddmm.cu"
 _SDDMM_THREADS = 256
 _GATHER_BYTES = 1 << 28  # working memory of the gather-dot fallback per pass
 _TUNE_REPEATS = 3
+# Most device memory the tiled layout of S takes while it is built, per nonzero: its int64
+# temporaries and the sort's scratch (84 bytes measured on an H100 through CuPy's pool,
+# tests/test_memory.py; 128 leaves room for the pool's rounding). Where it does not fit
+# beside the product, S runs by the CSR kernel, which needs none.
+LAYOUT_BYTES_PER_NZ = 128
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,12 @@ def device_facts(device_id: int) -> DeviceFacts:
                        l2_bytes=attrs["L2CacheSize"], smem_bytes=int(smem))
 
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+def current_facts() -> DeviceFacts:
+    """:func:`device_facts` of the current device."""
+    return device_facts(cupy.cuda.runtime.getDevice())
+
+
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # the dtypes the kernels are built for
 _INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
@@ -129,7 +140,7 @@ def sddmm_is_usable_for(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray) -> 
     """Whether the kernels take these operands (instantiated dtypes, C order)."""
     return (
         S.format == "csr"
-        and S.dtype in _FLOATS
+        and S.dtype in FLOATS
         and S.dtype == A.dtype == B.dtype
         and S.indptr.dtype in _INDEX_TYPES
         and S.indices.dtype == S.indptr.dtype
@@ -188,7 +199,7 @@ def _csr_launch(nnz: int, V: int) -> tuple[int, int]:
     """(nonzeros per warp, blocks) for the virtual-warp kernels: every SM filled twice over,
     then runs of at most 512 nonzeros, a whole number of the warp's steps."""
     per_step = (32 // V) * 4  # nonzeros a warp has in flight
-    facts = device_facts(cupy.cuda.runtime.getDevice())
+    facts = current_facts()
     want_warps = facts.sms * 64 * 2
     nz_per_warp = max(per_step, min(512, -(-nnz // want_warps)))
     nz_per_warp = -(-nz_per_warp // per_step) * per_step
@@ -222,7 +233,7 @@ def run_tiled(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: boo
     stage_b = scheme == "sm-sm"
     rows = layout.ti + (layout.Tj if stage_b else 0)
     smem = rows * tk * A.itemsize
-    limit = device_facts(cupy.cuda.Device().id).smem_bytes
+    limit = current_facts().smem_bytes
     if smem > limit:
         raise ValueError(f"{scheme} tile of {rows} rows × {tk} needs {smem} bytes of shared "
                          f"memory; this device gives a block {limit}")
@@ -244,7 +255,7 @@ def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: 
     out = cupy.empty(int(S.nnz), dtype=A.dtype)
     if S.nnz:
         if plan is None:
-            plan = plan_sddmm(S, A.shape[1], A.dtype, reuse=False)
+            plan = plan_sddmm(S, A.shape[1], A.dtype, reuse=False, factors=(A, B))
         if plan.scheme == "csr":
             run_csr(S, A, B, hadamard, out)
         else:
@@ -303,12 +314,16 @@ def _median_ms(fn) -> float:
 
 
 def _measure(S: csp.csr_matrix, K: int, dtype: np.dtype, cands: list[Candidate],
-             reuse: bool) -> dict[Candidate, float]:
-    """Median milliseconds of each candidate on S with random factors (layout included
-    unless ``reuse``)."""
-    rng = cupy.random.default_rng(0)
-    A = rng.standard_normal((S.shape[0], K), dtype=dtype)
-    B = rng.standard_normal((S.shape[1], K), dtype=dtype)
+             reuse: bool, factors: tuple[cupy.ndarray, cupy.ndarray] | None = None
+             ) -> dict[Candidate, float]:
+    """Median milliseconds of each candidate on S (layout included unless ``reuse``), with
+    the caller's factors, or random ones (a second copy of A and B) without them."""
+    if factors is not None:
+        A, B = factors
+    else:
+        rng = cupy.random.default_rng(0)
+        A = rng.standard_normal((S.shape[0], K), dtype=dtype)
+        B = rng.standard_normal((S.shape[1], K), dtype=dtype)
     Sd = S if S.dtype == dtype else S.astype(dtype)
     out = cupy.empty(int(S.nnz), dtype=dtype)
     times = {}
@@ -328,17 +343,24 @@ def _measure(S: csp.csr_matrix, K: int, dtype: np.dtype, cands: list[Candidate],
 
 
 def plan_sddmm(S: csp.csr_matrix, K: int, dtype: Any, *, reuse: bool,
-               force: str | None = None) -> SDDMMPlan:
+               force: str | None = None,
+               factors: tuple[cupy.ndarray, cupy.ndarray] | None = None) -> SDDMMPlan:
     """The plan for S on the current device: the tuned candidate of its shape class.
 
     ``reuse`` says whether the tiled layout is built once and kept (a plan handed back to
     :func:`mgpu.sddmm`) or built on every call; the tuner times what will be paid. ``force``
-    (a scheme name) skips the tuner and takes that scheme's first candidate.
+    (a scheme name) skips the tuner and takes that scheme's first candidate. ``factors``
+    (A, B of this K and dtype) are timed with instead of random ones. Where the device
+    cannot hold the tiled layout (:data:`LAYOUT_BYTES_PER_NZ`) beside the product, the CSR
+    kernel is the only candidate.
     """
     dtype = np.dtype(dtype)
-    facts = device_facts(cupy.cuda.Device().id)
+    facts = current_facts()
     cands = candidates(S.shape, int(S.nnz), K, dtype.itemsize, facts.l2_bytes, facts.smem_bytes)
-    if not tiled_is_usable_for(S):
+    if not tiled_is_usable_for(S) or not layout_fits(S, K, dtype, factors is None):
+        if force not in (None, "csr"):
+            raise ValueError(f"scheme {force!r} needs the tiled layout of S, which does not fit "
+                             "in this device's memory beside the product; use 'csr'.")
         cands = cands[:1]
     timings: dict[str, float] = {}
     if force is not None:
@@ -358,7 +380,7 @@ def plan_sddmm(S: csp.csr_matrix, K: int, dtype: Any, *, reuse: bool,
                 choice = next((c for c in cands if (c.scheme, c.Tk) == (cached.scheme, cached.Tk)),
                               cands[0])
             else:
-                measured = _measure(S, K, dtype, cands, reuse)
+                measured = _measure(S, K, dtype, cands, reuse, factors)
                 choice = min(measured, key=measured.get)
                 _TUNED[key] = choice
                 timings = {c.label: t for c, t in measured.items()}
@@ -379,9 +401,32 @@ def plan_sddmm(S: csp.csr_matrix, K: int, dtype: Any, *, reuse: bool,
     )
 
 
+def product_bytes(S: csp.csr_matrix, dtype: Any) -> int:
+    """Device bytes of an SDDMM result on S's pattern: its values and its own index arrays."""
+    return int(S.nnz) * (np.dtype(dtype).itemsize + S.indices.itemsize) + S.indptr.nbytes
+
+
+def layout_fits(S: csp.csr_matrix, K: int, dtype: Any, random_factors: bool) -> bool:
+    """Whether the device holds the tiled layout's build, the tuner's output (and random
+    factors, when there are no real ones to time with) beside the product."""
+    need = 2 * product_bytes(S, dtype) + LAYOUT_BYTES_PER_NZ * int(S.nnz)
+    if random_factors:
+        need += (S.shape[0] + S.shape[1]) * K * np.dtype(dtype).itemsize
+    return need <= gpu_available()[0]
+
+
 @sddmm_lookup.register(csp.spmatrix)
 def _sddmm_sparse(S, A, B, hadamard: bool, plan: SDDMMPlan | None = None):
-    if sddmm_is_usable_for(S, A, B):
+    usable = sddmm_is_usable_for(S, A, B)
+    need = product_bytes(S, A.dtype)
+    if not usable:  # the gather-dot's passes
+        need += min(int(S.nnz), max(1, _GATHER_BYTES // max(1, 2 * A.shape[1] * A.itemsize))) \
+            * 2 * A.shape[1] * A.itemsize + int(S.nnz) * 8
+    require_gpu(need, f"SDDMM of a {S.shape[0]}×{S.shape[1]} S with {int(S.nnz):,} nonzeros "
+                f"and K={A.shape[1]} ({np.dtype(A.dtype).name})",
+                "Pass host (numpy/scipy) operands with device='gpu' to stream them through "
+                "the GPU in tiles (mgpu.sddmm), or cut S over several GPUs (mgpu.dist).")
+    if usable:
         return sddmm_kernel(S, A, B, hadamard, plan)
     return sddmm_fallback(S, A, B, hadamard)
 
@@ -393,12 +438,18 @@ _JACCARD = "jaccard.cu"
 def _jaccard_gpu(G, weighted: bool, r0: int, r1: int) -> cupy.ndarray:
     """Jaccard weights of the edges of rows r0..r1 of a checked cupyx graph (one thread per
     edge, ``kernels/jaccard.cu``), in G's dtype."""
-    lo, hi = (int(v) for v in G.indptr[cupy.asarray([r0, r1])].get())
+    if (r0, r1) == (0, G.shape[0]):
+        lo, hi = 0, int(G.nnz)  # the whole graph: no wait for its row pointers
+    else:
+        lo, hi = (int(v) for v in G.indptr[cupy.asarray([r0, r1])].get())
+    require_gpu((hi - lo) * (G.dtype.itemsize + G.indices.itemsize) + G.indptr.nbytes,
+                f"Jaccard weights of {hi - lo:,} edges", "Cut the graph over several GPUs "
+                "(mgpu.jaccard with a cluster).")
     out = cupy.empty(hi - lo, dtype=G.dtype)
     if hi > lo:
         fn = get_function(_JACCARD, f"mgpu_jaccard<{c_type(G.dtype)}, "
                           f"{'true' if weighted else 'false'}>", INSTANCES[_JACCARD])
-        sms = device_facts(cupy.cuda.Device().id).sms
+        sms = current_facts().sms
         blocks = int(min(sms * 32, -(-(hi - lo) // 256)))
         fn((blocks,), (256,), (G.indptr, G.indices, G.data, np.int32(r0), np.int32(r1), out))
     return out

@@ -23,11 +23,13 @@ from typing import Any
 import cupy
 import cupyx.scipy.sparse as csp
 import numpy as np
+from dask.utils import format_bytes
 
 from mgpu.backends import distances_lookup, knn_lookup, knn_prepare_lookup
-from mgpu.backends.cupy import device_facts, row_reduce_csr_kernel
+from mgpu.backends.cupy import current_facts, row_reduce_csr_kernel
 from mgpu.backends.instances import KNN_GROUPS
 from mgpu.backends.loader import c_type, get_function
+from mgpu.backends.memory import DeviceMemoryError, gpu_available, require_gpu
 from mgpu.backends.numpy import ROW_SUM
 
 logger = logging.getLogger(__name__)
@@ -257,9 +259,21 @@ class GpuIndex:
         return knn_prepared(self, Q, min(k, self.shape[0]), ring.similarity, _budget(budget))
 
 
+def _csr_bytes(X: Any) -> int:
+    """Device bytes of X in CSR form, at most (a dense X counted as if no entry were zero)."""
+    nnz = int(X.nnz) if isinstance(X, csp.spmatrix) else int(X.size)
+    return nnz * (np.dtype(X.dtype).itemsize + 4) + (X.shape[0] + 1) * 4
+
+
 def prepare_index(X: Any, metric: str, p: float) -> GpuIndex:
-    """The index of checked input ``X`` (:func:`check_input`) made ready for ``metric``."""
+    """The index of checked input ``X`` (:func:`check_input`) made ready for ``metric``.
+
+    Raises :class:`DeviceMemoryError` first when the device cannot hold its copies (the
+    index transformed, and normalised for the cosine family, with row statistics)."""
     form = FORMS[metric]
+    require_gpu(2 * _csr_bytes(X) + X.shape[0] * (4 + 2 * np.dtype(X.dtype).itemsize),
+                f"A kNN index of {X.shape[0]:,}×{X.shape[1]:,} ({metric})",
+                "Split it into row tiles over several GPUs (mgpu.dist.from_scipy(..., axis=0)).")
     dense = None
     if isinstance(X, cupy.ndarray) and form.op == OP_DOT and form.x_values is None:
         dense = X
@@ -283,21 +297,31 @@ def _kernel(group: str, expression: str):
 
 
 def _warps(n_rows: int) -> tuple[int, int]:
-    sms = device_facts(cupy.cuda.Device().id).sms
+    sms = current_facts().sms
     blocks = max(1, min(sms * _BLOCKS_PER_SM, -(-n_rows // (_THREADS // 32))))
     return blocks, blocks * (_THREADS // 32)
+
+
+def query_bytes(index: GpuIndex, k: int, dense: bool = False) -> int:
+    """Device bytes one query of a batch takes: its dense column and its candidates (or its
+    row of keys); ``dense`` for the cuBLAS path, a row of distances and ids."""
+    n_rows, n_features = index.shape
+    item = index.dtype.itemsize
+    if dense:
+        return n_rows * (item + 8)
+    _, n_warps = _warps(n_rows)
+    return n_features * item + (
+        n_warps * k * (item + 4) if _fused_kmax(k) else n_rows * (item + 8))
 
 
 def batch_size(index: GpuIndex, n_queries: int, k: int, budget: int) -> int:
     """Queries per kernel launch: the dense query block in half the L2 and, with the
     candidates (or the key tile) of the launch, within ``budget`` bytes."""
-    n_rows, n_features = index.shape
+    n_features = index.shape[1]
     item = index.dtype.itemsize
-    l2 = device_facts(cupy.cuda.Device().id).l2_bytes
+    l2 = current_facts().l2_bytes
     lanes = 32 if _fused_kmax(k) == 128 else 4 * _LANES_PER_WARP
-    _, n_warps = _warps(n_rows)
-    per_query = n_features * item + (
-        n_warps * k * (item + 4) if _fused_kmax(k) else n_rows * (item + 8))
+    per_query = query_bytes(index, k)
     fit_l2 = (l2 // 2) // max(1, n_features * item)
     nb = int(max(1, min(lanes, n_queries, fit_l2, budget // max(1, per_query))))
     return nb - nb % 32 if nb > 32 else nb  # whole warps of queries
@@ -451,12 +475,30 @@ def batch_knn(index: GpuIndex, qs: QuerySet, s: int, e: int, k: int
 
 def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget: int
                  ) -> tuple[cupy.ndarray, cupy.ndarray]:
-    """kNN of checked queries against a prepared index; distances in the index's dtype."""
+    """kNN of checked queries against a prepared index; distances in the index's dtype.
+
+    The batches' working memory is ``budget`` or what the device has left beside the
+    queries and the results, whichever is smaller (one query a batch at least);
+    :class:`DeviceMemoryError` when the device cannot hold one query."""
+    nq = queries.shape[0]
+    item = index.dtype.itemsize
+    held = 2 * _csr_bytes(queries) + nq * (2 * item + k * (item + 8))  # queries' copies, results
+    what = (f"kNN of {nq:,} queries (k={k}) against a {index.shape[0]:,}×{index.shape[1]:,} "
+            "index")
+    hint = "Pass fewer queries a call, or split the index over several GPUs."
+    require_gpu(held, what, hint)
+    room = gpu_available()[0] - held
+    dense = index.dense is not None and isinstance(queries, cupy.ndarray)
+    one = query_bytes(index, k, dense)
+    if one > room:
+        raise DeviceMemoryError(f"{what} needs {format_bytes(one)} of GPU working memory for "
+                                f"one query beside its inputs and results; "
+                                f"{format_bytes(max(room, 0))} are available. {hint}")
+    budget = min(budget, room)  # a batch is one query at least, whatever the budget
     qs = prepare_queries(index, queries)
-    nq = qs.n
     step = batch_size(index, nq, k, budget)
     if qs.dense is not None:
-        step = int(max(1, min(nq, budget // max(1, index.shape[0] * (index.dtype.itemsize + 8)))))
+        step = int(max(1, min(nq, budget // max(1, one))))
     dist = cupy.empty((nq, k), dtype=index.dtype)
     ids = cupy.empty((nq, k), dtype=cupy.int64)
     for s in range(0, nq, step):
@@ -513,6 +555,9 @@ def pairwise_distances(X: Any, Y: Any, ring: Any, p: float) -> cupy.ndarray:
     else:
         index, Q = _pair(Y, X, ring, "pairwise_distances", ("Y", "X"))
     prepared = prepare_index(index, ring.name, p)
+    require_gpu(Q.shape[0] * index.shape[0] * np.dtype(index.dtype).itemsize + 2 * _csr_bytes(Q),
+                f"A {Q.shape[0]:,}×{index.shape[0]:,} distance matrix",
+                "mgpu.knn keeps k neighbours a row instead of every distance.")
     out = cupy.empty((Q.shape[0], index.shape[0]), dtype=index.dtype)
     # the key-tile form writes into out itself: only the query block counts against the budget
     step = batch_size(prepared, Q.shape[0], _TILE_K, _budget(None) + out.nbytes)

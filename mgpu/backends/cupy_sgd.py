@@ -4,7 +4,7 @@ from __future__ import annotations
 import cupy
 
 from mgpu.backends import sgd_lookup
-from mgpu.backends.cupy import device_facts
+from mgpu.backends.cupy import current_facts
 from mgpu.backends.instances import INSTANCES, SGD_KPL
 from mgpu.backends.loader import c_type, get_function
 
@@ -32,7 +32,7 @@ def warps_for(users: cupy.ndarray, items: cupy.ndarray, n_users: int, n_items: i
     sits in about W·d/n of W updates in flight: harmless on Netflix-sized data, ruinous on a
     block of a few hundred users where one user has a tenth of the ratings.
     """
-    sms = device_facts(cupy.cuda.Device().id).sms
+    sms = current_facts().sms
     full = sms * _BLOCKS_PER_SM * (_THREADS // 32)
     n = int(users.shape[0])
     if conflicts is None or n == 0:

@@ -13,21 +13,21 @@ import cupyx.scipy.sparse as csp
 import numpy as np
 
 from mgpu.backends import spmv_lookup
-from mgpu.backends.cupy import device_facts
+from mgpu.backends.cupy import FLOATS, current_facts
 from mgpu.backends.instances import INSTANCES, SPMM_ITEMS, SPMV_ITEMS
 from mgpu.backends.loader import c_type, get_function
+from mgpu.backends.memory import require_gpu
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["spmm_merge", "spmv_fallback", "spmv_flagged", "spmv_is_usable_for", "spmv_items",
-           "spmv_merge", "takes_as_is"]
+__all__ = ["merge_product", "spmm_merge", "spmv_fallback", "spmv_flagged", "spmv_is_usable_for",
+           "spmv_items", "spmv_merge", "takes_as_is"]
 
 _SPMV = "spmv.cu"
 _TILE_THREADS = 128  # SpMV: threads of a tile's block (MGPU_SPMV_THREADS in kernels/spmv.cu)
 _THREADS = 256  # the searches and carry passes (a multiple of 32: the carries shuffle in warps)
 _SPMM_PIECES = 8  # SpMM: pieces per block, each a warp over 32 columns of X
 _FULL_WAVES = 4  # below this many items per resident thread, smaller pieces pay off
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _INT32 = np.dtype(np.int32)
 
 
@@ -36,7 +36,7 @@ def spmv_is_usable_for(A: csp.csr_matrix, x: cupy.ndarray) -> bool:
     32-bit indices, row-major x, int32 carry rows)."""
     return (
         A.format == "csr"
-        and A.dtype in _FLOATS
+        and A.dtype in FLOATS
         and x.dtype == A.dtype
         and x.ndim in (1, 2)
         and x.flags.c_contiguous
@@ -57,7 +57,7 @@ def takes_as_is(A: object, x: object, ndim: int) -> bool:
 def _pick(m: int, nnz: int, sizes: tuple[int, ...]) -> int:
     """The larger of ``sizes`` once the merge fills the device ``_FULL_WAVES`` times over with
     it, the smaller otherwise (more pieces, more threads)."""
-    facts = device_facts(cupy.cuda.runtime.getDevice())
+    facts = current_facts()
     resident = facts.sms * facts.threads_per_sm
     small, large = min(sizes), max(sizes)
     return large if (m + nnz) >= _FULL_WAVES * resident * large else small
@@ -150,15 +150,19 @@ def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None,
     col_blocks = -(-k // 32)
     if col_blocks > 65535:
         raise ValueError(f"spmm takes at most {65535 * 32} columns of X on the GPU; got {k}.")
+    items = _pick(m, nnz, SPMM_ITEMS) if items is None else int(items)
+    n_pieces = -(-(m + nnz) // items)
+    # Y and the carries, a double per piece and column: more than A itself for a wide X
+    require_gpu(m * k * A.dtype.itemsize + (n_pieces * (4 + 8 * k) if m and k else 0),
+                f"SpMM of a {m:,}×{A.shape[1]:,} A with {nnz:,} nonzeros by {k} columns",
+                "Multiply fewer columns of X at a time.")
     Y = cupy.empty((m, k), dtype=A.dtype)
     if bad is not None:
         _flag_nonfinite(A.data, bad)
         _flag_nonfinite(X, bad)
     if m == 0 or k == 0:
         return Y
-    items = _pick(m, nnz, SPMM_ITEMS) if items is None else int(items)
     t = c_type(A.dtype)
-    n_pieces = -(-(m + nnz) // items)
     carry_row = cupy.empty(n_pieces, dtype=cupy.int32)
     carry_val = cupy.empty((n_pieces, k), dtype=cupy.float64)
     grid = (-(-n_pieces // _SPMM_PIECES), col_blocks)
@@ -172,6 +176,12 @@ def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None,
     return Y
 
 
+def merge_product(A: csp.csr_matrix, x: cupy.ndarray, *,
+                  bad: cupy.ndarray | None = None) -> cupy.ndarray:
+    """``A @ x`` by :func:`spmv_merge` for 1-D ``x``, :func:`spmm_merge` for 2-D."""
+    return spmv_merge(A, x, bad=bad) if x.ndim == 1 else spmm_merge(A, x, bad=bad)
+
+
 def spmv_flagged(A: csp.csr_matrix, x: cupy.ndarray) -> tuple[cupy.ndarray, cupy.ndarray | None]:
     """``A @ x`` (1-D) or ``A @ X`` (2-D) by the merge-path kernels, with the device flag
     they set on NaN or infinity in A's stored values or in x; ``None`` in its place when the
@@ -179,8 +189,7 @@ def spmv_flagged(A: csp.csr_matrix, x: cupy.ndarray) -> tuple[cupy.ndarray, cupy
     if not spmv_is_usable_for(A, x):
         return spmv_fallback(A, x), None
     bad = cupy.zeros(1, dtype=cupy.int32)
-    y = spmv_merge(A, x, bad=bad) if x.ndim == 1 else spmm_merge(A, x, bad=bad)
-    return y, bad
+    return merge_product(A, x, bad=bad), bad
 
 
 def spmv_fallback(A: csp.spmatrix, x: cupy.ndarray) -> cupy.ndarray:
@@ -194,6 +203,6 @@ def _spmv_gpu(A, x: cupy.ndarray) -> cupy.ndarray:
         return A @ x
     A = A.tocsr()
     if spmv_is_usable_for(A, x):
-        return spmv_merge(A, x) if x.ndim == 1 else spmm_merge(A, x)
+        return merge_product(A, x)
     logger.debug("spmv: cuSPARSE fallback for A %s %s, x %s", A.dtype, A.indptr.dtype, x.dtype)
     return spmv_fallback(A, x)

@@ -30,13 +30,16 @@ def _factors(S: sp.csr_matrix, K: int, seed: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _sample_error(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, values: np.ndarray,
-                  seed: int) -> float:
-    """Largest error on a sample of nonzeros, relative to the largest reference value."""
+                  seed: int, hadamard: bool = False) -> float:
+    """Largest error on a sample of nonzeros, relative to the largest reference value
+    (the sampled product, times S's values with ``hadamard``)."""
     rng = np.random.default_rng(seed)
     idx = rng.choice(S.nnz, size=min(S.nnz, _CHECK_SAMPLE), replace=False) if S.nnz else []
     idx = np.sort(np.asarray(idx, dtype=np.int64))
     rows = np.searchsorted(S.indptr, idx, side="right") - 1
     ref = np.einsum("ik,ik->i", A[rows].astype(np.float64), B[S.indices[idx]].astype(np.float64))
+    if hadamard:
+        ref *= S.data[idx]
     scale = max(float(np.abs(ref).max(initial=0.0)), 1e-300)
     return float(np.abs(values[idx].astype(np.float64) - ref).max(initial=0.0) / scale)
 
@@ -288,3 +291,76 @@ def scaling_markdown(rows: list[dict[str, Any]], label: str) -> str:
                      f"{r['imbalance']:.4f} | {r['median_s'] * 1e3:.1f} | {r['gflops']:.0f} | "
                      f"{speedup} | {r['max_rel_err']:.1e} |")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ streamed through the GPU
+
+
+def stream_operands(m: int, n: int, row_nnz: int, K: int, seed: int = 0
+                    ) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+    """Host operands of any size, made at memory speed: S with ``row_nnz`` distinct columns
+    a row (a random start, then a fixed stride), and factors whose rows are drawn
+    from a table of 4099 random rows (float32)."""
+    rng = np.random.default_rng(seed)
+    stride = max(1, n // max(row_nnz, 1))
+    start = rng.integers(0, n, size=m, dtype=np.int64)
+    cols = (start[:, None] + stride * np.arange(row_nnz, dtype=np.int64)[None, :]) % n
+    cols.sort(axis=1)  # canonical: no duplicate search over the whole matrix
+    S = sp.csr_matrix((rng.random(m * row_nnz, dtype=np.float32) + 0.5,
+                       cols.astype(np.int32).ravel(),
+                       np.arange(0, m * row_nnz + 1, row_nnz, dtype=np.int64)), shape=(m, n))
+    del cols, start
+    table = rng.standard_normal((4099, K), dtype=np.float32)
+    factors = []
+    for rows in (m, n):
+        X = np.empty((rows, K), dtype=np.float32)
+        step = max(1, (1 << 28) // (K * 4))
+        for s in range(0, rows, step):
+            X[s:s + step] = table[np.arange(s, min(rows, s + step)) % 4099]
+        factors.append(X)
+    return S, factors[0], factors[1]
+
+
+def bench_streamed(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, *,
+                   working_memory: Any = None, cpu_peer: bool = True,
+                   progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """One SDDMM of host operands streamed through the current GPU, against mgpu's CPU
+    backend on the same operands: wall times (copies included), the bytes that crossed the
+    bus, and the error on a sample of nonzeros against float64."""
+    import mgpu
+    from mgpu.backends.memory import gpu_available
+    from mgpu.ops.sddmm import stream_budget
+    from mgpu.ops.sddmm_stream import plan_stream
+
+    inputs = A.nbytes + B.nbytes + S.data.nbytes + S.indices.nbytes + S.indptr.nbytes
+    available, capacity = gpu_available()
+    budget = stream_budget(working_memory)
+    t0 = time.perf_counter()
+    P = mgpu.sddmm(S, A, B, device="gpu", working_memory=budget, progress=progress)
+    t_gpu = time.perf_counter() - t0
+    plan = plan_stream(S.indptr, S.shape[1], A.shape[1], 4, budget)
+    n_panels = len(plan.panels)
+    moved = B.nbytes + n_panels * A.nbytes + S.nnz * 12 + n_panels * (S.shape[0] + 1) * 4
+    row = {"shape": list(S.shape), "nnz": int(S.nnz), "K": int(A.shape[1]),
+           "input_bytes": int(inputs), "device_bytes": int(capacity),
+           "device_available": int(available), "budget": budget, "panels": n_panels,
+           "blocks": len(plan.blocks), "gpu_s": t_gpu, "bus_bytes": int(moved),
+           "gpu_gflops": 2.0 * A.shape[1] * S.nnz / t_gpu / 1e9,
+           "max_rel_err": _sample_error(S, A, B, P.data, 0, hadamard=True)}
+    del P
+    if cpu_peer:
+        row.update(run_cpu_peer(S, A, B, t_gpu))
+    return row
+
+
+def run_cpu_peer(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, gpu_s: float
+                 ) -> dict[str, Any]:
+    """mgpu's CPU backend on the operands of :func:`bench_streamed`, against its GPU time."""
+    import mgpu
+
+    t0 = time.perf_counter()
+    P = mgpu.sddmm(S, A, B)
+    cpu_s = time.perf_counter() - t0
+    return {"cpu_s": cpu_s, "speedup_vs_cpu": cpu_s / gpu_s,
+            "cpu_max_rel_err": _sample_error(S, A, B, P.data, 0, hadamard=True)}
+

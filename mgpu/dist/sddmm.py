@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
@@ -163,7 +164,8 @@ def _holders(S: da.Array, client: Any, axis: int) -> list[list[str]]:
 
 
 def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
-          check_finite: bool = True) -> Any:
+          check_finite: bool = True, device: str | None = None, working_memory: Any = None,
+          progress: Callable[[int], None] | None = None) -> Any:
     """Sampled dense-dense product ``P = S ∘ (A Bᵀ)`` on one device or across a cluster.
 
     Parameters
@@ -186,6 +188,9 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
         Refuse NaN or infinity in the factors (and S's values with ``hadamard``); ``False``
         skips the check and its wait, for factors known to be finite, as in
         :func:`mgpu.ops.sddmm`.
+    device, working_memory, progress
+        One device only, as :func:`mgpu.ops.sddmm`: ``device='gpu'`` streams host operands
+        larger than the GPU through it in tiles.
 
     Returns
     -------
@@ -212,7 +217,12 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     """
     if not is_dask_array(S):
         return sddmm_one_device(S, A, B, hadamard=hadamard, plan=plan,
-                                check_finite=check_finite)
+                                check_finite=check_finite, device=device,
+                                working_memory=working_memory, progress=progress)
+    if device is not None or working_memory is not None or progress is not None:
+        raise ValueError("The 'device', 'working_memory' and 'progress' parameters of sddmm "
+                         "are for one matrix on one device; a distributed S runs where its "
+                         "tiles are. Leave them out.")
     if plan is not None:
         raise ValueError("The 'plan' parameter of sddmm is for one matrix on one device; a "
                          "distributed S is planned per tile on its worker. Leave it out.")

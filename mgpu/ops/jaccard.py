@@ -114,4 +114,8 @@ def jaccard_local(G: Any, weighted: bool) -> Any:
         vals = jaccard_lookup(G, weighted, 0, n)
     else:  # no node: no kernel call, but the documented dtype (float64 from scipy input)
         vals = G.data[:0] if is_gpu_array(G) else np.empty(0)
+    if is_gpu_array(G):
+        from mgpu.backends.cupy import with_values
+
+        return with_values(G, vals)  # cupyx's (data, indices, indptr) form would wait
     return sparse.csr_matrix((vals, G.indices.copy(), G.indptr.copy()), shape=G.shape)

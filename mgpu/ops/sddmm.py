@@ -1,6 +1,8 @@
 """SDDMM on one device: P = S ∘ (A Bᵀ) on the pattern of a sparse S."""
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -9,6 +11,8 @@ import scipy.sparse as sp
 from mgpu.backends import is_gpu_array, sddmm_lookup, to_host
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
 from mgpu.ops._validate import is_dask_array, is_sparse
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "check_dense_factor",
@@ -91,10 +95,16 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
             )
 
 
+_FINITE_CHUNK = 1 << 24  # values per pass of the host check: no mask the size of a factor
+
+
 def _all_finite(X: Any) -> Any:
-    """Whether X is all finite: a bool for numpy, a 0-d device array for cupy (no sync)."""
+    """Whether X is all finite: a bool for numpy (in chunks, so that a factor of tens of GB
+    gets no mask of its size), a 0-d device array for cupy (no sync)."""
     if isinstance(X, np.ndarray):
-        return bool(np.isfinite(X).all())
+        flat = X.reshape(-1) if X.flags.c_contiguous else X.ravel(order="K")
+        return all(bool(np.isfinite(flat[s:s + _FINITE_CHUNK]).all())
+                   for s in range(0, flat.size, _FINITE_CHUNK))
     return _cupy_isfinite(X).all()
 
 
@@ -172,7 +182,9 @@ def sddmm_local(S: Any, A: Any, B: Any, hadamard: bool, plan: SDDMMPlan | None =
 
 
 def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
-          plan: SDDMMPlan | None = None, check_finite: bool = True) -> Any:
+          plan: SDDMMPlan | None = None, check_finite: bool = True,
+          device: str | None = None, working_memory: Any = None,
+          progress: Callable[[int], None] | None = None) -> Any:
     """Sampled dense-dense product ``P = S ∘ (A Bᵀ)`` on one CPU or GPU.
 
     Parameters
@@ -195,12 +207,23 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         scipy.linalg's ``check_finite``; on the GPU the check waits for the device. ``False``
         skips it, for factors known to be finite (an iterative method that watches its own
         loss): NaN or infinity then spread into the entries of P that touch them.
+    device : {'cpu', 'gpu'}, optional
+        Where to compute; by default where the operands are. ``'gpu'`` with host operands
+        (scipy S, numpy A and B) streams them through the current GPU in tiles
+        (:mod:`mgpu.ops.sddmm_stream`): B in column panels, S and A in row blocks, within
+        ``working_memory`` of the device, so that S, A and B may be larger than the GPU.
+        P comes back as a scipy matrix.
+    working_memory : int or str, optional
+        Streaming only: device bytes the tiles may take ("8 GiB"); by default
+        ``mgpu.sddmm.gpu-stream-memory``, or 80% of what the device has available.
+    progress : callable, optional
+        Streaming only: called with the number of S's nonzeros done after each tile.
 
     Returns
     -------
     P : CSR matrix of shape (n_rows, n_cols)
         S's pattern (in CSR order); float32 when every operand is float32, float64
-        otherwise; scipy for CPU input, cupyx for GPU input.
+        otherwise; scipy for CPU input (streamed or not), cupyx for GPU input.
 
     Raises
     ------
@@ -209,6 +232,10 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
     ValueError
         On shape mismatches, operands on different devices, NaN or infinity in A or B (or in
         S's values when ``hadamard``; both with ``check_finite``), or duplicate entries in S.
+    mgpu.backends.memory.DeviceMemoryError
+        (a MemoryError) Before anything is allocated, when the GPU cannot hold the result, or
+        when one row of a streamed S does not fit in ``working_memory``; it gives the bytes
+        needed and available.
 
     Examples
     --------
@@ -237,10 +264,52 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
             f"The operands of sddmm must be on one device. Got {where}. Move them with "
             "cupy.asarray / cupyx.scipy.sparse.csr_matrix or cupy.asnumpy / .get()."
         )
+    if device not in (None, "cpu", "gpu"):
+        raise ValueError(f"The 'device' parameter of sddmm must be 'cpu', 'gpu' or None. Got "
+                         f"{device!r} instead.")
+    if device == "cpu" and on_gpu[0]:
+        raise ValueError("The operands of sddmm are on the GPU, so device='cpu' does not "
+                         "apply; move them with cupy.asnumpy / .get() first.")
+    streamed = device == "gpu" and not on_gpu[0]
+    if not streamed and (working_memory is not None or progress is not None):
+        raise ValueError("The 'working_memory' and 'progress' parameters of sddmm are for "
+                         "host operands streamed through the GPU (device='gpu').")
     S = check_sparse(S, hadamard and check_finite)
     if plan is not None:
+        if streamed:
+            raise ValueError("The 'plan' parameter of sddmm does not apply to operands "
+                             "streamed through the GPU (device='gpu'); leave it out.")
         check_plan(plan, S, A.shape[1])
+    if streamed:
+        return _streamed(S, A, B, hadamard, working_memory, progress)
     return sddmm_local(S, A, B, hadamard, plan)
+
+
+def stream_budget(working_memory: Any = None) -> int:
+    """Device bytes for the tiles of a streamed SDDMM: ``working_memory``, else
+    ``mgpu.sddmm.gpu-stream-memory``, else 80% of what the current GPU has available."""
+    from mgpu import config
+
+    if working_memory is None and config.get("sddmm.gpu-stream-memory") is None:
+        from mgpu.backends.memory import gpu_available
+
+        return int(0.8 * gpu_available()[0])
+    return config.get_bytes("sddmm.gpu-stream-memory", working_memory)
+
+
+def _streamed(S: Any, A: Any, B: Any, hadamard: bool, working_memory: Any,
+              progress: Callable[[int], None] | None) -> Any:
+    """Checked host operands through the current GPU (:mod:`mgpu.ops.sddmm_stream`)."""
+    from mgpu.ops.sddmm_stream import GpuDevice, plan_stream, sddmm_streamed
+
+    dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
+    budget = stream_budget(working_memory)
+    what = (f"SDDMM of a {S.shape[0]:,}×{S.shape[1]:,} S with {int(S.nnz):,} nonzeros and "
+            f"K={A.shape[1]}, streamed through the GPU")
+    plan = plan_stream(S.indptr, S.shape[1], A.shape[1], dt.itemsize, budget, what)
+    logger.info("sddmm streamed: %d panel(s) of B × %d block(s) of S within %s of the GPU",
+                len(plan.panels), len(plan.blocks), budget)
+    return sddmm_streamed(S, A, B, hadamard, dt, plan, GpuDevice(), progress)
 
 
 def check_plan(plan: Any, S: Any, K: int) -> None:

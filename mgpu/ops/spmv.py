@@ -196,7 +196,7 @@ def _one_device(A: Any, x: Any, name: str, func: str, ndim: int, check_finite: b
         if cupy_spmv.takes_as_is(A, x, ndim):  # passes every check but the values'
             if check_finite:
                 return _gpu_checked(A, x, name, func)
-            return cupy_spmv.spmv_merge(A, x) if ndim == 1 else cupy_spmv.spmm_merge(A, x)
+            return cupy_spmv.merge_product(A, x)
     if is_dask_array(A):
         raise TypeError(f"mgpu.ops.{func} runs on one device; for a dask array A use "
                         f"mgpu.{func}, which runs the distributed version.")

@@ -1,0 +1,58 @@
+"""What the current GPU can still hold, and the refusal when an operation would need more.
+
+An operation that knows what it will allocate asks :func:`require_gpu` first, so that a
+problem too large for the device ends in :class:`DeviceMemoryError` naming both numbers,
+before any of it is allocated, never in CUDA's out-of-memory error halfway through.
+
+CuPy is imported only when a GPU is asked about.
+"""
+from __future__ import annotations
+
+from dask.utils import format_bytes
+
+__all__ = ["DeviceMemoryError", "gpu_available", "require_gpu"]
+
+
+class DeviceMemoryError(MemoryError):
+    """An operation needs more GPU memory than the device has available (raised before any
+    of it is allocated)."""
+
+
+def gpu_available() -> tuple[int, int]:
+    """``(available, capacity)`` in bytes on the current device for this process.
+
+    Available: the device's free memory plus what CuPy's memory pool holds unused, within
+    the pool's limit when one is set (``cupy.get_default_memory_pool().set_limit``).
+    Capacity: the device's memory, or the pool's limit when that is smaller.
+    """
+    import cupy
+
+    free, total = cupy.cuda.runtime.memGetInfo()
+    pool = cupy.get_default_memory_pool()
+    available = int(free) + int(pool.free_bytes())
+    limit = int(pool.get_limit())
+    if limit:
+        available = min(available, limit - int(pool.used_bytes()))
+        total = min(int(total), limit)
+    return max(0, available), int(total)
+
+
+def require_gpu(nbytes: int, what: str, hint: str = "") -> None:
+    """Raise :class:`DeviceMemoryError` unless ``nbytes`` more fit on the current device.
+
+    ``what`` names the operation and its operands ("SDDMM of S 3×4 with 12 nonzeros");
+    ``hint`` says what to do instead.
+    """
+    import cupy
+
+    if cupy.cuda.get_current_stream().is_capturing():
+        return  # a CUDA graph being captured: no query of the device in the middle of it
+    available, capacity = gpu_available()
+    if nbytes > available:
+
+        dev = cupy.cuda.runtime.getDevice()
+        raise DeviceMemoryError(
+            f"{what} needs {format_bytes(int(nbytes))} of GPU memory on device {dev}; "
+            f"{format_bytes(available)} of its {format_bytes(capacity)} are available."
+            + (f" {hint}" if hint else "")
+        )
