@@ -11,6 +11,7 @@ MODULES = [
     "mgpu.synthetic",
     "mgpu.ops.rownorms",
     "mgpu.ops.sddmm",
+    "mgpu.ops.sddmm_stream",
     "mgpu.dist.sddmm",
     "mgpu.dist.collection",
     "mgpu.io",

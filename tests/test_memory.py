@@ -143,6 +143,11 @@ def test_streaming_plan_counts_what_a_tile_holds():
     plan = plan_stream(indptr, 10, 4, 4, budget=250)
     assert plan.panels == ((0, 5), (5, 10)) and plan.panel_bytes == 80
     assert plan.blocks == ((0, 3), (3, 4))  # 170 B of room: three rows of 44 B
+    # a block's nonzeros stay below 2^31 (int32 row pointers), whatever the budget
+    huge = np.array([0, 2**30, 2**31, 3 * 2**30, 3 * 2**30 + 5], dtype=np.int64)
+    assert plan_stream(huge, 1000, 4, 4, budget=1 << 45).blocks == ((0, 1), (1, 2), (2, 4))
+    # nothing to cut
+    assert plan_stream(np.array([0]), 0, 4, 4, budget=100).tiles == 1
 
 
 def test_a_row_too_large_for_the_stream_is_refused_before_any_copy():

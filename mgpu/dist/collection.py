@@ -29,8 +29,8 @@ from mgpu.partition import axis_counts, part_sums, split_counts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["block_futures", "chunk_nnz", "chunk_workers", "device_copy", "from_scipy", "gather",
-           "place_as"]
+__all__ = ["block_futures", "check_gpu_room", "chunk_nnz", "chunk_workers", "device_copy",
+           "from_scipy", "gather", "place_as"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -91,6 +91,52 @@ def place_as(client: Any, key: Any, value: Any, *, workers: list[str] | None = N
     # graph (and its advice to scatter) is not for it.
     with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 PiB"}):
         return client.submit(convert or _held, value, key=key, **pin)
+
+
+def _gpu_room() -> tuple[int, int]:
+    """(available, capacity) bytes of this worker's GPU (``gpu_available``)."""
+    from mgpu.backends.memory import gpu_available
+
+    return gpu_available()
+
+
+def check_gpu_room(chunk_bytes: list[int], chunk_workers: list[str],
+                   room: dict[str, tuple[int, int]]) -> None:
+    """Refuse, before anything is sent, chunks that would not fit on their workers' GPUs.
+
+    ``chunk_bytes[i]`` goes to ``chunk_workers[i]``; ``room`` maps each worker to its GPU's
+    (available, capacity) bytes.
+
+    Raises
+    ------
+    DeviceMemoryError
+        Naming the first worker whose chunks exceed what its GPU has available.
+
+    Examples
+    --------
+    >>> check_gpu_room([600, 600], ["a", "b"], {"a": (1000, 2000), "b": (1000, 2000)})
+    >>> try:
+    ...     check_gpu_room([600, 600], ["a", "a"], {"a": (1000, 2000)})
+    ... except MemoryError as e:
+    ...     print(e)  # doctest: +ELLIPSIS
+    from_scipy: the 2 chunk(s) for worker a take 1.17 kiB on its GPU; 0.98 kiB of its 1.95 kiB...
+    """
+    from dask.utils import format_bytes
+
+    from mgpu.backends.memory import DeviceMemoryError
+
+    need: dict[str, list[int]] = {}
+    for b, w in zip(chunk_bytes, chunk_workers):
+        need.setdefault(w, []).append(int(b))
+    for w, parts in need.items():
+        available, capacity = room[w]
+        if sum(parts) > available:
+            raise DeviceMemoryError(
+                f"from_scipy: the {len(parts)} chunk(s) for worker {w} take "
+                f"{format_bytes(sum(parts))} on its GPU; {format_bytes(available)} of its "
+                f"{format_bytes(capacity)} are available. Cut S into more parts over more GPU "
+                "workers, or keep it on the CPU (device='cpu')."
+            )
 
 
 def _to_device(chunk: sp.csr_matrix) -> Any:
@@ -181,6 +227,9 @@ def from_scipy(
     ValueError
         For a bad ``axis``, ``parts`` or ``device``, or ``device='gpu'`` with a chunk too
         large for cupyx's 32-bit indices.
+    mgpu.DeviceMemoryError
+        With ``device='gpu'``, before anything is sent, when a worker's chunks would not fit
+        in what its GPU has available (:func:`check_gpu_room`).
 
     Examples
     --------
@@ -222,6 +271,12 @@ def from_scipy(
             f"A chunk of {int(nnz.max()):,} nonzeros exceeds cupyx's 32-bit indices; "
             f"use parts >= {int(-(-int(nnz.sum()) // _INT32_MAX))}."
         )
+    if on_gpu:
+        # cupyx CSR on the device: values, int32 indices and row pointers per chunk
+        rows = sizes if axis == 0 else (S.shape[0],) * parts
+        held = [int(z) * (S.dtype.itemsize + 4) + (int(r) + 1) * 4 for z, r in zip(nnz, rows)]
+        takers = [workers[i % len(workers)] for i in range(parts)]
+        check_gpu_room(held, takers, client.run(_gpu_room, workers=sorted(set(takers))))
 
     # A fresh name, not a hash of S: hashing every value costs a pass over the matrix, and a
     # name that two calls share could meet a release of the same key still in flight.

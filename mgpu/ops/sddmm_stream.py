@@ -65,9 +65,9 @@ def plan_stream(indptr: np.ndarray, n_cols: int, K: int, itemsize: int, budget: 
 
     Examples
     --------
-    >>> plan = plan_stream(np.array([0, 2, 4, 6, 8]), 10, 4, 4, budget=500)
+    >>> plan = plan_stream(np.array([0, 2, 4, 6, 8]), 10, 4, 4, budget=250)
     >>> plan.panels, plan.blocks
-    (((0, 10),), ((0, 2), (2, 4)))
+    (((0, 5), (5, 10)), ((0, 3), (3, 4)))
     """
     indptr = np.asarray(indptr, dtype=np.int64)
     m = len(indptr) - 1
