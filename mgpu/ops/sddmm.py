@@ -215,7 +215,8 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         P comes back as a scipy matrix.
     working_memory : int or str, optional
         Streaming only: device bytes the tiles may take ("8 GiB"); by default
-        ``mgpu.sddmm.gpu-stream-memory``, or 80% of what the device has available.
+        ``mgpu.sddmm.gpu-stream-memory``, or 80% of what the device has available. Tiles
+        that would need more than the device has available are refused before any copy.
     progress : callable, optional
         Streaming only: called with the number of S's nonzeros done after each tile.
 
@@ -307,6 +308,11 @@ def _streamed(S: Any, A: Any, B: Any, hadamard: bool, working_memory: Any,
     what = (f"SDDMM of a {S.shape[0]:,}×{S.shape[1]:,} S with {int(S.nnz):,} nonzeros and "
             f"K={A.shape[1]}, streamed through the GPU")
     plan = plan_stream(S.indptr, S.shape[1], A.shape[1], dt.itemsize, budget, what)
+    from mgpu.backends.memory import require_gpu
+
+    # a working_memory asked for beyond what the device has: refused, not run out of
+    require_gpu(plan.panel_bytes + plan.block_bytes, what + f" within {budget:,} bytes",
+                "Lower working_memory, or leave it to the default (80% of what is available).")
     logger.info("sddmm streamed: %d panel(s) of B × %d block(s) of S within %s of the GPU",
                 len(plan.panels), len(plan.blocks), budget)
     return sddmm_streamed(S, A, B, hadamard, dt, plan, GpuDevice(), progress)
