@@ -49,7 +49,6 @@ def require_gpu(nbytes: int, what: str, hint: str = "") -> None:
         return  # a CUDA graph being captured: no query of the device in the middle of it
     available, capacity = gpu_available()
     if nbytes > available:
-
         dev = cupy.cuda.runtime.getDevice()
         raise DeviceMemoryError(
             f"{what} needs {format_bytes(int(nbytes))} of GPU memory on device {dev}; "

@@ -61,7 +61,7 @@ def plan_stream(indptr: np.ndarray, n_cols: int, K: int, itemsize: int, budget: 
     Raises
     ------
     DeviceMemoryError
-        When one row of S and A (with the smallest panel of B beside it) exceeds the budget.
+        When one row of S and A, beside the largest panel of B, exceeds the budget.
 
     Examples
     --------
