@@ -325,8 +325,9 @@ def bench_streamed(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, *,
                    working_memory: Any = None, cpu_peer: bool = True,
                    progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """One SDDMM of host operands streamed through the current GPU, against mgpu's CPU
-    backend on the same operands: wall times (copies included), the bytes that crossed the
-    bus, and the error on a sample of nonzeros against float64."""
+    backend on the same operands: wall times of the public call (its checks of the operands
+    and, on the GPU, the copies included), the bytes that crossed the bus, and the error on a
+    sample of nonzeros against float64."""
     import mgpu
     from mgpu.backends.memory import gpu_available
     from mgpu.ops.sddmm import stream_budget
