@@ -44,6 +44,19 @@ def test_chunks_are_spread_over_workers(client, S):
     assert [where[(i, 0)] for i in range(4)] == [(workers[i % 2],) for i in range(4)]
 
 
+def test_gpu_chunks_on_a_cluster_without_gpus_are_refused_before_any_is_sent(client, S):
+    def tasks(dask_scheduler):
+        return [str(k) for k in dask_scheduler.tasks]
+
+    before = set(client.run_on_scheduler(tasks))
+    with pytest.raises(ValueError, match=r"The 'device' parameter of from_scipy is 'gpu', but "
+                       r"none of the cluster's 2 worker\(s\) has a GPU\. Pass device='cpu'"):
+        from_scipy(S, device="gpu")
+    new = set(client.run_on_scheduler(tasks)) - before
+    assert not [k for k in new if "from-scipy" in k]  # no chunk was sent
+    assert from_scipy(S, 2, device="auto").numblocks == (2, 1)  # CPU chunks, as before
+
+
 def test_default_parts_is_one_per_worker(client, S):
     x = from_scipy(S, client=client)
     assert x.numblocks == (2, 1)

@@ -30,7 +30,7 @@ from mgpu.partition import axis_counts, part_sums, split_counts
 logger = logging.getLogger(__name__)
 
 __all__ = ["block_futures", "check_gpu_room", "chunk_nnz", "chunk_workers", "device_copy",
-           "from_scipy", "gather", "place_as"]
+           "from_scipy", "gather", "gpu_workers", "place_as"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -155,9 +155,15 @@ def _nnz_block(chunk: Any) -> np.ndarray:
     return np.array([[int(chunk.nnz)]], dtype=np.int64)
 
 
+def gpu_workers(client: Any) -> list[str]:
+    """Addresses of the cluster's workers that have a working GPU (sorted)."""
+    return [w for w, i in describe_workers(client).items()
+            if i.get("gpu") and "error" not in i["gpu"]]
+
+
 def _workers_have_gpus(client: Any) -> bool:
-    infos = describe_workers(client).values()
-    return bool(infos) and all(i.get("gpu") and "error" not in i["gpu"] for i in infos)
+    workers = client.scheduler_info()["workers"]
+    return bool(workers) and len(gpu_workers(client)) == len(workers)
 
 
 def _check_input(S: Any, axis: int, parts: int | None) -> sp.csr_matrix:
@@ -210,7 +216,9 @@ def from_scipy(
         a lost worker again on another one.
     device : {'auto', 'cpu', 'gpu'}, default='auto'
         Chunk type on the workers: scipy CSR ('cpu') or cupyx CSR ('gpu'); 'auto' picks
-        'gpu' when every worker has a GPU.
+        'gpu' when every worker has a GPU. With 'gpu' the chunks go to the workers that have
+        a GPU only (the GPU workers of a mixed cluster), and ``parts`` defaults to their
+        number.
     progress : callable, optional
         Called with the nnz of each chunk once it is on its worker (for progress bars).
 
@@ -225,8 +233,8 @@ def from_scipy(
     TypeError
         If S is not a scipy sparse matrix of real numbers.
     ValueError
-        For a bad ``axis``, ``parts`` or ``device``, or ``device='gpu'`` with a chunk too
-        large for cupyx's 32-bit indices.
+        For a bad ``axis``, ``parts`` or ``device``, ``device='gpu'`` on a cluster without
+        GPU workers, or with a chunk too large for cupyx's 32-bit indices.
     mgpu.DeviceMemoryError
         With ``device='gpu'``, before anything is sent, when a worker's chunks would not fit
         in what its GPU has available (:func:`check_gpu_room`).
@@ -250,6 +258,19 @@ def from_scipy(
     if client is None:
         client = current_client()
     workers: list[str] = sorted(client.scheduler_info()["workers"]) if client else []
+    on_gpu = False
+    if workers and device != "cpu":
+        with_gpu = gpu_workers(client)
+        if device == "gpu":
+            if not with_gpu:
+                raise ValueError(
+                    f"The 'device' parameter of from_scipy is 'gpu', but none of the cluster's "
+                    f"{len(workers)} worker(s) has a GPU. Pass device='cpu', or connect GPU "
+                    "workers (mgpu.connect() with GPUs visible, or dask-cuda's workers)."
+                )
+            on_gpu, workers = True, with_gpu  # a mixed cluster: GPU chunks on GPU workers only
+        else:
+            on_gpu = len(with_gpu) == len(workers)
     if parts is None:
         parts = max(1, len(workers))
     counts = axis_counts(S, axis)
@@ -263,9 +284,6 @@ def from_scipy(
         lo, hi = int(bounds[i]), int(bounds[i + 1])
         return sp.csr_matrix(src[lo:hi] if axis == 0 else src[:, lo:hi])
 
-    on_gpu = False
-    if client is not None and workers:
-        on_gpu = device == "gpu" or (device == "auto" and _workers_have_gpus(client))
     if on_gpu and nnz.max(initial=0) > _INT32_MAX:
         raise ValueError(
             f"A chunk of {int(nnz.max()):,} nonzeros exceeds cupyx's 32-bit indices; "
