@@ -132,7 +132,8 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
         _blocks(searched), (_THREADS,),
         (A.indptr, m64, nnz64, cupy.int64(tile), cupy.int64(n_tiles), tile_row, x,
          cupy.int64(n), flag))
-    _function(f"mgpu_spmv_merge<{t}, {items}>")(
+    check = "false" if bad is None else "true"
+    _function(f"mgpu_spmv_merge<{t}, {items}, {check}>")(
         (n_tiles,), (_TILE_THREADS,),
         (A.indptr, A.indices, A.data, x, m64, nnz64, tile_row, y, carry_row, carry_val, flag))
     if n_tiles > 1:

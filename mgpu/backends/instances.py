@@ -62,7 +62,8 @@ INSTANCES: dict[str, tuple[str, ...]] = {
         for b in ("false", "true")
     ),
     # merge-path SpMV/SpMM: int32 indices only (cupyx CSR), carries added by the fix-ups
-    "spmv.cu": tuple(f"mgpu_spmv_merge<{t}, {items}>" for t in _FLOATS for items in SPMV_ITEMS)
+    "spmv.cu": tuple(f"mgpu_spmv_merge<{t}, {items}, {c}>" for t in _FLOATS for items in SPMV_ITEMS
+                     for c in ("false", "true"))
     + tuple(f"mgpu_spmm_merge<{t}, {items}>" for t in _FLOATS for items in SPMM_ITEMS)
     + tuple(f"mgpu_{f}<{t}>" for f in ("spmv_tile_search", "flag_nonfinite", "carry_apply")
             for t in _FLOATS)
