@@ -92,6 +92,34 @@ def test_sddmm_never_forms_the_dense_product():
                                                    B[S.tocoo().col]) * S.tocoo().data)
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_the_finite_check_of_a_factor_makes_no_mask_of_its_size_and_finds_the_first(
+        order, monkeypatch):
+    import mgpu.ops._validate as validate
+
+    monkeypatch.setattr(validate, "_FINITE_CHUNK", 1000)
+    rng = np.random.default_rng(5)
+    A = np.asarray(rng.standard_normal((4000, 40)), order=order)
+    B = rng.standard_normal((30, 40))
+    S = sp.csr_matrix((np.ones(2), ([3, 3999], [0, 29])), shape=(4000, 30))
+    ok, peak = _peak(lambda: validate.all_finite(A))
+    assert ok and peak < A.nbytes / 40, (peak, A.nbytes)  # a bool mask of A is an eighth
+    A[3999, 7] = np.inf
+    A[3100, 39] = np.nan
+    with pytest.raises(ValueError, match=r"'A' parameter of sddmm.*first at row 3100, "
+                                         r"column 39"):
+        mgpu.sddmm(S, A, B)
+    assert validate.first_nonfinite(A) == (3100, 39)
+    assert validate.first_nonfinite(A[:3000]) is None
+    assert validate.first_nonfinite(A[:, :30]) == (3999, 7)
+    assert validate.first_nonfinite(A[::2]) == (1550, 39)
+    v = np.ones(2500)
+    v[[2400, 2300]] = -np.inf
+    assert validate.first_nonfinite(v) == (2300,)
+    C = sp.csr_matrix(([1.0, np.nan, np.inf], [5, 2, 9], [0, 0, 1, 3]), shape=(3, 10))
+    assert validate.first_nonfinite(C) == (2, 2)
+
+
 # ------------------------------------------------------------------ SDDMM streamed in tiles
 
 

@@ -31,6 +31,7 @@ from mgpu.backends.instances import KNN_GROUPS
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import DeviceMemoryError, gpu_available, require_gpu
 from mgpu.backends.numpy import ROW_SUM
+from mgpu.ops._validate import first_nonfinite
 
 logger = logging.getLogger(__name__)
 
@@ -175,9 +176,9 @@ def check_input(X: Any, name: str, func: str, ring: Any) -> Any:
     else:
         X = cupy.ascontiguousarray(X, dtype=dtype)
         vals = X
-    bad = ~cupy.isfinite(vals)
-    if bool(bad.any()):
-        r, c = _first(X, bad)
+    at = first_nonfinite(X)
+    if at is not None:
+        r, c = at
         raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at row "
                          f"{r}, column {c}).")
     if ring.nonnegative and vals.size and bool((vals < 0).any()):
@@ -486,8 +487,8 @@ def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget
     what = (f"kNN of {nq:,} queries (k={k}) against a {index.shape[0]:,}×{index.shape[1]:,} "
             "index")
     hint = "Pass fewer queries a call, or split the index over several GPUs."
-    require_gpu(held, what, hint)
-    room = gpu_available()[0] - held
+    available = require_gpu(held, what, hint)
+    room = (gpu_available()[0] if available is None else available) - held
     dense = index.dense is not None and isinstance(queries, cupy.ndarray)
     one = query_bytes(index, k, dense)
     if one > room:

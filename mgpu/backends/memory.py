@@ -37,8 +37,10 @@ def gpu_available() -> tuple[int, int]:
     return max(0, available), int(total)
 
 
-def require_gpu(nbytes: int, what: str, hint: str = "") -> None:
-    """Raise :class:`DeviceMemoryError` unless ``nbytes`` more fit on the current device.
+def require_gpu(nbytes: int, what: str, hint: str = "") -> int | None:
+    """Raise :class:`DeviceMemoryError` unless ``nbytes`` more fit on the current device;
+    return the bytes available (before the ``nbytes``), or None while a CUDA graph is being
+    captured (nothing is asked of the device then).
 
     ``what`` names the operation and its operands ("SDDMM of S 3×4 with 12 nonzeros");
     ``hint`` says what to do instead.
@@ -46,7 +48,7 @@ def require_gpu(nbytes: int, what: str, hint: str = "") -> None:
     import cupy
 
     if cupy.cuda.get_current_stream().is_capturing():
-        return  # a CUDA graph being captured: no query of the device in the middle of it
+        return None  # no query of the device in the middle of a capture
     available, capacity = gpu_available()
     if nbytes > available:
         dev = cupy.cuda.runtime.getDevice()
@@ -55,3 +57,4 @@ def require_gpu(nbytes: int, what: str, hint: str = "") -> None:
             f"{format_bytes(available)} of its {format_bytes(capacity)} are available."
             + (f" {hint}" if hint else "")
         )
+    return available

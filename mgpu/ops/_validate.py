@@ -74,3 +74,50 @@ def canonical_csr(x: Any) -> Any:
             out = out.copy()
         out.sum_duplicates()
     return out
+
+
+_FINITE_CHUNK = 1 << 24  # values per pass of the host scan: no mask the size of a factor
+
+
+def place_of(X: Any, p: int) -> tuple[int, ...]:
+    """Where value ``p`` of X lies: its index in a dense array (C order), or (row, column) of
+    a CSR matrix's stored value ``p``."""
+    if is_sparse(X):
+        xp = np if isinstance(X.indptr, np.ndarray) else _cupy()
+        return int(xp.searchsorted(X.indptr, p, side="right")) - 1, int(X.indices[p])
+    return tuple(int(v) for v in np.unravel_index(p, X.shape))
+
+
+def first_nonfinite(X: Any) -> tuple[int, ...] | None:
+    """The place (:func:`place_of`) of X's first NaN or infinity among its values (a CSR
+    matrix's stored ones), or None. A host array is scanned in chunks of rows, so that a
+    factor of tens of GB gets no mask of its size; a device array costs one round trip."""
+    vals = X.data if is_sparse(X) else X
+    if np.dtype(vals.dtype).kind != "f" or vals.size == 0:
+        return None
+    if isinstance(vals, np.ndarray):
+        width = vals[0].size if vals.ndim > 1 else 1
+        step = max(1, _FINITE_CHUNK // max(1, width))
+        for s in range(0, vals.shape[0], step):
+            bad = ~np.isfinite(vals[s:s + step])
+            if bad.any():
+                return place_of(X, s * width + int(np.flatnonzero(bad)[0]))
+        return None
+    bad = ~_cupy().isfinite(vals)
+    if not bool(bad.any()):
+        return None
+    return place_of(X, int(_cupy().argmax(bad.ravel())))
+
+
+def all_finite(X: Any) -> Any:
+    """Whether the dense X is all finite: a bool for numpy (scanned as
+    :func:`first_nonfinite` does), a 0-d device array for cupy (no round trip)."""
+    if isinstance(X, np.ndarray):
+        return first_nonfinite(X) is None
+    return _cupy().isfinite(X).all()
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy

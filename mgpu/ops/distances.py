@@ -32,7 +32,7 @@ from mgpu.backends import (
     namm_lookup,
 )
 from mgpu.backends.numpy import csr_dot_dense
-from mgpu.ops._validate import is_dask_array, is_sparse
+from mgpu.ops._validate import first_nonfinite, is_dask_array, is_sparse
 
 __all__ = ["SEMIRINGS", "Semiring", "drop_self", "knn", "pairwise_distances", "resolve_metric"]
 
@@ -131,13 +131,11 @@ def _check_input(X: Any, name: str, func: str) -> Any:
     if is_sparse(X):
         X = sp.csr_matrix(X, dtype=np.float64, copy=True)
         X.sum_duplicates()
-        vals = X.data
     else:
         X = np.ascontiguousarray(X, dtype=np.float64)
-        vals = X
-    bad = ~np.isfinite(vals)
-    if bad.any():
-        r, c = _first(X, bad)
+    at = first_nonfinite(X)
+    if at is not None:
+        r, c = at
         raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at row "
                          f"{r}, column {c}).")
     return X

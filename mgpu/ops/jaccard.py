@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array, jaccard_lookup
-from mgpu.ops._validate import float_dtype, is_dask_array
+from mgpu.ops._validate import first_nonfinite, float_dtype, is_dask_array
 
 __all__ = ["check_graph", "jaccard_local"]
 
@@ -63,12 +63,10 @@ def check_graph(G: Any, func: str = "jaccard", *, weighted: bool = False,
     G.sum_duplicates()
     G.sort_indices()
     if G.nnz:
-        bad = ~xp.isfinite(G.data)
-        if bool(bad.any()):
-            p = int(xp.argmax(bad))
-            r = int(xp.searchsorted(G.indptr, p, side="right")) - 1
+        at = first_nonfinite(G)
+        if at is not None:
             raise ValueError(f"The 'G' parameter of {func} holds NaN or infinity (first at row "
-                             f"{r}, column {int(G.indices[p])}).")
+                             f"{at[0]}, column {at[1]}).")
         if weighted and bool((G.data < 0).any()):
             raise ValueError(f"The 'G' parameter of {func} has negative edge weights; "
                              "weighted=True needs non-negative ones.")

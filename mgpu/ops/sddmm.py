@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array, sddmm_lookup, to_host
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
-from mgpu.ops._validate import is_dask_array, is_sparse
+from mgpu.ops._validate import all_finite, first_nonfinite, is_dask_array, is_sparse
 
 logger = logging.getLogger(__name__)
 
@@ -80,38 +80,18 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
                 f"The '{name}' parameter of sddmm must hold real numbers. Got {X.dtype}.")
     checked = {n: X for n, X in factors.items()
                if finite and np.dtype(X.dtype).kind == "f" and X.size}
-    flags = [_all_finite(X) for X in checked.values()]
+    flags = [all_finite(X) for X in checked.values()]
     if flags and any(is_gpu_array(f) for f in flags):
         import cupy
 
         flags = cupy.stack([cupy.asarray(f) for f in flags]).get().tolist()
     for (name, X), ok in zip(checked.items(), flags):
         if not bool(ok):
-            bad = ~(np.isfinite(X) if isinstance(X, np.ndarray) else _cupy_isfinite(X))
-            r, c = (int(v) for v in np.argwhere(to_host(bad))[0])
+            r, c = first_nonfinite(X)
             raise ValueError(
                 f"The '{name}' parameter of sddmm holds NaN or infinity (first at row {r}, "
                 f"column {c}); SDDMM would spread it over S's pattern. Clean the factor first."
             )
-
-
-_FINITE_CHUNK = 1 << 24  # values per pass of the host check: no mask the size of a factor
-
-
-def _all_finite(X: Any) -> Any:
-    """Whether X is all finite: a bool for numpy (in chunks, so that a factor of tens of GB
-    gets no mask of its size), a 0-d device array for cupy (no sync)."""
-    if isinstance(X, np.ndarray):
-        flat = X.reshape(-1) if X.flags.c_contiguous else X.ravel(order="K")
-        return all(bool(np.isfinite(flat[s:s + _FINITE_CHUNK]).all())
-                   for s in range(0, flat.size, _FINITE_CHUNK))
-    return _cupy_isfinite(X).all()
-
-
-def _cupy_isfinite(X: Any) -> Any:
-    import cupy
-
-    return cupy.isfinite(X)
 
 
 def check_sparse(S: Any, hadamard: bool) -> Any:
@@ -134,17 +114,12 @@ def check_sparse(S: Any, hadamard: bool) -> Any:
                 f"stored {times} times), so its pattern is ambiguous; merge them with "
                 "S.sum_duplicates() first."
             )
-    if hadamard and np.dtype(S.dtype).kind == "f" and S.nnz:
-        xp_isfinite = np.isfinite if isinstance(S.data, np.ndarray) else _cupy_isfinite
-        bad = ~xp_isfinite(S.data)
-        if bool(bad.any()):
-            p = int(np.flatnonzero(to_host(bad))[0])
-            row = int(np.searchsorted(to_host(S.indptr), p, side="right") - 1)
-            raise ValueError(
-                f"The 'S' parameter of sddmm holds NaN or infinity (row {row}, column "
-                f"{int(to_host(S.indices[p:p + 1])[0])}); clean it, or pass hadamard=False to "
-                "use only its pattern."
-            )
+    at = first_nonfinite(S) if hadamard else None
+    if at is not None:
+        raise ValueError(
+            f"The 'S' parameter of sddmm holds NaN or infinity (row {at[0]}, column {at[1]}); "
+            "clean it, or pass hadamard=False to use only its pattern."
+        )
     return S
 
 

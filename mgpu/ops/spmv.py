@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.backends import is_gpu_array, spmv_lookup, to_host
-from mgpu.ops._validate import is_dask_array, is_sparse
+from mgpu.backends import is_gpu_array, spmv_lookup
+from mgpu.ops._validate import first_nonfinite, is_dask_array, is_sparse
 
 __all__ = [
     "check_dense_finite",
@@ -65,25 +65,14 @@ def check_sparse_operand(A: Any, func: str) -> Any:
     """A as CSR (scipy or cupyx), refusing NaN or infinity among its stored values."""
     check_sparse_shape(A, func)
     A = A.tocsr()
-    if np.dtype(A.dtype).kind == "f" and A.nnz:
-        isfinite = np.isfinite if isinstance(A.data, np.ndarray) else _cupy_isfinite
-        bad = ~isfinite(A.data)
-        if bool(bad.any()):
-            p = int(np.flatnonzero(to_host(bad))[0])
-            row = int(np.searchsorted(to_host(A.indptr), p, side="right") - 1)
-            col = int(to_host(A.indices[p:p + 1])[0])
-            raise ValueError(
-                f"The 'A' parameter of {func} holds NaN or infinity (first at row {row}, "
-                f"column {col}); it would spread over the whole row of the result. Clean A "
-                "first."
-            )
+    at = first_nonfinite(A)
+    if at is not None:
+        raise ValueError(
+            f"The 'A' parameter of {func} holds NaN or infinity (first at row {at[0]}, "
+            f"column {at[1]}); it would spread over the whole row of the result. Clean A "
+            "first."
+        )
     return A
-
-
-def _cupy_isfinite(x: Any) -> Any:
-    import cupy
-
-    return cupy.isfinite(x)
 
 
 def check_dense_operand(x: Any, n: int, name: str, func: str, ndim: int, *,
@@ -115,14 +104,11 @@ def check_dense_operand(x: Any, n: int, name: str, func: str, ndim: int, *,
 
 def check_dense_finite(x: Any, name: str, func: str, ndim: int) -> None:
     """Refuse a dense x holding NaN or infinity, naming the first place."""
-    if np.dtype(x.dtype).kind == "f" and x.size:
-        bad = ~(np.isfinite(x) if isinstance(x, np.ndarray) else _cupy_isfinite(x))
-        if bool(bad.any()):
-            where = np.argwhere(to_host(bad))[0]
-            at = (f"index {int(where[0])}" if ndim == 1
-                  else f"row {int(where[0])}, column {int(where[1])}")
-            raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at "
-                             f"{at}). Clean it first.")
+    where = first_nonfinite(x)
+    if where is not None:
+        at = f"index {where[0]}" if ndim == 1 else f"row {where[0]}, column {where[1]}"
+        raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at "
+                         f"{at}). Clean it first.")
 
 
 def check_same_device(A: Any, x: Any, name: str, func: str) -> None:
