@@ -38,10 +38,10 @@ __device__ __forceinline__ long long merge_path_rows(long long d, const int* __r
 }  // namespace mgpu
 
 // SpMV runs in tiles of MGPU_SPMV_THREADS * ITEMS merge items, one block a tile, as Merrill &
-// Garland's CsrMV does: mgpu_spmv_tile_search finds where every tile starts on the merge path
-// (one binary search over the row ends per tile), then the tile's block reads its row ends and
-// its nonzeros' products data[nz] * x[col] into shared memory with coalesced loads, and each
-// thread walks its ITEMS items of the tile there (a second search, in shared memory); a tile
+// Garland's CsrMV does: where every tile starts on the merge path is found first (by a search
+// launch, or by the tile's own block for a launch of few tiles), then the block reads its row
+// ends and its nonzeros' products data[nz] * x[col] into shared memory with coalesced loads,
+// and each thread walks its ITEMS items of the tile there (a second search, in shared memory); a tile
 // whose rows are all short is summed a few lanes a row instead. Rows ended inside the tile are
 // summed in shared memory and written once, coalesced; the row the tile's end cuts leaves one
 // carry per tile for the carry passes below.
@@ -49,21 +49,43 @@ __device__ __forceinline__ long long merge_path_rows(long long d, const int* __r
 // rows of at most this many nonzeros are summed a few lanes a row (see mgpu_spmv_merge)
 #define MGPU_SPMV_ROW_CAP 32
 
+namespace mgpu {
+// merge_path_rows(d, ...) found by a whole warp, 32 probes a round (the same result): the
+// rows are cut into 32 segments, each lane tests its segment's first row, and the ballot
+// leaves one segment, 32 times shorter. A tile's start and end are known after about
+// log32(m) dependent loads instead of log2(m).
+__device__ __forceinline__ long long merge_path_rows_warp(long long d,
+                                                          const int* __restrict__ indptr,
+                                                          long long m, long long nnz) {
+    const int lane = threadIdx.x & 31;
+    long long lo = d - nnz > 0 ? d - nnz : 0;
+    long long hi = d < m ? d : m;
+    while (lo < hi) {
+        const long long step = (hi - lo + 31) >> 5;
+        const long long probe = lo + lane * step;
+        // row end `probe` goes before nonzero d - probe - 1: the answer is past probe
+        const bool past = probe < hi && static_cast<long long>(indptr[probe + 1]) <= d - probe - 1;
+        const int c = __popc(__ballot_sync(MGPU_FULL_MASK, past));  // lanes 0..c-1 (monotone)
+        if (c == 0) break;  // the answer is lo itself
+        const long long end = lo + c * step;  // lane c's probe, where the test fails
+        lo = lo + (c - 1) * step + 1;
+        hi = end < hi ? end : hi;
+    }
+    return lo;
+}
+}  // namespace mgpu
+
 // tile_row[t] = rows consumed before tile t's first item, for t in [0, n_tiles] (the last is
-// m). The same launch flags any NaN or infinity among the n_x entries of x; with no flag
-// (bad null: the caller's operands are not checked) x is not read.
-template <typename T>
+// m), for a launch of many tiles (SEARCH false below): one thread a tile, all at once.
 __global__ void mgpu_spmv_tile_search(const int* __restrict__ indptr, long long m, long long nnz,
                                       long long tile, long long n_tiles,
-                                      long long* __restrict__ tile_row, const T* __restrict__ x,
-                                      long long n_x, int* __restrict__ bad) {
+                                      long long* __restrict__ tile_row) {
     const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t <= n_tiles) {
         const long long total = m + nnz;
         const long long d = t * tile < total ? t * tile : total;
         tile_row[t] = mgpu::merge_path_rows(d, indptr, m, nnz);
     }
-    if (bad != nullptr && t < n_x && !isfinite(x[t])) *bad = 1;
 }
 
 // The merge walk of one tile: thread t takes items [t * ITEMS, (t + 1) * ITEMS) of the tile's
@@ -99,15 +121,32 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
             ++r;
         }
     }
-    if (k0 < k1) atomicAdd(&s_acc[r], acc);  // the row this thread's end cuts (R: the tile's)
+    // The row this thread's end cuts (R: the tile's). A long row is cut by every thread of
+    // the tiles inside it: the warp first sums the parts of each row it shares (rows are
+    // non-decreasing along the lanes, so each row's lanes are consecutive), leaving one
+    // atomic per row and warp instead of one per thread on the same address.
+    const int lane = threadIdx.x & 31;
+    const int key = k0 < k1 ? r : -1 - lane;  // threads past the items share no row
+    double v = k0 < k1 ? acc : 0.0;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const double ov = __shfl_down_sync(MGPU_FULL_MASK, v, off);
+        const int okey = __shfl_down_sync(MGPU_FULL_MASK, key, off);
+        if (lane + off < 32 && okey == key) v += ov;
+    }
+    const int prev = __shfl_up_sync(MGPU_FULL_MASK, key, 1);
+    if (k0 < k1 && (lane == 0 || prev != key)) atomicAdd(&s_acc[r], v);
 }
 }  // namespace mgpu
 
-// Launch bounds of 16 blocks per SM keep the registers within a full SM's occupancy. CHECK
+// Launch bounds of 16 blocks per SM keep the registers within a full SM's occupancy. SEARCH:
+// the block finds its tile's place itself (a launch of a few waves, where the latency of a
+// separate search launch counts most); otherwise tile_row holds it (many waves, where the
+// blocks' own searches would leave the memory idle while they wait). CHECK
 // flags NaN or infinity among A's stored values in bad; without it (the caller's operands are
 // not checked, bad is null) the loads carry no test, which is worth a tenth of the time on
 // regular matrices.
-template <typename T, int ITEMS, bool CHECK>
+template <typename T, int ITEMS, bool CHECK, bool SEARCH>
 __global__ void __launch_bounds__(MGPU_SPMV_THREADS, 16)
 mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
                 const T* __restrict__ data, const T* __restrict__ x, long long m, long long nnz,
@@ -118,12 +157,23 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     __shared__ int s_end[TILE + 1];      // row ends of the tile's rows, relative to nz0
     __shared__ T s_val[TILE];            // products of the tile's nonzeros (rounded to T)
     __shared__ double s_acc[TILE + 1];   // sums of the tile's rows; [R] the cut row's
+    __shared__ long long s_rows[2];      // rows consumed before the tile's start and its end
     const long long tile = blockIdx.x;
     const long long total = m + nnz;
     const long long d0 = tile * TILE;
     const long long d1 = d0 + TILE < total ? d0 + TILE : total;
-    const long long row0 = tile_row[tile];
-    const long long row1 = tile_row[tile + 1];
+    if (SEARCH) {  // warp 0 finds where the tile starts, warp 1 where it ends
+        if (threadIdx.x < 64) {
+            const long long r = mgpu::merge_path_rows_warp(threadIdx.x < 32 ? d0 : d1, indptr,
+                                                           m, nnz);
+            if ((threadIdx.x & 31) == 0) s_rows[threadIdx.x >> 5] = r;
+        }
+    } else if (threadIdx.x < 2) {
+        s_rows[threadIdx.x] = tile_row[tile + threadIdx.x];
+    }
+    __syncthreads();
+    const long long row0 = s_rows[0];
+    const long long row1 = s_rows[1];
     const long long nz0 = d0 - row0;
     const int R = static_cast<int>(row1 - row0);
     const int N = static_cast<int>((d1 - row1) - nz0);

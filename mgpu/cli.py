@@ -1002,6 +1002,12 @@ def bench_sddmm_stream(shape: str, row_nnz: int, K: int, working_memory: str | N
         f"streamed: {row['gpu_s']:.2f} s ({row['gpu_gflops']:.1f} GFLOP/s, "
         f"{row['bus_bytes'] / row['gpu_s'] / 1e9:.1f} GB/s of operands to the device), "
         f"max rel err {row['max_rel_err']:.1e} against float64")
+    if row.get("streamed_s"):
+        click.echo(f"  of which {row['to_device_s']:.2f} s copying to the device, "
+                   f"{row['kernel_s']:.2f} s in the kernel and back, "
+                   f"{row['streamed_s'] - row['to_device_s'] - row['kernel_s']:.2f} s cutting "
+                   f"tiles on the host, {row['gpu_s'] - row['streamed_s']:.2f} s checking "
+                   "the operands")
     if cpu_peer:
         row.update(b.run_cpu_peer(S, A, B, row["gpu_s"]))
         click.echo(f"CPU backend: {row['cpu_s']:.2f} s; streamed GPU {row['speedup_vs_cpu']:.2f}× "

@@ -116,6 +116,10 @@ def test_the_finite_check_of_a_factor_makes_no_mask_of_its_size_and_finds_the_fi
     v = np.ones(2500)
     v[[2400, 2300]] = -np.inf
     assert validate.first_nonfinite(v) == (2300,)
+    big = np.ones((1100, 1000), order=order)  # past _PARALLEL_SCAN: counted on every core
+    assert validate.first_nonfinite(big) is None
+    big[1099, 3], big[1000, 999] = np.nan, -np.inf
+    assert validate.first_nonfinite(big) == (1000, 999)
     C = sp.csr_matrix(([1.0, np.nan, np.inf], [5, 2, 9], [0, 0, 1, 3]), shape=(3, 10))
     assert validate.first_nonfinite(C) == (2, 2)
 
@@ -243,6 +247,31 @@ def test_gpu_streamed_sddmm_of_operands_ten_times_the_device(gpu_pool):
 
     whole = mgpu.sddmm(csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B))
     np.testing.assert_array_equal(whole.data.get(), P.data)
+
+
+@pytest.mark.gpu
+def test_gpu_copies_through_the_pinned_buffers_arrive_whole(gpu_pool):
+    """Pieces that cut values in two, both buffers reused many times, and the tiles of a
+    streamed SDDMM through them: the same values as the CPU backend's tiles."""
+    from mgpu.ops.sddmm_stream import GpuDevice
+
+    device = GpuDevice(piece_bytes=100_003)
+    rng = np.random.default_rng(13)
+    for X in (rng.standard_normal((1_234, 567)), rng.integers(0, 2**31, 300_001).astype(np.int32),
+              np.asfortranarray(rng.standard_normal((999, 77), dtype=np.float32)),
+              np.empty((0, 4)), np.ones(1, np.float32)):
+        got = device.put(X)
+        assert got.dtype == X.dtype and got.shape == X.shape
+        np.testing.assert_array_equal(got.get(), X)
+    S, A, B = _streaming_case(m=3000, n=2000, k=24, density=0.02, seed=2)
+    A, B = A.astype(np.float32), B.astype(np.float32)
+    plan = plan_stream(S.indptr, S.shape[1], 24, 4, budget=300_000)
+    assert len(plan.panels) > 1 and len(plan.blocks) > 1
+    P = sddmm_streamed(S, A, B, True, np.float32, plan, device)
+    Q = sddmm_streamed(S, A, B, True, np.float32, plan, HostDevice())
+    np.testing.assert_allclose(P.data, Q.data, rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(P.data, _sddmm_reference(S, A, B), rtol=1e-4, atol=1e-4)
+    assert device.seconds["to device"] > 0 and device.seconds["kernel and back"] > 0
 
 
 @pytest.mark.gpu

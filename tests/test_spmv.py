@@ -364,9 +364,19 @@ def test_bench_spmv_on_cpu():
 # ----------------------------------------------------------------------------------- GPU only
 
 
+@pytest.fixture(params=["own block", "search launch"])
+def tile_search(request, monkeypatch):
+    """Each SpMV tile found on the merge path by its own block, or by a search launch first
+    (which of the two a launch takes depends on its size: both are forced here)."""
+    from mgpu.backends import cupy_spmv as gpu
+
+    monkeypatch.setattr(gpu, "_SEARCH_WAVES", 10**9 if request.param == "own block" else 0)
+    return request.param
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gpu_kernels_each_items_and_fallback(dtype):
+def test_gpu_kernels_each_items_and_fallback(dtype, tile_search):
     """Every ITEMS instantiation of both kernels, the cuSPARSE fallback, against float64."""
     import cupy
     import cupyx.scipy.sparse as csp
@@ -418,7 +428,7 @@ def test_gpu_result_types_and_device_mismatch():
 
 
 @pytest.mark.gpu
-def test_gpu_single_row_spanning_many_pieces():
+def test_gpu_single_row_spanning_many_pieces(tile_search):
     """One row of a million nonzeros: ~10⁵ pieces carry into it, gathered in double by
     the carry passes; the rest of the matrix is empty rows."""
     import cupy
@@ -437,7 +447,7 @@ def test_gpu_single_row_spanning_many_pieces():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gpu_spmv_tile_edges(dtype):
+def test_gpu_spmv_tile_edges(dtype, tile_search):
     """SpMV tiles of 128 * items merge items: tiles of nothing but row ends (runs of empty
     rows), of nothing but one row's nonzeros, merges that end exactly at a tile's end or one
     item past it, rows ending exactly at a tile boundary, and a single tile (no carry pass)."""
@@ -479,7 +489,7 @@ def test_gpu_spmv_tile_edges(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gpu_spmv_rows_around_the_row_per_thread_cap(dtype):
+def test_gpu_spmv_rows_around_the_row_per_thread_cap(dtype, tile_search):
     """A tile whose rows all hold at most 32 nonzeros (MGPU_SPMV_ROW_CAP) is summed a row per
     thread, any other by the merge walk: bands of 31, 32 and 33 diagonals, rows whose lengths
     cycle through 0..40 (both kinds of tile side by side, rows cut at tile ends), and one

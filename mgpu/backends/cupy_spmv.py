@@ -25,6 +25,10 @@ __all__ = ["merge_product", "spmm_merge", "spmv_fallback", "spmv_flagged", "spmv
 
 _SPMV = "spmv.cu"
 _TILE_THREADS = 128  # SpMV: threads of a tile's block (MGPU_SPMV_THREADS in kernels/spmv.cu)
+_TILES_PER_SM = 16  # SpMV: its blocks resident on an SM (its launch bounds)
+# SpMV launches of at most this many waves of tiles find their tiles' places in the tiles'
+# own blocks (no search launch); beyond, the blocks' searches would idle the memory.
+_SEARCH_WAVES = 8
 _THREADS = 256  # the searches and carry passes (a multiple of 32: the carries shuffle in warps)
 _SPMM_PIECES = 8  # SpMM: pieces per block, each a warp over 32 columns of X
 _FULL_WAVES = 4  # below this many items per resident thread, smaller pieces pay off
@@ -103,39 +107,43 @@ def _flag_nonfinite(v: cupy.ndarray, bad: cupy.ndarray) -> None:
 
 def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
                bad: cupy.ndarray | None = None) -> cupy.ndarray:
-    """``A @ x`` for 1-D ``x``: the tile search, ``mgpu_spmv_merge`` over tiles of
-    ``128 * items`` merge items, and the carry passes (skipped for a single tile).
+    """``A @ x`` for 1-D ``x``: ``mgpu_spmv_merge`` over tiles of ``128 * items`` merge
+    items, and the carry passes (skipped for a single tile). Where each tile starts on the
+    merge path is found by the tile's own block in a launch of up to ``_SEARCH_WAVES`` waves
+    of tiles, by a search launch before it otherwise.
 
     Operands must pass :func:`spmv_is_usable_for`; ``items`` (one of ``SPMV_ITEMS``)
     defaults to :func:`spmv_items`. ``bad`` (int32, one element, zero) is set to 1 when A's
     stored values or x hold NaN or infinity; nothing reads it back here. Without ``bad``
     nothing is checked (and x is read only where A's columns point).
     """
-    m, n = int(A.shape[0]), int(A.shape[1])
+    m = int(A.shape[0])
     nnz = int(A.nnz)  # cupyx keeps data of length indptr[-1]: no device sync
     y = cupy.empty(m, dtype=A.dtype)
+    if bad is not None:
+        _flag_nonfinite(x, bad)
     if m == 0:
-        if bad is not None:
-            _flag_nonfinite(x, bad)
         return y
     items = spmv_items(m, nnz) if items is None else int(items)
     t = c_type(A.dtype)
-    tile = _TILE_THREADS * items
-    n_tiles = -(-(m + nnz) // tile)
-    tile_row = cupy.empty(n_tiles + 1, dtype=cupy.int64)
+    n_tiles = -(-(m + nnz) // (_TILE_THREADS * items))
     carry_row = cupy.empty(n_tiles, dtype=cupy.int32)
     carry_val = cupy.empty(n_tiles, dtype=cupy.float64)
     m64, nnz64 = cupy.int64(m), cupy.int64(nnz)
-    flag = _NO_FLAG if bad is None else bad
-    searched = n_tiles + 1 if bad is None else max(n_tiles + 1, n)
-    _function(f"mgpu_spmv_tile_search<{t}>")(
-        _blocks(searched), (_THREADS,),
-        (A.indptr, m64, nnz64, cupy.int64(tile), cupy.int64(n_tiles), tile_row, x,
-         cupy.int64(n), flag))
+    facts = current_facts()
+    search = n_tiles <= _SEARCH_WAVES * facts.sms * _TILES_PER_SM
+    tile_row = _NO_FLAG  # null: each tile's block finds its own place
+    if not search:
+        tile_row = cupy.empty(n_tiles + 1, dtype=cupy.int64)
+        _function("mgpu_spmv_tile_search")(
+            _blocks(n_tiles + 1), (_THREADS,),
+            (A.indptr, m64, nnz64, cupy.int64(_TILE_THREADS * items), cupy.int64(n_tiles),
+             tile_row))
     check = "false" if bad is None else "true"
-    _function(f"mgpu_spmv_merge<{t}, {items}, {check}>")(
+    _function(f"mgpu_spmv_merge<{t}, {items}, {check}, {'true' if search else 'false'}>")(
         (n_tiles,), (_TILE_THREADS,),
-        (A.indptr, A.indices, A.data, x, m64, nnz64, tile_row, y, carry_row, carry_val, flag))
+        (A.indptr, A.indices, A.data, x, m64, nnz64, tile_row, y, carry_row, carry_val,
+         _NO_FLAG if bad is None else bad))
     if n_tiles > 1:
         _add_carries(carry_row, carry_val, n_tiles, m, 1, y)
     return y

@@ -62,12 +62,12 @@ INSTANCES: dict[str, tuple[str, ...]] = {
         for b in ("false", "true")
     ),
     # merge-path SpMV/SpMM: int32 indices only (cupyx CSR), carries added by the fix-ups
-    "spmv.cu": tuple(f"mgpu_spmv_merge<{t}, {items}, {c}>" for t in _FLOATS for items in SPMV_ITEMS
-                     for c in ("false", "true"))
+    "spmv.cu": tuple(f"mgpu_spmv_merge<{t}, {items}, {c}, {s}>" for t in _FLOATS
+                     for items in SPMV_ITEMS for c in ("false", "true") for s in ("false", "true"))
     + tuple(f"mgpu_spmm_merge<{t}, {items}>" for t in _FLOATS for items in SPMM_ITEMS)
-    + tuple(f"mgpu_{f}<{t}>" for f in ("spmv_tile_search", "flag_nonfinite", "carry_apply")
+    + tuple(f"mgpu_{f}<{t}>" for f in ("flag_nonfinite", "carry_apply")
             for t in _FLOATS)
-    + ("mgpu_spmv_carries", "mgpu_spmm_carries"),
+    + ("mgpu_spmv_tile_search", "mgpu_spmv_carries", "mgpu_spmm_carries"),
     # SGD block kernel of matrix factorisation: k <= 32 * KPL
     "sgd.cu": tuple(f"mgpu_sgd_block<{t}, {kpl}>" for t in _FLOATS for kpl in SGD_KPL),
     # benchmark probe (float32 factors, as the SDDMM benchmark uses)

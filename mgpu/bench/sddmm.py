@@ -336,9 +336,23 @@ def bench_streamed(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, *,
     inputs = A.nbytes + B.nbytes + S.data.nbytes + S.indices.nbytes + S.indptr.nbytes
     available, capacity = gpu_available()
     budget = stream_budget(working_memory)
-    t0 = time.perf_counter()
-    P = mgpu.sddmm(S, A, B, device="gpu", working_memory=budget, progress=progress)
-    t_gpu = time.perf_counter() - t0
+    parts: dict[str, float] = {}
+
+    class _Parts(logging.Handler):  # the streamed call logs where its time went
+        def emit(self, record: logging.LogRecord) -> None:
+            parts.update(getattr(record, "seconds", {}))
+
+    log = logging.getLogger("mgpu.ops.sddmm")
+    handler, level = _Parts(logging.INFO), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        t0 = time.perf_counter()
+        P = mgpu.sddmm(S, A, B, device="gpu", working_memory=budget, progress=progress)
+        t_gpu = time.perf_counter() - t0
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
     plan = plan_stream(S.indptr, S.shape[1], A.shape[1], 4, budget)
     n_panels = len(plan.panels)
     moved = B.nbytes + n_panels * A.nbytes + S.nnz * 12 + n_panels * (S.shape[0] + 1) * 4
@@ -347,7 +361,9 @@ def bench_streamed(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, *,
            "device_available": int(available), "budget": budget, "panels": n_panels,
            "blocks": len(plan.blocks), "gpu_s": t_gpu, "bus_bytes": int(moved),
            "gpu_gflops": 2.0 * A.shape[1] * S.nnz / t_gpu / 1e9,
-           "max_rel_err": _sample_error(S, A, B, P.data, 0, hadamard=True)}
+           "max_rel_err": _sample_error(S, A, B, P.data, 0, hadamard=True),
+           "to_device_s": parts.get("to device"), "kernel_s": parts.get("kernel and back"),
+           "streamed_s": parts.get("total")}
     del P
     if cpu_peer:
         row.update(run_cpu_peer(S, A, B, t_gpu))

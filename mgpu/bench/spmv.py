@@ -162,8 +162,11 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
     return out
 
 
-def nnz_time_correlation(rows: Sequence[dict[str, Any]], key: str = "mgpu_ms") -> float:
-    """Pearson correlation coefficient between ``nnz`` and the time ``key`` over the rows.
+def nnz_time_correlation(rows: Sequence[dict[str, Any]], key: str = "mgpu_ms", *,
+                         merge_items: bool = False) -> float:
+    """Pearson correlation coefficient between ``nnz`` (with ``merge_items``, nnz plus the
+    rows: the merge path's items, which is what a merge-path SpMV's work is made of) and
+    the time ``key`` over the rows.
 
     Near 1 says the time follows the nonzeros, as a load-balanced SpMV's should, whatever
     the row lengths; NaN with fewer than two rows or no spread.
@@ -175,7 +178,8 @@ def nnz_time_correlation(rows: Sequence[dict[str, Any]], key: str = "mgpu_ms") -
     >>> round(nnz_time_correlation(rows), 4)
     0.9999
     """
-    nnz = np.array([r["nnz"] for r in rows], dtype=np.float64)
+    nnz = np.array([r["nnz"] + (r["rows"] if merge_items else 0) for r in rows],
+                   dtype=np.float64)
     t = np.array([r[key] for r in rows], dtype=np.float64)
     if nnz.size < 2 or nnz.std() == 0 or t.std() == 0:
         return math.nan
@@ -214,10 +218,14 @@ def markdown(rows: Sequence[dict[str, Any]], label: str = "") -> str:
 
 
 def correlations(rows: Sequence[dict[str, Any]]) -> str:
-    """One sentence: the correlation of each timing with nnz over ``rows``."""
+    """Two sentences: the correlation of each timing with nnz over ``rows``, and of the
+    launch-free one with the merge's items (nnz + rows)."""
     def r(key: str) -> str:
         return f"{nnz_time_correlation(rows, key):.3f}"
 
     return (f"Correlation of time with nnz over {len(rows)} matrices: mgpu {r('mgpu_ms')} "
             f"(unchecked {r('unchecked_ms')}, kernels alone {r('kernels_ms')}, in a CUDA graph "
-            f"{r('graph_ms')}), peer {r('peer_ms')} (in a CUDA graph {r('peer_graph_ms')}).")
+            f"{r('graph_ms')}), peer {r('peer_ms')} (in a CUDA graph {r('peer_graph_ms')}). "
+            "With nnz + rows (the merge's items): in a CUDA graph "
+            f"{nnz_time_correlation(rows, 'graph_ms', merge_items=True):.3f}, peer "
+            f"{nnz_time_correlation(rows, 'peer_ms', merge_items=True):.3f}.")

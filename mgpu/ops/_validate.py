@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 
@@ -77,6 +78,22 @@ def canonical_csr(x: Any) -> Any:
 
 
 _FINITE_CHUNK = 1 << 24  # values per pass of the host scan: no mask the size of a factor
+_PARALLEL_SCAN = 1 << 20  # contiguous host arrays of this many values are scanned in parallel
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _count_nonfinite(flat: np.ndarray, parts: int) -> int:  # pragma: no cover (numba)
+    """NaNs and infinities of a 1-D array, counted in ``parts`` over numba's threads."""
+    n = flat.size
+    step = (n + parts - 1) // parts
+    bad = 0
+    for p in numba.prange(parts):
+        c = 0
+        for i in range(p * step, min(n, (p + 1) * step)):
+            v = flat[i]
+            c += 0 if v - v == 0 else 1  # v - v is NaN for NaN and infinity
+        bad += c
+    return bad
 
 
 def place_of(X: Any, p: int) -> tuple[int, ...]:
@@ -96,6 +113,10 @@ def first_nonfinite(X: Any) -> tuple[int, ...] | None:
     if np.dtype(vals.dtype).kind != "f" or vals.size == 0:
         return None
     if isinstance(vals, np.ndarray):
+        if vals.size >= _PARALLEL_SCAN and vals.flags.c_contiguous | vals.flags.f_contiguous \
+                and _count_nonfinite(vals.reshape(-1, order="A"),
+                                     64 * numba.get_num_threads()) == 0:
+            return None  # the common case, on every core; the place is found below
         width = vals[0].size if vals.ndim > 1 else 1
         step = max(1, _FINITE_CHUNK // max(1, width))
         for s in range(0, vals.shape[0], step):

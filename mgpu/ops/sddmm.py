@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -290,7 +291,14 @@ def _streamed(S: Any, A: Any, B: Any, hadamard: bool, working_memory: Any,
                 "Lower working_memory, or leave it to the default (80% of what is available).")
     logger.info("sddmm streamed: %d panel(s) of B × %d block(s) of S within %s of the GPU",
                 len(plan.panels), len(plan.blocks), budget)
-    return sddmm_streamed(S, A, B, hadamard, dt, plan, GpuDevice(), progress)
+    device = GpuDevice()
+    t0 = time.perf_counter()
+    P = sddmm_streamed(S, A, B, hadamard, dt, plan, device, progress)
+    seconds = dict(device.seconds, total=time.perf_counter() - t0)
+    logger.info("sddmm streamed in %.2f s: %.2f s copying to the device, %.2f s in the kernel "
+                "and back, the rest cutting tiles on the host", seconds["total"],
+                seconds["to device"], seconds["kernel and back"], extra={"seconds": seconds})
+    return P
 
 
 def check_plan(plan: Any, S: Any, K: int) -> None:

@@ -20,10 +20,12 @@ tiles with the CPU backend, so that the cutting is tested where there is no GPU.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 from dask.utils import format_bytes
@@ -111,26 +113,62 @@ class Device(Protocol):
               shape: tuple[int, int], A: Any, B: Any, hadamard: bool) -> np.ndarray: ...
 
 
-_COPY_BYTES = 1 << 28  # host-to-device copies go in pieces of this size at most
+_COPY_BYTES = 1 << 26  # host-to-device copies go through two pinned buffers of this size
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _copy_bytes(dst: np.ndarray, src: np.ndarray, parts: int) -> None:  # pragma: no cover
+    """dst[:] = src[:] for byte arrays, in ``parts`` over numba's threads."""
+    n = src.size
+    step = (n + parts - 1) // parts
+    for p in numba.prange(parts):
+        a = p * step
+        b = min(n, a + step)
+        if a < b:
+            dst[a:b] = src[a:b]
 
 
 class GpuDevice:
     """The current GPU: arrays copied with CuPy, tiles run by the virtual-warp CSR kernel
     (the scheme that needs no tiled layout, so a block takes only what the plan counts).
 
-    Copies go straight from the host array, piece by piece: ``cupy.asarray`` stages a whole
-    host array in pinned memory, which CuPy's pinned pool then keeps, so a panel of B of
-    20 GB would hold 20 GB more of host memory."""
+    A host array goes to the device through two pinned buffers of ``piece_bytes``: while
+    one piece crosses the bus, the host's threads fill the other buffer with the next.
+    (``cupy.asarray`` would stage the whole array in pinned memory, which CuPy's pinned pool
+    then keeps: a panel of B of 20 GB would hold 20 GB more of host memory; a copy from
+    pageable memory runs at a fraction of the bus's speed.) ``seconds`` adds up the time
+    spent copying to the device, and in the kernel with its values' way back.""" 
+
+    def __init__(self, piece_bytes: int = _COPY_BYTES) -> None:
+        import cupy
+
+        self.piece_bytes = int(piece_bytes)
+        self._pinned = [cupy.cuda.alloc_pinned_memory(self.piece_bytes) for _ in range(2)]
+        self._buffers = [np.frombuffer(m, np.uint8, self.piece_bytes) for m in self._pinned]
+        self._stream = cupy.cuda.Stream(non_blocking=True)
+        self.seconds = {"to device": 0.0, "kernel and back": 0.0}
 
     def put(self, X: np.ndarray) -> Any:
         import cupy
 
+        t0 = time.perf_counter()
         X = np.ascontiguousarray(X)
+        cupy.cuda.get_current_stream().synchronize()  # no kernel still reads reused memory
         out = cupy.empty(X.shape, dtype=X.dtype)
-        src, dst = X.reshape(-1), out.reshape(-1)
-        step = max(1, _COPY_BYTES // max(1, X.itemsize))
-        for s in range(0, X.size, step):
-            dst[s:s + step].set(src[s:s + step])
+        src = X.reshape(-1).view(np.uint8)
+        done: list[Any] = [None, None]
+        for k, off in enumerate(range(0, src.size, self.piece_bytes)):
+            b = k % 2
+            if done[b] is not None:
+                done[b].synchronize()  # the buffer's last piece has left it
+            n = min(self.piece_bytes, src.size - off)
+            _copy_bytes(self._buffers[b][:n], src[off:off + n], 4 * numba.get_num_threads())
+            cupy.cuda.runtime.memcpyAsync(out.data.ptr + off, self._pinned[b].ptr, n,
+                                          cupy.cuda.runtime.memcpyHostToDevice,
+                                          self._stream.ptr)
+            done[b] = self._stream.record()
+        self._stream.synchronize()
+        self.seconds["to device"] += time.perf_counter() - t0
         return out
 
     def sddmm(self, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray,
@@ -141,9 +179,13 @@ class GpuDevice:
         from mgpu.backends.cupy import run_csr
 
         S = csp.csr_matrix((self.put(data), self.put(indices), self.put(indptr)), shape=shape)
+        A = self.put(A)
+        t0 = time.perf_counter()
         out = cupy.empty(len(indices), dtype=A.dtype)
-        run_csr(S, self.put(A), B, hadamard, out)
-        return out.get()
+        run_csr(S, A, B, hadamard, out)
+        vals = out.get()
+        self.seconds["kernel and back"] += time.perf_counter() - t0
+        return vals
 
 
 class HostDevice:
@@ -159,6 +201,45 @@ class HostDevice:
 
         return sddmm_lookup(sp.csr_matrix((data, indices, indptr), shape=shape), A, B,
                             hadamard, None).data
+
+
+# A panel's part of a block of S: in each row, the nonzeros whose column is in [c0, c1), in
+# their order, columns made relative to c0; and their values back to their places. The rows
+# go over numba's threads. (indptr: the block's row pointers, absolute; cols and vals its
+# nonzeros, from indptr[0].)
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _panel_counts(indptr, cols, c0, c1, counts):  # pragma: no cover (numba)
+    base = indptr[0]
+    for i in numba.prange(len(indptr) - 1):
+        c = 0
+        for p in range(indptr[i] - base, indptr[i + 1] - base):
+            if c0 <= cols[p] < c1:
+                c += 1
+        counts[i] = c
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _panel_take(indptr, cols, data, c0, c1, t_indptr, t_indices, t_data):  # pragma: no cover
+    base = indptr[0]
+    for i in numba.prange(len(indptr) - 1):
+        q = t_indptr[i]
+        for p in range(indptr[i] - base, indptr[i + 1] - base):
+            if c0 <= cols[p] < c1:
+                t_indices[q] = cols[p] - c0
+                t_data[q] = data[p]
+                q += 1
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _panel_put(indptr, cols, c0, c1, t_indptr, vals, out):  # pragma: no cover (numba)
+    base = indptr[0]
+    for i in numba.prange(len(indptr) - 1):
+        q = t_indptr[i]
+        for p in range(indptr[i] - base, indptr[i + 1] - base):
+            if c0 <= cols[p] < c1:
+                out[p] = vals[q]
+                q += 1
 
 
 def sddmm_streamed(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, hadamard: bool,
@@ -180,24 +261,25 @@ def sddmm_streamed(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, hadamard: boo
             lo, hi = int(indptr[r0]), int(indptr[r1])
             cols = S.indices[lo:hi]
             if one_panel:
-                sel = None
                 t_indptr = (indptr[r0:r1 + 1] - lo).astype(np.int32)
                 t_indices, t_data = cols.astype(np.int32, copy=False), data[lo:hi]
             else:
-                sel = np.flatnonzero((cols >= c0) & (cols < c1))
-                rows = np.repeat(np.arange(r1 - r0), np.diff(indptr[r0:r1 + 1]))[sel]
-                t_indptr = np.zeros(r1 - r0 + 1, dtype=np.int32)
-                np.cumsum(np.bincount(rows, minlength=r1 - r0), out=t_indptr[1:])
-                t_indices = (cols[sel] - c0).astype(np.int32)
-                t_data = data[lo:hi][sel]
+                t_indptr = np.zeros(r1 - r0 + 1, dtype=np.int64)
+                _panel_counts(indptr[r0:r1 + 1], cols, c0, c1, t_indptr[1:])
+                np.cumsum(t_indptr, out=t_indptr)
+                t_indices = np.empty(int(t_indptr[-1]), dtype=np.int32)
+                t_data = np.empty(len(t_indices), dtype=dtype)
+                _panel_take(indptr[r0:r1 + 1], cols, data[lo:hi], c0, c1, t_indptr, t_indices,
+                            t_data)
+                t_indptr = t_indptr.astype(np.int32)
             if len(t_indices):
                 vals = device.sddmm(t_indptr, t_indices, np.ascontiguousarray(t_data),
                                     (r1 - r0, c1 - c0),
                                     np.ascontiguousarray(A[r0:r1], dtype=dtype), Bp, hadamard)
-                if sel is None:
+                if one_panel:
                     out[lo:hi] = vals
                 else:
-                    out[lo + sel] = vals
+                    _panel_put(indptr[r0:r1 + 1], cols, c0, c1, t_indptr, vals, out[lo:hi])
             if progress is not None:
                 progress(len(t_indices))
         del Bp
