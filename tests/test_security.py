@@ -9,6 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 import mgpu
+from mgpu.dist import from_scipy
 
 def _graph(n: int = 60, seed: int = 0) -> sp.csr_matrix:
     rng = np.random.default_rng(seed)
@@ -47,3 +48,21 @@ def test_a_client_without_the_certificates_is_refused_with_a_message(tls_config)
                 # plain TCP to a TLS listener: the handshake never completes
                 with pytest.raises(TimeoutError, match="did not come up within 2 s"):
                     mgpu.connect(address.replace("tls://", "tcp://"), timeout=2)
+
+
+@pytest.mark.gpu
+def test_embedded_gpu_cluster_speaks_tls_from_the_config(tls_config):
+    """The embedded LocalCUDACluster (GPU workers) under the same config: TLS on the
+    scheduler and every worker, and GPU work through it."""
+    G = _graph()
+    expected = mgpu.jaccard(G)
+    with dask.config.set(tls_config):
+        with mgpu.connect(gpus=True, timeout=120) as client:
+            address = client.scheduler.address
+            assert address.startswith("tls://127.0.0.1:"), address
+            workers = client.scheduler_info()["workers"]
+            assert workers and all(w.startswith("tls://") for w in workers), workers
+            assert (mgpu.jaccard(G, parts=1) != expected).nnz == 0
+            x = from_scipy(G, device="gpu", client=client)
+            norms = mgpu.row_norms(x).compute()
+            np.testing.assert_allclose(norms.get(), mgpu.row_norms(G), rtol=1e-6)
