@@ -73,6 +73,22 @@ __device__ __forceinline__ long long merge_path_rows_warp(long long d,
     }
     return lo;
 }
+
+// Sums of runs of equal keys across a warp whose keys are non-decreasing along the lanes
+// (each run's lanes consecutive): every lane gets the sum of v over itself and the lanes
+// after it in its run, so the run's first lane (*first) holds the run's total. Every lane of
+// the warp must call it.
+__device__ __forceinline__ double warp_run_sum(double v, int key, bool* first) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const double ov = __shfl_down_sync(MGPU_FULL_MASK, v, off);
+        const int okey = __shfl_down_sync(MGPU_FULL_MASK, key, off);
+        if (lane + off < 32 && okey == key) v += ov;
+    }
+    *first = lane == 0 || __shfl_up_sync(MGPU_FULL_MASK, key, 1) != key;
+    return v;
+}
 }  // namespace mgpu
 
 // tile_row[t] = rows consumed before tile t's first item, for t in [0, n_tiles] (the last is
@@ -125,17 +141,11 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
     // the tiles inside it: the warp first sums the parts of each row it shares (rows are
     // non-decreasing along the lanes, so each row's lanes are consecutive), leaving one
     // atomic per row and warp instead of one per thread on the same address.
-    const int lane = threadIdx.x & 31;
-    const int key = k0 < k1 ? r : -1 - lane;  // threads past the items share no row
-    double v = k0 < k1 ? acc : 0.0;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const double ov = __shfl_down_sync(MGPU_FULL_MASK, v, off);
-        const int okey = __shfl_down_sync(MGPU_FULL_MASK, key, off);
-        if (lane + off < 32 && okey == key) v += ov;
-    }
-    const int prev = __shfl_up_sync(MGPU_FULL_MASK, key, 1);
-    if (k0 < k1 && (lane == 0 || prev != key)) atomicAdd(&s_acc[r], v);
+    bool run_head;
+    const double v = mgpu::warp_run_sum(k0 < k1 ? acc : 0.0,
+                                        k0 < k1 ? r : -1 - static_cast<int>(threadIdx.x & 31),
+                                        &run_head);  // threads past the items share no row
+    if (k0 < k1 && run_head) atomicAdd(&s_acc[r], v);
 }
 }  // namespace mgpu
 
@@ -278,19 +288,12 @@ __global__ void mgpu_spmv_carries(const int* __restrict__ carry_row,
                                              double* __restrict__ carry_val, long long n_pieces,
                                              long long m) {
     const long long p = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const int lane = threadIdx.x & 31;
     const bool valid = p < n_pieces;
     const int row = valid ? carry_row[p] : -1;  // -1 never equals a real row
     const long long head = valid ? mgpu::carry_head(carry_row, p, row) : p;
-    double v = (valid && head != p) ? carry_val[p] : 0.0;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const double ov = __shfl_down_sync(MGPU_FULL_MASK, v, off);
-        const int orow = __shfl_down_sync(MGPU_FULL_MASK, row, off);
-        if (lane + off < 32 && orow == row) v += ov;
-    }
-    const int prev = __shfl_up_sync(MGPU_FULL_MASK, row, 1);
-    const bool first_in_warp = lane == 0 || prev != row;
+    bool first_in_warp;
+    const double v = mgpu::warp_run_sum((valid && head != p) ? carry_val[p] : 0.0, row,
+                                        &first_in_warp);
     if (valid && first_in_warp && row < m && v != 0.0) atomicAdd(&carry_val[head], v);
 }
 

@@ -19,18 +19,25 @@ def _graph(n: int = 60, seed: int = 0) -> sp.csr_matrix:
     return G
 
 
-def test_embedded_cluster_and_a_joining_client_speak_tls_from_the_config(tls_config):
+@pytest.mark.parametrize("gpus", [False, pytest.param(True, marks=pytest.mark.gpu)],
+                         ids=["LocalCluster", "LocalCUDACluster"])
+def test_embedded_cluster_and_a_joining_client_speak_tls_from_the_config(tls_config, gpus):
     G = _graph()
     expected = mgpu.jaccard(G)
     with dask.config.set(tls_config):
-        with mgpu.connect(gpus=False, n_workers=2) as client:
+        with mgpu.connect(gpus=gpus, n_workers=None if gpus else 2, timeout=120) as client:
             address = client.scheduler.address
             assert address.startswith("tls://127.0.0.1:"), address
-            assert all(w.startswith("tls://") for w in client.scheduler_info()["workers"])
+            workers = client.scheduler_info()["workers"]
+            assert workers and all(w.startswith("tls://") for w in workers), workers
             got = mgpu.jaccard(G, parts=2)
             assert (got != expected).nnz == 0
+            if gpus:  # chunks on the GPU workers, GPU work through them
+                x = from_scipy(G, device="gpu", client=client)
+                np.testing.assert_allclose(mgpu.row_norms(x).compute().get(),
+                                           mgpu.row_norms(G), rtol=1e-6)
             # a second client, joining by address as a job on another node would
-            with mgpu.connect(address, n_workers=2, timeout=30) as other:
+            with mgpu.connect(address, n_workers=len(workers), timeout=30) as other:
                 assert other.submit(sum, [1, 2, 3]).result() == 6
 
 
@@ -49,20 +56,3 @@ def test_a_client_without_the_certificates_is_refused_with_a_message(tls_config)
                 with pytest.raises(TimeoutError, match="did not come up within 2 s"):
                     mgpu.connect(address.replace("tls://", "tcp://"), timeout=2)
 
-
-@pytest.mark.gpu
-def test_embedded_gpu_cluster_speaks_tls_from_the_config(tls_config):
-    """The embedded LocalCUDACluster (GPU workers) under the same config: TLS on the
-    scheduler and every worker, and GPU work through it."""
-    G = _graph()
-    expected = mgpu.jaccard(G)
-    with dask.config.set(tls_config):
-        with mgpu.connect(gpus=True, timeout=120) as client:
-            address = client.scheduler.address
-            assert address.startswith("tls://127.0.0.1:"), address
-            workers = client.scheduler_info()["workers"]
-            assert workers and all(w.startswith("tls://") for w in workers), workers
-            assert (mgpu.jaccard(G, parts=1) != expected).nnz == 0
-            x = from_scipy(G, device="gpu", client=client)
-            norms = mgpu.row_norms(x).compute()
-            np.testing.assert_allclose(norms.get(), mgpu.row_norms(G), rtol=1e-6)
