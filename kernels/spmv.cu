@@ -86,7 +86,8 @@ __device__ __forceinline__ double warp_run_sum(double v, int key, bool* first) {
         const int okey = __shfl_down_sync(MGPU_FULL_MASK, key, off);
         if (lane + off < 32 && okey == key) v += ov;
     }
-    *first = lane == 0 || __shfl_up_sync(MGPU_FULL_MASK, key, 1) != key;
+    const int prev = __shfl_up_sync(MGPU_FULL_MASK, key, 1);  // by every lane, lane 0 too
+    *first = lane == 0 || prev != key;
     return v;
 }
 }  // namespace mgpu
