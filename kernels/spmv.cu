@@ -41,10 +41,10 @@ __device__ __forceinline__ long long merge_path_rows(long long d, const int* __r
 // Garland's CsrMV does: where every tile starts on the merge path is found first (by a search
 // launch, or by the tile's own block for a launch of few tiles), then the block reads its row
 // ends and its nonzeros' products data[nz] * x[col] into shared memory with coalesced loads,
-// and each thread walks its ITEMS items of the tile there (a second search, in shared memory); a tile
-// whose rows are all short is summed a few lanes a row instead. Rows ended inside the tile are
-// summed in shared memory and written once, coalesced; the row the tile's end cuts leaves one
-// carry per tile for the carry passes below.
+// and each thread walks its ITEMS items of the tile there (a second search, in shared
+// memory); a tile whose rows are all short is summed a few lanes a row instead. Rows ended
+// inside the tile are summed in shared memory and written once, coalesced; the row the
+// tile's end cuts leaves one carry per tile for the carry passes below.
 #define MGPU_SPMV_THREADS 128
 // rows of at most this many nonzeros are summed a few lanes a row (see mgpu_spmv_merge)
 #define MGPU_SPMV_ROW_CAP 32
@@ -154,9 +154,12 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
 // the block finds its tile's place itself (a launch of a few waves, where the latency of a
 // separate search launch counts most); otherwise tile_row holds it (many waves, where the
 // blocks' own searches would leave the memory idle while they wait). CHECK
-// flags NaN or infinity among A's stored values in bad; without it (the caller's operands are
-// not checked, bad is null) the loads carry no test, which is worth a tenth of the time on
-// regular matrices.
+// flags in bad a row sum (or a tile's carry) that is not finite. A NaN or infinity among A's
+// stored values always makes its row's sum so (a NaN or infinite product, inf * 0 included,
+// keeps the double sum NaN or infinite), so R + 1 tests a tile stand for a test of each of
+// its N values on the loads, which cost a tenth of the time on regular matrices. A sum that
+// overflows raises the flag too; the caller's checks then find no culprit. Without CHECK
+// (the caller's operands are not checked, bad is null) nothing is tested.
 template <typename T, int ITEMS, bool CHECK, bool SEARCH>
 __global__ void __launch_bounds__(MGPU_SPMV_THREADS, 16)
 mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
@@ -201,23 +204,17 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
         s_end[R] = N;  // past the last row end: only nonzeros remain
         s_acc[R] = 0.0;
     }
-    bool finite = true;
 #pragma unroll
     for (int u = 0; u < ITEMS; ++u) {
         const int j = threadIdx.x + u * MGPU_SPMV_THREADS;
-        if (j < N) {
-            const T a = data[nz0 + j];
-            if (CHECK) finite = finite && isfinite(a);
-            s_val[j] = a * x[indices[nz0 + j]];
-        }
+        if (j < N) s_val[j] = data[nz0 + j] * x[indices[nz0 + j]];
     }
-    if (CHECK && !finite) *bad = 1;
     __syncthreads();
 
     // A tile whose rows are all short (at most MGPU_SPMV_ROW_CAP items, as the whole block
     // finds) is summed a few lanes a row, in a fixed order: no search, no atomics, few
-    // instructions, which is what bounds the kernel on regular matrices. Otherwise each thread walks its
-    // ITEMS items of the merge path, so a long row is shared among threads.
+    // instructions, which is what bounds the kernel on regular matrices. Otherwise each
+    // thread walks its ITEMS items of the merge path, so a long row is shared among threads.
     bool long_row = false;
     for (int i = threadIdx.x; i <= R; i += MGPU_SPMV_THREADS) {
         long_row = long_row || s_end[i] - (i == 0 ? 0 : s_end[i - 1]) > MGPU_SPMV_ROW_CAP;
@@ -246,13 +243,17 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
         mgpu::spmv_walk<T, ITEMS>(s_end, s_val, s_acc, R, N);
     }
     __syncthreads();
+    bool finite = true;
     for (int i = threadIdx.x; i < R; i += MGPU_SPMV_THREADS) {
+        if (CHECK) finite = finite && isfinite(s_acc[i]);
         y[row0 + i] = static_cast<T>(s_acc[i]);
     }
     if (threadIdx.x == 0) {
+        if (CHECK) finite = finite && isfinite(s_acc[R]);
         carry_row[tile] = static_cast<int>(row1);
         carry_val[tile] = s_acc[R];
     }
+    if (CHECK && !finite) *bad = 1;
 }
 
 // Flags any NaN or infinity among n values (SpMM's X and A's stored values).

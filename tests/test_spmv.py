@@ -428,6 +428,38 @@ def test_gpu_result_types_and_device_mismatch():
 
 
 @pytest.mark.gpu
+def test_gpu_checked_spmv_finds_nan_and_infinity_of_a_wherever_they_sum(tile_search):
+    """The checked SpMV flags row sums, not values: a NaN or infinity of A is found in a row
+    of a short-row tile, in a row cut over many tiles (its carries), and as inf * 0; a sum
+    that overflows from finite operands is returned as scipy gives it, not refused."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu.synthetic import band_csr
+
+    short = band_csr(50_000, 5, dtype=np.float32)
+    n = 20_000
+    long_row = sp.csr_matrix((np.ones(n, np.float32), np.arange(n), [0, 0, n, n]), shape=(3, n))
+    for A, (row, col), x_col_zero in ((short, (31_000, 31_002), False),
+                                      (long_row, (1, 12_345), False),
+                                      (long_row, (1, 777), True)):
+        for bad in (np.nan, np.inf, -np.inf):
+            B = A.copy()
+            lo, hi = B.indptr[row], B.indptr[row + 1]
+            p = lo + np.flatnonzero(B.indices[lo:hi] == col)[0]
+            B.data[p] = bad
+            x = np.ones(A.shape[1], np.float32)
+            if x_col_zero:
+                x[col] = 0  # inf * 0 is NaN
+            with pytest.raises(ValueError, match=rf"first at row {row}, column {col}"):
+                mgpu.spmv(csp.csr_matrix(B), cupy.asarray(x))
+    big = sp.csr_matrix(np.full((4, 3), 3e38, np.float32))
+    y = mgpu.spmv(csp.csr_matrix(big), cupy.full(3, 10, cupy.float32)).get()
+    np.testing.assert_array_equal(y, big @ np.full(3, 10, np.float32))  # inf, as scipy
+    assert np.isinf(y).all()
+
+
+@pytest.mark.gpu
 def test_gpu_single_row_spanning_many_pieces(tile_search):
     """One row of a million nonzeros: ~10⁵ pieces carry into it, gathered in double by
     the carry passes; the rest of the matrix is empty rows."""

@@ -113,9 +113,10 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
     of tiles, by a search launch before it otherwise.
 
     Operands must pass :func:`spmv_is_usable_for`; ``items`` (one of ``SPMV_ITEMS``)
-    defaults to :func:`spmv_items`. ``bad`` (int32, one element, zero) is set to 1 when A's
-    stored values or x hold NaN or infinity; nothing reads it back here. Without ``bad``
-    nothing is checked (and x is read only where A's columns point).
+    defaults to :func:`spmv_items`. ``bad`` (int32, one element, zero) is set to 1 when x
+    holds NaN or infinity or a row's sum is not finite: always when A's stored values hold
+    NaN or infinity, and also when a sum overflows; nothing reads it back here. Without
+    ``bad`` nothing is checked (and x is read only where A's columns point).
     """
     m = int(A.shape[0])
     nnz = int(A.nnz)  # cupyx keeps data of length indptr[-1]: no device sync
@@ -193,7 +194,8 @@ def merge_product(A: csp.csr_matrix, x: cupy.ndarray, *,
 
 def spmv_flagged(A: csp.csr_matrix, x: cupy.ndarray) -> tuple[cupy.ndarray, cupy.ndarray | None]:
     """``A @ x`` (1-D) or ``A @ X`` (2-D) by the merge-path kernels, with the device flag
-    they set on NaN or infinity in A's stored values or in x; ``None`` in its place when the
+    they set on NaN or infinity in A's stored values or in x (for 1-D x, also on a row sum
+    that overflows: see :func:`spmv_merge`); ``None`` in its place when the
     operands go to cuSPARSE (:func:`spmv_fallback`), which checks nothing."""
     if not spmv_is_usable_for(A, x):
         return spmv_fallback(A, x), None

@@ -147,7 +147,8 @@ def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True
     types are checked, refusing NaN or infinity among A's stored values or in x.
 
     On the CPU the values are checked first. On the GPU the merge-path kernels flag such
-    values while they read them, and one flag comes back per call; only a raised flag runs
+    values as they work (SpMV: x's values and every row's sum, which a NaN or infinity of A
+    always makes non-finite), and one flag comes back per call; only a raised flag runs
     the checks that name the place (the result, a new array, is dropped). Without
     ``check_finite`` the values are not looked at and nothing waits for the device.
     """
@@ -169,7 +170,9 @@ def _gpu_checked(A: Any, x: Any, name: str, func: str) -> Any:
     if flagged is not False:  # raised, or cuSPARSE ran without looking
         check_dense_finite(x, name, func, x.ndim)
         check_sparse_operand(A, func)
-        if flagged:
+        # Nothing found: SpMV's kernel flags a row whose sum is not finite, which a sum that
+        # overflows also is (y holds it, as scipy's would); SpMM's flags only the values.
+        if flagged and x.ndim == 2:
             raise RuntimeError(f"{func}: the GPU kernels flagged NaN or infinity that the "
                                "checks of the operands did not find.")
     return y
