@@ -256,7 +256,7 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     if (CHECK && !finite) *bad = 1;
 }
 
-// Flags any NaN or infinity among n values (SpMM's X and A's stored values).
+// Flags any NaN or infinity among n values (SpMV's x, SpMM's X and A's stored values).
 template <typename T>
 __global__ void mgpu_flag_nonfinite(const T* __restrict__ v, long long n, int* __restrict__ bad) {
     const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;

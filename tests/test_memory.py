@@ -120,6 +120,9 @@ def test_the_finite_check_of_a_factor_makes_no_mask_of_its_size_and_finds_the_fi
     assert validate.first_nonfinite(big) is None
     big[1099, 3], big[1000, 999] = np.nan, -np.inf
     assert validate.first_nonfinite(big) == (1000, 999)
+    half = np.ones((1100, 1000), np.float16, order=order)  # a dtype numba does not take
+    half[7, 9] = np.nan
+    assert validate.first_nonfinite(half) == (7, 9)
     C = sp.csr_matrix(([1.0, np.nan, np.inf], [5, 2, 9], [0, 0, 1, 3]), shape=(3, 10))
     assert validate.first_nonfinite(C) == (2, 2)
 

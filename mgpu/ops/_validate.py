@@ -113,7 +113,8 @@ def first_nonfinite(X: Any) -> tuple[int, ...] | None:
     if np.dtype(vals.dtype).kind != "f" or vals.size == 0:
         return None
     if isinstance(vals, np.ndarray):
-        if vals.size >= _PARALLEL_SCAN and vals.flags.c_contiguous | vals.flags.f_contiguous \
+        if vals.size >= _PARALLEL_SCAN and vals.dtype.type in (np.float32, np.float64) \
+                and vals.flags.c_contiguous | vals.flags.f_contiguous \
                 and _count_nonfinite(vals.reshape(-1, order="A"),
                                      64 * numba.get_num_threads()) == 0:
             return None  # the common case, on every core; the place is found below

@@ -137,7 +137,7 @@ class GpuDevice:
     (``cupy.asarray`` would stage the whole array in pinned memory, which CuPy's pinned pool
     then keeps: a panel of B of 20 GB would hold 20 GB more of host memory; a copy from
     pageable memory runs at a fraction of the bus's speed.) ``seconds`` adds up the time
-    spent copying to the device, and in the kernel with its values' way back.""" 
+    spent copying to the device, and in the kernel with its values' way back."""
 
     def __init__(self, piece_bytes: int = _COPY_BYTES) -> None:
         import cupy
