@@ -29,7 +29,7 @@ from mgpu.backends import distances_lookup, knn_lookup, knn_prepare_lookup
 from mgpu.backends.cupy import current_facts, row_reduce_csr_kernel
 from mgpu.backends.instances import KNN_GROUPS
 from mgpu.backends.loader import c_type, get_function
-from mgpu.backends.memory import DeviceMemoryError, gpu_available, require_gpu
+from mgpu.backends.memory import DeviceMemoryError, require_gpu
 from mgpu.backends.numpy import ROW_SUM
 from mgpu.ops._validate import first_nonfinite
 
@@ -488,14 +488,15 @@ def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget
             "index")
     hint = "Pass fewer queries a call, or split the index over several GPUs."
     available = require_gpu(held, what, hint)
-    room = (gpu_available()[0] if available is None else available) - held
     dense = index.dense is not None and isinstance(queries, cupy.ndarray)
     one = query_bytes(index, k, dense)
-    if one > room:
-        raise DeviceMemoryError(f"{what} needs {format_bytes(one)} of GPU working memory for "
-                                f"one query beside its inputs and results; "
-                                f"{format_bytes(max(room, 0))} are available. {hint}")
-    budget = min(budget, room)  # a batch is one query at least, whatever the budget
+    if available is not None:  # None: a CUDA graph is being captured, the device not asked
+        room = available - held
+        if one > room:
+            raise DeviceMemoryError(f"{what} needs {format_bytes(one)} of GPU working memory "
+                                    f"for one query beside its inputs and results; "
+                                    f"{format_bytes(max(room, 0))} are available. {hint}")
+        budget = min(budget, room)  # a batch is one query at least, whatever the budget
     qs = prepare_queries(index, queries)
     step = batch_size(index, nq, k, budget)
     if qs.dense is not None:

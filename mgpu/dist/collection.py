@@ -289,12 +289,14 @@ def from_scipy(
             f"A chunk of {int(nnz.max()):,} nonzeros exceeds cupyx's 32-bit indices; "
             f"use parts >= {int(-(-int(nnz.sum()) // _INT32_MAX))}."
         )
+    takers = [workers[i % len(workers)] for i in range(parts)] if workers else []
     if on_gpu:
         # cupyx CSR on the device: values, int32 indices and row pointers per chunk
         rows = sizes if axis == 0 else (S.shape[0],) * parts
-        held = [int(z) * (S.dtype.itemsize + 4) + (int(r) + 1) * 4 for z, r in zip(nnz, rows)]
-        takers = [workers[i % len(workers)] for i in range(parts)]
-        check_gpu_room(held, takers, client.run(_gpu_room, workers=sorted(set(takers))))
+        device_bytes = [int(z) * (S.dtype.itemsize + 4) + (int(r) + 1) * 4
+                        for z, r in zip(nnz, rows)]
+        check_gpu_room(device_bytes, takers,
+                       client.run(_gpu_room, workers=sorted(set(takers))))
 
     # A fresh name, not a hash of S: hashing every value costs a pass over the matrix, and a
     # name that two calls share could meet a release of the same key still in flight.
@@ -314,7 +316,7 @@ def from_scipy(
         for i, key in enumerate(keys):
             p = piece(i)
             held += p.data.nbytes + p.indices.nbytes + p.indptr.nbytes
-            graph[key] = place_as(client, key, p, workers=[workers[i % len(workers)]],
+            graph[key] = place_as(client, key, p, workers=[takers[i]],
                                   convert=_to_device if on_gpu else None)
             del p
         part_of = {graph[k].key: i for i, k in enumerate(keys)}

@@ -297,7 +297,8 @@ def _streamed(S: Any, A: Any, B: Any, hadamard: bool, working_memory: Any,
     seconds = dict(device.seconds, total=time.perf_counter() - t0)
     logger.info("sddmm streamed in %.2f s: %.2f s copying to the device, %.2f s in the kernel "
                 "and back, the rest cutting tiles on the host", seconds["total"],
-                seconds["to device"], seconds["kernel and back"], extra={"seconds": seconds})
+                seconds["to device"], seconds["kernel and back"],
+                extra={"seconds": seconds, "plan": plan})
     return P
 
 
