@@ -5,7 +5,8 @@
 // nonzero indices 0..nnz-1. Consuming a nonzero index multiplies it in; consuming a row end
 // writes the row. The merge (m + nnz items) is cut into pieces of a fixed number of items: a
 // block's tile for SpMV, a warp row of a column block for SpMM. So a long row is spread over
-// many threads and an empty row costs one item, with no row compaction pass. Each piece finds
+// many threads and an empty row costs one item, with no row compaction pass (a plan made
+// once for many products may compact them away: see mgpu_spmv_merge). Each piece finds
 // where it starts by a binary search along its diagonal, writes the rows it ends, and leaves a
 // carry (row, partial sum) for the row that its end cuts; the carry passes below add them.
 // Sums are accumulated in double for both T (SpMV's products are rounded to T first). Index
@@ -160,13 +161,19 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
 // its N values on the loads, which cost a tenth of the time on regular matrices. A sum that
 // overflows raises the flag too; the caller's checks then find no culprit. Without CHECK
 // (the caller's operands are not checked, bad is null) nothing is tested.
+//
+// rows, empty: null, or A compacted by a plan (mgpu.spmv_plan). Then indptr, m and the
+// merge are those of A's non-empty rows only, rows[i] is the row of A that compacted row i
+// is (where its sum is written), and empty lists A's n_empty empty rows, which are zeroed
+// here: an empty row costs a read and a write instead of a merge item.
 template <typename T, int ITEMS, bool CHECK, bool SEARCH>
 __global__ void __launch_bounds__(MGPU_SPMV_THREADS, 16)
 mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
                 const T* __restrict__ data, const T* __restrict__ x, long long m, long long nnz,
                 const long long* __restrict__ tile_row, T* __restrict__ y,
                 int* __restrict__ carry_row, double* __restrict__ carry_val,
-                int* __restrict__ bad) {
+                int* __restrict__ bad, const int* __restrict__ rows,
+                const int* __restrict__ empty, long long n_empty) {
     constexpr int TILE = MGPU_SPMV_THREADS * ITEMS;
     __shared__ int s_end[TILE + 1];      // row ends of the tile's rows, relative to nz0
     __shared__ T s_val[TILE];            // products of the tile's nonzeros (rounded to T)
@@ -176,6 +183,13 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     const long long total = m + nnz;
     const long long d0 = tile * TILE;
     const long long d1 = d0 + TILE < total ? d0 + TILE : total;
+    // A compacted A (rows not null): block b zeroes the empty rows [b * TILE, (b + 1) * TILE)
+    // of the list, and the launch has enough blocks for them all; blocks past the tiles
+    // do nothing else.
+    const long long e0 = tile * TILE;
+    const long long e1 = e0 + TILE < n_empty ? e0 + TILE : n_empty;
+    for (long long i = e0 + threadIdx.x; i < e1; i += MGPU_SPMV_THREADS) y[empty[i]] = T(0);
+    if (d0 >= total) return;  // the same for the whole block
     if (SEARCH) {  // warp 0 finds where the tile starts, warp 1 where it ends
         if (threadIdx.x < 64) {
             const long long r = mgpu::merge_path_rows_warp(threadIdx.x < 32 ? d0 : d1, indptr,
@@ -246,7 +260,7 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     bool finite = true;
     for (int i = threadIdx.x; i < R; i += MGPU_SPMV_THREADS) {
         if (CHECK) finite = finite && isfinite(s_acc[i]);
-        y[row0 + i] = static_cast<T>(s_acc[i]);
+        y[rows == nullptr ? row0 + i : rows[row0 + i]] = static_cast<T>(s_acc[i]);
     }
     if (threadIdx.x == 0) {
         if (CHECK) finite = finite && isfinite(s_acc[R]);
@@ -315,17 +329,20 @@ __global__ void mgpu_spmm_carries(const int* __restrict__ carry_row,
 }
 
 // Pass 2: each head adds its row's total once (no atomics: one head per row).
+// rows: as in mgpu_spmv_merge (a compacted A's row numbers), null for A's own.
 template <typename T>
 __global__ void mgpu_carry_apply(const int* __restrict__ carry_row,
                                  const double* __restrict__ carry_val, long long n_pieces,
-                                 long long m, long long k, T* __restrict__ Y) {
+                                 long long m, long long k, T* __restrict__ Y,
+                                 const int* __restrict__ rows) {
     const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= n_pieces * k) return;
     const long long p = idx / k;
     const int row = carry_row[p];
     if (row >= m || (p > 0 && carry_row[p - 1] == row)) return;
     const long long col = idx - p * k;
-    T* out = Y + static_cast<long long>(row) * k + col;
+    const long long out_row = rows == nullptr ? row : rows[row];
+    T* out = Y + out_row * k + col;
     *out = static_cast<T>(static_cast<double>(*out) + carry_val[idx]);
 }
 

@@ -15,5 +15,6 @@ from mgpu.dist.knn import knn  # noqa: E402
 from mgpu.dist.spmv import spmm, spmv  # noqa: E402,F401
 from mgpu.dist.jaccard import jaccard  # noqa: E402,F401
 from mgpu.mf import MatrixFactorization  # noqa: E402,F401
-from mgpu.ops import NearestNeighbors, pairwise_distances, row_norms, sddmm_plan  # noqa: E402,F401
+from mgpu.ops import (NearestNeighbors, pairwise_distances, row_norms, sddmm_plan,  # noqa: E402,F401
+                      spmv_plan)
 from mgpu.backends.memory import DeviceMemoryError  # noqa: E402,F401

@@ -1671,6 +1671,8 @@ def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: tuple[str, ...], banded: t
         if any(row["graph_ms"] == row["graph_ms"] for row in rows):  # GPU: not NaN
             ax.loglog(nnz, [row["graph_ms"] for row in rows], "d",
                       label="mgpu.spmv, unchecked, in a CUDA graph")
+            ax.loglog(nnz, [row["planned_graph_ms"] for row in rows], "P",
+                      label="the same with a plan (mgpu.spmv_plan)")
         ax.loglog(nnz, [row["peer_ms"] for row in rows], "s", label=rows[0]["peer"])
         ax.set_xlabel("nonzeros")
         ax.set_ylabel("ms per SpMV")

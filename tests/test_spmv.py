@@ -268,6 +268,93 @@ def test_one_device_op_refuses_dask():
         spmv_local(t, np.ones(4))
 
 
+# ------------------------------------------------------------------------------------ plans
+
+
+def _plan_matrices(rng, dtype):
+    """_matrices and the shapes a compacted plan must get right: empty rows before, after and
+    between a few rows, and rows left after a row of many tiles."""
+    def from_lengths(lengths, n):
+        indptr = np.r_[0, np.cumsum(lengths)]
+        cols = np.concatenate([np.arange(k) % n for k in lengths])
+        return sp.csr_matrix((rng.uniform(0.5, 1.5, indptr[-1]), cols, indptr),
+                             shape=(len(lengths), n), dtype=dtype)
+
+    edges = np.zeros(40_000, np.int64)
+    edges[[2, 10_000, 39_999]] = [2, 2, 3]  # empty rows first, between and none after
+    spread = np.zeros(1000, np.int64)
+    spread[[49, 149]] = [30_000, 2]  # a row of many tiles, empty rows on both sides
+    return {**_matrices(rng, dtype), "empty-edges": from_lengths(edges, 7),
+            "long-row-among-empty": from_lengths(spread, 30_000)}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_plan_gives_the_same_products_for_many_x(xp, dtype):
+    """spmv with a plan equals float64 scipy on every matrix, checked and unchecked, for
+    several x with one plan; on the GPU the plan leaves out the empty rows of the matrices
+    that have many (and y's empty rows are zeroed even where its memory held NaN)."""
+    rng = np.random.default_rng(21)
+    for name, A in _plan_matrices(rng, dtype).items():
+        Ad, _ = _on(xp, A, np.zeros(1))
+        plan = mgpu.spmv_plan(Ad)
+        empty = int((np.diff(A.indptr) == 0).sum())
+        assert (plan.shape, plan.nnz, plan.empty_rows) == (A.shape, A.nnz, empty), name
+        assert plan.device == ("cpu" if xp is np else "gpu")
+        assert plan.compacted == (xp is not np and empty * 16 >= A.shape[0] > 0), name
+        for seed in range(3):
+            x = rng.standard_normal(A.shape[1]).astype(dtype)
+            ref = A.astype(np.float64) @ x.astype(np.float64)
+            if xp is not np:
+                xp.full(A.shape[0] + 64, np.nan, dtype=dtype)  # freed: y may reuse it
+            for check in (True, False):
+                y = mgpu.spmv(Ad, xp.asarray(x), check_finite=check, plan=plan)
+                assert y.dtype == dtype and y.shape == (A.shape[0],)
+                assert _rel_err(_host(y), ref) <= _tol(dtype), (name, seed, check)
+                assert np.isfinite(_host(y)).all(), (name, seed, check)
+    A = _with_empty_rows(rng, 500, 60, 0.05, 0.5)
+    Ad, xd = _on(xp, A, np.ones(60, np.float32))  # float64 A, float32 x: promoted
+    y = mgpu.spmv(Ad, xd, plan=mgpu.spmv_plan(Ad))
+    assert y.dtype == np.float64 and _rel_err(_host(y), A @ np.ones(60)) <= 1e-13
+    assert "SpMV plan on the" in mgpu.spmv_plan(Ad).describe()
+
+
+def test_plan_refusals(xp):
+    """A plan is refused for another matrix (a copy included), another device or a dask A;
+    spmv_plan refuses what is not one CSR matrix; the values are still checked."""
+    rng = np.random.default_rng(22)
+    A = _with_empty_rows(rng, 300, 50, 0.05, 0.5)
+    Ad, xd = _on(xp, A, np.ones(50))
+    plan = mgpu.spmv_plan(Ad)
+    with pytest.raises(ValueError, match="whose index arrays are other arrays"):
+        mgpu.spmv(Ad.copy(), xd, plan=plan)
+    with pytest.raises(ValueError, match=r"made for another A \(\(300, 50\) with .* got A "
+                       r"\(300, 49\)"):
+        mgpu.spmv(Ad[:, :49].tocsr(), xd[:49], plan=plan)
+    with pytest.raises(ValueError, match="got A in 'coo' format"):
+        mgpu.spmv(Ad.tocoo(), xd, plan=plan)
+    with pytest.raises(TypeError, match="must come from mgpu.spmv_plan. Got dict"):
+        mgpu.spmv(Ad, xd, plan={})
+    with pytest.raises(ValueError, match="must be in CSR form .* Got 'csc'"):
+        mgpu.spmv_plan(Ad.tocsc())
+    with pytest.raises(TypeError, match="must be a scipy or cupyx sparse matrix"):
+        mgpu.spmv_plan(np.ones((3, 3)))
+    t = from_scipy(A, 2, client=None)
+    with pytest.raises(TypeError, match="spmv_plan must be one scipy or cupyx matrix"):
+        mgpu.spmv_plan(t)
+    with pytest.raises(TypeError, match="is for one matrix on one device; a dask A"):
+        mgpu.spmv(t, np.ones(50), plan=plan)
+    x = np.ones(50)
+    x[3] = np.inf
+    with pytest.raises(ValueError, match=r"holds NaN or infinity \(first at index 3\)"):
+        mgpu.spmv(Ad, xp.asarray(x), plan=plan)
+    if xp is not np:
+        cpu_plan = mgpu.spmv_plan(A)
+        with pytest.raises(ValueError, match="was made for the CPU, but A is on the GPU"):
+            mgpu.spmv(Ad, xd, plan=cpu_plan)
+        with pytest.raises(ValueError, match="was made for the GPU, but A is on the CPU"):
+            mgpu.spmv(A, np.ones(50), plan=plan)
+
+
 # ------------------------------------------------------------------------------ distributed
 
 
@@ -321,7 +408,8 @@ def test_distributed_bad_input(client):
 
 
 @pytest.mark.parametrize("path", ["graphs/email-Enron.txt.gz", "graphs/soc-Slashdot0902.txt.gz",
-                                  "matrices/memplus.mtx.gz"])
+                                  "matrices/memplus.mtx.gz", "graphs/ca-HepPh.txt.gz",
+                                  "graphs/p2p-Gnutella31.txt.gz"])
 def test_real_matrices(xp, data_dir, path):
     import mgpu.io
 
@@ -332,6 +420,8 @@ def test_real_matrices(xp, data_dir, path):
     rng = np.random.default_rng(9)
     x = rng.standard_normal(A.shape[1])
     assert _rel_err(_host(mgpu.spmv(*_on(xp, A, x))), A @ x) <= 1e-13
+    Ad, xd = _on(xp, A, x)
+    assert _rel_err(_host(mgpu.spmv(Ad, xd, plan=mgpu.spmv_plan(Ad))), A @ x) <= 1e-13
     X = rng.standard_normal((A.shape[1], 4)).astype(np.float32)
     A32 = A.astype(np.float32)
     Y = mgpu.spmm(*_on(xp, A32, X))
@@ -352,6 +442,7 @@ def test_bench_spmv_on_cpu():
     assert [r["name"] for r in rows] == ["small", "powerlaw"]
     for r in rows:
         assert r["device"] == "cpu" and r["mgpu_ms"] > 0 and r["peer_ms"] > 0
+        assert r["planned_ms"] > 0 and not r["compacted"]
         assert r["rel_err"] <= 1e-6
     assert rows[1]["nnz"] == powerlaw_csr(3000, 2000, 30_000, seed=2).nnz
     table = markdown(rows, "cpu")
@@ -457,6 +548,43 @@ def test_gpu_checked_spmv_finds_nan_and_infinity_of_a_wherever_they_sum(tile_sea
     y = mgpu.spmv(csp.csr_matrix(big), cupy.full(3, 10, cupy.float32)).get()
     np.testing.assert_array_equal(y, big @ np.full(3, 10, np.float32))  # inf, as scipy
     assert np.isinf(y).all()
+
+
+@pytest.mark.gpu
+def test_gpu_compacted_plan_with_more_empty_rows_than_tiles_and_checks():
+    """A compacted plan whose empty rows outnumber the items of its tiles (blocks that only
+    zero rows), a row of many tiles among them (carries written through the row map), and
+    the checked call with it: NaN or infinity of A found at its row of A, and an overflow
+    returned as inf."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    rng = np.random.default_rng(23)
+    m, n = 2_000_000, 300_000
+    indptr = np.zeros(m + 1, np.int64)
+    indptr[1_500_001:] = n  # row 1,500,000 holds every nonzero
+    indptr[1_999_999:] = n + 3  # and row 1,999,998 three more
+    cols = np.r_[np.arange(n), 0, 7, 9]
+    for dtype in (np.float32, np.float64):
+        A = sp.csr_matrix((rng.uniform(0.5, 1.5, n + 3).astype(dtype), cols, indptr),
+                          shape=(m, n))
+        G = csp.csr_matrix(A)
+        plan = mgpu.spmv_plan(G)
+        assert plan.compacted and plan.merge_rows == 2 and plan.empty_rows == m - 2
+        x = rng.standard_normal(n).astype(dtype)
+        ref = A.astype(np.float64) @ x.astype(np.float64)
+        cupy.full(m + 64, np.nan, dtype=dtype)  # freed: y may reuse it
+        y = mgpu.spmv(G, cupy.asarray(x), plan=plan).get()
+        assert np.count_nonzero(y) == 2 and _rel_err(y, ref) <= _tol(dtype)
+        B = A.copy()
+        B.data[n + 1] = np.nan
+        GB = csp.csr_matrix(B)
+        with pytest.raises(ValueError, match=r"first at row 1999998, column 7"):
+            mgpu.spmv(GB, cupy.asarray(x), plan=mgpu.spmv_plan(GB))
+    big = sp.csr_matrix(([3e38] * 3, [0, 1, 2], [0, 0, 0, 3, 3]), shape=(4, 3), dtype=np.float32)
+    Gb = csp.csr_matrix(big)
+    y = mgpu.spmv(Gb, cupy.full(3, 10, cupy.float32), plan=mgpu.spmv_plan(Gb)).get()
+    assert mgpu.spmv_plan(Gb).compacted and np.isinf(y[2]) and (y[[0, 1, 3]] == 0).all()
 
 
 @pytest.mark.gpu

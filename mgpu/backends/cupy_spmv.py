@@ -17,11 +17,12 @@ from mgpu.backends.cupy import FLOATS, current_facts
 from mgpu.backends.instances import INSTANCES, SPMM_ITEMS, SPMV_ITEMS
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import require_gpu
+from mgpu.backends.spmv_plan import SpMVPlan
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["merge_product", "spmm_merge", "spmv_fallback", "spmv_flagged", "spmv_is_usable_for",
-           "spmv_items", "spmv_merge", "takes_as_is"]
+__all__ = ["merge_product", "plan_spmv", "spmm_merge", "spmv_fallback", "spmv_flagged",
+           "spmv_is_usable_for", "spmv_items", "spmv_merge", "takes_as_is"]
 
 _SPMV = "spmv.cu"
 _TILE_THREADS = 128  # SpMV: threads of a tile's block (MGPU_SPMV_THREADS in kernels/spmv.cu)
@@ -32,6 +33,10 @@ _SEARCH_WAVES = 8
 _THREADS = 256  # the searches and carry passes (a multiple of 32: the carries shuffle in warps)
 _SPMM_PIECES = 8  # SpMM: pieces per block, each a warp over 32 columns of X
 _FULL_WAVES = 4  # below this many items per resident thread, smaller pieces pay off
+# A plan leaves empty rows out of the merge when at least one row in this many is empty: a
+# row's number in A then costs a read per non-empty row, an empty row a read and a write
+# instead of a merge item (about five times as long, measured on graphs with many).
+_COMPACT_SHARE = 16
 _INT32 = np.dtype(np.int32)
 
 
@@ -80,10 +85,14 @@ def _blocks(n: int, threads: int = _THREADS) -> tuple[int]:
     return (max(1, -(-n // threads)),)
 
 
+_NO_FLAG = np.uint64(0)  # a null pointer: no flag (nothing checked), no row map, no list
+
+
 def _add_carries(carry_row: cupy.ndarray, carry_val: cupy.ndarray, n_pieces: int, m: int,
-                 k: int, out: cupy.ndarray) -> None:
+                 k: int, out: cupy.ndarray, rows: cupy.ndarray | None = None) -> None:
     """The fix-up: gather each cut row's carries at its first piece, in double (pass 1),
-    then add the total to the row once (pass 2)."""
+    then add the total to the row once (pass 2): to row ``rows[row]`` of ``out`` when the
+    merge ran over a compacted A."""
     n, m64, k64 = cupy.int64(n_pieces), cupy.int64(m), cupy.int64(k)
     if k == 1 and out.ndim == 1:
         _function("mgpu_spmv_carries")(_blocks(n_pieces), (_THREADS,),
@@ -92,10 +101,8 @@ def _add_carries(carry_row: cupy.ndarray, carry_val: cupy.ndarray, n_pieces: int
         _function("mgpu_spmm_carries")(_blocks(n_pieces * k), (_THREADS,),
                                        (carry_row, carry_val, n, m64, k64))
     _function(f"mgpu_carry_apply<{c_type(out.dtype)}>")(
-        _blocks(n_pieces * k), (_THREADS,), (carry_row, carry_val, n, m64, k64, out))
-
-
-_NO_FLAG = np.uint64(0)  # a null flag pointer: the kernels then check nothing
+        _blocks(n_pieces * k), (_THREADS,),
+        (carry_row, carry_val, n, m64, k64, out, _NO_FLAG if rows is None else rows))
 
 
 def _flag_nonfinite(v: cupy.ndarray, bad: cupy.ndarray) -> None:
@@ -105,12 +112,49 @@ def _flag_nonfinite(v: cupy.ndarray, bad: cupy.ndarray) -> None:
             _blocks(v.size), (_THREADS,), (v, cupy.int64(v.size), bad))
 
 
+def _tile_starts(indptr: cupy.ndarray, m: int, nnz: int, items: int) -> cupy.ndarray:
+    """Rows of the merge consumed before each SpMV tile of ``128 * items`` items starts, and
+    ``m`` after the last (``mgpu_spmv_tile_search``, a thread a tile)."""
+    n_tiles = -(-(m + nnz) // (_TILE_THREADS * items))
+    tile_row = cupy.empty(n_tiles + 1, dtype=cupy.int64)
+    _function("mgpu_spmv_tile_search")(
+        _blocks(n_tiles + 1), (_THREADS,),
+        (indptr, cupy.int64(m), cupy.int64(nnz), cupy.int64(_TILE_THREADS * items),
+         cupy.int64(n_tiles), tile_row))
+    return tile_row
+
+
+def plan_spmv(A: csp.csr_matrix) -> SpMVPlan:
+    """The GPU plan of :func:`mgpu.spmv_plan` for a cupyx CSR A with int32 indices: where
+    every tile starts, found once; and, when at least one row in ``_COMPACT_SHARE`` is
+    empty, A's non-empty rows compacted (their indptr and their numbers in A) and the list
+    of its empty rows, for the kernel to zero."""
+    m = int(A.shape[0])
+    nnz = int(A.nnz)
+    lengths = cupy.diff(A.indptr)
+    n_empty = int(cupy.count_nonzero(lengths == 0)) if m else 0
+    compacted = n_empty > 0 and n_empty * _COMPACT_SHARE >= m
+    indptr = rows = empty = None
+    if compacted:
+        rows = cupy.flatnonzero(lengths).astype(cupy.int32)
+        empty = cupy.flatnonzero(lengths == 0).astype(cupy.int32)
+        indptr = cupy.concatenate([A.indptr[rows], A.indptr[m:]])
+    merge_rows = m - n_empty if compacted else m
+    items = spmv_items(merge_rows, nnz)
+    starts = _tile_starts(A.indptr if indptr is None else indptr, merge_rows, nnz, items)
+    return SpMVPlan(device="gpu", shape=(m, int(A.shape[1])), nnz=nnz, empty_rows=n_empty,
+                    compacted=compacted, items=items, pieces=int(starts.size) - 1,
+                    starts=starts, indptr=indptr, rows=rows, empty=empty)
+
+
 def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
-               bad: cupy.ndarray | None = None) -> cupy.ndarray:
+               bad: cupy.ndarray | None = None, plan: SpMVPlan | None = None) -> cupy.ndarray:
     """``A @ x`` for 1-D ``x``: ``mgpu_spmv_merge`` over tiles of ``128 * items`` merge
     items, and the carry passes (skipped for a single tile). Where each tile starts on the
     merge path is found by the tile's own block in a launch of up to ``_SEARCH_WAVES`` waves
-    of tiles, by a search launch before it otherwise.
+    of tiles, by a search launch before it otherwise, and is read from ``plan`` (made by
+    :func:`plan_spmv` for this A) when there is one; the plan may also have the merge run
+    over A's non-empty rows alone.
 
     Operands must pass :func:`spmv_is_usable_for`; ``items`` (one of ``SPMV_ITEMS``)
     defaults to :func:`spmv_items`. ``bad`` (int32, one element, zero) is set to 1 when x
@@ -125,28 +169,31 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
         _flag_nonfinite(x, bad)
     if m == 0:
         return y
-    items = spmv_items(m, nnz) if items is None else int(items)
+    indptr, rows, empty, n_empty = A.indptr, None, None, 0
+    if plan is not None:
+        items, n_tiles, tile_row, search = plan.items, plan.pieces, plan.starts, False
+        if plan.compacted:
+            indptr, rows, empty, n_empty = plan.indptr, plan.rows, plan.empty, plan.empty_rows
+        m = plan.merge_rows
+    else:
+        items = spmv_items(m, nnz) if items is None else int(items)
+        n_tiles = -(-(m + nnz) // (_TILE_THREADS * items))
+        search = n_tiles <= _SEARCH_WAVES * current_facts().sms * _TILES_PER_SM
+        # null: each tile's block finds its own place
+        tile_row = _NO_FLAG if search else _tile_starts(indptr, m, nnz, items)
     t = c_type(A.dtype)
-    n_tiles = -(-(m + nnz) // (_TILE_THREADS * items))
     carry_row = cupy.empty(n_tiles, dtype=cupy.int32)
     carry_val = cupy.empty(n_tiles, dtype=cupy.float64)
-    m64, nnz64 = cupy.int64(m), cupy.int64(nnz)
-    facts = current_facts()
-    search = n_tiles <= _SEARCH_WAVES * facts.sms * _TILES_PER_SM
-    tile_row = _NO_FLAG  # null: each tile's block finds its own place
-    if not search:
-        tile_row = cupy.empty(n_tiles + 1, dtype=cupy.int64)
-        _function("mgpu_spmv_tile_search")(
-            _blocks(n_tiles + 1), (_THREADS,),
-            (A.indptr, m64, nnz64, cupy.int64(_TILE_THREADS * items), cupy.int64(n_tiles),
-             tile_row))
+    # blocks past the tiles only zero empty rows: TILE of them a block
+    grid = max(n_tiles, -(-n_empty // (_TILE_THREADS * items)))
     check = "false" if bad is None else "true"
     _function(f"mgpu_spmv_merge<{t}, {items}, {check}, {'true' if search else 'false'}>")(
-        (n_tiles,), (_TILE_THREADS,),
-        (A.indptr, A.indices, A.data, x, m64, nnz64, tile_row, y, carry_row, carry_val,
-         _NO_FLAG if bad is None else bad))
+        (grid,), (_TILE_THREADS,),
+        (indptr, A.indices, A.data, x, cupy.int64(m), cupy.int64(nnz), tile_row, y, carry_row,
+         carry_val, _NO_FLAG if bad is None else bad, _NO_FLAG if rows is None else rows,
+         _NO_FLAG if empty is None else empty, cupy.int64(n_empty)))
     if n_tiles > 1:
-        _add_carries(carry_row, carry_val, n_tiles, m, 1, y)
+        _add_carries(carry_row, carry_val, n_tiles, m, 1, y, rows)
     return y
 
 
@@ -186,13 +233,15 @@ def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None,
     return Y
 
 
-def merge_product(A: csp.csr_matrix, x: cupy.ndarray, *,
-                  bad: cupy.ndarray | None = None) -> cupy.ndarray:
-    """``A @ x`` by :func:`spmv_merge` for 1-D ``x``, :func:`spmm_merge` for 2-D."""
-    return spmv_merge(A, x, bad=bad) if x.ndim == 1 else spmm_merge(A, x, bad=bad)
+def merge_product(A: csp.csr_matrix, x: cupy.ndarray, *, bad: cupy.ndarray | None = None,
+                  plan: SpMVPlan | None = None) -> cupy.ndarray:
+    """``A @ x`` by :func:`spmv_merge` for 1-D ``x`` (with ``plan``, if given),
+    :func:`spmm_merge` for 2-D."""
+    return spmv_merge(A, x, bad=bad, plan=plan) if x.ndim == 1 else spmm_merge(A, x, bad=bad)
 
 
-def spmv_flagged(A: csp.csr_matrix, x: cupy.ndarray) -> tuple[cupy.ndarray, cupy.ndarray | None]:
+def spmv_flagged(A: csp.csr_matrix, x: cupy.ndarray, plan: SpMVPlan | None = None
+                 ) -> tuple[cupy.ndarray, cupy.ndarray | None]:
     """``A @ x`` (1-D) or ``A @ X`` (2-D) by the merge-path kernels, with the device flag
     they set on NaN or infinity in A's stored values or in x (for 1-D x, also on a row sum
     that overflows: see :func:`spmv_merge`); ``None`` in its place when the
@@ -200,7 +249,7 @@ def spmv_flagged(A: csp.csr_matrix, x: cupy.ndarray) -> tuple[cupy.ndarray, cupy
     if not spmv_is_usable_for(A, x):
         return spmv_fallback(A, x), None
     bad = cupy.zeros(1, dtype=cupy.int32)
-    return merge_product(A, x, bad=bad), bad
+    return merge_product(A, x, bad=bad, plan=plan), bad
 
 
 def spmv_fallback(A: csp.spmatrix, x: cupy.ndarray) -> cupy.ndarray:

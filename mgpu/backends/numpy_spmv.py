@@ -17,8 +17,10 @@ import scipy.sparse as sp
 
 from mgpu.backends import spmv_lookup
 from mgpu.backends.numpy import narrow
+from mgpu.backends.spmv_plan import SpMVPlan
 
-__all__ = ["merge_path_rows", "piece_items", "spmm_merge", "spmv_merge"]
+__all__ = ["merge_path_rows", "piece_items", "piece_starts", "plan_spmv", "spmm_merge",
+           "spmv_merge"]
 
 # Merge items per piece: at least this many (the two searches and the carry are then a small
 # part of a piece), else enough pieces for every thread several times over.
@@ -50,24 +52,41 @@ def merge_path_rows(d, indptr, m, nnz):
     return lo
 
 
+@numba.njit(parallel=True, nogil=True)
+def _piece_starts(indptr, m, items, starts):
+    nnz = np.int64(indptr[m])
+    total = m + nnz
+    for p in numba.prange(starts.shape[0]):
+        starts[p] = merge_path_rows(min(np.int64(p) * items, total), indptr, m, nnz)
+
+
+def piece_starts(indptr: np.ndarray, m: int, items: int) -> np.ndarray:
+    """Rows consumed before each piece of ``items`` merge items starts, and ``m`` after the
+    last: ``ceil((m + nnz) / items) + 1`` values (one search each, all threads)."""
+    nnz = int(indptr[m]) if m else 0
+    starts = np.empty(-(-(m + nnz) // items) + 1, dtype=np.int64)
+    _piece_starts(indptr, np.int64(m), np.int64(items), starts)
+    return starts
+
+
 @numba.njit(inline="always")
-def _piece(p, items, indptr, m):
+def _piece(p, items, starts, m, nnz):
     """Piece p's merge range: first row, row where it ends (cut or m), first nonzero and the
     nonzero where it ends."""
-    nnz = np.int64(indptr[m])
     total = m + nnz
     d0 = min(np.int64(p) * items, total)
     d1 = min(d0 + items, total)
-    row = merge_path_rows(d0, indptr, m, nnz)
-    row_end = merge_path_rows(d1, indptr, m, nnz)
+    row = starts[p]
+    row_end = starts[p + 1]
     return row, row_end, d0 - row, d1 - row_end
 
 
 @numba.njit(parallel=True, nogil=True)
-def _spmv_merge(indptr, indices, data, x, items, y, carry_row, carry_val):
+def _spmv_merge(indptr, indices, data, x, items, starts, y, carry_row, carry_val):
     m = y.shape[0]
+    nnz = np.int64(indptr[m])
     for p in numba.prange(carry_row.shape[0]):
-        row, row_end, nz, nz_end = _piece(p, items, indptr, m)
+        row, row_end, nz, nz_end = _piece(p, items, starts, m, nnz)
         acc = 0.0
         while row < row_end:
             stop = np.int64(indptr[row + 1])
@@ -85,11 +104,12 @@ def _spmv_merge(indptr, indices, data, x, items, y, carry_row, carry_val):
 
 
 @numba.njit(parallel=True, nogil=True)
-def _spmm_merge(indptr, indices, data, X, items, Y, carry_row, carry_val):
+def _spmm_merge(indptr, indices, data, X, items, starts, Y, carry_row, carry_val):
     m = Y.shape[0]
     k = Y.shape[1]
+    nnz = np.int64(indptr[m])
     for p in numba.prange(carry_row.shape[0]):
-        row, row_end, nz, nz_end = _piece(p, items, indptr, m)
+        row, row_end, nz, nz_end = _piece(p, items, starts, m, nnz)
         acc = np.zeros(k)
         while row < row_end:
             stop = np.int64(indptr[row + 1])
@@ -121,22 +141,41 @@ def _fixup(y: np.ndarray, carry_row: np.ndarray, carry_val: np.ndarray) -> None:
     np.add.at(y, carry_row[cut], carry_val[cut])
 
 
-def spmv_merge(A: sp.csr_matrix, x: np.ndarray, *, items: int | None = None) -> np.ndarray:
+def plan_spmv(A: sp.csr_matrix) -> SpMVPlan:
+    """The CPU plan of :func:`mgpu.spmv_plan`: the pieces of :func:`spmv_merge` and where
+    each starts, found once."""
+    m = A.shape[0]
+    nnz = int(A.indptr[m]) if m else 0
+    items = piece_items(m, nnz)
+    starts = piece_starts(A.indptr, m, items)
+    return SpMVPlan(device="cpu", shape=tuple(A.shape), nnz=nnz,
+                    empty_rows=int(np.count_nonzero(np.diff(A.indptr) == 0)), compacted=False,
+                    items=items, pieces=len(starts) - 1, starts=starts)
+
+
+def spmv_merge(A: sp.csr_matrix, x: np.ndarray, *, items: int | None = None,
+               plan: SpMVPlan | None = None) -> np.ndarray:
     """``A @ x`` by merge path, accumulated in float64 and returned in ``x``'s dtype.
 
     ``A`` is CSR (sorted or unsorted indices, duplicates summed as scipy does) with
     ``indptr[0] == 0``; ``x`` is 1-D of length ``A.shape[1]``. ``items`` (merge items per
-    piece) defaults to :func:`piece_items`.
+    piece) defaults to :func:`piece_items`; a ``plan`` (:func:`plan_spmv` of this A) gives
+    them and where the pieces start.
     """
     m = A.shape[0]
     nnz = int(A.indptr[m]) if m else 0
-    items = piece_items(m, nnz) if items is None else int(items)
-    n_pieces = -(-(m + nnz) // items)
+    if plan is not None:
+        items, starts = plan.items, plan.starts
+    else:
+        items = piece_items(m, nnz) if items is None else int(items)
+        starts = piece_starts(A.indptr, m, items)
+    n_pieces = len(starts) - 1
     y = np.empty(m, dtype=np.float64)
     carry_row = np.empty(n_pieces, dtype=np.int64)
     carry_val = np.empty(n_pieces, dtype=np.float64)
     if n_pieces:
-        _spmv_merge(A.indptr, A.indices, A.data, x, np.int64(items), y, carry_row, carry_val)
+        _spmv_merge(A.indptr, A.indices, A.data, x, np.int64(items), starts, y, carry_row,
+                    carry_val)
         _fixup(y, carry_row, carry_val)
     return narrow(y, x.dtype)
 
@@ -152,7 +191,8 @@ def spmm_merge(A: sp.csr_matrix, X: np.ndarray, *, items: int | None = None) -> 
     carry_row = np.empty(n_pieces, dtype=np.int64)
     carry_val = np.empty((n_pieces, k), dtype=np.float64)
     if n_pieces and k:
-        _spmm_merge(A.indptr, A.indices, A.data, X, np.int64(items), Y, carry_row, carry_val)
+        _spmm_merge(A.indptr, A.indices, A.data, X, np.int64(items),
+                    piece_starts(A.indptr, m, items), Y, carry_row, carry_val)
         _fixup(Y, carry_row, carry_val)
     return narrow(Y, X.dtype)
 

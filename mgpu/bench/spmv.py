@@ -93,10 +93,13 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
         public call with ``check_finite=False``, which checks what the peer checks: shapes
         and kinds, not values), ``kernels_ms`` (the merge-path kernels alone), ``peer,
         peer_ms, speedup`` (peer time / mgpu time, ``unchecked_speedup`` likewise),
-        on the GPU ``graph_ms`` and ``peer_graph_ms`` (the unchecked call and the peer, each
-        per call of a CUDA graph of 20 calls: no launch cost; NaN on the CPU),
-        ``mgpu_gflops, peer_gflops`` and ``rel_err`` (the larger error of the checked and
-        the unchecked call's results against a float64 reference).
+        ``planned_ms`` (the public call with ``plan=mgpu.spmv_plan(A)``, made beforehand;
+        ``compacted`` says whether the plan left the empty rows out of the merge), on the
+        GPU ``graph_ms``, ``planned_graph_ms`` and ``peer_graph_ms`` (the unchecked call
+        without and with the plan, and the peer, each per call of a CUDA graph of 20 calls:
+        no launch cost; NaN on the CPU), ``mgpu_gflops, peer_gflops`` and ``rel_err`` (the
+        largest error of the checked, unchecked and planned calls' results against a
+        float64 reference).
     """
     if device not in ("auto", "gpu", "cpu"):
         raise ValueError("The 'device' parameter of bench_spmv must be a str among {'auto', "
@@ -122,28 +125,37 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
             from mgpu.backends.cupy_spmv import spmv_merge as gpu_kernels
 
             Ag, xg = csp.csr_matrix(A), cupy.asarray(x)
+            plan = mgpu.spmv_plan(Ag)
             got = mgpu.spmv(Ag, xg).get()
             same = mgpu.spmv(Ag, xg, check_finite=False).get()
+            planned = mgpu.spmv(Ag, xg, plan=plan).get()
             t_mgpu = time_gpu(lambda: mgpu.spmv(Ag, xg), repeats=repeats)
             t_unchecked = time_gpu(lambda: mgpu.spmv(Ag, xg, check_finite=False),
                                    repeats=repeats)
+            t_planned = time_gpu(lambda: mgpu.spmv(Ag, xg, plan=plan), repeats=repeats)
             t_kernels = time_gpu(lambda: gpu_kernels(Ag, xg), repeats=repeats)
             t_peer = time_gpu(lambda: Ag @ xg, repeats=repeats)
             row.update(device="gpu", peer="cuSPARSE (cupyx A @ x)",
                        graph_ms=_graph_ms(lambda: mgpu.spmv(Ag, xg, check_finite=False),
                                           repeats),
+                       planned_graph_ms=_graph_ms(
+                           lambda: mgpu.spmv(Ag, xg, check_finite=False, plan=plan), repeats),
                        peer_graph_ms=_graph_ms(lambda: Ag @ xg, repeats))
         else:
             from mgpu.backends.numpy_spmv import spmv_merge as cpu_kernels
 
+            plan = mgpu.spmv_plan(A)
             got = mgpu.spmv(A, x)
             same = mgpu.spmv(A, x, check_finite=False)
+            planned = mgpu.spmv(A, x, plan=plan)
             t_mgpu = time_cpu(lambda: mgpu.spmv(A, x), repeats=repeats)
             t_unchecked = time_cpu(lambda: mgpu.spmv(A, x, check_finite=False), repeats=repeats)
+            t_planned = time_cpu(lambda: mgpu.spmv(A, x, plan=plan), repeats=repeats)
             t_kernels = time_cpu(lambda: cpu_kernels(A, x), repeats=repeats)
             t_peer = time_cpu(lambda: A @ x, repeats=repeats)
             row.update(device="cpu", peer="scipy A @ x", graph_ms=math.nan,
-                       peer_graph_ms=math.nan)
+                       planned_graph_ms=math.nan, peer_graph_ms=math.nan)
+        row.update(planned_ms=1e3 * t_planned, compacted=plan.compacted)
         flops = 2.0 * A.nnz
         row.update(
             mgpu_ms=1e3 * t_mgpu,
@@ -154,7 +166,8 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
             unchecked_speedup=t_peer / t_unchecked if t_unchecked > 0 else math.nan,
             mgpu_gflops=flops / t_mgpu / 1e9 if t_mgpu > 0 else math.nan,
             peer_gflops=flops / t_peer / 1e9 if t_peer > 0 else math.nan,
-            rel_err=max(_rel_err(got, ref), _rel_err(same, ref)),  # both calls' results
+            # every call's result
+            rel_err=max(_rel_err(got, ref), _rel_err(same, ref), _rel_err(planned, ref)),
         )
         logger.info("spmv %s: mgpu %.3f ms, %s %.3f ms", name, row["mgpu_ms"], row["peer"],
                     row["peer_ms"])
@@ -194,23 +207,25 @@ def markdown(rows: Sequence[dict[str, Any]], label: str = "") -> str:
     >>> print(markdown([{"name": "m", "device": "cpu", "rows": 2, "cols": 2, "nnz": 3,
     ...                  "empty_rows": 0, "max_row": 2, "mgpu_ms": 1.0, "unchecked_ms": 0.95,
     ...                  "kernels_ms": 0.9, "peer": "scipy A @ x", "peer_ms": 2.0,
-    ...                  "speedup": 2.0, "unchecked_speedup": 2.1, "graph_ms": float("nan"),
+    ...                  "speedup": 2.0, "unchecked_speedup": 2.1, "planned_ms": 0.8,
+    ...                  "graph_ms": float("nan"), "planned_graph_ms": float("nan"),
     ...                  "peer_graph_ms": float("nan"), "rel_err": 0.0}]).splitlines()[2])
-    | m | cpu | 2×2 | 3 | 0 | 2 | 1.000 | 0.950 | 0.900 | 2.000 | 2.00 | 2.10 | nan | nan | 0.0e+00 |
+    | m | cpu | 2×2 | 3 | 0 | 2 | 1.000 | 0.950 | 0.900 | 0.800 | 2.000 | 2.00 | 2.10 | nan | nan | nan | 0.0e+00 |
     """
     head = ("| matrix | device | shape | nnz | empty rows | longest row | mgpu ms | unchecked ms "
-            "| kernels ms | peer ms | speedup | unchecked speedup | graph ms | peer graph ms "
-            "| rel. error |")
-    lines = ([f"**{label}**", ""] if label else []) + [head, "|" + "---|" * 15]
+            "| kernels ms | planned ms | peer ms | speedup | unchecked speedup | graph ms "
+            "| planned graph ms | peer graph ms | rel. error |")
+    lines = ([f"**{label}**", ""] if label else []) + [head, "|" + "---|" * 17]
     nan = math.nan
     for r in rows:
         lines.append(
             f"| {r['name']} | {r['device']} | {r['rows']}×{r['cols']} | {r['nnz']} | "
             f"{r['empty_rows']} | {r['max_row']} | {r['mgpu_ms']:.3f} | "
             f"{r.get('unchecked_ms', nan):.3f} | {r.get('kernels_ms', nan):.3f} | "
+            f"{r.get('planned_ms', nan):.3f} | "
             f"{r['peer_ms']:.3f} | {r['speedup']:.2f} | {r.get('unchecked_speedup', nan):.2f} | "
-            f"{r.get('graph_ms', nan):.4f} | {r.get('peer_graph_ms', nan):.4f} | "
-            f"{r['rel_err']:.1e} |"
+            f"{r.get('graph_ms', nan):.4f} | {r.get('planned_graph_ms', nan):.4f} | "
+            f"{r.get('peer_graph_ms', nan):.4f} | {r['rel_err']:.1e} |"
         )
     if rows:
         lines += ["", f"Peer: {rows[0]['peer']}. " + correlations(rows)]
@@ -224,8 +239,10 @@ def correlations(rows: Sequence[dict[str, Any]]) -> str:
         return f"{nnz_time_correlation(rows, key):.3f}"
 
     return (f"Correlation of time with nnz over {len(rows)} matrices: mgpu {r('mgpu_ms')} "
-            f"(unchecked {r('unchecked_ms')}, kernels alone {r('kernels_ms')}, in a CUDA graph "
-            f"{r('graph_ms')}), peer {r('peer_ms')} (in a CUDA graph {r('peer_graph_ms')}). "
+            f"(unchecked {r('unchecked_ms')}, kernels alone {r('kernels_ms')}, with a plan "
+            f"{r('planned_ms')}, in a CUDA graph {r('graph_ms')}, with a plan in a CUDA graph "
+            f"{r('planned_graph_ms')}), peer {r('peer_ms')} (in a CUDA graph "
+            f"{r('peer_graph_ms')}). "
             "With nnz + rows (the merge's items): in a CUDA graph "
             f"{nnz_time_correlation(rows, 'graph_ms', merge_items=True):.3f}, peer "
             f"{nnz_time_correlation(rows, 'peer_ms', merge_items=True):.3f}.")

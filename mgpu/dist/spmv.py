@@ -112,7 +112,7 @@ def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int,
     )
 
 
-def spmv(A: Any, x: Any, *, check_finite: bool = True) -> Any:
+def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: Any = None) -> Any:
     """Sparse matrix times dense vector ``y = A @ x`` on one device or across a cluster.
 
     Parameters
@@ -128,6 +128,9 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True) -> Any:
         Refuse NaN or infinity in A's stored values and in x; ``False`` skips the check (and,
         on a GPU, the wait for it) for operands known to be finite, as in
         :func:`mgpu.ops.spmv`.
+    plan : SpMVPlan, optional
+        From :func:`mgpu.spmv_plan` on this very one-device A, for many products with it
+        (see :func:`mgpu.ops.spmv`); not for a dask A.
 
     Returns
     -------
@@ -156,8 +159,8 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True) -> Any:
     >>> y.chunks == (tiles.chunks[0],), np.allclose(y.compute(), A @ x)
     (True, True)
     """
-    if not is_dask_array(A):
-        return spmv_one_device(A, x, check_finite=check_finite)
+    if not is_dask_array(A) or plan is not None:  # a dask A with a plan: refused there
+        return spmv_one_device(A, x, check_finite=check_finite, plan=plan)
     return _distributed(A, x, "x", "spmv", 1, bool(check_finite))
 
 

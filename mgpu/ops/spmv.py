@@ -6,22 +6,27 @@ so a few very long rows or many empty rows do not unbalance the work.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from mgpu.backends import is_gpu_array, spmv_lookup
+from mgpu.backends.sddmm_plan import pattern_key
+from mgpu.backends.spmv_plan import SpMVPlan
 from mgpu.ops._validate import first_nonfinite, is_dask_array, is_sparse
 
 __all__ = [
     "check_dense_finite",
     "check_dense_operand",
     "check_sparse_operand",
+    "check_spmv_plan",
     "spmm",
     "spmv",
     "spmv_checked",
     "spmv_dtype",
     "spmv_local",
+    "spmv_plan",
 ]
 
 
@@ -137,12 +142,23 @@ def _promote(A: Any, x: Any) -> tuple[Any, Any]:
     return A, np.ascontiguousarray(x, dtype=dt)
 
 
-def spmv_local(A: Any, x: Any) -> Any:
-    """The kernel call on already-validated CSR A and dense x (1-D or 2-D) of one device."""
-    return spmv_lookup(*_promote(A, x))
+def spmv_local(A: Any, x: Any, plan: SpMVPlan | None = None) -> Any:
+    """The kernel call on already-validated CSR A and dense x (1-D or 2-D) of one device;
+    with a ``plan`` (checked against A, x 1-D), the merge-path SpMV with it."""
+    A, x = _promote(A, x)
+    if plan is None:
+        return spmv_lookup(A, x)
+    if is_gpu_array(A):
+        from mgpu.backends.cupy_spmv import spmv_merge
+
+        return spmv_merge(A, x, plan=plan)
+    from mgpu.backends.numpy_spmv import spmv_merge
+
+    return spmv_merge(A, x, plan=plan)
 
 
-def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True) -> Any:
+def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True,
+                 plan: SpMVPlan | None = None) -> Any:
     """The kernel call on CSR A and dense x (1-D or 2-D) of one device whose shapes and
     types are checked, refusing NaN or infinity among A's stored values or in x.
 
@@ -154,18 +170,18 @@ def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True
     """
     A = A.tocsr()
     if not check_finite:
-        return spmv_local(A, x)
+        return spmv_local(A, x, plan)
     if not is_gpu_array(A):
         check_dense_finite(x, name, func, x.ndim)  # x first, then A, on both devices
-        return spmv_local(check_sparse_operand(A, func), x)
-    return _gpu_checked(*_promote(A, x), name, func)
+        return spmv_local(check_sparse_operand(A, func), x, plan)
+    return _gpu_checked(*_promote(A, x), name, func, plan)
 
 
-def _gpu_checked(A: Any, x: Any, name: str, func: str) -> Any:
+def _gpu_checked(A: Any, x: Any, name: str, func: str, plan: SpMVPlan | None = None) -> Any:
     """The GPU half of :func:`spmv_checked`, for operands in the result dtype."""
     from mgpu.backends.cupy_spmv import spmv_flagged
 
-    y, bad = spmv_flagged(A, x)
+    y, bad = spmv_flagged(A, x, plan)
     flagged = None if bad is None else bool(bad.get()[0])  # the one read back
     if flagged is not False:  # raised, or cuSPARSE ran without looking
         check_dense_finite(x, name, func, x.ndim)
@@ -178,24 +194,111 @@ def _gpu_checked(A: Any, x: Any, name: str, func: str) -> Any:
     return y
 
 
-def _one_device(A: Any, x: Any, name: str, func: str, ndim: int, check_finite: bool) -> Any:
+def check_spmv_plan(plan: Any, A: Any) -> None:
+    """Refuse a plan that :func:`spmv_plan` did not make for this very A on its device."""
+    if not isinstance(plan, SpMVPlan):
+        raise TypeError(f"The 'plan' parameter of spmv must come from mgpu.spmv_plan. Got "
+                        f"{type(plan).__name__} instead.")
+    gpu = is_gpu_array(A)
+    if (plan.device == "gpu") != gpu:
+        raise ValueError(f"The 'plan' parameter of spmv was made for the "
+                         f"{plan.device.upper()}, but A is on the {'GPU' if gpu else 'CPU'}.")
+    if getattr(A, "format", None) != "csr" or plan.pattern != pattern_key(A):
+        if getattr(A, "format", None) != "csr":
+            got = f"A in {A.format!r} format"
+        elif (tuple(A.shape), int(A.nnz)) == (plan.shape, plan.nnz):
+            got = "an A of that shape and size whose index arrays are other arrays (a copy?)"
+        else:
+            got = f"A {tuple(A.shape)} with {int(A.nnz)} nonzeros"
+        raise ValueError(
+            f"The 'plan' parameter of spmv was made for another A ({plan.shape} with "
+            f"{plan.nnz} nonzeros); got {got}. Make the plan with mgpu.spmv_plan(A) on this "
+            "very A, in CSR form, and pass that same matrix (a plan holds where A's rows "
+            "fall in the merge)."
+        )
+
+
+def spmv_plan(A: Any) -> SpMVPlan:
+    """Where :func:`spmv`'s merge path cuts A, found once for many products with it.
+
+    Each call of :func:`spmv` cuts the merge of A's row ends and nonzeros into equal pieces
+    and searches where each starts. An iterative method (power iteration, PageRank, a
+    Krylov solver) multiplies the same A many times: pass ``plan=spmv_plan(A)`` and the
+    searches are done here, once. On the GPU, when at least one row in 16 of A is empty
+    (graphs whose vertex ids are sparse, the sinks of a directed graph), the plan also
+    leaves the empty rows out of the merge: the kernel then zeroes them, a read and a
+    write each instead of a merge item, so a product's time follows A's nonzeros.
+
+    Parameters
+    ----------
+    A : sparse CSR matrix of shape (n_rows, n_cols)
+        scipy (CPU) or cupyx (GPU) CSR, the very matrix later passed to :func:`spmv` (the
+        plan is tied to its index arrays).
+
+    Returns
+    -------
+    plan : SpMVPlan
+        ``plan.describe()`` says what it holds. On the GPU it holds about 8 bytes per piece
+        and, when compacted, 8 bytes per row of A on the device.
+
+    Raises
+    ------
+    TypeError
+        If A is not a scipy or cupyx sparse matrix (a dask A is planned per tile), or is
+        complex.
+    ValueError
+        If A is not in CSR form or not 2-D.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp
+    >>> A = sp.csr_matrix(np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0], [0.0, 3.0, 0.0]]))
+    >>> plan = spmv_plan(A)
+    >>> plan.device, plan.empty_rows
+    ('cpu', 1)
+    >>> spmv(A, np.array([1.0, 2.0, 3.0]), plan=plan)
+    array([7., 0., 6.])
+    """
+    if is_dask_array(A):
+        raise TypeError("The 'A' parameter of spmv_plan must be one scipy or cupyx matrix; a "
+                        "distributed A is cut per tile on its worker.")
+    check_sparse_shape(A, "spmv_plan")
+    if A.format != "csr":
+        raise ValueError(f"The 'A' parameter of spmv_plan must be in CSR form (the plan is "
+                         f"tied to its index arrays). Got {A.format!r}; plan A.tocsr() and "
+                         "pass that same matrix to spmv.")
+    if is_gpu_array(A):
+        from mgpu.backends.cupy_spmv import plan_spmv
+    else:
+        from mgpu.backends.numpy_spmv import plan_spmv
+    return dataclasses.replace(plan_spmv(A), pattern=pattern_key(A))
+
+
+def _one_device(A: Any, x: Any, name: str, func: str, ndim: int, check_finite: bool,
+                plan: SpMVPlan | None = None) -> Any:
+    if plan is not None:
+        if is_dask_array(A):
+            raise TypeError(f"The 'plan' parameter of {func} is for one matrix on one device; "
+                            "a dask A is cut per tile on its worker. Leave plan out.")
+        check_sparse_shape(A, func)
+        check_spmv_plan(plan, A)
     if is_gpu_array(A):
         from mgpu.backends import cupy_spmv
 
         if cupy_spmv.takes_as_is(A, x, ndim):  # passes every check but the values'
             if check_finite:
-                return _gpu_checked(A, x, name, func)
-            return cupy_spmv.merge_product(A, x)
+                return _gpu_checked(A, x, name, func, plan)
+            return cupy_spmv.merge_product(A, x, plan=plan)
     if is_dask_array(A):
         raise TypeError(f"mgpu.ops.{func} runs on one device; for a dask array A use "
                         f"mgpu.{func}, which runs the distributed version.")
     check_sparse_shape(A, func)
     check_dense_operand(x, A.shape[1], name, func, ndim, finite=False)
     check_same_device(A, x, name, func)
-    return spmv_checked(A, x, name, func, bool(check_finite))
+    return spmv_checked(A, x, name, func, bool(check_finite), plan)
 
 
-def spmv(A: Any, x: Any, *, check_finite: bool = True) -> Any:
+def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: SpMVPlan | None = None) -> Any:
     """Sparse matrix times dense vector, ``y = A @ x``, by merge path on one CPU or GPU.
 
     Parameters
@@ -211,6 +314,9 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True) -> Any:
         the operands, and the call waits for it; ``False`` skips the check and the wait, for
         operands known to be finite (a loop over checked data): NaN or infinity then spread
         into the rows of y that touch them.
+    plan : SpMVPlan, optional
+        From :func:`spmv_plan` on this very A: where the merge is cut, found once for many
+        products (and, on the GPU, A's empty rows left out of it).
 
     Returns
     -------
@@ -224,12 +330,13 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True) -> Any:
         If A is not sparse, x is not a dense array, or either is complex.
     ValueError
         If A is not 2-D, x is not 1-D or its length is not ``A.shape[1]``, the operands are on
-        different devices, or (with ``check_finite``) either holds NaN or infinity (the
-        message gives where).
+        different devices, (with ``check_finite``) either holds NaN or infinity (the
+        message gives where), or ``plan`` was made for another matrix or device.
 
     See Also
     --------
     spmm : the same product with a 2-D dense X.
+    spmv_plan : the merge cut once, for many products with one A.
 
     Examples
     --------
@@ -238,7 +345,7 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True) -> Any:
     >>> spmv(A, np.array([1.0, 2.0, 3.0]))
     array([7., 0., 6.])
     """
-    return _one_device(A, x, "x", "spmv", 1, check_finite)
+    return _one_device(A, x, "x", "spmv", 1, check_finite, plan)
 
 
 def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
