@@ -656,14 +656,16 @@ def _plot_calibration(cal: Any, path: str) -> None:
 
 
 def _placement(events: list[Any]) -> str:
-    """Where the block scheduler ran the blocks: runs and steals per kind of slot."""
-    runs: dict[str, list[int]] = {}
+    """Where the block scheduler ran the blocks: runs and steals per worker and kind of slot
+    (a worker's GPU, or its CPU threads), so that an idle GPU worker shows."""
+    runs: dict[tuple[str, str], list[int]] = {}
     for ev in events:
         if ev.kind in ("assign", "steal"):
-            kind = "GPU" if ev.slot.endswith("#gpu") else "CPU"
-            runs.setdefault(kind, [0, 0])[ev.kind == "steal"] += 1
-    return "; ".join(f"{n + st} block runs on {kind} slots ({st} stolen)"
-                     for kind, (n, st) in sorted(runs.items()))
+            worker, _, slot = ev.slot.rpartition("#")
+            kind = "GPU" if slot == "gpu" else "CPU"
+            runs.setdefault((kind, worker), [0, 0])[ev.kind == "steal"] += 1
+    return "; ".join(f"{n + st} block runs on the {kind} slot(s) of {worker} ({st} stolen)"
+                     for (kind, worker), (n, st) in sorted(runs.items()))
 
 
 def _plot_rmse(histories: dict[str, list[dict[str, Any]]], target: float, title: str,
@@ -731,6 +733,21 @@ def _describe(client: Any) -> str:
     kinds = [f"{n} {kind} worker(s)" for n, kind in ((n_gpu, "GPU"), (len(infos) - n_gpu, "CPU"))
              if n]
     return ", ".join(kinds) or "no workers"
+
+
+def _tile_placement(client: Any, tiles: list[dict[str, Any]]) -> str:
+    """Lines saying which worker (and which GPU, by UUID) holds each row tile, so that a job
+    that left a GPU idle, or two workers on one GPU, shows it."""
+    from mgpu.dist import describe_workers
+
+    infos = describe_workers(client)
+    lines = []
+    for i, t in enumerate(tiles):
+        gpu = (infos.get(t["worker"]) or {}).get("gpu")
+        on = "CPU" if not gpu else gpu.get("uuid", f"GPU {gpu.get('index')}")
+        lines.append(f"  tile {i}: {t['rows']:,} rows, {t['nnz']:,} nonzeros on {t['worker']} "
+                     f"({on})")
+    return "row tiles:\n" + "\n".join(lines)
 
 
 def _need_matplotlib() -> None:
@@ -1415,6 +1432,7 @@ def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
                     click.echo(f"cluster: {_describe(client)}")
                     model = gap.fit_distributed(data, topics, parts=parts, client=client,
                                                 progress=progress, **model_args)
+                    click.echo(_tile_placement(client, model.tiles))
             else:
                 model = gap.fit(data, topics, progress=progress, **model_args)
         histories[dev] = model.history

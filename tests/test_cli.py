@@ -252,6 +252,14 @@ def test_run_mf_on_movielens(runner, tmp_path, data_dir):
         assert z["user_ids"].shape == (671,)
     assert "sequential: 5 epochs in" in r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = runner.invoke(main, ["run", "mf", str(path), "--modes", "cpu", "-k", "16", "--epochs",
+                             "1", "--cpu-threads", "2", "--out", str(tmp_path / "cpu")])
+    assert r.exit_code == 0, r.output
+    placed = re.findall(r"(\d+) block runs on the CPU slot\(s\) of (tcp://[\d.:]+) "
+                        r"\((\d+) stolen\)", r.output)
+    # a line a worker, each with the block runs it had
+    assert placed and len({w for _, w, _ in placed}) == len(placed), r.output
+    assert all(int(n) > 0 and int(st) <= int(n) for n, _, st in placed), r.output
     r = runner.invoke(main, ["run", "mf", str(path), "--modes", "hsgd+", "--out", str(tmp_path)])
     assert r.exit_code != 0
     assert ("modes must be among sequential, cpu, gpu, hsgd, hsgd-linear, hsgd-static, hsgd*; "
@@ -453,6 +461,9 @@ def test_run_gap_on_the_cluster_and_bench_gap(runner, tmp_path):
                              "--parts", "3", "--topics", "2", "--iters", "5", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "cluster: 2 CPU worker(s)" in r.output
+    tiles = re.findall(r"tile \d: ([\d,]+) rows, [\d,]+ nonzeros on tcp://\S+ \(CPU\)",
+                       r.output)
+    assert len(tiles) == 3 and sum(int(t.replace(",", "")) for t in tiles) == 40, r.output
     hist = json.loads((out / "history.json").read_text())["cluster"]
     assert [h["iteration"] for h in hist] == [1, 2, 3, 4, 5]
     r = runner.invoke(main, ["run", "gap", str(path), "--device", "cpu", "--parts", "2",
@@ -481,6 +492,10 @@ def test_run_gap_on_the_cluster_by_default_equals_one_device(runner, tmp_path):
                              str(tmp_path / "c"), *args])
     assert r.exit_code == 0, r.output
     assert "cluster: 2 CPU worker(s)" in r.output
+    tiles = re.findall(r"tile \d: ([\d,]+) rows, [\d,]+ nonzeros on (tcp://\S+) \(CPU\)",
+                       r.output)  # one a worker, every document in one
+    assert len({w for _, w in tiles}) == len(tiles) == 2, r.output
+    assert sum(int(n.replace(",", "")) for n, _ in tiles) == 40, r.output
     r = runner.invoke(main, ["run", "gap", str(path), "--device", "cpu", "--out",
                              str(tmp_path / "one"), *args])
     assert r.exit_code == 0, r.output

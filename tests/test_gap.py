@@ -27,6 +27,10 @@ def test_cluster_fit_equals_one_device(client, parts):
     np.testing.assert_allclose(spread.X, one.X, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(spread.L, one.L, rtol=1e-9, atol=1e-15)
     assert all(h["step_s"] > 0 for h in spread.history)
+    assert len(spread.tiles) == parts
+    assert sum(t["rows"] for t in spread.tiles) == S.shape[0]
+    assert sum(t["nnz"] for t in spread.tiles) == S.nnz
+    assert {t["worker"] for t in spread.tiles} <= set(client.scheduler_info()["workers"])
 
 
 def test_cluster_fit_on_the_ap_corpus(client, data_dir):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -404,6 +405,50 @@ def test_hsgd_runs_blocks_on_gpu_and_cpu_workers_of_one_cluster(data_dir):
     assert on_gpu and on_cpu
     assert {e.slot.split("#")[0] for e in on_gpu} == gpu_workers
     assert not {e.slot.split("#")[0] for e in on_cpu} & gpu_workers
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu(2)
+def test_hsgd_blocks_land_on_two_gpu_workers_and_a_cpu_worker_by_the_schedulers_events(
+        data_dir):
+    """A mixed cluster of two dask-cuda GPU workers (two GPUs, told apart by UUID) and one CPU
+    worker: the ``mgpu-assign`` events that the Dask scheduler received put GPU slots' blocks
+    on both GPU workers and CPU slots' blocks on the CPU worker only, every block of every
+    epoch once, and the model reaches the target."""
+    from mgpu.dist import connect, describe_workers
+
+    R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
+    train, test = _split(R.tocoo())
+    with connect(gpus=True, n_workers=2, cpu_threads=2) as client:
+        infos = describe_workers(client)
+        gpu_workers = {a for a, i in infos.items() if i["gpu"]}
+        cpu_workers = set(infos) - gpu_workers
+        assert len(gpu_workers) == 2 and len(cpu_workers) == 1, infos
+        assert len({infos[a]["gpu"]["uuid"] for a in gpu_workers}) == 2, infos
+        mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
+                                      target_rmse=MOVIELENS_TARGET, mode="hsgd")
+        mf.fit(train, test)
+        starts = [e for e in mf.schedule_events_ if e.kind in ("assign", "steal")]
+        deadline = time.monotonic() + 30  # the last epoch's message may still be on its way
+        while True:
+            logged = [ev for topic in ("mgpu-assign", "mgpu-steal")
+                      for _, msg in client.get_events(topic) for ev in msg["events"]]
+            if len(logged) >= len(starts) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert mf.history_[-1]["test_rmse"] <= MOVIELENS_TARGET
+    assert mf.division_["gpu_slots"] == 2
+    assert len(logged) == len(starts) > 0
+    on_gpu = {ev["slot"].split("#")[0] for ev in logged if ev["slot"].endswith("#gpu")}
+    on_cpu = {ev["slot"].split("#")[0] for ev in logged if not ev["slot"].endswith("#gpu")}
+    assert on_gpu == gpu_workers and on_cpu == cpu_workers, (on_gpu, on_cpu, infos)
+    per_epoch: dict[int, list[int]] = {}
+    for e in mf.schedule_events_:
+        if e.kind == "finish":
+            per_epoch.setdefault(e.epoch, []).append(e.block)
+    assert len(per_epoch) == len(mf.history_)
+    for done in per_epoch.values():
+        assert len(done) == len(set(done)) == mf.division_["blocks"]
 
 
 @pytest.mark.gpu

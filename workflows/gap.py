@@ -35,6 +35,8 @@ class Topics:
     X: Any
     L: Any
     history: list[dict[str, float]] = field(default_factory=list)
+    # fit_distributed: each row tile's worker, rows and nonzeros, in document order
+    tiles: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _xp(S: Any) -> Any:
@@ -288,6 +290,10 @@ def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = Non
                           workers=holders))
     L = place_as(client, f"mgpu-gap-L0-{run}", L0)
     model = Topics(None, None)
+    model.tiles = [{"worker": (list(where.get(blocks[(i, 0)].key, ())) or [None])[0],
+                    "rows": int(bounds[i + 1] - bounds[i]),
+                    "nnz": int(S.indptr[bounds[i + 1]] - S.indptr[bounds[i]])}
+                   for i in range(Sd.numblocks[0])]
     t_start = last = time.perf_counter()
     pending: deque = deque()
     for r in range(1, iters + 2):
@@ -300,11 +306,11 @@ def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = Non
         red = client.submit(_reduce_task, L, tiny, *shares, pure=False)
         if update:
             L = client.submit(_first, red, pure=False)
-        if r >= 2:
-            pending.append((r - 1, red))
+        if r >= 2:  # the client fetches the two sums alone, not Λ with them
+            pending.append((r - 1, client.submit(_sums, red, pure=False)))
         while pending and (len(pending) > 1 or not update):
             it, fut = pending.popleft()
-            _, ll, penalty = result(fut, f"GaP iteration {it}", client)
+            ll, penalty = result(fut, f"GaP iteration {it}", client)
             now = time.perf_counter()
             rec = {"iteration": it, "loglik_per_token": (ll - penalty - log_fact) / tokens,
                    "step_s": now - last, "elapsed_s": now - t_start}
@@ -382,6 +388,11 @@ def _first(pair: tuple) -> Any:
 
 def _second(pair: tuple) -> Any:
     return pair[1]
+
+
+def _sums(reduced: tuple) -> tuple[float, float]:
+    """The log-likelihood's two sums of a round's reduce, without its Λ."""
+    return reduced[1], reduced[2]
 
 
 def top_words(L: Any, vocab: list[str] | None, n: int = 8) -> list[list[str]]:

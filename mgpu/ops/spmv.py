@@ -274,9 +274,17 @@ def spmv_plan(A: Any) -> SpMVPlan:
     return dataclasses.replace(plan_spmv(A), pattern=pattern_key(A))
 
 
+def _planned_for(plan: Any, A: Any) -> bool:
+    """Whether ``plan`` was made by :func:`spmv_plan` for this very CSR A on its device: then
+    A passed spmv_plan's checks and its pattern is the plan's, so a call with its own plan
+    skips them and the rest of :func:`check_spmv_plan`."""
+    return (type(plan) is SpMVPlan and getattr(A, "format", None) == "csr"
+            and (plan.device == "gpu") == is_gpu_array(A) and plan.pattern == pattern_key(A))
+
+
 def _one_device(A: Any, x: Any, name: str, func: str, ndim: int, check_finite: bool,
                 plan: SpMVPlan | None = None) -> Any:
-    if plan is not None:
+    if plan is not None and not _planned_for(plan, A):  # else nothing more to check of A
         if is_dask_array(A):
             raise TypeError(f"The 'plan' parameter of {func} is for one matrix on one device; "
                             "a dask A is cut per tile on its worker. Leave plan out.")
