@@ -743,8 +743,10 @@ def _tile_placement(client: Any, tiles: list[dict[str, Any]]) -> str:
     infos = describe_workers(client)
     lines = []
     for i, t in enumerate(tiles):
-        gpu = (infos.get(t["worker"]) or {}).get("gpu")
-        on = "CPU" if not gpu else gpu.get("uuid", f"GPU {gpu.get('index')}")
+        info = infos.get(t["worker"])
+        gpu = info and info.get("gpu")
+        on = ("worker gone" if info is None else "CPU" if not gpu
+              else gpu.get("uuid", f"GPU {gpu.get('index')}"))
         lines.append(f"  tile {i}: {t['rows']:,} rows, {t['nnz']:,} nonzeros on {t['worker']} "
                      f"({on})")
     return "row tiles:\n" + "\n".join(lines)
