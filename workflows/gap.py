@@ -280,6 +280,7 @@ def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = Non
     # tasks, so that a lost worker costs time, not results
     gpu_tiles = is_gpu_array(Sd._meta)
     run = uuid.uuid4().hex
+    model = Topics(None, None)
     tiles, X = [], []
     for i in range(Sd.numblocks[0]):
         fut = blocks[(i, 0)]
@@ -288,12 +289,10 @@ def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = Non
         tiles.append((client.submit(_tile_task, fut, pure=False, **pin), pin))
         X.append(place_as(client, f"mgpu-gap-X0-{run}-{i}", X0[bounds[i]:bounds[i + 1]],
                           workers=holders))
+        model.tiles.append({"worker": (holders or [None])[0],
+                            "rows": int(bounds[i + 1] - bounds[i]),
+                            "nnz": int(S.indptr[bounds[i + 1]] - S.indptr[bounds[i]])})
     L = place_as(client, f"mgpu-gap-L0-{run}", L0)
-    model = Topics(None, None)
-    model.tiles = [{"worker": (list(where.get(blocks[(i, 0)].key, ())) or [None])[0],
-                    "rows": int(bounds[i + 1] - bounds[i]),
-                    "nnz": int(S.indptr[bounds[i + 1]] - S.indptr[bounds[i]])}
-                   for i in range(Sd.numblocks[0])]
     t_start = last = time.perf_counter()
     pending: deque = deque()
     for r in range(1, iters + 2):
