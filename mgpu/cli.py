@@ -66,7 +66,7 @@ def main(verbose: int) -> None:
 def info(address: str | None, start: bool, gpus: bool | None) -> None:
     """Versions, the cluster mgpu starts or joins, and every worker's GPU or CPUs."""
     from mgpu.backends.loader import kernel_dir
-    from mgpu.dist import connect, describe_workers, visible_gpus
+    from mgpu.distributed import connect, describe_workers, visible_gpus
 
     click.echo(f"mgpu {mgpu.__version__}  (Python {platform.python_version()}, "
                f"{platform.system()} {platform.machine()})")
@@ -202,7 +202,7 @@ def run_partition(input: str | None, powerlaw: str | None, nnz: float, seed: int
     """
     from tqdm import tqdm
 
-    from mgpu.dist import chunk_nnz, chunk_workers, connect, describe_workers, from_scipy
+    from mgpu.distributed import chunk_nnz, chunk_workers, connect, describe_workers, from_scipy
     from mgpu.partition import imbalance
 
     if plot is not None:
@@ -284,7 +284,7 @@ def run_knn_graph(input: str | None, powerlaw: str | None, nnz: float, seed: int
     import scipy.sparse as sp
     from tqdm import tqdm
 
-    from mgpu.dist import connect, from_scipy
+    from mgpu.distributed import connect, from_scipy
     from mgpu.ops.distances import _check_input, _check_values, drop_self, resolve_metric
 
     try:
@@ -359,7 +359,7 @@ def _mf_cluster(modes: list[str], address: str | None, cpu_threads: int | None) 
     (gpu), or GPU workers and a CPU worker of ``cpu_threads`` threads (the hsgd modes; default
     one thread per core not driving a GPU)."""
     from mgpu.mf.model import GPU_MODES, MIXED_MODES
-    from mgpu.dist.cluster import connect, visible_gpus
+    from mgpu.distributed.cluster import connect, visible_gpus
 
     if all(m == "sequential" for m in modes):
         return None
@@ -565,7 +565,7 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
     the division HSGD* makes of RATINGS on these slots, so a fit on these ratings (or a
     split of them) on the same slots finds it.
     """
-    from mgpu.dist import describe_workers
+    from mgpu.distributed import describe_workers
     from mgpu.io import load_ratings
     from mgpu.mf.calibration import _cache_path, block_window, cached_all, calibrate, store
     from mgpu.mf.division import columns
@@ -594,7 +594,7 @@ def calibrate_cmd(ratings: str | None, k: int, max_ratings: int, repeats: int,
     else:
         C = planted_ratings(480_189, 17_770, max_ratings, seed=0)
         label = "planted ratings 480,189×17,770"
-    from mgpu.dist.cluster import connect, visible_gpus
+    from mgpu.distributed.cluster import connect, visible_gpus
 
     if address is not None:
         client = connect(address)
@@ -702,7 +702,7 @@ def _npz_out(out_path: str, what: str) -> Path:
 
 def _devices(device: str) -> list[str]:
     """The devices a --device auto|cpu|gpu|both option asks for, refused when absent."""
-    from mgpu.dist.cluster import visible_gpus
+    from mgpu.distributed.cluster import visible_gpus
 
     have = visible_gpus() > 0
     devices = {"auto": ["gpu" if have else "cpu"], "both": ["cpu", "gpu"]}.get(device, [device])
@@ -726,7 +726,7 @@ def _cluster_or_devices(device: str, parts: int | None, n_workers: int | None,
 
 def _describe(client: Any) -> str:
     """'2 GPU worker(s)' or '4 CPU worker(s)' (or both) for a client's cluster."""
-    from mgpu.dist import describe_workers
+    from mgpu.distributed import describe_workers
 
     infos = describe_workers(client).values()
     n_gpu = sum(1 for i in infos if i.get("gpu"))
@@ -738,7 +738,7 @@ def _describe(client: Any) -> str:
 def _tile_placement(client: Any, tiles: list[dict[str, Any]]) -> str:
     """Lines saying which worker (and which GPU, by UUID) holds each row tile, so that a job
     that left a GPU idle, or two workers on one GPU, shows it."""
-    from mgpu.dist import describe_workers
+    from mgpu.distributed import describe_workers
 
     infos = describe_workers(client)
     lines = []
@@ -939,7 +939,7 @@ def bench_sddmm(data_dir: str | None, powerlaw: str, nnz: float, ks: str, device
 
     from mgpu import io
     from mgpu.bench import sddmm as b
-    from mgpu.dist import visible_gpus
+    from mgpu.distributed import visible_gpus
     from mgpu.synthetic import powerlaw_csr
 
     Ks = _parse_ints(ks, "--k")
@@ -999,7 +999,7 @@ def bench_sddmm_stream(shape: str, row_nnz: int, K: int, working_memory: str | N
     from tqdm import tqdm
 
     from mgpu.bench import sddmm as b
-    from mgpu.dist import visible_gpus
+    from mgpu.distributed import visible_gpus
 
     if visible_gpus() == 0:
         raise click.ClickException("mgpu bench sddmm-stream needs a visible GPU.")
@@ -1224,7 +1224,7 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out_path
     from tqdm import tqdm
 
     from mgpu import io
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
     from workflows import jaccard as wf
 
     if plot is not None:
@@ -1300,7 +1300,7 @@ def run_als(ratings: str, device: str, parts: int | None, n_workers: int | None,
 
     from tqdm import tqdm
 
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
     from mgpu.io import load_ratings
     from workflows import als
 
@@ -1394,7 +1394,7 @@ def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
     from tqdm import tqdm
 
     from mgpu import io
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
     from workflows import gap
 
     if plot is not None:
@@ -1590,7 +1590,7 @@ def bench_sgd(shape: str, n_ratings: int, ks: str, conflicts: str, dtype: str, r
     import json
 
     from mgpu.bench import sgd as b
-    from mgpu.dist import visible_gpus
+    from mgpu.distributed import visible_gpus
 
     if visible_gpus() == 0:
         raise click.UsageError("bench sgd times the GPU kernel; no GPU is visible.")
@@ -1805,7 +1805,7 @@ def _parse_ints(text: str, hint: str) -> tuple[int, ...]:
 
 def _worker_counts(workers: str, device: str) -> tuple[int, ...]:
     """--workers as counts, refused before any work when GPU workers are more than GPUs."""
-    from mgpu.dist import visible_gpus
+    from mgpu.distributed import visible_gpus
 
     counts = _parse_ints(workers, "--workers")
     n_gpus = visible_gpus()

@@ -72,7 +72,7 @@ def xp(request):
 @pytest.fixture(scope="module")
 def client():
     """A CPU LocalCluster of two single-thread worker processes, one per test module."""
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
 
     with connect(gpus=False, n_workers=2) as c:
         yield c

@@ -222,7 +222,7 @@ def test_bench_knn_cpu(runner, tmp_path):
 
 
 def test_run_mf_gpu_mode_on_a_cluster_without_gpus(runner, tmp_path, data_dir, monkeypatch):
-    import mgpu.dist.cluster as cl
+    import mgpu.distributed.cluster as cl
 
     monkeypatch.setattr(cl, "visible_gpus", lambda: 0)
     path = data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz"

@@ -226,7 +226,7 @@ def test_real_corpus_neighbours(data_dir):
 @pytest.mark.parametrize("metric, parts", [("euclidean", 3), ("cosine", 5), ("manhattan", 2),
                                            ("jaccard", 4), ("inner_product", 3)])
 def test_distributed_knn_equals_one_device(client, metric, parts):
-    from mgpu.dist import from_scipy
+    from mgpu.distributed import from_scipy
 
     rng = np.random.default_rng(parts)
     index = _rows_with_mass(_matrix(rng, 200, 30, density=0.15))
@@ -245,7 +245,7 @@ def test_distributed_knn_equals_one_device(client, metric, parts):
 
 
 def test_distributed_knn_with_k_larger_than_a_tile(client):
-    from mgpu.dist import from_scipy
+    from mgpu.distributed import from_scipy
 
     rng = np.random.default_rng(4)
     index = rng.standard_normal((12, 3))
@@ -257,7 +257,7 @@ def test_distributed_knn_with_k_larger_than_a_tile(client):
 
 
 def test_distributed_knn_bad_input(client):
-    from mgpu.dist import from_scipy
+    from mgpu.distributed import from_scipy
 
     S = sp.random(50, 8, density=0.3, format="csr", random_state=0)
     with pytest.raises(ValueError, match="must be cut into row tiles"):
@@ -276,7 +276,7 @@ def test_distributed_knn_bad_input(client):
 
 
 def test_merge_top_k_breaks_ties_by_id():
-    from mgpu.dist import merge_top_k
+    from mgpu.distributed import merge_top_k
 
     a = (np.array([[0.5, 1.0, 1.0]]), np.array([[4, 6, 8]]))
     b = (np.array([[1.0, 1.0, 2.0]]), np.array([[5, 7, 1]]))

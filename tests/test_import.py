@@ -4,10 +4,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def test_import_mgpu_does_not_import_cupy():
     code = (
-        "import sys, mgpu, mgpu.ops, mgpu.dist, mgpu.cli, mgpu.partition, mgpu.io, "
+        "import sys, mgpu, mgpu.ops, mgpu.distributed, mgpu.cli, mgpu.partition, mgpu.io, "
         "mgpu.backends.loader\n"
         "import scipy.sparse as sp\n"
         "mgpu.row_norms(sp.identity(3, format='csr'))\n"
@@ -31,3 +33,21 @@ def test_config_from_environment():
                          env={**os.environ, **env}, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "7"
+
+
+def test_public_names_and_the_old_distributed_name():
+    import warnings
+
+    import mgpu
+    import mgpu.distributed
+
+    for name in mgpu.__all__:
+        assert hasattr(mgpu, name), name
+    assert mgpu.from_scipy is mgpu.distributed.from_scipy
+    assert mgpu.gather is mgpu.distributed.gather
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert mgpu.dist is mgpu.distributed
+    assert any("mgpu.distributed" in str(w.message) for w in caught)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        mgpu.nope  # noqa: B018

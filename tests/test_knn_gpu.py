@@ -147,7 +147,7 @@ def test_gpu_tile_of_distributed_knn_stays_on_the_device():
     """What a GPU worker does with its tile: prepare once on the device, answer host query
     batches with host results and global ids."""
     from mgpu.backends.cupy_knn import GpuIndex
-    from mgpu.dist.knn import _local_knn, _prepare_tile
+    from mgpu.distributed.knn import _local_knn, _prepare_tile
 
     X, Q = _inputs("cosine", 300, 40, 9)
     tile = _prepare_tile(_gpu(X, False), "cosine", 2)

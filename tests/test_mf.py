@@ -198,7 +198,7 @@ def test_a_lost_worker_stops_the_fit_with_a_message_not_a_hang(tmp_path, victim)
     import os
     import signal
 
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
     from mgpu.mf.model import _driving, _slots
     from mgpu.synthetic import planted_ratings
 
@@ -229,7 +229,7 @@ def test_a_fit_resumed_from_its_last_checkpoint_reaches_the_undisturbed_band(tmp
     import os
     import signal
 
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
     from mgpu.mf.model import _driving, _slots
     from mgpu.synthetic import planted_ratings
 
@@ -330,7 +330,7 @@ def test_gpu_host_keeps_segments_on_the_device_and_matches_the_cpu():
     lock-free kernel must equal the sequential pass), one staged there and one fetched from a
     CPU host with the item segment: the same segments as numba's passes; the next call
     starts from what the first left on the device."""
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
     from mgpu.mf.hosts import BlockHost, call
 
     b1, b2 = _independent_ratings(3000, 0), _independent_ratings(3000, 1)
@@ -369,7 +369,7 @@ def test_gpu_host_keeps_segments_on_the_device_and_matches_the_cpu():
 
 @pytest.mark.gpu
 def test_gpu_mode_reaches_the_movielens_target(data_dir):
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
 
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
@@ -386,7 +386,7 @@ def test_gpu_mode_reaches_the_movielens_target(data_dir):
 def test_hsgd_runs_blocks_on_gpu_and_cpu_workers_of_one_cluster(data_dir):
     """A mixed cluster (a GPU worker from dask-cuda and a CPU worker): GPU slots run on the
     GPU worker, CPU slots on the CPU worker, and the model still reaches the target."""
-    from mgpu.dist import connect, describe_workers
+    from mgpu.distributed import connect, describe_workers
 
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
@@ -415,7 +415,7 @@ def test_hsgd_blocks_land_on_two_gpu_workers_and_a_cpu_worker_by_the_schedulers_
     worker: the ``mgpu-assign`` events that the Dask scheduler received put GPU slots' blocks
     on both GPU workers and CPU slots' blocks on the CPU worker only, every block of every
     epoch once, and the model reaches the target."""
-    from mgpu.dist import connect, describe_workers
+    from mgpu.distributed import connect, describe_workers
 
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
@@ -456,7 +456,7 @@ def test_hsgd_star_runs_the_gpu_mode_division_when_the_cpus_would_only_slow_it(d
     """A calibration whose CPU thread is 10,000× slower than the GPU: the plan gives the CPU
     slots nothing, and hsgd* runs the gpu mode's division on the GPU alone (as many tasks an
     epoch, so never slower for being hsgd*)."""
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
 
     n = [float(2 ** e) for e in range(10, 21)]
     crawl = Calibration("made-up", n, [x / 1e3 for x in n], [x / 1e8 for x in n],
@@ -496,7 +496,7 @@ def test_cost_model_modes_on_a_mixed_cluster(data_dir, mode):
     """With a GPU 3× a CPU thread, HSGD*'s modes use every CPU slot, give the GPU half the
     ratings (1 GPU against 3 threads) in the non-uniform division, start every slot on its own
     rows, and reach the target."""
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
 
     import dask.config
 
@@ -530,7 +530,7 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
     ratings as the plan from it says (the CPU slots worth using, α)."""
     import dask.config
 
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
     from mgpu.mf.calibration import cached
     from mgpu.mf.model import _plan
 
@@ -573,7 +573,7 @@ def test_hsgd_star_hands_rows_over_at_the_rates_its_epochs_measured():
     ratings and six CPU threads; the division's GPU sub-rows are 1/7 of its share."""
     import dask.config
 
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
     from mgpu.mf.model import _measured_alpha
     from mgpu.synthetic import planted_ratings
 

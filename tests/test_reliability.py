@@ -14,7 +14,7 @@ from conftest import REPO_ROOT
 from dask.core import flatten
 
 import mgpu
-from mgpu.dist import chunk_workers, from_scipy, gather
+from mgpu.distributed import chunk_workers, from_scipy, gather
 
 # Seconds any one wait of a worker-loss test may take: a hang fails the test with a message.
 WAIT = 60
@@ -139,7 +139,7 @@ def test_a_job_whose_workers_are_gone_stops_with_a_message_not_a_hang():
     mgpu.dist.stall-timeout, saying what they waited for, instead of waiting forever."""
     import dask
 
-    from mgpu.dist import connect
+    from mgpu.distributed import connect
 
     rng = np.random.default_rng(0)
     A = sp.random(200, 200, density=0.05, random_state=rng, format="csr")

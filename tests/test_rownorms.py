@@ -106,7 +106,7 @@ def test_row_norms_bad_input():
 
 
 def test_row_norms_of_dask_array_of_csr_chunks():
-    from mgpu.dist import from_scipy
+    from mgpu.distributed import from_scipy
 
     S = sp.random(500, 80, density=0.1, format="csr", random_state=3)
     x = from_scipy(S, 3, client=None)

@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 
 import mgpu
-from mgpu.dist import chunk_workers, from_scipy, gather
+from mgpu.distributed import chunk_workers, from_scipy, gather
 from mgpu.synthetic import powerlaw_csr
 
 
@@ -458,7 +458,7 @@ def test_distributed_bad_input(client, problem):
 
 
 def test_placed_factors_stay_on_their_workers_across_calls(client, problem):
-    from mgpu.dist import place_factors
+    from mgpu.distributed import place_factors
 
     S, A, B = problem
     Sd = from_scipy(S, 4, axis=1, client=client)

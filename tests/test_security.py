@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 import mgpu
-from mgpu.dist import from_scipy
+from mgpu.distributed import from_scipy
 
 def _graph(n: int = 60, seed: int = 0) -> sp.csr_matrix:
     rng = np.random.default_rng(seed)

@@ -265,7 +265,7 @@ def test_jobqueue_config_and_gpu_jobs_make_valid_job_scripts(tmp_path):
     import dask.config
     import yaml
 
-    from mgpu.dist.cluster import slurm_cluster
+    from mgpu.distributed.cluster import slurm_cluster
 
     import dask_jobqueue  # noqa: F401  (its defaults, under the file's settings)
 

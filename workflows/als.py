@@ -328,9 +328,9 @@ def train_distributed(R: sp.spmatrix, test: sp.spmatrix | None = None, *,
     import uuid
 
     from mgpu.backends import is_gpu_array
-    from mgpu.dist import from_scipy
-    from mgpu.dist.cluster import current_client, result, task_placement
-    from mgpu.dist.collection import block_futures, place_as
+    from mgpu.distributed import from_scipy
+    from mgpu.distributed.cluster import current_client, result, task_placement
+    from mgpu.distributed.collection import block_futures, place_as
 
     if k < 1 or iters < 1 or lr <= 0 or reg < 0:
         raise ValueError(f"k and iters must be >= 1, lr > 0 and reg >= 0. Got k={k}, "

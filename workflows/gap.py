@@ -257,9 +257,9 @@ def fit_distributed(S: sp.spmatrix, topics: int = 20, *, parts: int | None = Non
     import uuid
 
     from mgpu.backends import is_gpu_array
-    from mgpu.dist import from_scipy
-    from mgpu.dist.cluster import current_client, result, task_placement
-    from mgpu.dist.collection import block_futures, place_as
+    from mgpu.distributed import from_scipy
+    from mgpu.distributed.cluster import current_client, result, task_placement
+    from mgpu.distributed.collection import block_futures, place_as
 
     _check_params(topics, iters, alpha, beta)
     if not sp.issparse(S):
@@ -332,7 +332,7 @@ def scaling(S: sp.spmatrix, topics: int, iters: int, workers: tuple[int, ...], *
     The median iteration leaves out the first two (compilation, tuning). Every run starts
     from the same state, so the log-likelihood must agree across them up to rounding.
     """
-    from mgpu.dist import connect, visible_gpus
+    from mgpu.distributed import connect, visible_gpus
 
     use_gpus = visible_gpus() > 0 if gpus is None else gpus
     rows: list[dict[str, Any]] = []

@@ -425,7 +425,7 @@ def _sddmm_sparse(S, A, B, hadamard: bool, plan: SDDMMPlan | None = None):
     require_gpu(need, f"SDDMM of a {S.shape[0]}×{S.shape[1]} S with {int(S.nnz):,} nonzeros "
                 f"and K={A.shape[1]} ({np.dtype(A.dtype).name})",
                 "Pass host (numpy/scipy) operands with device='gpu' to stream them through "
-                "the GPU in tiles (mgpu.sddmm), or cut S over several GPUs (mgpu.dist).")
+                "the GPU in tiles (mgpu.sddmm), or cut S over several GPUs (mgpu.distributed).")
     if usable:
         return sddmm_kernel(S, A, B, hadamard, plan)
     return sddmm_fallback(S, A, B, hadamard)

@@ -274,14 +274,14 @@ def prepare_index(X: Any, metric: str, p: float) -> GpuIndex:
     form = FORMS[metric]
     require_gpu(2 * _csr_bytes(X) + X.shape[0] * (4 + 2 * np.dtype(X.dtype).itemsize),
                 f"A kNN index of {X.shape[0]:,}×{X.shape[1]:,} ({metric})",
-                "Split it into row tiles over several GPUs (mgpu.dist.from_scipy(..., axis=0)).")
+                "Split it into row tiles over several GPUs (mgpu.from_scipy(..., axis=0)).")
     dense = None
     if isinstance(X, cupy.ndarray) and form.op == OP_DOT and form.x_values is None:
         dense = X
     C = _as_csr(X)
     if C.nnz >= 2**31:
         raise ValueError(f"The index has {C.nnz} nonzeros; one GPU tile takes fewer than 2^31. "
-                         "Split it over workers (mgpu.dist.from_scipy(..., axis=0)).")
+                         "Split it over workers (mgpu.from_scipy(..., axis=0)).")
     if form.normalise:
         C = _normalised(C)
     s1, s2 = form.x_stats(C, p)

@@ -236,7 +236,7 @@ def bench_scaling(index: sp.csr_matrix, queries: sp.csr_matrix, k: int, metric: 
 
     For each worker count an embedded cluster is started (GPU workers when ``gpus`` or when
     GPUs are visible) and the index is cut by nnz into ``tiles_per_worker`` row tiles per
-    worker (:func:`mgpu.dist.from_scipy`). A timed call is the public ``mgpu.knn`` on the
+    worker (:func:`mgpu.from_scipy`). A timed call is the public ``mgpu.knn`` on the
     dask index with host queries: tiles checked and prepared on their workers, query batches
     broadcast, local top-k, merge tree, results gathered on the client. The first call, on
     a few queries, compiles and is not timed. Every worker count must return the same ids as
@@ -247,7 +247,7 @@ def bench_scaling(index: sp.csr_matrix, queries: sp.csr_matrix, k: int, metric: 
 
     import mgpu
     from mgpu.backends import is_gpu_array
-    from mgpu.dist import chunk_nnz, connect, from_scipy, visible_gpus
+    from mgpu.distributed import chunk_nnz, connect, from_scipy, visible_gpus
 
     use_gpus = visible_gpus() > 0 if gpus is None else gpus
     X = index.astype(np.float32) if use_gpus else index

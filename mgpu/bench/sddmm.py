@@ -190,8 +190,8 @@ def bench_scaling(S: sp.csr_matrix, Ks: tuple[int, ...], workers: tuple[int, ...
 
     For each worker count an embedded cluster is started (GPU workers when ``gpus`` or when
     GPUs are visible), S is cut at nnz prefix sums into ``tiles_per_worker`` tiles per worker
-    along :func:`mgpu.dist.sddmm_axis`, and for each K the factors are placed once
-    (:func:`mgpu.dist.place_factors`) and each timed call runs ``mgpu.sddmm`` to a persisted
+    along :func:`mgpu.distributed.sddmm_axis`, and for each K the factors are placed once
+    (:func:`mgpu.distributed.place_factors`) and each timed call runs ``mgpu.sddmm`` to a persisted
     (not gathered) result; a GPU task returns once its kernel has finished. The first call is a
     warm-up (kernel compilation, tuning) and is checked against a float64 reference on sampled
     nonzeros. The same product on one device without a cluster is the first row of each K.
@@ -199,7 +199,7 @@ def bench_scaling(S: sp.csr_matrix, Ks: tuple[int, ...], workers: tuple[int, ...
     from distributed import wait
 
     import mgpu
-    from mgpu.dist import (
+    from mgpu.distributed import (
         chunk_nnz,
         connect,
         from_scipy,
@@ -275,7 +275,7 @@ def bench_scaling(S: sp.csr_matrix, Ks: tuple[int, ...], workers: tuple[int, ...
 
 
 def _has_gpu_worker(dask_worker: Any = None) -> bool:
-    from mgpu.dist import worker_info
+    from mgpu.distributed import worker_info
 
     return worker_info(dask_worker)["gpu"] is not None
 

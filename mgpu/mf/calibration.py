@@ -644,7 +644,7 @@ def cluster_key(client: Any, cpu_worker: str | None, gpu_worker: str | None, k: 
                 block: tuple[int, float] | None = None) -> str:
     """The cache key of a calibration on these workers (their GPU and CPU models, and how
     many CPU blocks ran at once) of blocks of ``block`` (items, ratings per user)."""
-    from mgpu.dist.cluster import describe_workers
+    from mgpu.distributed.cluster import describe_workers
 
     infos = describe_workers(client)
     gpu = (infos.get(gpu_worker, {}).get("gpu") or {}).get("name") if gpu_worker else None

@@ -126,7 +126,7 @@ def gpu_options() -> dict[str, Any]:
 def _slots(client: Any, mode: str) -> list[Any]:
     """The scheduler's slots for a mode: every thread of every worker (``cpu``), every GPU
     worker (``gpu``), or the GPU workers and the threads of the CPU workers (``hsgd``)."""
-    from mgpu.dist.cluster import describe_workers
+    from mgpu.distributed.cluster import describe_workers
     from mgpu.sched import Slot
 
     infos = describe_workers(client)
@@ -739,7 +739,7 @@ default='sequential'
             yield P, Q, {}
 
     def _block_epochs(self, u, i, r, P, Q, rng):
-        from mgpu.dist.cluster import current_client
+        from mgpu.distributed.cluster import current_client
 
         started = time.perf_counter()
         client = current_client()

@@ -348,7 +348,7 @@ def working_memory_rows(n_index: int, budget: Any = None, ring: Semiring | None 
             f"working_memory=) cannot hold one query's work for metric '{ring.name}' against "
             f"this index: {index_copies:g} cop(ies) of the index ({index_bytes:,} bytes each) "
             f"and {copies:g} row(s) of {n_index:,} distances need {need:,} bytes. Raise it "
-            "or split the index into tiles (mgpu.dist.from_scipy).")
+            "or split the index into tiles (mgpu.from_scipy).")
     return max(1, int(free // row))
 
 

@@ -56,7 +56,7 @@ def check_sparse_shape(A: Any, func: str) -> None:
     if not (is_sparse(A) or is_dask_array(A)):
         raise TypeError(
             f"The 'A' parameter of {func} must be a scipy or cupyx sparse matrix, or a dask "
-            f"array of CSR row tiles (mgpu.dist.from_scipy). Got {type(A).__name__} instead"
+            f"array of CSR row tiles (mgpu.from_scipy). Got {type(A).__name__} instead"
             + ("; for a dense A use A @ x." if isinstance(A, np.ndarray) or is_gpu_array(A)
                else ".")
         )

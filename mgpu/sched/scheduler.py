@@ -230,7 +230,7 @@ class BlockScheduler:
     def run_epoch(self) -> list[Event]:
         """Run every block once; returns this epoch's events."""
         if self.client is None:
-            from mgpu.dist.cluster import current_client
+            from mgpu.distributed.cluster import current_client
 
             self.client = current_client()
         self._epoch += 1

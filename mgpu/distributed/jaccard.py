@@ -17,8 +17,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array, jaccard_lookup, to_host
-from mgpu.dist.cluster import completed, current_client
-from mgpu.dist.collection import device_copy, place_as
+from mgpu.distributed.cluster import completed, current_client
+from mgpu.distributed.collection import device_copy, place_as
 from mgpu.ops.jaccard import check_graph, jaccard_local
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
     bounds = split(G, int(parts), axis=0)
     logger.info("jaccard: %d nodes, %d edge entries in %d row blocks", G.shape[0], G.nnz,
                 len(bounds) - 1)
-    from mgpu.dist.collection import _workers_have_gpus
+    from mgpu.distributed.collection import _workers_have_gpus
 
     gpu = _workers_have_gpus(client)
     # Held by a task, not broadcast: Dask's memory manager drops the extra copies of scattered

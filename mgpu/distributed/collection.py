@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 from dask.core import flatten
 
-from mgpu.dist.cluster import current_client, describe_workers
+from mgpu.distributed.cluster import current_client, describe_workers
 from mgpu.partition import axis_counts, part_sums, split_counts
 
 logger = logging.getLogger(__name__)
@@ -310,7 +310,7 @@ def from_scipy(
             if progress is not None:
                 progress(int(nnz[i]))
     else:
-        from mgpu.dist.cluster import completed
+        from mgpu.distributed.cluster import completed
 
         held = 0
         for i, key in enumerate(keys):

@@ -18,8 +18,8 @@ import numpy as np
 
 from mgpu import config
 from mgpu.backends import is_gpu_array
-from mgpu.dist.cluster import completed, current_client, task_placement
-from mgpu.dist.collection import block_futures, place_as
+from mgpu.distributed.cluster import completed, current_client, task_placement
+from mgpu.distributed.collection import block_futures, place_as
 from mgpu.ops import distances as dist
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
                     p: float = 2, working_memory: Any = None, client: Any = None,
                     progress: Callable[[int], None] | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """kNN over an index held by the workers as row tiles (:func:`mgpu.dist.from_scipy`).
+    """kNN over an index held by the workers as row tiles (:func:`mgpu.from_scipy`).
 
     Query batches are sized so that a tile's distances for one batch stay within
     ``working_memory`` (default ``mgpu.knn.working-memory``) on its worker; GPU tiles take
@@ -156,7 +156,7 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     Parameters
     ----------
     index : {ndarray, sparse matrix} of shape (n_index, n_features), or a dask array
-        A dask array of row tiles (``mgpu.dist.from_scipy(S, axis=0)``) stays on the workers:
+        A dask array of row tiles (``mgpu.from_scipy(S, axis=0)``) stays on the workers:
         each computes its tiles' top-k, and the lists are merged in a tree.
     queries : {ndarray, sparse matrix} of shape (n_queries, n_features)
     k : int

@@ -7,7 +7,7 @@ import scipy.sparse as sp
 from distributed import LocalCluster
 
 import mgpu
-from mgpu.dist import chunk_nnz, chunk_workers, connect, describe_workers, from_scipy, gather
+from mgpu.distributed import chunk_nnz, chunk_workers, connect, describe_workers, from_scipy, gather
 from mgpu.partition import axis_counts
 from mgpu.synthetic import powerlaw_csr
 
@@ -157,7 +157,7 @@ def test_connect_leaves_the_batching_alone_when_told_to():
 
 
 def test_connect_refuses_a_cpu_worker_it_cannot_add(monkeypatch):
-    import mgpu.dist.cluster as cl
+    import mgpu.distributed.cluster as cl
 
     with pytest.raises(ValueError, match="'cpu_threads' parameter of connect adds a CPU worker "
                        "to an embedded cluster and must be >= 1. Got 2 with an address"):
@@ -177,7 +177,7 @@ def test_connect_to_nothing_times_out_with_a_message():
 
 
 def test_connect_refuses_gpus_without_gpus(monkeypatch):
-    import mgpu.dist.cluster as cl
+    import mgpu.distributed.cluster as cl
 
     monkeypatch.setattr(cl, "visible_gpus", lambda: 0)
     with pytest.raises(ValueError, match="gpus=True but no GPU is visible"):

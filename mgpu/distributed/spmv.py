@@ -1,7 +1,7 @@
 """Distributed SpMV/SpMM over a dask array of CSR row tiles, and the public ``mgpu.spmv`` and
 ``mgpu.spmm``.
 
-A is cut into row tiles at nnz prefix sums (``mgpu.dist.from_scipy(A, parts, axis=0)``) and
+A is cut into row tiles at nnz prefix sums (``mgpu.from_scipy(A, parts, axis=0)``) and
 stays on the workers; x is put on one worker a call (in a task the scheduler keeps, so a lost
 worker's copy is made again) and fetched by the others, and each tile computes its rows of the
 result with the one-device merge path.
@@ -17,8 +17,8 @@ import numpy as np
 from dask.base import tokenize
 
 from mgpu.backends import is_gpu_array, to_host
-from mgpu.dist.cluster import current_client
-from mgpu.dist.collection import place_as
+from mgpu.distributed.cluster import current_client
+from mgpu.distributed.collection import place_as
 from mgpu.ops._validate import is_dask_array
 from mgpu.ops.spmv import (
     check_dense_operand,
@@ -56,7 +56,7 @@ def _broadcast(x: Any, client: Any) -> da.Array:
     """x as a one-chunk dask array, put on a worker when there is a cluster, from which the
     others fetch it.
 
-    x is held by a task (:func:`mgpu.dist.collection.place_as`), not scattered to every
+    x is held by a task (:func:`mgpu.distributed.collection.place_as`), not scattered to every
     worker: Dask's memory manager drops the extra copies of scattered data, and a broadcast
     scatter waits forever for a worker lost while it runs, so a lost worker would either
     lose x for good or hang the call. x changes between calls of an iterative method: a
@@ -82,7 +82,7 @@ def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int,
         raise ValueError(
             f"The 'A' parameter of {func} must be cut into row tiles (one tile across all "
             f"{A.shape[1]} columns). Got {A.numblocks[1]} column tiles; make it with "
-            "mgpu.dist.from_scipy(A, parts, axis=0)."
+            "mgpu.from_scipy(A, parts, axis=0)."
         )
     if is_dask_array(x):
         raise TypeError(f"The '{name}' parameter of {func} must be a numpy or cupy array with a "
@@ -119,7 +119,7 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: Any = None) -> Any:
     ----------
     A : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR row tiles
         scipy or cupyx (one device, see :func:`mgpu.ops.spmv`), or a dask array made by
-        ``mgpu.dist.from_scipy(A, parts, axis=0)``, which stays on the workers.
+        ``mgpu.from_scipy(A, parts, axis=0)``, which stays on the workers.
     x : ndarray of shape (n_cols,)
         numpy or cupy. With a dask A it is checked here and sent once to the cluster (to one
         worker, from which the others fetch it); on a GPU tile a host x is copied to the
@@ -151,7 +151,7 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: Any = None) -> Any:
     Examples
     --------
     >>> import numpy as np, scipy.sparse as sp
-    >>> from mgpu.dist import from_scipy
+    >>> from mgpu.distributed import from_scipy
     >>> A = sp.random(300, 50, density=0.05, format="csr", random_state=0)
     >>> x = np.arange(50.0)
     >>> tiles = from_scipy(A, 3, axis=0)
@@ -190,7 +190,7 @@ def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     Examples
     --------
     >>> import numpy as np, scipy.sparse as sp
-    >>> from mgpu.dist import from_scipy
+    >>> from mgpu.distributed import from_scipy
     >>> A = sp.random(200, 40, density=0.1, format="csr", random_state=1)
     >>> X = np.ones((40, 3))
     >>> Y = spmm(from_scipy(A, 4, axis=0), X)

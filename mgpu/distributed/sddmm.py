@@ -1,6 +1,6 @@
 """Distributed SDDMM over a dask array of CSR tiles, and the public ``mgpu.sddmm``.
 
-S is cut into tiles at nnz prefix sums (:func:`mgpu.dist.from_scipy`) and stays on the
+S is cut into tiles at nnz prefix sums (:func:`mgpu.from_scipy`) and stays on the
 workers across calls; only the dense factors move. Tile ``(i, j)`` needs the rows of A of
 its row range and the rows of B of its column range, so the factor that the cut does not
 split (A for column tiles, B for row tiles) is replicated: cut S along the dimension whose
@@ -18,8 +18,8 @@ import numpy as np
 from dask.base import tokenize
 
 from mgpu.backends import is_gpu_array, synchronize, to_host
-from mgpu.dist.cluster import current_client
-from mgpu.dist.collection import block_futures, chunk_workers, device_copy, place_as
+from mgpu.distributed.cluster import current_client
+from mgpu.distributed.collection import block_futures, chunk_workers, device_copy, place_as
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
     check_dense_factor,
@@ -89,7 +89,7 @@ def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any,
 
     A numpy/cupy factor is checked here, before any task runs, and sent to the workers:
     each piece to the workers of its tiles (an unsplit factor to one worker, from which the
-    others fetch it), inside a task the scheduler keeps (:func:`mgpu.dist.collection.place_as`).
+    others fetch it), inside a task the scheduler keeps (:func:`mgpu.distributed.collection.place_as`).
     """
     K = X.shape[1]
     row_chunks = S.chunks[axis]
@@ -126,7 +126,7 @@ def place_factors(S: da.Array, A: Any, B: Any, *, client: Any = None) -> tuple[d
     Parameters
     ----------
     S : dask array of CSR tiles
-        From :func:`mgpu.dist.from_scipy`, already on the workers.
+        From :func:`mgpu.from_scipy`, already on the workers.
     A : ndarray of shape (n_rows, K)
     B : ndarray of shape (n_cols, K)
         numpy or cupy; checked (shapes, NaN/inf) before anything is sent.
@@ -139,7 +139,7 @@ def place_factors(S: da.Array, A: Any, B: Any, *, client: Any = None) -> tuple[d
     """
     if not is_dask_array(S):
         raise TypeError("The 'S' parameter of place_factors must be a dask array of tiles (from "
-                        f"mgpu.dist.from_scipy). Got {type(S).__name__} instead.")
+                        f"mgpu.from_scipy). Got {type(S).__name__} instead.")
     check_sddmm_shapes(S.shape, getattr(A, "shape", ()), getattr(B, "shape", ()))
     for X, name in ((A, "A"), (B, "B")):
         if is_dask_array(X):
@@ -171,7 +171,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     Parameters
     ----------
     S : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR tiles
-        scipy or cupyx (one device), or a dask array made by :func:`mgpu.dist.from_scipy`
+        scipy or cupyx (one device), or a dask array made by :func:`mgpu.from_scipy`
         (column tiles, row tiles or a grid), which stays on the workers between calls;
         ``from_scipy(S, axis=sddmm_axis(S.shape))`` replicates the smaller factor.
     A : array of shape (n_rows, K)
@@ -208,7 +208,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     Examples
     --------
     >>> import numpy as np, scipy.sparse as sp
-    >>> from mgpu.dist import from_scipy
+    >>> from mgpu.distributed import from_scipy
     >>> S = sp.random(200, 100, density=0.05, format="csr", random_state=0)
     >>> A, B = np.ones((200, 8)), np.ones((100, 8))
     >>> P = sddmm(from_scipy(S, 4, axis=1), A, B)
@@ -255,7 +255,7 @@ def _submit_tiles(S: da.Array, A_d: da.Array, B_d: da.Array, hadamard: bool,
 
     Dask alone would run a tile's task where the largest inputs are, and a GPU tile can look
     small next to a factor, so S would follow the factors. The loose restriction keeps S
-    where :func:`mgpu.dist.from_scipy` put it, while a worker that is busy or gone can
+    where :func:`mgpu.from_scipy` put it, while a worker that is busy or gone can
     still hand the task to another.
     """
     tiles = block_futures(S, client)

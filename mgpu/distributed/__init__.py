@@ -1,0 +1,25 @@
+"""Distributed layer: cluster connection, partitioned sparse collections and the
+distributed ops."""
+from __future__ import annotations
+
+from mgpu.distributed.cluster import Client, connect, describe_workers, visible_gpus, worker_info
+from mgpu.distributed.collection import chunk_nnz, chunk_workers, from_scipy, gather
+from mgpu.distributed.knn import knn_distributed, merge_top_k
+from mgpu.distributed.sddmm import place_factors, sddmm, sddmm_axis
+
+__all__ = [
+    "Client",
+    "chunk_nnz",
+    "chunk_workers",
+    "connect",
+    "describe_workers",
+    "from_scipy",
+    "gather",
+    "knn_distributed",
+    "merge_top_k",
+    "place_factors",
+    "sddmm",
+    "sddmm_axis",
+    "visible_gpus",
+    "worker_info",
+]
