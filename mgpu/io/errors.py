@@ -1,0 +1,72 @@
+"""The error every loader raises on a file that does not follow its format.
+
+:class:`MalformedFileError` names the file, the line (or byte offset) at fault, what the
+format expects there and what the file holds instead, and survives pickling so that it
+crosses from a Dask worker to the client intact.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+StrPath = str | os.PathLike[str]
+
+__all__ = ["MalformedFileError", "StrPath"]
+
+
+class MalformedFileError(ValueError):
+    """A file that does not follow its format.
+
+    The message reads ``"<file name> line <n>: expected <what>, found <what>"`` (``line``
+    becomes ``byte <offset>`` for binary formats, and is left out when no single line is
+    at fault). The parts are also kept as attributes.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file at fault; the message shows its name, ``path`` keeps it whole.
+    line : int or None
+        1-based line number, counting every line of the (decompressed) file.
+    expected : str
+        What the format requires there.
+    found : str
+        What the file holds instead.
+    byte : int or None, default=None
+        Byte offset (decompressed) for binary formats, used when ``line`` is None.
+
+    Examples
+    --------
+    >>> str(MalformedFileError("data/ap.dat", 17, "'N id:count ...' with N=12 pairs", "11"))
+    "ap.dat line 17: expected 'N id:count ...' with N=12 pairs, found 11"
+    """
+
+    def __init__(
+        self,
+        path: StrPath,
+        line: int | None,
+        expected: str,
+        found: str,
+        *,
+        byte: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.byte = byte
+        self.expected = expected
+        self.found = found
+        where = self.path.name
+        if line is not None:
+            where += f" line {line}"
+        elif byte is not None:
+            where += f" byte {byte}"
+        super().__init__(f"{where}: expected {expected}, found {found}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its parts, so that it crosses a process boundary (a Dask worker).
+        return (
+            functools.partial(type(self), byte=self.byte),
+            (self.path, self.line, self.expected, self.found),
+        )
