@@ -1,11 +1,13 @@
-"""The block scheduler on a CPU cluster: conflicts, counts, stealing and determinism."""
+"""The block scheduler on a CPU cluster: conflicts, counts, stealing and determinism; a
+block's story."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from mgpu.sched import Block, BlockScheduler, Slot
+from mgpu.sched import Block, BlockScheduler, Event, Slot
+from mgpu.sched.blocks import story
 
 
 def _sleep(seconds: float, block_id: int) -> int:
@@ -237,3 +239,16 @@ def test_bad_blocks_and_slots_are_refused():
         BlockScheduler([Block(0, 0, 0), Block(0, 1, 1)], [Slot("a", "x")], run=lambda b, s: None)
     with pytest.raises(ValueError, match="owned by slot 3, but there are 1 slots"):
         BlockScheduler([Block(0, 0, 0, owner=3)], [Slot("a", "x")], run=lambda b, s: None)
+
+
+# ---------------------------------------------------------------------- story
+def test_story_picks_a_blocks_events_in_order():
+    events = [Event(0.0, "assign", 1, "a", "own queue", 1, 1),
+              Event(0.1, "steal", 2, "b", "from a: ...", 1, 2),
+              Event(0.4, "finish", 1, "a", "took 0.4 s", 1, 1),
+              Event(0.5, "finish", 2, "b", "took 0.4 s", 1, 2),
+              Event(0.6, "assign", 1, "a", "own queue", 2, 3)]
+    assert story(events, 1) == [events[0], events[2], events[4]]
+    assert story(events, Block(2, 0, 0)) == [events[1], events[3]]
+    assert story(events, 2, Block(1, 0, 0)) == events
+    assert story(events, 9) == [] and story(events) == []

@@ -45,6 +45,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgpu.sched.blocks import Block, Event, Slot
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Block", "BlockScheduler", "Event", "Slot"]
@@ -56,39 +58,6 @@ def _failed(fut: Any) -> bool:
     if isinstance(status, str):
         return status != "finished"
     return fut.cancelled() or fut.exception() is not None
-
-
-@dataclass(frozen=True)
-class Block:
-    """One unit of work: its strata, its size (e.g. ratings) and the slot that owns it."""
-
-    id: int
-    row: int
-    col: int
-    size: float = 1.0
-    owner: int | None = None  # index into the slots; None: the static plan chooses
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Somewhere a block runs: a GPU worker, or one thread of a CPU worker."""
-
-    name: str
-    worker: str
-    kind: str = "cpu"
-
-
-@dataclass(frozen=True)
-class Event:
-    """A decision or a completion, with the reason for it."""
-
-    t: float  # seconds since the scheduler started
-    kind: str  # "assign", "steal", "finish"
-    block: int
-    slot: str
-    reason: str
-    epoch: int = 0
-    task: int = 0  # blocks run in one task (``batch``) share it
 
 
 @dataclass
