@@ -3,6 +3,7 @@ decisions (pick, steal) as pure functions, and a block's story, without one."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -81,6 +82,10 @@ def test_a_slow_slot_loses_blocks_to_the_fast_one(client):
                for e in steals)
     assert not [e for e in fixed.events if e.kind == "steal"]
     _check_no_shared_strata(events, blocks)
+    # a stolen block's story: stolen by the fast slot, finished there, in the same task
+    for e in steals:
+        assert [(x.kind, x.slot, x.task) for x in stealing.story(e.block)] == [
+            ("steal", e.slot, e.task), ("finish", e.slot, e.task)]
     # the fast slot ran more than its planned half
     ran_fast = sum(1 for e in events if e.kind in ("assign", "steal") and e.slot == slots[0].name)
     assert ran_fast > len(blocks) // 2
@@ -370,3 +375,37 @@ def test_story_picks_a_blocks_events_in_order():
     assert story(events, Block(2, 0, 0)) == [events[1], events[3]]
     assert story(events, 2, Block(1, 0, 0)) == events
     assert story(events, 9) == [] and story(events) == []
+
+
+class _Done:
+    """A client that only keeps what is logged."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[str, dict]] = []
+
+    def log_event(self, topic: str, msg: dict) -> None:
+        self.logged.append((topic, msg))
+
+
+def _done_now(group, slot) -> Future:
+    fut: Future = Future()
+    fut.set_result(None)
+    return fut
+
+
+def test_scheduler_story_follows_a_block_over_epochs_without_a_cluster():
+    slots = [Slot("a", "x"), Slot("b", "y")]
+    blocks = _grid(3, 2)
+    client = _Done()
+    sched = BlockScheduler(blocks, slots, _done_now, deterministic=True, client=client)
+    sched.run_epoch()
+    sched.run_epoch()
+    for b in blocks:
+        got = sched.story(b)
+        assert [(e.kind, e.epoch) for e in got] == [("assign", 1), ("finish", 1),
+                                                    ("assign", 2), ("finish", 2)]
+        assert {e.slot for e in got} == {slots[b.owner].name}
+        assert got == sched.story(b.id) == story(sched.events, b)
+    both = sched.story(blocks[0], blocks[4].id)
+    assert both == [e for e in sched.events if e.block in (blocks[0].id, blocks[4].id)]
+    assert [t for t, _ in client.logged] == ["mgpu-assign", "mgpu-assign"]
