@@ -1,11 +1,15 @@
-"""The block scheduler on a CPU cluster: conflicts, counts, stealing and determinism."""
+"""The block scheduler on a CPU cluster: conflicts, counts, stealing and determinism; its
+decisions (pick, steal) as pure functions, and a block's story, without one."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 
 import pytest
 
-from mgpu.sched import Block, BlockScheduler, Slot
+from mgpu.sched import Block, BlockScheduler, Event, Slot
+from mgpu.sched.blocks import story
+from mgpu.sched.steal import Victim, choose_steal, is_free, pick, remaining_time, time_saved
 
 
 def _sleep(seconds: float, block_id: int) -> int:
@@ -78,6 +82,10 @@ def test_a_slow_slot_loses_blocks_to_the_fast_one(client):
                for e in steals)
     assert not [e for e in fixed.events if e.kind == "steal"]
     _check_no_shared_strata(events, blocks)
+    # a stolen block's story: stolen by the fast slot, finished there, in the same task
+    for e in steals:
+        assert [(x.kind, x.slot, x.task) for x in stealing.story(e.block)] == [
+            ("steal", e.slot, e.task), ("finish", e.slot, e.task)]
     # the fast slot ran more than its planned half
     ran_fast = sum(1 for e in events if e.kind in ("assign", "steal") and e.slot == slots[0].name)
     assert ran_fast > len(blocks) // 2
@@ -237,3 +245,167 @@ def test_bad_blocks_and_slots_are_refused():
         BlockScheduler([Block(0, 0, 0), Block(0, 1, 1)], [Slot("a", "x")], run=lambda b, s: None)
     with pytest.raises(ValueError, match="owned by slot 3, but there are 1 slots"):
         BlockScheduler([Block(0, 0, 0, owner=3)], [Slot("a", "x")], run=lambda b, s: None)
+
+
+# ---------------------------------------------------------------------- the pure decisions
+# No futures, no cluster: the steal decision and the pick from plain queues and strata.
+
+def _victim(slot: int, remaining: float, *blocks: Block) -> Victim:
+    return Victim(slot, f"v{slot}", remaining, list(blocks))
+
+
+def _const(seconds: float):
+    return lambda b: seconds
+
+
+def test_pick_takes_the_least_updated_free_block_first_in_queue_order_on_ties():
+    q = [Block(0, 0, 0), Block(1, 1, 1), Block(2, 2, 2), Block(3, 3, 3)]
+    updates = {0: 2, 1: 1, 2: 1, 3: 0}
+    assert pick(q, 0, {}, {}, updates).id == 3
+    assert pick(q, 0, {3: 1}, {}, updates).id == 1  # row 3 held by slot 1; 1 and 2 tie
+    assert pick(q, 0, {}, {}, None).id == 0  # deterministic: plan order
+    assert pick(q, 0, {0: 1}, {1: 1}, None).id == 2
+    # strata held by the picking slot itself are no conflict
+    assert pick(q, 1, {3: 1}, {}, updates).id == 3
+    assert pick(q, 0, {0: 1, 1: 1}, {2: 1, 3: 2}, updates) is None
+    assert pick([], 0, {}, {}, updates) is None
+
+
+def test_is_free_only_when_no_other_slot_holds_the_row_or_the_column():
+    b = Block(7, row=2, col=5)
+    assert is_free(b, 0, {}, {})
+    assert is_free(b, 0, {2: 0}, {5: 0})
+    assert not is_free(b, 0, {2: 1}, {})
+    assert not is_free(b, 0, {}, {5: 1})
+
+
+def test_remaining_time_counts_the_queue_at_the_slots_speed_and_whats_left_in_flight():
+    assert remaining_time(4.0, 0.5, [], now=0.0) == 2.0
+    # running for 1 s of its 3; a queued task behind it counts whole
+    assert remaining_time(4.0, 0.5, [(3.0, 10.0), (1.0, None)], now=11.0) == 5.0
+    assert remaining_time(0.0, 1.0, [(1.0, 10.0)], now=15.0) == 0.0  # overdue: none left
+
+
+def test_time_saved_is_what_the_victim_has_left_less_moving_and_running():
+    assert time_saved(0.5, 1.0, 4.0) == 2.5
+    assert time_saved(3.0, 1.0, 4.0) == 0.0
+    assert time_saved(3.0, 2.0, 4.0) < 0
+
+
+def test_steal_the_least_updated_free_block_of_the_slot_with_most_time_left():
+    a = _victim(1, 3.0, Block(10, 0, 0), Block(11, 1, 1))
+    b = _victim(2, 8.0, Block(20, 2, 2), Block(21, 3, 3), Block(22, 4, 4))
+    updates = {10: 0, 11: 0, 20: 3, 21: 1, 22: 1}
+    got = choose_steal(0, [a, b], {}, {}, updates, _const(0.5), _const(1.0))
+    assert got.block == Block(21, 3, 3) and got.victim == b and got.need == 1.5
+    assert got.reason == "from v2: moving and running it here takes 1.5 s, v2 has 8 s left"
+
+
+def test_nothing_to_steal_when_no_other_slot_has_blocks_queued():
+    for victims in ([], [_victim(1, 5.0)], [_victim(0, 9.0, Block(1, 1, 1)), _victim(1, 2.0)]):
+        got = choose_steal(0, victims, {}, {}, {1: 0}, _const(0.0), _const(1.0))
+        assert got.block is None and got.victim is None
+        assert got.reason == "no other slot has blocks queued"
+
+
+def test_no_steal_when_moving_costs_as_much_as_it_saves_or_more():
+    v = _victim(1, 4.0, Block(1, 1, 1))
+    for transfer in (3.0, 3.5, 100.0):  # 3 + 1 == 4: saves nothing
+        got = choose_steal(0, [v], {}, {}, {1: 0}, _const(transfer), _const(1.0))
+        assert got.block is None and got.victim == v
+        assert got.reason.startswith("not block 1 from v1: moving and running it here takes")
+    assert choose_steal(0, [v], {}, {}, {1: 0}, _const(2.9), _const(1.0)).block == Block(1, 1, 1)
+
+
+def test_only_the_slot_with_most_time_left_decides():
+    """Its block not worth moving, nothing moves, though a slot with less left has a block
+    that would be: the others end sooner anyway."""
+    big, cheap = Block(1, 1, 1, size=9.0), Block(2, 2, 2, size=1.0)
+    got = choose_steal(0, [_victim(1, 5.0, big), _victim(2, 4.0, cheap)], {}, {}, {1: 0, 2: 0},
+                       _const(0.0), lambda b: b.size)
+    assert got.block is None and got.victim.slot == 1
+
+
+def test_blocks_sharing_a_stratum_with_another_slots_task_are_passed_over():
+    v1 = _victim(1, 9.0, Block(1, 1, 1), Block(2, 2, 1))
+    v2 = _victim(2, 5.0, Block(3, 3, 3))
+    updates = {1: 0, 2: 0, 3: 0}
+    # slot 1's blocks are all in column 1, held by slot 3's task in flight: slot 2 decides
+    got = choose_steal(0, [v1, v2], {}, {1: 3}, updates, _const(0.0), _const(1.0))
+    assert got.block == Block(3, 3, 3) and got.victim == v2
+    # a row held rules out one block of slot 1, not the other
+    got = choose_steal(0, [v1, v2], {1: 3}, {}, updates, _const(0.0), _const(1.0))
+    assert got.block == Block(2, 2, 1) and got.victim == v1
+    got = choose_steal(0, [v1, v2], {3: 1}, {1: 2}, updates, _const(0.0), _const(1.0))
+    assert got.block is None and got.victim is None
+    assert got.reason.startswith("every queued block shares a row or a column")
+
+
+def test_victims_with_equal_time_left_go_by_slot_index():
+    v2, v1 = _victim(2, 5.0, Block(2, 2, 2)), _victim(1, 5.0, Block(1, 1, 1))
+    got = choose_steal(0, [v2, v1], {}, {}, {1: 0, 2: 0}, _const(0.0), _const(1.0))
+    assert got.victim == v1 and got.block == Block(1, 1, 1)
+
+
+def test_the_cost_model_is_asked_only_for_the_block_weighed_transfer_first():
+    asked = []
+
+    def transfer(b):
+        asked.append(("transfer", b.id))
+        return 0.25
+
+    def cost(b):
+        asked.append(("cost", b.id))
+        return 1.0
+
+    v = _victim(1, 6.0, Block(1, 1, 1), Block(2, 2, 2))
+    got = choose_steal(0, [v], {}, {}, {1: 1, 2: 0}, transfer, cost)
+    assert got.block.id == 2 and asked == [("transfer", 2), ("cost", 2)]
+    assert got.reason == "from v1: moving and running it here takes 1.25 s, v1 has 6 s left"
+
+
+# ---------------------------------------------------------------------- story
+def test_story_picks_a_blocks_events_in_order():
+    events = [Event(0.0, "assign", 1, "a", "own queue", 1, 1),
+              Event(0.1, "steal", 2, "b", "from a: ...", 1, 2),
+              Event(0.4, "finish", 1, "a", "took 0.4 s", 1, 1),
+              Event(0.5, "finish", 2, "b", "took 0.4 s", 1, 2),
+              Event(0.6, "assign", 1, "a", "own queue", 2, 3)]
+    assert story(events, 1) == [events[0], events[2], events[4]]
+    assert story(events, Block(2, 0, 0)) == [events[1], events[3]]
+    assert story(events, 2, Block(1, 0, 0)) == events
+    assert story(events, 9) == [] and story(events) == []
+
+
+class _Done:
+    """A client that only keeps what is logged."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[str, dict]] = []
+
+    def log_event(self, topic: str, msg: dict) -> None:
+        self.logged.append((topic, msg))
+
+
+def _done_now(group, slot) -> Future:
+    fut: Future = Future()
+    fut.set_result(None)
+    return fut
+
+
+def test_scheduler_story_follows_a_block_over_epochs_without_a_cluster():
+    slots = [Slot("a", "x"), Slot("b", "y")]
+    blocks = _grid(3, 2)
+    client = _Done()
+    sched = BlockScheduler(blocks, slots, _done_now, deterministic=True, client=client)
+    sched.run_epoch()
+    sched.run_epoch()
+    for b in blocks:
+        got = sched.story(b)
+        assert [(e.kind, e.epoch) for e in got] == [("assign", 1), ("finish", 1),
+                                                    ("assign", 2), ("finish", 2)]
+        assert {e.slot for e in got} == {slots[b.owner].name}
+        assert got == sched.story(b.id) == story(sched.events, b)
+    both = sched.story(blocks[0], blocks[4].id)
+    assert both == [e for e in sched.events if e.block in (blocks[0].id, blocks[4].id)]
+    assert [t for t, _ in client.logged] == ["mgpu-assign", "mgpu-assign"]

@@ -35,6 +35,11 @@ blocks.
 - The loop hears of completions through the futures' done callbacks and never fetches a
   finished block's result (that would copy its segments to the client); it asks a failed
   one for its error, which stops the epoch.
+
+The decisions (which block next, whether and what to steal) are pure functions of
+:mod:`mgpu.sched.steal`, tested without a cluster; an epoch's state (queues, tasks in flight,
+held strata) lives on an :class:`_Epoch`, which feeds them and carries them out;
+:meth:`BlockScheduler.story` reads back what happened to a block.
 """
 from __future__ import annotations
 
@@ -44,6 +49,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from mgpu.sched.blocks import Block, Event, Slot, story
+from mgpu.sched.steal import Victim, choose_steal, is_free, pick, remaining_time
 
 logger = logging.getLogger(__name__)
 
@@ -58,47 +66,171 @@ def _failed(fut: Any) -> bool:
     return fut.cancelled() or fut.exception() is not None
 
 
-@dataclass(frozen=True)
-class Block:
-    """One unit of work: its strata, its size (e.g. ratings) and the slot that owns it."""
-
-    id: int
-    row: int
-    col: int
-    size: float = 1.0
-    owner: int | None = None  # index into the slots; None: the static plan chooses
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Somewhere a block runs: a GPU worker, or one thread of a CPU worker."""
-
-    name: str
-    worker: str
-    kind: str = "cpu"
-
-
-@dataclass(frozen=True)
-class Event:
-    """A decision or a completion, with the reason for it."""
-
-    t: float  # seconds since the scheduler started
-    kind: str  # "assign", "steal", "finish"
-    block: int
-    slot: str
-    reason: str
-    epoch: int = 0
-    task: int = 0  # blocks run in one task (``batch``) share it
-
-
 @dataclass
 class _Running:
+    """A task in flight: its blocks, its slot and what the slot's speed is learnt from."""
+
     blocks: tuple[Block, ...]
     slot: int
     start: float  # when it was submitted, or when the slot's task before it ended
     expected: float
     task: int
     queued: bool = False  # behind another task of its slot (``ahead``)
+
+
+class _Held:
+    """Row or column strata held by tasks in flight: the slot holding each, and how many of
+    its tasks use it (a slot's queued tasks may share a stratum with its running one)."""
+
+    def __init__(self) -> None:
+        self.holder: dict[int, int] = {}  # stratum -> slot
+        self._count: dict[int, int] = {}  # stratum -> that slot's tasks in flight using it
+
+    def hold(self, key: int, s: int) -> None:
+        if key in self.holder:
+            self._count[key] += 1
+        else:
+            self.holder[key] = s
+            self._count[key] = 1
+
+    def release(self, key: int) -> None:
+        self._count[key] -= 1
+        if not self._count[key]:
+            del self._count[key], self.holder[key]
+
+
+class _Epoch:
+    """One epoch of a :class:`BlockScheduler`: its queues, tasks in flight and held strata.
+
+    The decisions are :mod:`mgpu.sched.steal`'s pure functions; this object feeds them the
+    epoch's state and carries them out (:meth:`fill`, :meth:`steal`, :meth:`submit`,
+    :meth:`finish`). The scheduler keeps what outlives the epoch: the events, the update
+    counts, the slots' measured speeds and the cost model's answers.
+    """
+
+    def __init__(self, sched: BlockScheduler) -> None:
+        self.sched = sched
+        self.queues = [list(q) for q in sched.plan]
+        # each queue's expected seconds on its own slot, before the slot's speed factor
+        self.queued = [sum(sched._base(b, s) for b in q) for s, q in enumerate(self.queues)]
+        self.running: dict[Any, _Running] = {}
+        self.order: list[list[Any]] = [[] for _ in sched.slots]  # each slot's futures, in order
+        self.depth = [1 + max(0, int(sched.ahead(sl))) if sched.ahead is not None else 1
+                      for sl in sched.slots]
+        # completions through a queue fed by the futures' done callbacks, which wakes this
+        # loop at once (distributed's as_completed checks its queue outside its condition
+        # and waits in 100 ms polls, so a completion can go unseen that long)
+        self.finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.rows = _Held()
+        self.cols = _Held()
+
+    def busy(self) -> bool:
+        """Whether blocks are left to start or tasks to hear from."""
+        return any(self.queues) or bool(self.running)
+
+    def pick(self, q: list[Block], s: int) -> Block | None:
+        """The block of ``q`` slot ``s`` takes next (least updated, or plan order)."""
+        updates = None if self.sched.deterministic else self.sched.updates
+        return pick(q, s, self.rows.holder, self.cols.holder, updates)
+
+    def remaining(self, s: int, now: float) -> float:
+        """Slot ``s``'s expected seconds left: its queue and its tasks in flight."""
+        in_flight = [(r.expected, None if r.queued else r.start)
+                     for r in (self.running[f] for f in self.order[s])]
+        return remaining_time(self.queued[s], self.sched._speed[s], in_flight, now)
+
+    def fill(self, s: int) -> None:
+        """Slot ``s`` starts free blocks of its own queue until it has ``ahead`` tasks queued."""
+        while len(self.order[s]) < self.depth[s]:
+            b = self.pick(self.queues[s], s)
+            if b is None:
+                break
+            self.submit(b, s, "assign", "own queue" if not self.order[s] else
+                        f"own queue, behind {len(self.order[s])} task(s) of this slot", s)
+
+    def steal(self, s: int, now: float) -> None:
+        """Slot ``s``, dry, steals a block from the slot with the most time left, if worth it."""
+        sched = self.sched
+        victims = [Victim(v, sched.slots[v].name, self.remaining(v, now), self.queues[v])
+                   for v in range(len(sched.slots)) if v != s and self.queues[v]]
+        got = choose_steal(s, victims, self.rows.holder, self.cols.holder, sched.updates,
+                           lambda b: sched._transfer(b, s), lambda b: sched._cost(b, s))
+        if got.block is not None and got.victim is not None:
+            self.submit(got.block, s, "steal", got.reason, got.victim.slot)
+        else:  # no event: nothing happened, but a debug log says why
+            logger.debug("%s steals nothing: %s", sched.slots[s].name, got.reason)
+
+    def _group(self, b: Block, s: int, kind: str, owner: int) -> list[Block]:
+        """``b`` and the blocks of its owner's queue that run after it in the same task:
+        free, in its column, each in another row, up to the slot's ``batch``."""
+        sched = self.sched
+        group = [b]
+        limit = sched.batch(sched.slots[s]) if sched.batch is not None and kind == "assign" \
+            else 1
+        rows = {b.row}
+        for o in self.queues[owner]:
+            if len(group) >= limit:
+                break
+            if o is not b and o.col == b.col and o.row not in rows and \
+                    is_free(o, s, self.rows.holder, self.cols.holder):
+                group.append(o)
+                rows.add(o.row)
+        return group
+
+    def submit(self, b: Block, s: int, kind: str, reason: str, owner: int) -> None:
+        """Start block ``b`` of ``owner``'s queue on slot ``s`` (with its ``batch``), as one
+        task, and record why."""
+        sched = self.sched
+        group = self._group(b, s, kind, owner)
+        sched._tasks += 1
+        for k, o in enumerate(group):
+            self.queues[owner].remove(o)
+            self.queued[owner] -= sched._base(o, owner)
+            self.rows.hold(o.row, s)
+            sched._event(kind, o, s, reason if not k else
+                         f"{reason}; after block {group[k - 1].id} in the same task",
+                         sched._tasks)
+        self.cols.hold(b.col, s)
+        fut = sched.run(tuple(group), sched.slots[s])
+        self.running[fut] = _Running(tuple(group), s, time.perf_counter(),
+                                     sum(sched._cost(o, s) for o in group), sched._tasks,
+                                     queued=bool(self.order[s]))
+        self.order[s].append(fut)
+        fut.add_done_callback(self.finished.put)
+
+    def wait(self) -> tuple[list[Any], float]:
+        """The futures that finished (at least one; blocks until then), and the time heard."""
+        done = [self.finished.get()]
+        while not self.finished.empty():
+            done.append(self.finished.get())
+        return done, time.perf_counter()
+
+    def finish(self, fut: Any, end: float) -> None:
+        """A task ended at ``end``: free its strata, learn its slot's speed, record it; its
+        slot's next queued task starts now. A failed task raises its own error."""
+        sched = self.sched
+        r = self.running.pop(fut)
+        # a finished block's result stays on its worker (asking for it would copy
+        # it here, a tenth of a second per block); a failed one stops the epoch
+        if _failed(fut):
+            fut.result()  # raises the block's own error
+        self.order[r.slot].remove(fut)
+        for nxt in self.order[r.slot][:1]:  # the slot's next task starts now
+            if self.running[nxt].queued:
+                self.running[nxt].queued = False
+                self.running[nxt].start = end
+        took = end - r.start
+        speed = sched._speed[r.slot]
+        base = r.expected / speed if speed else r.expected
+        if base > 0:  # learn the slot's real speed against the model
+            sched._speed[r.slot] = 0.5 * speed + 0.5 * took / base
+        self.cols.release(r.blocks[0].col)
+        for b in r.blocks:
+            self.rows.release(b.row)
+            sched.updates[b.id] += 1
+            sched._event("finish", b, r.slot, f"took {took:.3g} s" if len(r.blocks) == 1
+                         else f"took {took:.3g} s for {len(r.blocks)} blocks in one task",
+                         r.task)
 
 
 @dataclass
@@ -138,11 +270,20 @@ class BlockScheduler:
     epochs_done : int, default=0
         Epochs run before this scheduler (a job whose blocks changed owners): its events are
         numbered after them.
+
+    Attributes
+    ----------
+    plan : list of list of Block
+        The static plan: each slot's queue, in the order it runs it.
+    events : list of Event
+        Every decision and completion so far, in order (:meth:`story` picks a block's).
+    updates : dict of int to int
+        Block id -> times it ran.
     """
 
     blocks: Sequence[Block]
     slots: Sequence[Slot]
-    run: Callable[[Block, Slot], Any]
+    run: Callable[[tuple[Block, ...], Slot], Any]
     cost: Callable[[Block, Slot], float] | None = None
     transfer: Callable[[Block, Slot], float] | None = None
     deterministic: bool = False
@@ -164,13 +305,13 @@ class BlockScheduler:
                 raise ValueError(f"Block {b.id} is owned by slot {b.owner}, but there are "
                                  f"{len(self.slots)} slots.")
         self.updates = {b.id: 0 for b in self.blocks}
-        self._speed = [1.0] * len(self.slots)  # measured / expected, per slot
-        self._t0 = time.perf_counter()
-        self._epoch = self.epochs_done
-        self._tasks = 0
+        self._speed: list[float] = [1.0] * len(self.slots)  # measured / expected, per slot
+        self._t0: float = time.perf_counter()
+        self._epoch: int = self.epochs_done
+        self._tasks: int = 0  # tasks submitted, over every epoch
         self._base_cost: dict[tuple[int, int], float] = {}
         self._transfer_cost: dict[tuple[int, int], float] = {}
-        self.plan = self._static_plan()
+        self.plan: list[list[Block]] = self._static_plan()
 
     # ------------------------------------------------------------------ model and plan
     def _base(self, b: Block, s: int) -> float:
@@ -228,137 +369,55 @@ class BlockScheduler:
 
     # ------------------------------------------------------------------ one epoch
     def run_epoch(self) -> list[Event]:
-        """Run every block once; returns this epoch's events."""
+        """Run every block once; returns this epoch's events.
+
+        Each round, every slot starts free blocks of its own queue (up to its ``ahead``),
+        and a slot left with nothing in flight steals (not in ``deterministic`` mode); then
+        the loop waits for a task to finish. A failed task raises its own error.
+
+        Returns
+        -------
+        list of Event
+            The epoch's assignments, steals and finishes, in order; also appended to
+            :attr:`events` and logged to the Dask scheduler.
+
+        Raises
+        ------
+        RuntimeError
+            If blocks are left and none can run (a bug).
+        """
         if self.client is None:
             from mgpu.distributed.cluster import current_client
 
             self.client = current_client()
         self._epoch += 1
         first = len(self.events)
-        queues = [list(q) for q in self.plan]
-        # each queue's expected seconds on its own slot, before the slot's speed factor
-        queued = [sum(self._base(b, s) for b in q) for s, q in enumerate(queues)]
-        running: dict[Any, _Running] = {}
-        order: list[list[Any]] = [[] for _ in self.slots]  # each slot's futures, in order
-        depth = [1 + max(0, int(self.ahead(sl))) if self.ahead is not None else 1
-                 for sl in self.slots]
-        # completions through a queue fed by the futures' done callbacks, which wakes this
-        # loop at once (distributed's as_completed checks its queue outside its condition
-        # and waits in 100 ms polls, so a completion can go unseen that long)
-        finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        # row or column stratum -> [the slot holding it, its tasks in flight that use it]
-        rows_held: dict[int, list[int]] = {}
-        cols_held: dict[int, list[int]] = {}
-
-        def free(b: Block, s: int) -> bool:
-            r, c = rows_held.get(b.row), cols_held.get(b.col)
-            return (r is None or r[0] == s) and (c is None or c[0] == s)
-
-        def hold(held: dict[int, list[int]], key: int, s: int) -> None:
-            if key in held:
-                held[key][1] += 1
-            else:
-                held[key] = [s, 1]
-
-        def release(held: dict[int, list[int]], key: int) -> None:
-            held[key][1] -= 1
-            if not held[key][1]:
-                del held[key]
-
-        def pick(q: list[Block], s: int) -> Block | None:
-            cands = [b for b in q if free(b, s)]
-            if not cands:
-                return None
-            if self.deterministic:
-                return cands[0]
-            return min(cands, key=lambda b: self.updates[b.id])  # the first of the least
-
-        def remaining(s: int, now: float) -> float:
-            left = queued[s] * self._speed[s]
-            for f in order[s]:
-                r = running[f]
-                left += r.expected if r.queued else max(0.0, r.expected - (now - r.start))
-            return left
-
-        def start(b: Block, s: int, kind: str, reason: str, owner: int) -> None:
-            group = [b]
-            limit = self.batch(self.slots[s]) if self.batch is not None and kind == "assign" \
-                else 1
-            rows = {b.row}
-            for o in queues[owner]:
-                if len(group) >= limit:
-                    break
-                if o is not b and o.col == b.col and o.row not in rows and free(o, s):
-                    group.append(o)
-                    rows.add(o.row)
-            self._tasks += 1
-            for k, o in enumerate(group):
-                queues[owner].remove(o)
-                queued[owner] -= self._base(o, owner)
-                hold(rows_held, o.row, s)
-                self._event(kind, o, s, reason if not k else
-                            f"{reason}; after block {group[k - 1].id} in the same task",
-                            self._tasks)
-            hold(cols_held, b.col, s)
-            fut = self.run(tuple(group), self.slots[s])
-            running[fut] = _Running(tuple(group), s, time.perf_counter(),
-                                    sum(self._cost(o, s) for o in group), self._tasks,
-                                    queued=bool(order[s]))
-            order[s].append(fut)
-            fut.add_done_callback(finished.put)
-
-        while any(queues) or running:
+        run = _Epoch(self)
+        while run.busy():
             now = time.perf_counter()
             for s in range(len(self.slots)):
-                while len(order[s]) < depth[s]:
-                    b = pick(queues[s], s)
-                    if b is None:
-                        break
-                    start(b, s, "assign", "own queue" if not order[s] else
-                          f"own queue, behind {len(order[s])} task(s) of this slot", s)
-                if order[s] or self.deterministic:
-                    continue
-                victims = sorted((v for v in range(len(self.slots)) if v != s and queues[v]),
-                                 key=lambda v: (-remaining(v, now), v))
-                for v in victims:
-                    b = pick(queues[v], s)
-                    if b is None:
-                        continue
-                    need = self._transfer(b, s) + self._cost(b, s)
-                    left = remaining(v, now)
-                    if need < left:
-                        start(b, s, "steal",
-                              f"from {self.slots[v].name}: moving and running it here takes "
-                              f"{need:.3g} s, {self.slots[v].name} has {left:.3g} s left", v)
-                    break  # only the slot with the most remaining time is a victim
-            if not running:
+                run.fill(s)
+                if not run.order[s] and not self.deterministic:
+                    run.steal(s, now)
+            if not run.running:
                 raise RuntimeError("BlockScheduler stalled with blocks left and none runnable; "
                                    "this is a bug.")
-            done = [finished.get()]
-            while not finished.empty():
-                done.append(finished.get())
-            end = time.perf_counter()
+            done, end = run.wait()
             for fut in done:
-                r = running.pop(fut)
-                # a finished block's result stays on its worker (asking for it would copy
-                # it here, a tenth of a second per block); a failed one stops the epoch
-                if _failed(fut):
-                    fut.result()  # raises the block's own error
-                order[r.slot].remove(fut)
-                for nxt in order[r.slot][:1]:  # the slot's next task starts now
-                    if running[nxt].queued:
-                        running[nxt].queued = False
-                        running[nxt].start = end
-                took = end - r.start
-                base = r.expected / self._speed[r.slot] if self._speed[r.slot] else r.expected
-                if base > 0:  # learn the slot's real speed against the model
-                    self._speed[r.slot] = 0.5 * self._speed[r.slot] + 0.5 * took / base
-                release(cols_held, r.blocks[0].col)
-                for b in r.blocks:
-                    release(rows_held, b.row)
-                    self.updates[b.id] += 1
-                    self._event("finish", b, r.slot, f"took {took:.3g} s" if len(r.blocks) == 1
-                                else f"took {took:.3g} s for {len(r.blocks)} blocks in one task",
-                                r.task)
+                run.finish(fut, end)
         self._log(self.events[first:])
         return self.events[first:]
+
+    def story(self, *blocks: Block | int) -> list[Event]:
+        """What happened to the given blocks (or block ids), in order, over every epoch.
+
+        Parameters
+        ----------
+        *blocks : Block or int
+
+        Returns
+        -------
+        list of Event
+            Their assignments, steals and finishes, as in :attr:`events`.
+        """
+        return story(self.events, *blocks)
