@@ -23,6 +23,8 @@ MODULES = [
     "mgpu.distributed.jaccard",
     "mgpu.mf.division",
     "mgpu.mf.calibration",
+    "mgpu.sched.steal",
+    "mgpu.sched.blocks",
     "workflows.jaccard",
     "workflows.gap",
     "mgpu.deploy",
