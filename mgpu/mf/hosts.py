@@ -25,11 +25,11 @@ same segment (the block scheduler's conflict rule), and a call's inputs are the 
 the calls before it left.
 
 On a GPU worker the host runs one call at a time (in order of arrival, once its inputs are
-there) on the device: a block's ratings are staged there once (:func:`mgpu.mf.model._stage`),
-segments stay on the device between calls, and each call leaves pinned host copies of what
-it updated, sent when another host takes them, so that nobody waits behind the GPU's next
-kernel. On a CPU worker it runs as many calls at once as the worker has threads, each a
-numba pass (nogil).
+there) on the device: a block's ratings are staged there once
+(:func:`mgpu.mf.staging.stage_block`), segments stay on the device between calls, and each
+call leaves pinned host copies of what it updated (:func:`mgpu.mf.staging.host_copy`), sent
+when another host takes them, so that nobody waits behind the GPU's next kernel. On a CPU
+worker it runs as many calls at once as the worker has threads, each a numba pass (nogil).
 """
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from mgpu.mf.staging import host_copy, stage_block
 
 __all__ = ["BlockHost", "Driver", "HostLost", "SegmentMap", "SegmentStore", "call",
            "share_segments", "start_hosts"]
@@ -346,9 +348,7 @@ class BlockHost:
         seg = np.zeros((m, k))
         self.blocks["warm"] = block
         if self.kind == "gpu":
-            from mgpu.mf.model import _stage
-
-            self.staged["warm"] = _stage(block, seg.dtype, 0)
+            self.staged["warm"] = stage_block(block, seg.dtype, 0)
         _, outs, _ = self._run_blocks(["warm"], [seg.copy()], seg.copy(), 0.0, 0.0)
         self._run_blocks(["warm"], [outs[0][0]], outs[1][0], 0.0, 0.0)  # left as made
         del self.blocks["warm"]
@@ -433,8 +433,6 @@ class BlockHost:
         if self.kind == "gpu":
             import cupy
 
-            from mgpu.mf.model import _host_copy
-
             marks = [cupy.cuda.Event() for _ in range(4)]
             marks[0].record()
             Ps, Q = [self._on_device(P) for P in Ps], self._on_device(Q)
@@ -445,7 +443,7 @@ class BlockHost:
             outs = []
             for a, dst in zip((*Ps, Q), list(into) or [None] * (len(Ps) + 1)):
                 if dst is None:
-                    outs.append((a, _host_copy(a)))
+                    outs.append((a, host_copy(a)))
                 else:
                     a.get(out=dst)
                     outs.append((a, dst))
@@ -546,10 +544,8 @@ class BlockHost:
             await self._stage(b, dtype, seed)
 
     async def _stage(self, b: Any, dtype: str, seed: int) -> None:
-        from mgpu.mf.model import _stage
-
         if b not in self.staged:
-            self.staged[b] = await self._in_pool(_stage, self.blocks[b], np.dtype(dtype),
+            self.staged[b] = await self._in_pool(stage_block, self.blocks[b], np.dtype(dtype),
                                                  seed + int(b))
 
 

@@ -78,6 +78,7 @@ from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
 from mgpu.mf.hosts import HostLost, SegmentMap, call, share_segments, start_hosts
 from mgpu.mf.sgd import libmf_order, rmse, sgd_block
+from mgpu.mf.staging import time_alone_block
 from mgpu.ops._validate import check_option
 from mgpu.sched.cost import split
 
@@ -91,30 +92,6 @@ MODES = ("sequential", "cpu", "gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd
 GPU_MODES = ("gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
 MIXED_MODES = ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
 COST_MODES = ("hsgd-linear", "hsgd-static", "hsgd*")
-
-
-def _stage(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, seed: int
-           ) -> tuple[Any, Any, Any]:
-    """A block's ratings on the GPU, in a random order drawn once (cuMF_SGD shuffles once
-    too; thousands of warps in flight reorder the updates anyway), int32 ids."""
-    import cupy
-
-    users, items, ratings = block
-    order = np.random.default_rng(seed).permutation(users.shape[0])
-    return (cupy.asarray(users[order].astype(np.int32)),
-            cupy.asarray(items[order].astype(np.int32)),
-            cupy.asarray(ratings[order].astype(dtype)))
-
-
-def _host_copy(a: Any) -> np.ndarray:
-    """A device array's host copy, in pinned memory (CuPy's pinned pool): the copy is the
-    GPU's DMA, not a staging copy by a CPU core that the CPU slots keep busy (a GPU task's
-    time fell from about 39 to 24 ms on planted ratings, 12 CPU threads beside it)."""
-    import cupyx
-
-    out = cupyx.empty_pinned(a.shape, a.dtype)
-    a.get(out=out)
-    return out
 
 
 def gpu_options() -> dict[str, Any]:
@@ -206,13 +183,11 @@ def _alone_epoch(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray
                  ) -> dict[str, float]:
     """An epoch of the GPUs alone on their division ``div`` (the gpu mode's), priced by
     timing one of its blocks on a GPU worker (a random share of its ratings, at most
-    ``mgpu.mf.calibration-ratings``: :func:`mgpu.mf.calibration._alone_block`): every GPU
+    ``mgpu.mf.calibration-ratings``: :func:`mgpu.mf.staging.time_alone_block`): every GPU
     runs its share of the ratings at that rate, and a call per column of its blocks, each
     copying its segments back and paying ``overhead`` (a call's, the CPU slots idle).
     Returns the rate (``per_rating_s``), the copies (``copy_s``), ``overhead`` and
     ``epoch_s``."""
-    from mgpu.mf.calibration import _alone_block
-
     big = max(div.blocks, key=lambda blk: blk.size)
     members_u = np.flatnonzero(div.user_stratum == big.row)
     members_i = np.flatnonzero(div.item_stratum == big.col)
@@ -224,7 +199,7 @@ def _alone_epoch(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray
     most = int(config.get("mf.calibration-ratings"))
     if sel.size > most:
         sel = np.sort(np.random.default_rng(sel.size).choice(sel, most, replace=False))
-    got = client.submit(_alone_block, local_u[u[sel]], local_i[i[sel]], r[sel],
+    got = client.submit(time_alone_block, local_u[u[sel]], local_i[i[sel]], r[sel],
                         members_u.size, members_i.size, k, "float64", gpu_kw,
                         workers=[gpu_worker], allow_other_workers=False, pure=False).result()
     calls = div.n_cols  # a GPU's blocks of a column run in one call
