@@ -28,6 +28,7 @@ MODULES = [
     "mgpu.sched.cost",
     "mgpu.mf.sgd",
     "mgpu.mf.model",
+    "mgpu.mf.planning",
     "mgpu.ops.spmv",
     "mgpu.distributed.spmv",
     "mgpu.bench.spmv",

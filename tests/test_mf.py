@@ -532,7 +532,7 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
 
     from mgpu.distributed import connect
     from mgpu.mf.calibration import cached
-    from mgpu.mf.model import _plan
+    from mgpu.mf.planning import plan
 
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
@@ -554,7 +554,7 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
     # and no GPU block priced faster than that rate, as fit plans
     predict = {"gpu": cal.predictor("gpu", floor=alone["per_rating_s"]),
                "cpu": cal.predictor("cpu")}
-    used, alpha = _plan(train.nnz, predict, 1, 3, alone["epoch_s"])
+    used, alpha = plan(train.nnz, predict, 1, 3, alone["epoch_s"])
     d = mf.division_
     assert d["cpu_slots"] == used and d["alpha"] == pytest.approx(alpha, abs=0.05)
     assert d["cols"] == (used + 3 if used else 2)  # the GPU alone: the gpu mode's 2×2 grid
@@ -574,7 +574,7 @@ def test_hsgd_star_hands_rows_over_at_the_rates_its_epochs_measured():
     import dask.config
 
     from mgpu.distributed import connect
-    from mgpu.mf.model import _measured_alpha
+    from mgpu.mf.planning import measured_alpha
     from mgpu.synthetic import planted_ratings
 
     n = [float(2 ** e) for e in range(10, 21)]
@@ -590,7 +590,7 @@ def test_hsgd_star_hands_rows_over_at_the_rates_its_epochs_measured():
     h = mf.history_
     planned = mf.division_["alpha_planned"]
     assert planned > 0.5
-    first = _measured_alpha(h[0], 1, mf.division_["cpu_slots"])
+    first = measured_alpha(h[0], 1, mf.division_["cpu_slots"])
     assert first is not None and first < planned - 0.2
     # before epoch 2 the GPU gave rows away: its share went toward halfway to the measured
     assert h[1].get("rows_moved", 0) >= 1 and h[1]["replan_s"] > 0, (

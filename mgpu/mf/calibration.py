@@ -419,7 +419,7 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     cross between workers both ways as in an epoch), a CPU slot one call at a time,
     the GPU with ``mf.gpu-ahead`` calls queued behind its running one, as long as the CPU
     slots run (or ``tasks`` times).
-    A call's busy time is counted as :func:`mgpu.mf.model._side_times` counts it: from its
+    A call's busy time is counted as :func:`mgpu.mf.planning.side_times` counts it: from its
     submission, or from the end of its slot's call before it when it was queued behind that
     one, to the sender hearing it ended; the calls are sent from the CPU worker's host (the
     GPU worker's without one), as a fit's block scheduler sends them (:func:`_probe_calls`).

@@ -75,12 +75,12 @@ from dask.utils import parse_bytes
 
 from mgpu import config
 from mgpu.mf.calibration import Calibration
+from mgpu.mf import planning
 from mgpu.mf.division import columns, hsgd_star, uniform
 from mgpu.mf.hosts import HostLost, SegmentMap, call, share_segments, start_hosts
 from mgpu.mf.sgd import libmf_order, rmse, sgd_block
 from mgpu.mf.staging import time_alone_block
 from mgpu.ops._validate import check_option
-from mgpu.sched.cost import split
 
 logger = logging.getLogger(__name__)
 
@@ -119,65 +119,6 @@ def _slots(client: Any, mode: str) -> list[Any]:
     return gpus if mode == "gpu" else gpus + threads
 
 
-def _gpu_batch(n_g: int, n_c: int) -> int:
-    """Blocks a GPU runs in one task under HSGD*'s division: its sub-rows of one column."""
-    return -(-(n_g + n_c) // n_g) if n_g else 1
-
-
-def _sides(predict: dict[str, Callable[..., float]], n_g: int, n_c: int, load: float = 1.0
-           ) -> tuple[Callable[[float], float], Callable[[float], float]]:
-    """Predicted seconds of each side of HSGD*'s division for the ratings it is given, summed
-    over its slots: a GPU runs ⌈(n_g+n_c)/n_g⌉ sub-rows × (n_c+2n_g+1) columns of blocks, its
-    sub-rows of a column in one task, a CPU slot (n_c+n_g)/n_c rows × as many columns, a
-    block a task; every block costs the calibrated time of its share of the ratings plus its
-    share of its task's overhead (a GPU's at ``load``, the share of the CPU slots at work:
-    see :meth:`mgpu.mf.calibration.Calibration.predictor`)."""
-    cols = columns(n_g, n_c)
-    sub = _gpu_batch(n_g, n_c)
-    per_gpu = sub * cols
-    per_cpu = (n_c + n_g) * cols / n_c if n_c else 0.0
-
-    def gpu_side(n: float) -> float:
-        return n_g * per_gpu * predict["gpu"](n / (n_g * per_gpu), sub, load=load)
-
-    def cpu_side(n: float) -> float:
-        return n_c * per_cpu * predict["cpu"](n / (n_c * per_cpu)) if n_c else 0.0
-
-    return gpu_side, cpu_side
-
-
-def _epoch_time(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
-                n_c: int, alpha: float, load: float = 1.0) -> float:
-    """Predicted seconds of an epoch of HSGD*'s division: its slower side's slots."""
-    gpu_side, cpu_side = _sides(predict, n_g, n_c, load)
-    t = gpu_side(alpha * n_ratings) / n_g
-    return max(t, cpu_side((1 - alpha) * n_ratings) / n_c) if n_c else t
-
-
-def _plan(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
-          n_c: int, alone: float | None = None) -> tuple[int, float]:
-    """How many of the CPU slots to use, and the GPUs' share α, for the shortest predicted
-    epoch.
-
-    For a given number of CPU slots, α is the thesis's argmin |T_g(α)/n_g − T_c(1−α)/n_c|
-    (:func:`mgpu.sched.cost.split`) on the division's blocks (:func:`_sides`). Every task
-    pays a round trip, and the division has more blocks the more slots it serves, so on
-    small data fewer CPU slots (down to none) can finish an epoch sooner: the number is
-    chosen too, which the thesis, on data far larger than a block's overhead, fixes.
-    ``alone``: the seconds of an epoch of the GPUs alone, measured on one of their blocks
-    (:func:`_alone_epoch`), for that option instead of the curves.
-    """
-    best = (math.inf, 0, 1.0)
-    for c in range(n_c + 1):
-        load = c / n_c if n_c else 0.0
-        alpha = split(float(n_ratings), *_sides(predict, n_g, c, load), n_g, c) if c else 1.0
-        t = _epoch_time(n_ratings, predict, n_g, c, alpha, load) if c or alone is None \
-            else alone
-        if t < best[0]:
-            best = (t, c, alpha)
-    return best[1], best[2]
-
-
 def _alone_epoch(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray,
                  i: np.ndarray, r: np.ndarray, k: int, gpu_kw: dict[str, Any], overhead: float
                  ) -> dict[str, float]:
@@ -207,120 +148,6 @@ def _alone_epoch(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray
     got["epoch_s"] = (got["per_rating_s"] * r.size / n_g
                       + calls * (got["copy_s"] + overhead))
     return got
-
-
-def _alone_block_time(alone: dict[str, float], n: float, per_task: int = 1,
-                      load: float = 1.0) -> float:
-    """A block's predicted seconds on a GPU alone, from :func:`_alone_epoch`'s measurement
-    (the signature of :meth:`mgpu.mf.calibration.Calibration.predictor`'s functions)."""
-    return 0.0 if n <= 0 else (alone["per_rating_s"] * n
-                               + (alone["copy_s"] + alone["overhead_s"]) / per_task)
-
-
-def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float],
-                predict: dict[str, Callable[..., float]]) -> dict[str, float]:
-    """Per kind of slot in one epoch: seconds its slots were busy (summed over the slots;
-    a slot is busy from a task's submission to its end, a task queued behind another of the
-    same slot counted from the end of that one), ratings it updated, and what the cost model
-    predicted for those tasks: each block's run and its task's overhead once, shared by
-    the blocks the task ran (a GPU's sub-rows of a column; a block stolen from another slot
-    runs alone in its task and pays the whole overhead).
-
-    A steal from another worker is priced as any call: the calibration's overhead already
-    holds a segment that crosses between workers in every call (:mod:`mgpu.mf.calibration`),
-    and on H100 machines at 1e7 ratings adding the block scheduler's guess at the move
-    (``mf.steal-bandwidth``, both segments both ways) put the GPU side 8–30% above its
-    measured time (BENCHMARKS.md)."""
-    spans: dict[int, list[float]] = {}  # task -> [start, end]
-    out: dict[str, float] = {}
-    for kind in sorted(set(kinds.values())):
-        out[f"{kind}_busy_s"] = 0.0
-        out[f"{kind}_ratings"] = 0.0
-        if kind in predict:
-            out[f"{kind}_predicted_s"] = 0.0
-    slot_of: dict[int, str] = {}
-    ran: dict[int, list[int]] = {}  # task -> its blocks that finished
-    for ev in events:
-        if ev.kind in ("assign", "steal"):
-            spans.setdefault(ev.task, [ev.t, ev.t])
-            slot_of[ev.task] = ev.slot
-        elif ev.kind == "finish":
-            if ev.task in spans:
-                spans[ev.task][1] = ev.t
-            out[f"{kinds[ev.slot]}_ratings"] += sizes[ev.block]
-            ran.setdefault(ev.task, []).append(ev.block)
-            slot_of.setdefault(ev.task, ev.slot)
-    for task, got in ran.items():
-        slot = slot_of[task]
-        kind = kinds[slot]
-        if kind in predict:
-            out[f"{kind}_predicted_s"] += sum(predict[kind](sizes[b], len(got)) for b in got)
-    by_slot: dict[str, list[list[float]]] = {}
-    for task, span in spans.items():
-        by_slot.setdefault(slot_of[task], []).append(span)
-    for slot, got in by_slot.items():
-        end = -np.inf
-        for a, b in sorted(got):  # the union of the slot's spans
-            out[f"{kinds[slot]}_busy_s"] += max(0.0, b - max(a, end))
-            end = max(end, b)
-    return out
-
-
-def _call_times(calls: dict[str, list[dict[str, float]]], planned: Any) -> dict[str, float]:
-    """Per kind of slot in one epoch: its calls (``{kind}_calls``) and the seconds they
-    spent on their hosts, summed (``{kind}_call_{part}_s``, the parts of
-    :meth:`mgpu.mf.hosts.BlockHost.call_times`)."""
-    kinds = {s.worker: s.kind for s in planned.slots}
-    out: dict[str, float] = {}
-    for w, got in calls.items():
-        kind = kinds[w]
-        out[f"{kind}_calls"] = out.get(f"{kind}_calls", 0) + len(got)
-        for t in got:
-            for part, sec in t.items():
-                out[f"{kind}_call_{part}_s"] = out.get(f"{kind}_call_{part}_s", 0.0) + sec
-    return out
-
-
-def _gpu_share(sched: Any) -> float:
-    """The share of the ratings in blocks a scheduler's GPU slots own."""
-    total = sum(b.size for b in sched.blocks)
-    gpu = sum(b.size for b in sched.blocks if sched.slots[b.owner].kind == "gpu")
-    return float(gpu / total) if total else 0.0
-
-
-def _measured_rates(times: dict[str, float]) -> tuple[float, float] | None:
-    """Ratings per busy second of one GPU slot and of one CPU slot in an epoch
-    (:func:`_side_times`), or None without both."""
-    try:
-        gpu = times["gpu_ratings"] / times["gpu_busy_s"]
-        cpu = times["cpu_ratings"] / times["cpu_busy_s"]
-    except (KeyError, ZeroDivisionError):
-        return None
-    if not (np.isfinite(gpu) and np.isfinite(cpu) and gpu > 0 and cpu > 0):
-        return None
-    return float(gpu), float(cpu)
-
-
-def _measured_alpha(times: dict[str, float], n_g: int, n_c: int) -> float | None:
-    """The GPUs' share α that balances the two sides at the rates an epoch measured
-    (:func:`_measured_rates`), or None without both.
-
-    >>> _measured_alpha({"gpu_ratings": 600.0, "gpu_busy_s": 1.0,
-    ...                  "cpu_ratings": 400.0, "cpu_busy_s": 4.0}, 1, 4)
-    0.6
-    """
-    rates = _measured_rates(times)
-    if rates is None:
-        return None
-    return n_g * rates[0] / (n_g * rates[0] + n_c * rates[1])
-
-
-@dataclasses.dataclass(frozen=True)
-class _Planned:
-    """A fit's blocks (with their owners) and slots, as the client keeps them."""
-
-    blocks: tuple[Any, ...]
-    slots: tuple[Any, ...]
 
 
 def _driving(slots: list[Any]) -> str:
@@ -755,10 +582,11 @@ default='sequential'
                 logger.info("%s: the GPUs alone, measured on a block of theirs: %.3g M "
                             "ratings/s, an epoch %.3g s (the curves: %.3g s)", self.mode,
                             1e-6 / alone["per_rating_s"] if alone["per_rating_s"] else math.inf,
-                            alone["epoch_s"], _epoch_time(r.size, predict, n_g, 0, 1.0, 0.0))
+                            alone["epoch_s"],
+                            planning.epoch_time(r.size, predict, n_g, 0, 1.0, 0.0))
                 # and no division's GPU blocks priced faster than that rate
                 predict["gpu"] = cal.predictor("gpu", model, floor=alone["per_rating_s"])
-            used, alpha = _plan(r.size, predict, n_g, n_c,
+            used, alpha = planning.plan(r.size, predict, n_g, n_c,
                                 None if alone is None else alone["epoch_s"])
             if used < n_c:
                 logger.info("%s: %d of the %d CPU slots make the shortest predicted epoch",
@@ -773,7 +601,7 @@ default='sequential'
             else:
                 div = gpus_alone()
                 if alone is not None:  # priced as measured
-                    predict = {"gpu": functools.partial(_alone_block_time, alone)}
+                    predict = {"gpu": functools.partial(planning.alone_block_time, alone)}
         else:
             div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
         rebalance = self.mode in ("hsgd*", "hsgd-static") and n_g > 0 and n_c > 0 \
@@ -800,7 +628,7 @@ default='sequential'
                     extra["rows_moved"] = moved
             planned, drive, rows, cols, side_times = placed[:5]
             if predict:
-                extra["alpha"] = _gpu_share(planned)
+                extra["alpha"] = planning.gpu_share(planned)
             t0 = time.perf_counter()
             events, latest, calls = drive(_job_epoch).result()
             took = time.perf_counter() - t0
@@ -813,7 +641,7 @@ default='sequential'
                         P[rows[idx]] = got
                     else:
                         Q[cols[idx]] = got
-            last = {**side_times(events), **_call_times(calls, planned)}
+            last = {**side_times(events), **planning.call_times(calls, planned)}
             yield P, Q, {"epoch_s": took, "gather_s": time.perf_counter() - t0 - took, **setup,
                          **extra, **last}
             setup = {}
@@ -825,14 +653,14 @@ default='sequential'
         """A division's blocks on the cluster: each block's ratings on its owner's host
         (:mod:`mgpu.mf.hosts`; a GPU's staged on its device), the factor segments, and the
         block scheduler that runs them, on the driving host (:func:`_driving`); returns the
-        blocks and slots (:class:`_Planned`), ``drive`` (a function and its arguments run on
-        the driving host), the strata's members, the per-epoch side-time summary and
-        ``reown`` (blocks with new owners, epochs done -> their :class:`_Planned`;
-        :meth:`_rebalance` puts it first)."""
+        blocks and slots (:class:`mgpu.mf.planning.Ownership`), ``drive`` (a function and
+        its arguments run on the driving host), the strata's members, the per-epoch
+        side-time summary and ``reown`` (blocks with new owners, epochs done -> their
+        ownership; :meth:`_rebalance` puts it first)."""
         n_g = sum(s.kind == "gpu" for s in slots)
         n_c = len(slots) - n_g
         if predict and n_c:
-            gpu_batch = _gpu_batch(n_g, n_c)
+            gpu_batch = planning.gpu_batch(n_g, n_c)
         else:
             gpu_batch = div.n_rows  # a GPU's own blocks of a column, however many
         per_task = {"gpu": gpu_batch, "cpu": 1}
@@ -923,31 +751,31 @@ default='sequential'
             per_task["gpu"] = max((len(x) for x in gpu_rows.values()), default=1)
             drive(_job_reown, tuple(blocks), epochs_done, dict(where), per_task["gpu"]
                   ).result()
-            return _Planned(tuple(blocks), tuple(slots))
+            return planning.Ownership(tuple(blocks), tuple(slots))
 
         kinds = {s.name: s.kind for s in slots}
         sizes = {blk.id: blk.size for blk in div.blocks}
 
         def side_times(events: list[Any]) -> dict[str, float]:
-            return _side_times(events, kinds, sizes, predict)
+            return planning.side_times(events, kinds, sizes, predict)
 
-        return [_Planned(tuple(div.blocks), tuple(slots)), drive, rows, cols, side_times,
+        return [planning.Ownership(tuple(div.blocks), tuple(slots)), drive, rows, cols, side_times,
                 reown]
 
     def _rebalance(self, placed: list[Any], last: dict[str, float], n_g: int, n_c: int,
                    epochs_done: int) -> int:
         """Whole rows of blocks handed between the GPUs and the CPU slots, halfway from the
         GPUs' share of the ratings now to the share at which the last epoch's measured rates
-        (:func:`_measured_alpha`) finish both sides together, when those differ by more than
-        0.02 (:func:`mgpu.mf.division.move_rows`); returns the rows moved. Halfway, because
-        the rates move with the share (a side given less pays its per-task costs on fewer
-        ratings) and the first epoch's include warming up."""
+        (:func:`mgpu.mf.planning.measured_alpha`) finish both sides together, when those
+        differ by more than 0.02 (:func:`mgpu.mf.division.move_rows`); returns the rows
+        moved. Halfway, because the rates move with the share (a side given less pays its
+        per-task costs on fewer ratings) and the first epoch's include warming up."""
         from mgpu.mf.division import move_rows
 
         blocks = placed[0].blocks
         kinds = [s.kind for s in placed[0].slots]
-        now = _gpu_share(placed[0])
-        target = _measured_alpha(last, n_g, n_c)
+        now = planning.gpu_share(placed[0])
+        target = planning.measured_alpha(last, n_g, n_c)
         if target is None or abs(target - now) <= 0.02:
             return 0
         moved = move_rows(blocks, kinds, now + 0.5 * (target - now))
@@ -955,7 +783,7 @@ default='sequential'
         if not rows:
             return 0
         placed[0] = placed[5](moved, epochs_done)
-        share = _gpu_share(placed[0])
+        share = planning.gpu_share(placed[0])
         logger.info("%s: epoch %d's rates balance the sides at %.3f of the ratings on the GPUs; "
                     "%d row(s) moved, %.3f to %.3f", self.mode, epochs_done, target, len(rows),
                     now, share)
