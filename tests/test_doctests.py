@@ -29,6 +29,7 @@ MODULES = [
     "mgpu.mf.sgd",
     "mgpu.mf.model",
     "mgpu.mf.planning",
+    "mgpu.mf.modes",
     "mgpu.ops.spmv",
     "mgpu.distributed.spmv",
     "mgpu.bench.spmv",

@@ -102,6 +102,31 @@ def test_bad_parameters(kwargs, match):
         mgpu.MatrixFactorization(**kwargs).fit(R)
 
 
+def test_the_modes_table_gives_the_checks_and_the_help():
+    """One spec per mode; the groups the command line filters by, the --modes error and its
+    help come from it."""
+    from mgpu.mf import MODES, modes_help, parse_modes
+    from mgpu.mf.modes import COST_MODES, GPU_MODES, MIXED_MODES
+
+    assert list(MODES) == ["sequential", "cpu", "gpu", "hsgd", "hsgd-linear", "hsgd-static",
+                           "hsgd*"]
+    assert GPU_MODES == ("gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
+    assert MIXED_MODES == ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
+    assert COST_MODES == ("hsgd-linear", "hsgd-static", "hsgd*")
+    assert {m.cost for m in MODES.values()} == {"none", "hsgd*", "linear"}
+    assert [m.name for m in MODES.values() if m.cluster and not m.stealing] == ["hsgd-static"]
+    assert [m.name for m in MODES.values() if m.replan] == ["hsgd-static", "hsgd*"]
+    assert [m.name for m in MODES.values() if not m.cluster] == ["sequential"]
+    assert parse_modes(" sequential, hsgd* ,") == ["sequential", "hsgd*"]
+    for bad in ("cpu,hsgd+", " , "):
+        with pytest.raises(ValueError, match=r"^modes must be among sequential, cpu, gpu, hsgd, "
+                           r"hsgd-linear, hsgd-static, hsgd\*; got '"):
+            parse_modes(bad)
+    text = modes_help()
+    assert [line.split(":")[0] for line in text.split("; ")] == list(MODES)
+    assert all(m.help and "\n" not in m.help for m in MODES.values())
+
+
 def test_calibration_of_another_type_is_refused():
     R = sp.coo_matrix(np.array([[1.0, 2.0], [3.0, 0.0]]))
     with pytest.raises(TypeError, match="'calibration' parameter of MatrixFactorization must "

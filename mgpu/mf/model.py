@@ -74,24 +74,18 @@ import scipy.sparse as sp
 from dask.utils import parse_bytes
 
 from mgpu import config
-from mgpu.mf.calibration import Calibration
 from mgpu.mf import planning
+from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
 from mgpu.mf.hosts import HostLost, SegmentMap, call, share_segments, start_hosts
+# GPU_MODES and MIXED_MODES: the command line imports them from here
+from mgpu.mf.modes import GPU_MODES, MIXED_MODES, MODES, check_mode  # noqa: F401
 from mgpu.mf.sgd import libmf_order, rmse, sgd_block
 from mgpu.mf.staging import time_alone_block
-from mgpu.ops._validate import check_option
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MODES", "MatrixFactorization"]
-
-MODES = ("sequential", "cpu", "gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
-# modes that run on GPU workers, those that also use CPU workers beside them, and those that
-# split the ratings between the two by a calibrated cost model
-GPU_MODES = ("gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
-MIXED_MODES = ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
-COST_MODES = ("hsgd-linear", "hsgd-static", "hsgd*")
 
 
 def gpu_options() -> dict[str, Any]:
@@ -101,22 +95,24 @@ def gpu_options() -> dict[str, Any]:
 
 
 def _slots(client: Any, mode: str) -> list[Any]:
-    """The scheduler's slots for a mode: every thread of every worker (``cpu``), every GPU
-    worker (``gpu``), or the GPU workers and the threads of the CPU workers (``hsgd``)."""
+    """The scheduler's slots for a mode (:data:`mgpu.mf.modes.MODES`): every thread of every
+    worker (CPU only), every GPU worker (GPU only), or the GPU workers and the threads of the
+    CPU workers (both)."""
     from mgpu.distributed.cluster import describe_workers
     from mgpu.sched import Slot
 
+    spec = MODES[mode]
     infos = describe_workers(client)
     has_gpu = {a: bool(i.get("gpu")) and "error" not in i["gpu"] for a, i in infos.items()}
     threads = [Slot(f"{a}#{t}", a, "cpu") for a, i in infos.items()
-               for t in range(i.get("nthreads") or 1) if mode == "cpu" or not has_gpu[a]]
+               for t in range(i.get("nthreads") or 1) if not spec.gpu or not has_gpu[a]]
     gpus = [Slot(f"{a}#gpu", a, "gpu") for a in infos if has_gpu[a]]
-    if mode == "cpu":
+    if not spec.gpu:
         return threads
     if not gpus:
         raise ValueError(f"mode={mode!r} needs GPU workers; the cluster has none "
                          "(mgpu.connect() starts them where GPUs are visible).")
-    return gpus if mode == "gpu" else gpus + threads
+    return gpus + threads if spec.cpu else gpus
 
 
 def _alone_epoch(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray,
@@ -385,7 +381,7 @@ default='sequential'
                 or self.epochs < 1:
             raise ValueError(f"The 'epochs' parameter of MatrixFactorization must be an int >= 1."
                              f" Got {self.epochs!r} instead.")
-        check_option("mode", "MatrixFactorization", self.mode, MODES)
+        check_mode(self.mode)
         if self.calibration is not None and not isinstance(self.calibration, Calibration):
             raise TypeError("The 'calibration' parameter of MatrixFactorization must be a "
                             "mgpu.mf.calibration.Calibration or None. Got "
@@ -464,7 +460,7 @@ default='sequential'
         self.setup_s_ = 0.0
         t0 = time.perf_counter()
         trained = 0.0
-        epoch_fn = self._sequential_epochs if self.mode == "sequential" else self._block_epochs
+        epoch_fn = self._block_epochs if MODES[self.mode].cluster else self._sequential_epochs
         epochs = epoch_fn(u, i, r, P, Q, rng)
         for epoch in range(start + 1, self.epochs + 1):
             t = time.perf_counter()
@@ -547,16 +543,17 @@ default='sequential'
         client = current_client()
         if client is None:
             raise ValueError(f"mode={self.mode!r} runs on a cluster: call mgpu.connect() first.")
+        spec = MODES[self.mode]
         slots = _slots(client, self.mode)
         gpu_kw = gpu_options()  # read here, passed to the tasks
         n_g = sum(s.kind == "gpu" for s in slots)
         n_c = len(slots) - n_g
         predict: dict[str, Callable[..., float]] = {}
         latency = 1e-3  # a task's round trip, until measured
-        if self.mode in COST_MODES:
+        if spec.cost != "none":
             cal = self._calibration_for(client, slots, u, i, r, (P.shape[0], Q.shape[0]),
                                          gpu_kw)
-            model = "linear" if self.mode == "hsgd-linear" else "hsgd*"
+            model = spec.cost
             predict = {kind: cal.predictor(kind, model) for kind, n in (("gpu", n_g), ("cpu", n_c))
                        if n}
             self.calibration_ = cal
@@ -604,7 +601,7 @@ default='sequential'
                     predict = {"gpu": functools.partial(planning.alone_block_time, alone)}
         else:
             div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
-        rebalance = self.mode in ("hsgd*", "hsgd-static") and n_g > 0 and n_c > 0 \
+        rebalance = spec.replan and n_g > 0 and n_c > 0 \
             and bool(config.get("mf.replan"))
         self.schedule_events_: list[Any] = []  # grows as the epochs run
         last: dict[str, float] = {}  # the last epoch's side times
@@ -721,7 +718,7 @@ default='sequential'
         job = _Job(slots=list(slots), segmap=segmap, origin=origin, where=where,
                    row_sizes=[int(m.size) for m in rows], col_sizes=[int(m.size) for m in cols],
                    predict=predict, per_task=per_task, ahead=ahead,
-                   deterministic=self.mode == "hsgd-static", lr=self.lr, reg=self.reg,
+                   deterministic=not MODES[self.mode].stealing, lr=self.lr, reg=self.reg,
                    k=self.k, itemsize=P.dtype.itemsize, dtype=dtype,
                    bandwidth=float(parse_bytes(config.get("mf.steal-bandwidth"))),
                    latency=latency, seed=int(rng.integers(1 << 31)))
