@@ -30,6 +30,7 @@ MODULES = [
     "mgpu.mf.model",
     "mgpu.mf.planning",
     "mgpu.mf.modes",
+    "mgpu.mf.placement",
     "mgpu.ops.spmv",
     "mgpu.distributed.spmv",
     "mgpu.bench.spmv",

@@ -483,15 +483,15 @@ def test_block_scheduler_runs_over_host_calls_and_stops_at_a_failed_one(client):
 
 def test_the_block_scheduler_runs_beside_the_most_slots():
     """Its host is the worker with the most slots; a tie goes to a CPU worker."""
-    from mgpu.mf.model import _driving
+    from mgpu.mf.placement import driving_worker
     from mgpu.sched import Slot
 
     gpu = [Slot("g#gpu", "g", "gpu")]
     cpu = [Slot(f"c#{t}", "c", "cpu") for t in range(3)]
-    assert _driving(gpu + cpu) == "c"
-    assert _driving(gpu) == "g"
-    assert _driving(gpu + cpu[:1]) == "c"
-    assert _driving([Slot("a#0", "a"), Slot("b#0", "b"), Slot("b#1", "b")]) == "b"
+    assert driving_worker(gpu + cpu) == "c"
+    assert driving_worker(gpu) == "g"
+    assert driving_worker(gpu + cpu[:1]) == "c"
+    assert driving_worker([Slot("a#0", "a"), Slot("b#0", "b"), Slot("b#1", "b")]) == "b"
 
 
 def _held_everywhere(driver, workers):

@@ -63,7 +63,7 @@ def test_blocks_keep_their_ratings_in_libmf_order(n_users, n_items):
     blocks': by user then item with more users than items, else by item then user; blocks
     by ascending id; every rating once, whatever order they came in."""
     from mgpu.mf.division import uniform
-    from mgpu.mf.model import _by_block
+    from mgpu.mf.placement import by_block
     from mgpu.mf.sgd import libmf_order
 
     rng = np.random.default_rng(1)
@@ -71,7 +71,7 @@ def test_blocks_keep_their_ratings_in_libmf_order(n_users, n_items):
     u, i = pairs // n_items, pairs % n_items
     div = uniform(u, i, n_users, n_items, 3, rng)
     bid = div.block_of(u, i)
-    got = _by_block(u, i, bid, n_users, n_items)
+    got = by_block(u, i, bid, n_users, n_items)
     assert sorted(got.tolist()) == list(range(u.size))
     assert (np.diff(bid[got]) >= 0).all()
     for b in np.unique(bid):
@@ -84,7 +84,7 @@ def test_blocks_keep_their_ratings_in_libmf_order(n_users, n_items):
     by_row = np.lexsort((i, u))
     if n_users > n_items:
         np.testing.assert_array_equal(
-            _by_block(u[by_row], i[by_row], bid[by_row], n_users, n_items),
+            by_block(u[by_row], i[by_row], bid[by_row], n_users, n_items),
             np.argsort(bid[by_row], kind="stable"))
 
 
@@ -224,12 +224,12 @@ def test_a_lost_worker_stops_the_fit_with_a_message_not_a_hang(tmp_path, victim)
     import signal
 
     from mgpu.distributed import connect
-    from mgpu.mf.model import _driving, _slots
+    from mgpu.mf.placement import driving_worker, slots_for
     from mgpu.synthetic import planted_ratings
 
     R = planted_ratings(5000, 2000, 400_000, noise=0.5, seed=0)
     with connect(gpus=False, n_workers=2) as c:
-        driving = _driving(_slots(c, "cpu"))
+        driving = driving_worker(slots_for(c, "cpu"))
         pids = c.run(os.getpid)
         target = pids[driving] if victim == "driving" else next(
             p for w, p in pids.items() if w != driving)
@@ -255,14 +255,14 @@ def test_a_fit_resumed_from_its_last_checkpoint_reaches_the_undisturbed_band(tmp
     import signal
 
     from mgpu.distributed import connect
-    from mgpu.mf.model import _driving, _slots
+    from mgpu.mf.placement import driving_worker, slots_for
     from mgpu.synthetic import planted_ratings
 
     train, test = _split(planted_ratings(4000, 1500, 300_000, noise=0.5, seed=1).tocoo())
     opts = dict(k=16, lr=0.01, epochs=12, mode="cpu", seed=0)
     with connect(gpus=False, n_workers=2) as c:
         whole = mgpu.MatrixFactorization(**opts).fit(train, test)
-        driving = _driving(_slots(c, "cpu"))
+        driving = driving_worker(slots_for(c, "cpu"))
         other = next(p for w, p in c.run(os.getpid).items() if w != driving)
         lost = mgpu.MatrixFactorization(**opts, checkpoint_dir=str(tmp_path))
 

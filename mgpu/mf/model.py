@@ -42,12 +42,12 @@ Every block mode runs its blocks through block hosts (:mod:`mgpu.mf.hosts`): one
 per worker holds the ratings of the blocks it owns and the factor segments, versioned, and
 runs the calls the block scheduler sends it, without a Dask task per block (whose dispatch
 through the scheduler cost as long as the block). The block scheduler itself runs on the
-host of the worker with the most slots (:func:`_driving`, the CPU worker beside GPUs), so
-that its calls to that worker's slots are not messages between processes; the client
-asks it for an epoch at a time. A GPU's own
-blocks have their ratings staged on its device once, for every epoch; the factor segments
-stay on the device between its calls, each call leaving host copies of what it updated in
-pinned memory, sent when another host or the client asks, so that nobody waits behind the
+host of the worker with the most slots (:func:`mgpu.mf.placement.driving_worker`, the CPU
+worker beside GPUs), so that its calls to that worker's slots are not messages between
+processes; the client asks it for an epoch at a time. A GPU's own blocks have their
+ratings staged on its device once, for every epoch; the factor segments stay on the device
+between its calls, each call leaving host copies of what it updated in pinned memory, sent
+when another host or the client asks, so that nobody waits behind the
 GPU's next kernel. Hosts of one node share the segments in a shared-memory file
 (``mgpu.mf.shared-segments``, :class:`mgpu.mf.hosts.SegmentStore`): the host copies are
 written there, and a segment another host of the node made is read where it lies. A GPU
@@ -80,8 +80,9 @@ from mgpu.mf.division import columns, hsgd_star, uniform
 from mgpu.mf.hosts import HostLost, SegmentMap, call, share_segments, start_hosts
 # GPU_MODES and MIXED_MODES: the command line imports them from here
 from mgpu.mf.modes import GPU_MODES, MIXED_MODES, MODES, check_mode  # noqa: F401
-from mgpu.mf.sgd import libmf_order, rmse, sgd_block
-from mgpu.mf.staging import time_alone_block
+from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epoch, job_reown,
+                               job_start, measure_gpus_alone, slots_for)
+from mgpu.mf.sgd import rmse, sgd_block
 
 logger = logging.getLogger(__name__)
 
@@ -92,185 +93,6 @@ def gpu_options() -> dict[str, Any]:
     """How GPU blocks run, from ``mgpu.mf.gpu-conflicts`` and ``mgpu.mf.gpu-warps``: the
     keywords of :func:`mgpu.mf.sgd_block` that only the GPU takes."""
     return {"conflicts": config.get("mf.gpu-conflicts"), "max_warps": config.get("mf.gpu-warps")}
-
-
-def _slots(client: Any, mode: str) -> list[Any]:
-    """The scheduler's slots for a mode (:data:`mgpu.mf.modes.MODES`): every thread of every
-    worker (CPU only), every GPU worker (GPU only), or the GPU workers and the threads of the
-    CPU workers (both)."""
-    from mgpu.distributed.cluster import describe_workers
-    from mgpu.sched import Slot
-
-    spec = MODES[mode]
-    infos = describe_workers(client)
-    has_gpu = {a: bool(i.get("gpu")) and "error" not in i["gpu"] for a, i in infos.items()}
-    threads = [Slot(f"{a}#{t}", a, "cpu") for a, i in infos.items()
-               for t in range(i.get("nthreads") or 1) if not spec.gpu or not has_gpu[a]]
-    gpus = [Slot(f"{a}#gpu", a, "gpu") for a in infos if has_gpu[a]]
-    if not spec.gpu:
-        return threads
-    if not gpus:
-        raise ValueError(f"mode={mode!r} needs GPU workers; the cluster has none "
-                         "(mgpu.connect() starts them where GPUs are visible).")
-    return gpus + threads if spec.cpu else gpus
-
-
-def _alone_epoch(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray,
-                 i: np.ndarray, r: np.ndarray, k: int, gpu_kw: dict[str, Any], overhead: float
-                 ) -> dict[str, float]:
-    """An epoch of the GPUs alone on their division ``div`` (the gpu mode's), priced by
-    timing one of its blocks on a GPU worker (a random share of its ratings, at most
-    ``mgpu.mf.calibration-ratings``: :func:`mgpu.mf.staging.time_alone_block`): every GPU
-    runs its share of the ratings at that rate, and a call per column of its blocks, each
-    copying its segments back and paying ``overhead`` (a call's, the CPU slots idle).
-    Returns the rate (``per_rating_s``), the copies (``copy_s``), ``overhead`` and
-    ``epoch_s``."""
-    big = max(div.blocks, key=lambda blk: blk.size)
-    members_u = np.flatnonzero(div.user_stratum == big.row)
-    members_i = np.flatnonzero(div.item_stratum == big.col)
-    local_u = np.zeros(div.user_stratum.size, dtype=np.int64)
-    local_i = np.zeros(div.item_stratum.size, dtype=np.int64)
-    local_u[members_u] = np.arange(members_u.size)
-    local_i[members_i] = np.arange(members_i.size)
-    sel = np.flatnonzero(div.block_of(u, i) == big.id)
-    most = int(config.get("mf.calibration-ratings"))
-    if sel.size > most:
-        sel = np.sort(np.random.default_rng(sel.size).choice(sel, most, replace=False))
-    got = client.submit(time_alone_block, local_u[u[sel]], local_i[i[sel]], r[sel],
-                        members_u.size, members_i.size, k, "float64", gpu_kw,
-                        workers=[gpu_worker], allow_other_workers=False, pure=False).result()
-    calls = div.n_cols  # a GPU's blocks of a column run in one call
-    got["overhead_s"] = overhead
-    got["epoch_s"] = (got["per_rating_s"] * r.size / n_g
-                      + calls * (got["copy_s"] + overhead))
-    return got
-
-
-def _driving(slots: list[Any]) -> str:
-    """The worker whose host runs the block scheduler: the one with the most slots, a CPU
-    worker on a tie (its slots' calls, many and each the length of a short block, are
-    the ones a message between processes would cost the most)."""
-    count: dict[str, int] = {}
-    for s in slots:
-        count[s.worker] = count.get(s.worker, 0) + 1
-    kind = {s.worker: s.kind for s in slots}
-    return max(count, key=lambda w: (count[w], kind[w] == "cpu"))
-
-
-def _by_block(users: np.ndarray, items: np.ndarray, block: np.ndarray, n_users: int,
-              n_items: int) -> np.ndarray:
-    """The ratings' positions grouped by block id, ascending, each block's in LIBMF's order
-    (:func:`mgpu.mf.sgd.libmf_order`: by user, then item, with more users than items), the
-    order a CPU host visits them in. Ratings as a CSR matrix gives them, by user, are
-    already in it: then only the block ids are sorted.
-
-    >>> _by_block(np.array([1, 0, 1, 0]), np.array([0, 1, 1, 0]), np.array([1, 0, 1, 0]), 3, 2)
-    array([3, 1, 0, 2])
-    """
-    by_user = n_users > n_items
-    major, minor = (users, items) if by_user else (items, users)
-    key = major * max(n_items if by_user else n_users, 1) + minor  # only to see if sorted
-    if key.size > 1 and bool((key[1:] < key[:-1]).any()):
-        within = libmf_order(users, items, by_user)
-        return within[np.argsort(block[within], kind="stable")]
-    return np.argsort(block, kind="stable")
-
-
-@dataclasses.dataclass
-class _Job:
-    """The block scheduler's side of a fit, kept by the driving host
-    (:meth:`mgpu.mf.hosts.BlockHost.drive`): the calls it sends (which version of each
-    segment a block needs and where it will be), the cost model's seconds of a block on a
-    slot, what moving a block to another worker costs, and where each block's ratings
-    are."""
-
-    slots: list[Any]
-    segmap: SegmentMap
-    origin: dict[int, str]  # the host that keeps a block's ratings for whoever runs it
-    where: dict[int, str]  # the worker of a block's owner
-    row_sizes: list[int]
-    col_sizes: list[int]
-    predict: dict[str, Callable[..., float]]
-    per_task: dict[str, int]
-    ahead: dict[str, int]
-    deterministic: bool
-    lr: float
-    reg: float
-    k: int
-    itemsize: int
-    dtype: str
-    bandwidth: float
-    latency: float
-    seed: int
-    sched: Any = None
-    driver: Any = None  # the host's Driver, while an epoch runs there
-    calls: int = 0
-
-    def run(self, group: tuple[Any, ...], slot: Any) -> Any:
-        p = [self.segmap.use(("p", b.row), slot.worker) for b in group]
-        q = self.segmap.use(("q", group[0].col), slot.worker)
-        sources = {b.id: self.origin[b.id] for b in group if self.origin[b.id] != slot.worker}
-        self.calls += 1
-        return self.driver.call(slot.worker, "run", [b.id for b in group], [x[0] for x in p],
-                                q[0], [x[1] for x in p], q[1], self.lr, self.reg,
-                                self.seed + self.calls, sources, self.dtype)
-
-    def transfer(self, block: Any, slot: Any) -> float:
-        """Moving a block's ratings and segments to a slot on another worker."""
-        if self.where[block.id] == slot.worker:
-            return 0.0
-        nbytes = 24 * block.size + (self.row_sizes[block.row] + self.col_sizes[block.col]) \
-            * self.k * self.itemsize * 2
-        return nbytes / self.bandwidth + self.latency
-
-    def cost(self, block: Any, slot: Any) -> float:
-        return self.predict[slot.kind](block.size, self.per_task[slot.kind])
-
-    def batch(self, slot: Any) -> int:
-        return self.per_task[slot.kind]
-
-    def queued(self, slot: Any) -> int:
-        return self.ahead[slot.kind]
-
-    def scheduler(self, blocks: tuple[Any, ...], epochs_done: int) -> Any:
-        from mgpu.sched import BlockScheduler
-
-        return BlockScheduler(blocks, self.slots, self.run,
-                              cost=self.cost if self.predict else None,
-                              transfer=self.transfer, deterministic=self.deterministic,
-                              client=self.driver, batch=self.batch, ahead=self.queued,
-                              epochs_done=epochs_done)
-
-
-def _job_start(driver: Any, job: _Job, blocks: tuple[Any, ...]) -> None:
-    """On the driving host: keep the job, its scheduler made for ``blocks``."""
-    job.driver = driver
-    job.sched = job.scheduler(blocks, 0)
-    driver.state["job"] = job
-
-
-def _job_epoch(driver: Any) -> tuple[list[Any], dict[str, dict[Any, int]],
-                                     dict[str, list[dict[str, float]]]]:
-    """On the driving host: one epoch of the job's blocks; returns its events, where each
-    segment's latest version is (host -> {key: version}) and where each host's calls spent
-    their time (host -> :meth:`mgpu.mf.hosts.BlockHost.call_times`)."""
-    job = driver.state["job"]
-    job.driver = job.sched.client = driver
-    events = job.sched.run_epoch()
-    hosts = sorted({s.worker for s in job.slots})
-    times = [driver.call(w, "call_times") for w in hosts]
-    return events, job.segmap.latest(), {w: f.result() for w, f in zip(hosts, times)}
-
-
-def _job_reown(driver: Any, blocks: tuple[Any, ...], epochs_done: int, where: dict[int, str],
-               gpu_batch: int) -> None:
-    """On the driving host: the job's blocks with new owners (on ``where``'s workers, a
-    GPU's call taking ``gpu_batch`` of them), a scheduler for them from the next epoch."""
-    job = driver.state["job"]
-    job.driver = driver
-    job.where.update(where)
-    job.per_task["gpu"] = gpu_batch
-    job.sched = job.scheduler(blocks, epochs_done)
 
 
 class MatrixFactorization:
@@ -544,7 +366,7 @@ default='sequential'
         if client is None:
             raise ValueError(f"mode={self.mode!r} runs on a cluster: call mgpu.connect() first.")
         spec = MODES[self.mode]
-        slots = _slots(client, self.mode)
+        slots = slots_for(client, self.mode)
         gpu_kw = gpu_options()  # read here, passed to the tasks
         n_g = sum(s.kind == "gpu" for s in slots)
         n_c = len(slots) - n_g
@@ -573,8 +395,8 @@ default='sequential'
                 return alone_div
 
             if n_c and self.calibration is None:  # priced on a block of theirs
-                alone = _alone_epoch(client, slots[0].worker, gpus_alone(), n_g, u, i, r,
-                                     self.k, gpu_kw, cal.overhead_gpu_alone_s)
+                alone = measure_gpus_alone(client, slots[0].worker, gpus_alone(), n_g, u, i,
+                                           r, self.k, gpu_kw, cal.overhead_gpu_alone_s)
                 self.gpus_alone_ = alone
                 logger.info("%s: the GPUs alone, measured on a block of theirs: %.3g M "
                             "ratings/s, an epoch %.3g s (the curves: %.3g s)", self.mode,
@@ -584,7 +406,7 @@ default='sequential'
                 # and no division's GPU blocks priced faster than that rate
                 predict["gpu"] = cal.predictor("gpu", model, floor=alone["per_rating_s"])
             used, alpha = planning.plan(r.size, predict, n_g, n_c,
-                                None if alone is None else alone["epoch_s"])
+                                        None if alone is None else alone["epoch_s"])
             if used < n_c:
                 logger.info("%s: %d of the %d CPU slots make the shortest predicted epoch",
                             self.mode, used, n_c)
@@ -623,11 +445,10 @@ default='sequential'
                 if moved:
                     extra["replan_s"] = time.perf_counter() - t0
                     extra["rows_moved"] = moved
-            planned, drive, rows, cols, side_times = placed[:5]
             if predict:
-                extra["alpha"] = planning.gpu_share(planned)
+                extra["alpha"] = planning.gpu_share(placed.owned)
             t0 = time.perf_counter()
-            events, latest, calls = drive(_job_epoch).result()
+            events, latest, calls = placed.drive(job_epoch).result()
             took = time.perf_counter() - t0
             self.schedule_events_.extend(events)
             # the factors to this process, for the RMSE: evaluation, not training
@@ -635,10 +456,10 @@ default='sequential'
                       for w, wanted in latest.items()]:
                 for (kind, idx), got in f.result().items():
                     if kind == "p":
-                        P[rows[idx]] = got
+                        P[placed.rows[idx]] = got
                     else:
-                        Q[cols[idx]] = got
-            last = {**side_times(events), **planning.call_times(calls, planned)}
+                        Q[placed.cols[idx]] = got
+            last = {**placed.side_times(events), **planning.call_times(calls, placed.owned)}
             yield P, Q, {"epoch_s": took, "gather_s": time.perf_counter() - t0 - took, **setup,
                          **extra, **last}
             setup = {}
@@ -646,14 +467,12 @@ default='sequential'
     def _place(self, client: Any, hosts: dict[str, Any], div: Any, slots: list[Any],
                predict: dict[str, Callable[..., float]], latency: float, u: np.ndarray,
                i: np.ndarray, r: np.ndarray, P: np.ndarray, Q: np.ndarray,
-               rng: np.random.Generator) -> list[Any]:
+               rng: np.random.Generator) -> Placement:
         """A division's blocks on the cluster: each block's ratings on its owner's host
         (:mod:`mgpu.mf.hosts`; a GPU's staged on its device), the factor segments, and the
-        block scheduler that runs them, on the driving host (:func:`_driving`); returns the
-        blocks and slots (:class:`mgpu.mf.planning.Ownership`), ``drive`` (a function and
-        its arguments run on the driving host), the strata's members, the per-epoch
-        side-time summary and ``reown`` (blocks with new owners, epochs done -> their
-        ownership; :meth:`_rebalance` puts it first)."""
+        block scheduler that runs them, on the driving host
+        (:func:`mgpu.mf.placement.driving_worker`); returns them as a
+        :class:`mgpu.mf.placement.Placement` (:meth:`_rebalance` calls its ``reown``)."""
         n_g = sum(s.kind == "gpu" for s in slots)
         n_c = len(slots) - n_g
         if predict and n_c:
@@ -682,7 +501,7 @@ default='sequential'
         for b, members in enumerate(cols):
             local_i[members] = np.arange(members.size)
         bid = div.block_of(u, i)
-        order = _by_block(u, i, bid, P.shape[0], Q.shape[0])
+        order = by_block(u, i, bid, P.shape[0], Q.shape[0])
         bounds = np.searchsorted(bid[order], np.arange(div.n_rows * div.n_cols + 1))
         where = {blk.id: slots[blk.owner].worker for blk in div.blocks}
         origin = dict(where)  # the host that keeps a block's ratings for whoever runs it
@@ -715,16 +534,16 @@ default='sequential'
             f.result()
         segmap = SegmentMap({**{("p", a): w for a, w in home_p.items()},
                              **{("q", b): w for b, w in home_q.items()}})
-        job = _Job(slots=list(slots), segmap=segmap, origin=origin, where=where,
+        job = Job(slots=list(slots), segmap=segmap, origin=origin, where=where,
                    row_sizes=[int(m.size) for m in rows], col_sizes=[int(m.size) for m in cols],
                    predict=predict, per_task=per_task, ahead=ahead,
                    deterministic=not MODES[self.mode].stealing, lr=self.lr, reg=self.reg,
                    k=self.k, itemsize=P.dtype.itemsize, dtype=dtype,
                    bandwidth=float(parse_bytes(config.get("mf.steal-bandwidth"))),
                    latency=latency, seed=int(rng.integers(1 << 31)))
-        driving = _driving(slots)
+        driving = driving_worker(slots)
         drive = functools.partial(call, client, hosts[driving], "drive")
-        drive(_job_start, job, tuple(div.blocks)).result()
+        drive(job_start, job, tuple(div.blocks)).result()
         logger.info("%s: the block scheduler runs on %s's host", self.mode, driving)
 
         def reown(blocks: tuple[Any, ...], epochs_done: int) -> Any:
@@ -746,7 +565,7 @@ default='sequential'
                 if slots[blk.owner].kind == "gpu":
                     gpu_rows.setdefault(blk.owner, set()).add(blk.row)
             per_task["gpu"] = max((len(x) for x in gpu_rows.values()), default=1)
-            drive(_job_reown, tuple(blocks), epochs_done, dict(where), per_task["gpu"]
+            drive(job_reown, tuple(blocks), epochs_done, dict(where), per_task["gpu"]
                   ).result()
             return planning.Ownership(tuple(blocks), tuple(slots))
 
@@ -756,10 +575,10 @@ default='sequential'
         def side_times(events: list[Any]) -> dict[str, float]:
             return planning.side_times(events, kinds, sizes, predict)
 
-        return [planning.Ownership(tuple(div.blocks), tuple(slots)), drive, rows, cols, side_times,
-                reown]
+        return Placement(owned=planning.Ownership(tuple(div.blocks), tuple(slots)), drive=drive,
+                         rows=rows, cols=cols, side_times=side_times, reown=reown)
 
-    def _rebalance(self, placed: list[Any], last: dict[str, float], n_g: int, n_c: int,
+    def _rebalance(self, placed: Placement, last: dict[str, float], n_g: int, n_c: int,
                    epochs_done: int) -> int:
         """Whole rows of blocks handed between the GPUs and the CPU slots, halfway from the
         GPUs' share of the ratings now to the share at which the last epoch's measured rates
@@ -769,9 +588,9 @@ default='sequential'
         per-task costs on fewer ratings) and the first epoch's include warming up."""
         from mgpu.mf.division import move_rows
 
-        blocks = placed[0].blocks
-        kinds = [s.kind for s in placed[0].slots]
-        now = planning.gpu_share(placed[0])
+        blocks = placed.owned.blocks
+        kinds = [s.kind for s in placed.owned.slots]
+        now = planning.gpu_share(placed.owned)
         target = planning.measured_alpha(last, n_g, n_c)
         if target is None or abs(target - now) <= 0.02:
             return 0
@@ -779,8 +598,8 @@ default='sequential'
         rows = {b.row for b, o in zip(moved, blocks) if b.owner != o.owner}
         if not rows:
             return 0
-        placed[0] = placed[5](moved, epochs_done)
-        share = planning.gpu_share(placed[0])
+        placed.owned = placed.reown(moved, epochs_done)
+        share = planning.gpu_share(placed.owned)
         logger.info("%s: epoch %d's rates balance the sides at %.3f of the ratings on the GPUs; "
                     "%d row(s) moved, %.3f to %.3f", self.mode, epochs_done, target, len(rows),
                     now, share)
