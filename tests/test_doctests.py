@@ -31,6 +31,7 @@ MODULES = [
     "mgpu.mf.planning",
     "mgpu.mf.modes",
     "mgpu.mf.placement",
+    "mgpu.mf.segments",
     "mgpu.ops.spmv",
     "mgpu.distributed.spmv",
     "mgpu.bench.spmv",

@@ -393,7 +393,8 @@ def test_block_hosts_wait_for_versions_and_hand_segments_over(client, shared):
     share the node's segments, reads it from the shared file, where its maker keeps it),
     and a call of two blocks runs them one after the other: every segment equals the
     sequential passes."""
-    from mgpu.mf.hosts import SegmentMap, call, share_segments, start_hosts
+    from mgpu.mf.hosts import call, share_segments, start_hosts
+    from mgpu.mf.segments import SegmentMap
 
     a, b = sorted(client.scheduler_info()["workers"])
     hosts = start_hosts(client, {a: ("cpu", 1), b: ("cpu", 1)})
@@ -444,7 +445,8 @@ def test_block_hosts_wait_for_versions_and_hand_segments_over(client, shared):
 def test_shared_segments_need_room_and_a_file_every_host_can_open(client, tmp_path):
     """A node whose shared memory is too small gets no store (a reason, not an error), and
     a host that cannot open the file goes on without it, its segments sent as before."""
-    from mgpu.mf.hosts import call, start_hosts, store_supported
+    from mgpu.mf.hosts import call, start_hosts
+    from mgpu.mf.segments import store_supported
 
     assert "free" in store_supported(1 << 62)
     a, b = sorted(client.scheduler_info()["workers"])

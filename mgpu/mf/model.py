@@ -49,7 +49,7 @@ ratings staged on its device once, for every epoch; the factor segments stay on 
 between its calls, each call leaving host copies of what it updated in pinned memory, sent
 when another host or the client asks, so that nobody waits behind the
 GPU's next kernel. Hosts of one node share the segments in a shared-memory file
-(``mgpu.mf.shared-segments``, :class:`mgpu.mf.hosts.SegmentStore`): the host copies are
+(``mgpu.mf.shared-segments``, :class:`mgpu.mf.segments.SegmentStore`): the host copies are
 written there, and a segment another host of the node made is read where it lies. A GPU
 runs its blocks of one column (its sub-rows) in one call, one round trip for all of them,
 and its next columns' calls are queued on its host behind the running one
@@ -73,15 +73,16 @@ import scipy.sparse as sp
 
 from dask.utils import parse_bytes
 
+import mgpu.mf.planning as planning
 from mgpu import config
-from mgpu.mf import planning
 from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
-from mgpu.mf.hosts import HostLost, SegmentMap, call, share_segments, start_hosts
+from mgpu.mf.hosts import HostLost, call, share_segments, start_hosts
 # GPU_MODES and MIXED_MODES: the command line imports them from here
 from mgpu.mf.modes import GPU_MODES, MIXED_MODES, MODES, check_mode  # noqa: F401
 from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epoch, job_reown,
                                job_start, measure_gpus_alone, slots_for)
+from mgpu.mf.segments import SegmentMap
 from mgpu.mf.sgd import rmse, sgd_block
 
 logger = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from mgpu import config
-from mgpu.mf.hosts import SegmentMap
 from mgpu.mf.modes import MODES
 from mgpu.mf.planning import Ownership
+from mgpu.mf.segments import SegmentMap
 from mgpu.mf.sgd import libmf_order
 from mgpu.mf.staging import time_alone_block
 
