@@ -55,9 +55,26 @@ class Placement:
 
 
 def slots_for(client: Any, mode: str) -> list[Any]:
-    """The scheduler's slots for a mode (:data:`mgpu.mf.modes.MODES`): every thread of every
-    worker (CPU only), every GPU worker (GPU only), or the GPU workers and the threads of the
-    CPU workers (both)."""
+    """The block scheduler's slots for a mode on ``client``'s cluster.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    mode : str
+        A name in :data:`mgpu.mf.modes.MODES`.
+
+    Returns
+    -------
+    list of mgpu.sched.Slot
+        Every thread of every worker (a CPU-only mode), every GPU worker (a GPU-only mode),
+        or the GPU workers and then the threads of the CPU workers (both); a GPU worker's
+        slot is named ``<address>#gpu``, a thread's ``<address>#<thread>``.
+
+    Raises
+    ------
+    ValueError
+        A mode that uses GPUs on a cluster without GPU workers.
+    """
     from mgpu.distributed.cluster import describe_workers
     from mgpu.sched import Slot
 
@@ -76,15 +93,38 @@ def slots_for(client: Any, mode: str) -> list[Any]:
 
 
 def measure_gpus_alone(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray,
-                 i: np.ndarray, r: np.ndarray, k: int, gpu_kw: dict[str, Any], overhead: float
-                 ) -> dict[str, float]:
-    """An epoch of the GPUs alone on their division ``div`` (the gpu mode's), priced by
-    timing one of its blocks on a GPU worker (a random share of its ratings, at most
-    ``mgpu.mf.calibration-ratings``: :func:`mgpu.mf.staging.time_alone_block`): every GPU
-    runs its share of the ratings at that rate, and a call per column of its blocks, each
-    copying its segments back and paying ``overhead`` (a call's, the CPU slots idle).
-    Returns the rate (``per_rating_s``), the copies (``copy_s``), ``overhead`` and
-    ``epoch_s``."""
+                       i: np.ndarray, r: np.ndarray, k: int, gpu_kw: dict[str, Any],
+                       overhead: float) -> dict[str, float]:
+    """An epoch of the GPUs alone on their division, priced by timing one of its blocks.
+
+    The division's largest block (a random share of its ratings, at most
+    ``mgpu.mf.calibration-ratings``) is timed on a GPU worker
+    (:func:`mgpu.mf.staging.time_alone_block`); every GPU runs its share of the ratings at
+    that rate, and a call per column of its blocks, each copying its segments back and
+    paying ``overhead``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    gpu_worker : str
+        The GPU worker that times the block.
+    div : mgpu.mf.division.Division
+        The GPUs-alone division (the gpu mode's).
+    n_g : int
+        GPU slots.
+    u, i, r : ndarray of shape (n_ratings,)
+        The training ratings' users, items and values.
+    k : int
+    gpu_kw : dict
+        The GPU's keywords of :func:`mgpu.mf.sgd.sgd_block`.
+    overhead : float
+        A call's seconds beyond its run, the CPU slots idle.
+
+    Returns
+    -------
+    dict
+        ``per_rating_s``, ``copy_s``, ``overhead_s`` and the epoch's ``epoch_s``.
+    """
     big = max(div.blocks, key=lambda blk: blk.size)
     members_u = np.flatnonzero(div.user_stratum == big.row)
     members_i = np.flatnonzero(div.item_stratum == big.col)
@@ -109,7 +149,23 @@ def measure_gpus_alone(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.n
 def driving_worker(slots: list[Any]) -> str:
     """The worker whose host runs the block scheduler: the one with the most slots, a CPU
     worker on a tie (its slots' calls, many and each the length of a short block, are
-    the ones a message between processes would cost the most)."""
+    the ones a message between processes would cost the most).
+
+    Parameters
+    ----------
+    slots : list of mgpu.sched.Slot
+
+    Returns
+    -------
+    str
+        A worker's address.
+
+    Examples
+    --------
+    >>> from mgpu.sched import Slot
+    >>> driving_worker([Slot("g#gpu", "g", "gpu"), Slot("c#0", "c", "cpu")])
+    'c'
+    """
     count: dict[str, int] = {}
     for s in slots:
         count[s.worker] = count.get(s.worker, 0) + 1
@@ -118,12 +174,26 @@ def driving_worker(slots: list[Any]) -> str:
 
 
 def by_block(users: np.ndarray, items: np.ndarray, block: np.ndarray, n_users: int,
-              n_items: int) -> np.ndarray:
+             n_items: int) -> np.ndarray:
     """The ratings' positions grouped by block id, ascending, each block's in LIBMF's order
     (:func:`mgpu.mf.sgd.libmf_order`: by user, then item, with more users than items), the
     order a CPU host visits them in. Ratings as a CSR matrix gives them, by user, are
     already in it: then only the block ids are sorted.
 
+    Parameters
+    ----------
+    users, items : ndarray of shape (n_ratings,)
+    block : ndarray of shape (n_ratings,)
+        Each rating's block id.
+    n_users, n_items : int
+
+    Returns
+    -------
+    ndarray of shape (n_ratings,)
+        Positions into the ratings.
+
+    Examples
+    --------
     >>> by_block(np.array([1, 0, 1, 0]), np.array([0, 1, 1, 0]), np.array([1, 0, 1, 0]), 3, 2)
     array([3, 1, 0, 2])
     """
@@ -210,7 +280,7 @@ def job_start(driver: Any, job: Job, blocks: tuple[Any, ...]) -> None:
 
 
 def job_epoch(driver: Any) -> tuple[list[Any], dict[str, dict[Any, int]],
-                                     dict[str, list[dict[str, float]]]]:
+                                    dict[str, list[dict[str, float]]]]:
     """On the driving host: one epoch of the job's blocks; returns its events, where each
     segment's latest version is (host -> {key: version}) and where each host's calls spent
     their time (host -> :meth:`mgpu.mf.hosts.BlockHost.call_times`)."""
@@ -223,7 +293,7 @@ def job_epoch(driver: Any) -> tuple[list[Any], dict[str, dict[Any, int]],
 
 
 def job_reown(driver: Any, blocks: tuple[Any, ...], epochs_done: int, where: dict[int, str],
-               gpu_batch: int) -> None:
+              gpu_batch: int) -> None:
     """On the driving host: the job's blocks with new owners (on ``where``'s workers, a
     GPU's call taking ``gpu_batch`` of them), a scheduler for them from the next epoch."""
     job = driver.state["job"]
