@@ -221,8 +221,8 @@ class Calibration:
         the calibrated CPU slots at work beside a GPU, whose task overhead goes from the one
         measured alone (0) to the one measured with every slot busy (1). ``floor`` (GPU):
         seconds per rating the kernel takes at least, a rate measured on a real block of the
-        job (:func:`mgpu.mf.staging.time_alone_block`); the curves, fitted on smaller prefixes,
-        can extrapolate faster than the GPU runs."""
+        job (:func:`mgpu.mf.placement.measure_gpus_alone`); the curves, fitted on smaller
+        prefixes, can extrapolate faster than the GPU runs."""
         c = self.curves(model)
         if kind == "cpu":
             if "cpu" not in c:
