@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mgpu.mf.calibration import Calibration, cached, calibrate, prefix_sizes, store
 from mgpu.mf.division import hsgd_star, move_rows, uniform
-from mgpu.mf.model import _alone_block_time, _epoch_time, _plan, _side_times
+from mgpu.mf.planning import alone_block_time, epoch_time, plan, side_times
 from mgpu.mf.sgd import sgd_block
 from mgpu.sched import Event
 
@@ -147,12 +147,12 @@ def test_plan_balances_the_two_sides_of_the_division():
     gpu, cpu = 3e6, 1e6  # ratings per second
     predict = {"gpu": lambda n, per_task=1, load=1.0: n / gpu,
                "cpu": lambda n, per_task=1, load=1.0: n / cpu}
-    used, alpha = _plan(7_000_000, predict, 1, 4)
+    used, alpha = plan(7_000_000, predict, 1, 4)
     assert used == 4 and alpha == pytest.approx(3 / 7, abs=1e-5)
-    assert _plan(7_000_000, predict, 2, 4) == (4, pytest.approx(6 / 10, abs=1e-5))
-    assert _plan(1000, predict, 1, 0) == (0, 1.0)
+    assert plan(7_000_000, predict, 2, 4) == (4, pytest.approx(6 / 10, abs=1e-5))
+    assert plan(1000, predict, 1, 0) == (0, 1.0)
     # both sides of the chosen plan end together
-    t = _epoch_time(7_000_000, predict, 1, 4, alpha)
+    t = epoch_time(7_000_000, predict, 1, 4, alpha)
     assert t == pytest.approx(7_000_000 * alpha / gpu, rel=1e-4)
 
 
@@ -161,15 +161,15 @@ def test_plan_leaves_cpu_slots_out_when_their_blocks_cost_more_than_they_save():
     # mean more tasks for the GPU too; the GPU alone finishes an epoch first
     predict = {"gpu": lambda n, per_task=1, load=1.0: n / 5e8 + 0.01 / per_task,
                "cpu": lambda n, per_task=1, load=1.0: n / 1e6 + 0.01 / per_task}
-    used, alpha = _plan(90_000, predict, 1, 15)
+    used, alpha = plan(90_000, predict, 1, 15)
     assert (used, alpha) == (0, 1.0)
-    assert _epoch_time(90_000, predict, 1, 0, 1.0) < _epoch_time(90_000, predict, 1, 15, 0.5)
+    assert epoch_time(90_000, predict, 1, 0, 1.0) < epoch_time(90_000, predict, 1, 15, 0.5)
     # with Netflix-sized data, a GPU only 10× a thread and 1 ms per task, the threads pay
     fast = {"gpu": lambda n, per_task=1, load=1.0: n / 1e7 + 0.001 / per_task,
             "cpu": lambda n, per_task=1, load=1.0: n / 1e6 + 0.001 / per_task}
-    used, alpha = _plan(100_000_000, fast, 1, 15)
+    used, alpha = plan(100_000_000, fast, 1, 15)
     assert used >= 8 and 0 < alpha < 1
-    assert _epoch_time(100_000_000, fast, 1, used, alpha) < 0.5 * _epoch_time(
+    assert epoch_time(100_000_000, fast, 1, used, alpha) < 0.5 * epoch_time(
         100_000_000, fast, 1, 0, 1.0)
 
 
@@ -204,12 +204,12 @@ def test_side_times_add_up_each_kind_of_slot():
     # the stolen block 3 alone in its task
     predict = {"gpu": lambda n, per_task=1, load=1.0: n / 200 + 0.1 / per_task,
                "cpu": lambda n, per_task=1, load=1.0: n / 100 + 0.1 / per_task}
-    got = _side_times(ev, kinds, sizes, predict)
+    got = side_times(ev, kinds, sizes, predict)
     assert got["gpu_busy_s"] == pytest.approx(0.9) and got["gpu_ratings"] == 150
     assert got["cpu_busy_s"] == pytest.approx(0.8) and got["cpu_ratings"] == 50
     assert got["gpu_predicted_s"] == pytest.approx(150 / 200 + 2 * 0.1)
     assert got["cpu_predicted_s"] == pytest.approx(0.6)
-    assert "gpu_predicted_s" not in _side_times(ev, kinds, sizes, {})
+    assert "gpu_predicted_s" not in side_times(ev, kinds, sizes, {})
 
 
 def test_prefix_sizes_double_up_to_the_sample():
@@ -319,9 +319,9 @@ def test_a_gpu_tasks_overhead_goes_with_the_cpu_slots_at_work():
     assert "alone 2.00 ms" in cal.describe()
     # the GPU alone at its idle overhead beats adding CPU slots that each pay 30 ms a task
     predict = {k: cal.predictor(k) for k in ("gpu", "cpu")}
-    assert _plan(200_000, predict, 1, 4) == (0, 1.0)
-    assert _epoch_time(200_000, predict, 1, 0, 1.0, load=0.0) < \
-        _epoch_time(200_000, predict, 1, 0, 1.0, load=1.0)
+    assert plan(200_000, predict, 1, 4) == (0, 1.0)
+    assert epoch_time(200_000, predict, 1, 0, 1.0, load=0.0) < \
+        epoch_time(200_000, predict, 1, 0, 1.0, load=1.0)
 
 
 def test_plan_prices_the_gpus_alone_as_measured_when_told():
@@ -329,22 +329,22 @@ def test_plan_prices_the_gpus_alone_as_measured_when_told():
     predict = {"gpu": lambda n, per_task=1, load=1.0: n / 3e7 + 0.004 / per_task,
                "cpu": lambda n, per_task=1, load=1.0: n / 1.5e6 + 0.04 / per_task}
     n = 9_000_000
-    assert _plan(n, predict, 1, 12) == (0, 1.0)
-    by_curves = _epoch_time(n, predict, 1, 0, 1.0, 0.0)
+    assert plan(n, predict, 1, 12) == (0, 1.0)
+    by_curves = epoch_time(n, predict, 1, 0, 1.0, 0.0)
     # measured half again as slow (its blocks of the gpu mode's division are larger than the
     # calibration's): CPU slots are used
-    used, alpha = _plan(n, predict, 1, 12, alone=1.5 * by_curves)
+    used, alpha = plan(n, predict, 1, 12, alone=1.5 * by_curves)
     assert used > 0 and 0 < alpha < 1
-    assert _epoch_time(n, predict, 1, used, alpha, used / 12) < 1.5 * by_curves
+    assert epoch_time(n, predict, 1, used, alpha, used / 12) < 1.5 * by_curves
     # measured faster: the GPUs alone still
-    assert _plan(n, predict, 1, 12, alone=0.5 * by_curves) == (0, 1.0)
+    assert plan(n, predict, 1, 12, alone=0.5 * by_curves) == (0, 1.0)
     # without CPU slots the measurement is the plan's only option
-    assert _plan(n, predict, 1, 0, alone=5.0) == (0, 1.0)
+    assert plan(n, predict, 1, 0, alone=5.0) == (0, 1.0)
     # a block's predicted time from the measurement: its ratings at the measured rate, its
     # share of a call's copies and overhead
     got = {"per_rating_s": 1e-7, "copy_s": 0.002, "overhead_s": 0.004, "epoch_s": 1.0}
-    assert _alone_block_time(got, 1e6, 2) == pytest.approx(0.1 + 0.003)
-    assert _alone_block_time(got, 0) == 0.0
+    assert alone_block_time(got, 1e6, 2) == pytest.approx(0.1 + 0.003)
+    assert alone_block_time(got, 0) == 0.0
 
 
 def test_gpu_blocks_are_priced_no_faster_than_the_rate_measured_on_a_real_block():
@@ -359,13 +359,13 @@ def test_gpu_blocks_are_priced_no_faster_than_the_rate_measured_on_a_real_block(
     ratings, rate = 9_000_000, 1 / 1.5e7  # the GPU measured at half the curves' speed
     alone = ratings * rate + 2 * (0.002 + 0.0015)
     curves = {"gpu": cal.predictor("gpu"), "cpu": cal.predictor("cpu")}
-    used, alpha = _plan(ratings, curves, 1, 12, alone)
+    used, alpha = plan(ratings, curves, 1, 12, alone)
     assert 0 < used < 6 and alpha > 0.8
-    assert _epoch_time(ratings, curves, 1, used, alpha, used / 12) < alpha * ratings * rate
+    assert epoch_time(ratings, curves, 1, used, alpha, used / 12) < alpha * ratings * rate
     floored = {"gpu": cal.predictor("gpu", floor=rate), "cpu": curves["cpu"]}
-    used_f, alpha_f = _plan(ratings, floored, 1, 12, alone)
+    used_f, alpha_f = plan(ratings, floored, 1, 12, alone)
     assert used_f > used and alpha_f < alpha
-    assert _epoch_time(ratings, floored, 1, used_f, alpha_f, used_f / 12) >= \
+    assert epoch_time(ratings, floored, 1, used_f, alpha_f, used_f / 12) >= \
         alpha_f * ratings * rate
     # the floor only slows what the curves price faster than it; one below them changes nothing
     for m in (2e3, 2e5, 2e6):
@@ -393,7 +393,8 @@ def test_block_hosts_wait_for_versions_and_hand_segments_over(client, shared):
     share the node's segments, reads it from the shared file, where its maker keeps it),
     and a call of two blocks runs them one after the other: every segment equals the
     sequential passes."""
-    from mgpu.mf.hosts import SegmentMap, call, share_segments, start_hosts
+    from mgpu.mf.hosts import call, share_segments, start_hosts
+    from mgpu.mf.segments import SegmentMap
 
     a, b = sorted(client.scheduler_info()["workers"])
     hosts = start_hosts(client, {a: ("cpu", 1), b: ("cpu", 1)})
@@ -444,7 +445,8 @@ def test_block_hosts_wait_for_versions_and_hand_segments_over(client, shared):
 def test_shared_segments_need_room_and_a_file_every_host_can_open(client, tmp_path):
     """A node whose shared memory is too small gets no store (a reason, not an error), and
     a host that cannot open the file goes on without it, its segments sent as before."""
-    from mgpu.mf.hosts import call, start_hosts, store_supported
+    from mgpu.mf.hosts import call, start_hosts
+    from mgpu.mf.segments import store_supported
 
     assert "free" in store_supported(1 << 62)
     a, b = sorted(client.scheduler_info()["workers"])
@@ -483,15 +485,15 @@ def test_block_scheduler_runs_over_host_calls_and_stops_at_a_failed_one(client):
 
 def test_the_block_scheduler_runs_beside_the_most_slots():
     """Its host is the worker with the most slots; a tie goes to a CPU worker."""
-    from mgpu.mf.model import _driving
+    from mgpu.mf.placement import driving_worker
     from mgpu.sched import Slot
 
     gpu = [Slot("g#gpu", "g", "gpu")]
     cpu = [Slot(f"c#{t}", "c", "cpu") for t in range(3)]
-    assert _driving(gpu + cpu) == "c"
-    assert _driving(gpu) == "g"
-    assert _driving(gpu + cpu[:1]) == "c"
-    assert _driving([Slot("a#0", "a"), Slot("b#0", "b"), Slot("b#1", "b")]) == "b"
+    assert driving_worker(gpu + cpu) == "c"
+    assert driving_worker(gpu) == "g"
+    assert driving_worker(gpu + cpu[:1]) == "c"
+    assert driving_worker([Slot("a#0", "a"), Slot("b#0", "b"), Slot("b#1", "b")]) == "b"
 
 
 def _held_everywhere(driver, workers):

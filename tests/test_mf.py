@@ -63,7 +63,7 @@ def test_blocks_keep_their_ratings_in_libmf_order(n_users, n_items):
     blocks': by user then item with more users than items, else by item then user; blocks
     by ascending id; every rating once, whatever order they came in."""
     from mgpu.mf.division import uniform
-    from mgpu.mf.model import _by_block
+    from mgpu.mf.placement import by_block
     from mgpu.mf.sgd import libmf_order
 
     rng = np.random.default_rng(1)
@@ -71,7 +71,7 @@ def test_blocks_keep_their_ratings_in_libmf_order(n_users, n_items):
     u, i = pairs // n_items, pairs % n_items
     div = uniform(u, i, n_users, n_items, 3, rng)
     bid = div.block_of(u, i)
-    got = _by_block(u, i, bid, n_users, n_items)
+    got = by_block(u, i, bid, n_users, n_items)
     assert sorted(got.tolist()) == list(range(u.size))
     assert (np.diff(bid[got]) >= 0).all()
     for b in np.unique(bid):
@@ -84,7 +84,7 @@ def test_blocks_keep_their_ratings_in_libmf_order(n_users, n_items):
     by_row = np.lexsort((i, u))
     if n_users > n_items:
         np.testing.assert_array_equal(
-            _by_block(u[by_row], i[by_row], bid[by_row], n_users, n_items),
+            by_block(u[by_row], i[by_row], bid[by_row], n_users, n_items),
             np.argsort(bid[by_row], kind="stable"))
 
 
@@ -100,6 +100,31 @@ def test_bad_parameters(kwargs, match):
     R = sp.coo_matrix(np.array([[1.0, 2.0], [3.0, 0.0]]))
     with pytest.raises(ValueError, match=match):
         mgpu.MatrixFactorization(**kwargs).fit(R)
+
+
+def test_the_modes_table_gives_the_checks_and_the_help():
+    """One spec per mode; the groups the command line filters by, the --modes error and its
+    help come from it."""
+    from mgpu.mf import MODES, modes_help, parse_modes
+    from mgpu.mf.modes import COST_MODES, GPU_MODES, MIXED_MODES
+
+    assert list(MODES) == ["sequential", "cpu", "gpu", "hsgd", "hsgd-linear", "hsgd-static",
+                           "hsgd*"]
+    assert GPU_MODES == ("gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
+    assert MIXED_MODES == ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
+    assert COST_MODES == ("hsgd-linear", "hsgd-static", "hsgd*")
+    assert {m.cost for m in MODES.values()} == {"none", "hsgd*", "linear"}
+    assert [m.name for m in MODES.values() if m.cluster and not m.stealing] == ["hsgd-static"]
+    assert [m.name for m in MODES.values() if m.replan] == ["hsgd-static", "hsgd*"]
+    assert [m.name for m in MODES.values() if not m.cluster] == ["sequential"]
+    assert parse_modes(" sequential, hsgd* ,") == ["sequential", "hsgd*"]
+    for bad in ("cpu,hsgd+", " , "):
+        with pytest.raises(ValueError, match=r"^modes must be among sequential, cpu, gpu, hsgd, "
+                           r"hsgd-linear, hsgd-static, hsgd\*; got '"):
+            parse_modes(bad)
+    text = modes_help()
+    assert [line.split(":")[0] for line in text.split("; ")] == list(MODES)
+    assert all(m.help and "\n" not in m.help for m in MODES.values())
 
 
 def test_calibration_of_another_type_is_refused():
@@ -199,12 +224,12 @@ def test_a_lost_worker_stops_the_fit_with_a_message_not_a_hang(tmp_path, victim)
     import signal
 
     from mgpu.distributed import connect
-    from mgpu.mf.model import _driving, _slots
+    from mgpu.mf.placement import driving_worker, slots_for
     from mgpu.synthetic import planted_ratings
 
     R = planted_ratings(5000, 2000, 400_000, noise=0.5, seed=0)
     with connect(gpus=False, n_workers=2) as c:
-        driving = _driving(_slots(c, "cpu"))
+        driving = driving_worker(slots_for(c, "cpu"))
         pids = c.run(os.getpid)
         target = pids[driving] if victim == "driving" else next(
             p for w, p in pids.items() if w != driving)
@@ -230,14 +255,14 @@ def test_a_fit_resumed_from_its_last_checkpoint_reaches_the_undisturbed_band(tmp
     import signal
 
     from mgpu.distributed import connect
-    from mgpu.mf.model import _driving, _slots
+    from mgpu.mf.placement import driving_worker, slots_for
     from mgpu.synthetic import planted_ratings
 
     train, test = _split(planted_ratings(4000, 1500, 300_000, noise=0.5, seed=1).tocoo())
     opts = dict(k=16, lr=0.01, epochs=12, mode="cpu", seed=0)
     with connect(gpus=False, n_workers=2) as c:
         whole = mgpu.MatrixFactorization(**opts).fit(train, test)
-        driving = _driving(_slots(c, "cpu"))
+        driving = driving_worker(slots_for(c, "cpu"))
         other = next(p for w, p in c.run(os.getpid).items() if w != driving)
         lost = mgpu.MatrixFactorization(**opts, checkpoint_dir=str(tmp_path))
 
@@ -532,7 +557,7 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
 
     from mgpu.distributed import connect
     from mgpu.mf.calibration import cached
-    from mgpu.mf.model import _plan
+    from mgpu.mf.planning import plan
 
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())
@@ -554,7 +579,7 @@ def test_hsgd_star_calibrates_on_the_cluster_and_plans_from_it(data_dir, tmp_pat
     # and no GPU block priced faster than that rate, as fit plans
     predict = {"gpu": cal.predictor("gpu", floor=alone["per_rating_s"]),
                "cpu": cal.predictor("cpu")}
-    used, alpha = _plan(train.nnz, predict, 1, 3, alone["epoch_s"])
+    used, alpha = plan(train.nnz, predict, 1, 3, alone["epoch_s"])
     d = mf.division_
     assert d["cpu_slots"] == used and d["alpha"] == pytest.approx(alpha, abs=0.05)
     assert d["cols"] == (used + 3 if used else 2)  # the GPU alone: the gpu mode's 2×2 grid
@@ -574,7 +599,7 @@ def test_hsgd_star_hands_rows_over_at_the_rates_its_epochs_measured():
     import dask.config
 
     from mgpu.distributed import connect
-    from mgpu.mf.model import _measured_alpha
+    from mgpu.mf.planning import measured_alpha
     from mgpu.synthetic import planted_ratings
 
     n = [float(2 ** e) for e in range(10, 21)]
@@ -590,7 +615,7 @@ def test_hsgd_star_hands_rows_over_at_the_rates_its_epochs_measured():
     h = mf.history_
     planned = mf.division_["alpha_planned"]
     assert planned > 0.5
-    first = _measured_alpha(h[0], 1, mf.division_["cpu_slots"])
+    first = measured_alpha(h[0], 1, mf.division_["cpu_slots"])
     assert first is not None and first < planned - 0.2
     # before epoch 2 the GPU gave rows away: its share went toward halfway to the measured
     assert h[1].get("rows_moved", 0) >= 1 and h[1]["replan_s"] > 0, (

@@ -89,7 +89,7 @@ CALL_PARTS = ("inputs", "queued", "run", "h2d", "kernel", "copy")
 
 def _call_ms(epochs: list[dict[str, Any]], side: str) -> dict[str, float]:
     """A side's milliseconds per call, medians over the epochs: ``busy`` (the block
-    scheduler's, send to end, :func:`mgpu.mf.model._side_times`, per slot) and the parts
+    scheduler's, send to end, :func:`mgpu.mf.planning.side_times`, per slot) and the parts
     spent on the call's host (:meth:`mgpu.mf.hosts.BlockHost.call_times`). For a slot
     that runs one call at a time (a CPU slot), what ``busy`` has beyond ``inputs + queued +
     run`` is the call's way to and from its host; a GPU's call queued behind the one it

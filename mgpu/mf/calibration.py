@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from mgpu import config
+from mgpu.mf.staging import host_copy, stage_block
 from mgpu.sched.cost import Curve, fit_gpu_curve, fit_linear, fit_piecewise
 from mgpu.sched.cost import calibrate as prefix_times
 
@@ -220,8 +221,8 @@ class Calibration:
         the calibrated CPU slots at work beside a GPU, whose task overhead goes from the one
         measured alone (0) to the one measured with every slot busy (1). ``floor`` (GPU):
         seconds per rating the kernel takes at least, a rate measured on a real block of the
-        job (:func:`mgpu.mf.model._alone_epoch`); the curves, fitted on smaller prefixes,
-        can extrapolate faster than the GPU runs."""
+        job (:func:`mgpu.mf.placement.measure_gpus_alone`); the curves, fitted on smaller
+        prefixes, can extrapolate faster than the GPU runs."""
         c = self.curves(model)
         if kind == "cpu":
             if "cpu" not in c:
@@ -353,7 +354,6 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from mgpu.mf.model import _host_copy, _stage
     from mgpu.mf.sgd import sgd_block
 
     out: dict[str, Any] = {"times": [], "transfer": [], "kernel": []}
@@ -385,7 +385,7 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     stream = cupy.cuda.get_current_stream()
     for n in sizes:
         block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype), n_items)
-        staged = _stage(block, np.dtype(dtype), n)
+        staged = stage_block(block, np.dtype(dtype), n)
         Pd = cupy.asarray(P)  # the user segment stays on the device between calls
         tr, ke = [], []
         for rep in range(repeats + 1):  # the first run compiles and warms up
@@ -397,8 +397,8 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
             sgd_block(*staged, Pd, Qd, 0.005, 0.05, 0.05, **gpu_kw)
             stream.synchronize()
             t2 = time.perf_counter()
-            Q = _host_copy(Qd)  # both segments back, as a GPU host's call copies them
-            _host_copy(Pd)
+            Q = host_copy(Qd)  # both segments back, as a GPU host's call copies them
+            host_copy(Pd)
             t3 = time.perf_counter()
             if rep:
                 tr.append((t1 - t0) + (t3 - t2))
@@ -406,49 +406,6 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
         out["transfer"].append(float(np.mean(tr)))
         out["kernel"].append(float(np.mean(ke)))
     return out
-
-
-def _alone_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n_users: int,
-                n_items: int, k: int, dtype: str, gpu_kw: dict[str, Any], repeats: int = 2
-                ) -> dict[str, float]:
-    """Runs on a GPU worker: a block of the GPUs-alone division timed as an epoch runs it.
-
-    ``users`` and ``items`` are local ids of (a random share of) one of its blocks, whose
-    segments have ``n_users`` and ``n_items`` rows. Returns the kernel's seconds per rating
-    (mean of ``repeats`` passes after an untimed one) and the seconds to copy both segments
-    back to the host. A share of a block costs about the block's time per rating: it touches
-    the same rows, drawn as often relative to each other, so the device's caches see the
-    same footprint. The curves of :func:`calibrate`, fitted on prefixes of one stratum of
-    the division with CPU slots, priced this block about 1.5 times too fast on an H100 at 16
-    warps; the kernel ran the division's own smaller blocks no faster per rating than this
-    one (BENCHMARKS.md), so the rate measured here also bounds theirs
-    (:meth:`Calibration.predictor`'s ``floor``).
-    """
-    import cupy
-
-    from mgpu.mf.model import _host_copy, _stage
-    from mgpu.mf.sgd import sgd_block
-
-    if users.size == 0:
-        return {"per_rating_s": 0.0, "copy_s": 0.0}
-    rng = np.random.default_rng(users.size)
-    staged = _stage((users, items, ratings), np.dtype(dtype), 0)
-    P = cupy.asarray(rng.random((n_users, k)) / np.sqrt(k), dtype=dtype)
-    Q = cupy.asarray(rng.random((n_items, k)) / np.sqrt(k), dtype=dtype)
-    stream = cupy.cuda.get_current_stream()
-    times = []
-    for rep in range(repeats + 1):
-        stream.synchronize()
-        t0 = time.perf_counter()
-        sgd_block(*staged, P, Q, 0.005, 0.05, 0.05, **gpu_kw)
-        stream.synchronize()
-        if rep:
-            times.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    _host_copy(P)
-    _host_copy(Q)
-    return {"per_rating_s": float(np.mean(times)) / users.size,
-            "copy_s": time.perf_counter() - t0}
 
 
 def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q: np.ndarray,
@@ -462,7 +419,7 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     cross between workers both ways as in an epoch), a CPU slot one call at a time,
     the GPU with ``mf.gpu-ahead`` calls queued behind its running one, as long as the CPU
     slots run (or ``tasks`` times).
-    A call's busy time is counted as :func:`mgpu.mf.model._side_times` counts it: from its
+    A call's busy time is counted as :func:`mgpu.mf.planning.side_times` counts it: from its
     submission, or from the end of its slot's call before it when it was queued behind that
     one, to the sender hearing it ended; the calls are sent from the CPU worker's host (the
     GPU worker's without one), as a fit's block scheduler sends them (:func:`_probe_calls`).

@@ -25,11 +25,11 @@ same segment (the block scheduler's conflict rule), and a call's inputs are the 
 the calls before it left.
 
 On a GPU worker the host runs one call at a time (in order of arrival, once its inputs are
-there) on the device: a block's ratings are staged there once (:func:`mgpu.mf.model._stage`),
-segments stay on the device between calls, and each call leaves pinned host copies of what
-it updated, sent when another host takes them, so that nobody waits behind the GPU's next
-kernel. On a CPU worker it runs as many calls at once as the worker has threads, each a
-numba pass (nogil).
+there) on the device: a block's ratings are staged there once
+(:func:`mgpu.mf.staging.stage_block`), segments stay on the device between calls, and each
+call leaves pinned host copies of what it updated (:func:`mgpu.mf.staging.host_copy`), sent
+when another host takes them, so that nobody waits behind the GPU's next kernel. On a CPU
+worker it runs as many calls at once as the worker has threads, each a numba pass (nogil).
 """
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ import contextlib
 import contextvars
 import logging
 import os
-import platform
 import sys
 import threading
 import time
@@ -49,107 +48,15 @@ from typing import Any
 
 import numpy as np
 
+from mgpu.mf.segments import Key, SegmentMap, SegmentStore, store_supported
+from mgpu.mf.staging import host_copy, stage_block
+
+# SegmentMap, SegmentStore and store_supported live in mgpu.mf.segments; they are
+# importable from here too, as before
 __all__ = ["BlockHost", "Driver", "HostLost", "SegmentMap", "SegmentStore", "call",
-           "share_segments", "start_hosts"]
+           "share_segments", "start_hosts", "store_supported"]
 
 logger = logging.getLogger(__name__)
-
-Key = tuple[str, int]  # ("p", row stratum) or ("q", column stratum), or a probe's own keys
-
-
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
-class SegmentStore:
-    """A job's factor segments in one shared-memory file of a node, mapped by every block
-    host of the node (:func:`share_segments`): a host reads a segment another host of the
-    node made where it lies, at the version it needs, with no message, no serialisation
-    and no wait on the maker's event loop; a CPU host runs its blocks on it in place, and
-    a GPU host copies it to the device and its results back (the mapping pinned for the
-    device's copies). Each segment's version is a counter at the head of the file, written
-    after the segment's rows; x86-64's store order makes a reader that sees the counter
-    see the rows (:func:`store_supported`).
-
-    ``layout`` lists (key, rows) in one order on every host; the segments are ``rows × k``
-    of ``dtype``.
-
-    >>> import tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "segs")
-    >>> a = SegmentStore(path, [(("p", 0), 3), (("q", 0), 2)], 4, "float64", create=True)
-    >>> b = SegmentStore(path, [(("p", 0), 3), (("q", 0), 2)], 4, "float64", create=False)
-    >>> a.views[("q", 0)][:] = 7.0; a.publish(("q", 0), 1)
-    >>> b.version(("q", 0)), float(b.views[("q", 0)].sum()), b.version(("p", 0))
-    (1, 56.0, -1)
-    """
-
-    def __init__(self, path: str, layout: Sequence[tuple[Key, int]], k: int, dtype: str,
-                 create: bool):
-        self.path = path
-        offsets, self.nbytes = self.offsets(layout, k, dtype)
-        self._map = np.memmap(path, dtype=np.uint8, mode="w+" if create else "r+",
-                              shape=(self.nbytes,))
-        self._versions = np.ndarray((len(layout),), np.int64, buffer=self._map)
-        if create:
-            self._versions[:] = -1
-        self.index = {tuple(key): j for j, (key, _) in enumerate(layout)}
-        self.views = {tuple(key): np.ndarray((int(rows), k), dtype, buffer=self._map, offset=o)
-                      for (key, rows), o in zip(layout, offsets)}
-        self.pinned = False
-
-    @staticmethod
-    def offsets(layout: Sequence[tuple[Key, int]], k: int, dtype: str
-                ) -> tuple[list[int], int]:
-        """Each segment's byte offset in the file, and the file's size."""
-        itemsize = np.dtype(dtype).itemsize
-        off = _round_up(8 * len(layout), 64)
-        out = []
-        for _, rows in layout:
-            out.append(off)
-            off += _round_up(int(rows) * k * itemsize, 64)
-        return out, max(off, 64)
-
-    def version(self, key: Key) -> int:
-        return int(self._versions[self.index[key]])
-
-    def publish(self, key: Key, version: int) -> None:
-        """The segment's rows are written: readers waiting for ``version`` may go on."""
-        self._versions[self.index[key]] = version
-
-    def pin(self) -> None:
-        """Page-lock the mapping for the device's copies (a GPU host's); left pageable,
-        with a warning, where the driver refuses."""
-        import cupy
-
-        try:
-            cupy.cuda.runtime.hostRegister(self._map.ctypes.data, self.nbytes, 0)
-            self.pinned = True
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            logger.warning("shared segments not page-locked (%s): device copies go through "
-                           "a staging buffer", e)
-
-    def close(self) -> None:
-        if self.pinned:
-            import cupy
-
-            cupy.cuda.runtime.hostUnregister(self._map.ctypes.data)
-            self.pinned = False
-
-
-def store_supported(nbytes: int, folder: str = "/dev/shm") -> str | None:
-    """Why a node cannot hold ``nbytes`` of shared segments, or None where it can: an
-    x86-64 machine (whose store order the version counters rely on) with a shared-memory
-    folder that has room (twice the size free)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"{platform.machine()} is not x86-64"
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return f"no {folder}"
-    if st.f_bavail * st.f_frsize < 2 * nbytes:
-        return f"{folder} has {st.f_bavail * st.f_frsize:,} bytes free, {2 * nbytes:,} wanted"
-    return None
-
 
 class BlockHost:
     """Blocks and factor segments on one worker (an actor: create it with
@@ -346,9 +253,7 @@ class BlockHost:
         seg = np.zeros((m, k))
         self.blocks["warm"] = block
         if self.kind == "gpu":
-            from mgpu.mf.model import _stage
-
-            self.staged["warm"] = _stage(block, seg.dtype, 0)
+            self.staged["warm"] = stage_block(block, seg.dtype, 0)
         _, outs, _ = self._run_blocks(["warm"], [seg.copy()], seg.copy(), 0.0, 0.0)
         self._run_blocks(["warm"], [outs[0][0]], outs[1][0], 0.0, 0.0)  # left as made
         del self.blocks["warm"]
@@ -433,8 +338,6 @@ class BlockHost:
         if self.kind == "gpu":
             import cupy
 
-            from mgpu.mf.model import _host_copy
-
             marks = [cupy.cuda.Event() for _ in range(4)]
             marks[0].record()
             Ps, Q = [self._on_device(P) for P in Ps], self._on_device(Q)
@@ -445,7 +348,7 @@ class BlockHost:
             outs = []
             for a, dst in zip((*Ps, Q), list(into) or [None] * (len(Ps) + 1)):
                 if dst is None:
-                    outs.append((a, _host_copy(a)))
+                    outs.append((a, host_copy(a)))
                 else:
                     a.get(out=dst)
                     outs.append((a, dst))
@@ -492,6 +395,9 @@ class BlockHost:
     def _on_device(a: Any) -> Any:
         import cupy
 
+        # a type branch, not a backend choice: this host is a GPU's, and an input is either
+        # the segment it left on the device or a host array that arrived; no dispatch lookup
+        # moves data to a device
         return a if isinstance(a, cupy.ndarray) else cupy.asarray(a)
 
     def _set(self, key: Key, version: int, arr: Any, host: Any) -> None:
@@ -546,10 +452,8 @@ class BlockHost:
             await self._stage(b, dtype, seed)
 
     async def _stage(self, b: Any, dtype: str, seed: int) -> None:
-        from mgpu.mf.model import _stage
-
         if b not in self.staged:
-            self.staged[b] = await self._in_pool(_stage, self.blocks[b], np.dtype(dtype),
+            self.staged[b] = await self._in_pool(stage_block, self.blocks[b], np.dtype(dtype),
                                                  seed + int(b))
 
 
@@ -677,26 +581,3 @@ def share_segments(client: Any, hosts: dict[str, Any], layout: Sequence[tuple[Ke
         if len(got) > 1:
             out[node] = got
     return out
-
-
-class SegmentMap:
-    """Where each segment's latest version is, and which it is, as the client has sent the
-    calls (a segment's version counts the calls that updated it)."""
-
-    def __init__(self, holders: dict[Key, str]):
-        self.at = {key: (w, 0) for key, w in holders.items()}
-
-    def use(self, key: Key, worker: str) -> tuple[tuple[Key, int, str | None, bool],
-                                                   tuple[Key, int]]:
-        """A call on ``worker`` updates ``key``: its input (key, version, holder or None for
-        the same worker, keep) and its output (key, next version)."""
-        holder, v = self.at[key]
-        self.at[key] = (worker, v + 1)
-        return (key, v, None if holder == worker else holder, False), (key, v + 1)
-
-    def latest(self) -> dict[str, dict[Key, int]]:
-        """Each holder's segments and their latest versions."""
-        out: dict[str, dict[Key, int]] = {}
-        for key, (w, v) in self.at.items():
-            out.setdefault(w, {})[key] = v
-        return out

@@ -42,14 +42,14 @@ Every block mode runs its blocks through block hosts (:mod:`mgpu.mf.hosts`): one
 per worker holds the ratings of the blocks it owns and the factor segments, versioned, and
 runs the calls the block scheduler sends it, without a Dask task per block (whose dispatch
 through the scheduler cost as long as the block). The block scheduler itself runs on the
-host of the worker with the most slots (:func:`_driving`, the CPU worker beside GPUs), so
-that its calls to that worker's slots are not messages between processes; the client
-asks it for an epoch at a time. A GPU's own
-blocks have their ratings staged on its device once, for every epoch; the factor segments
-stay on the device between its calls, each call leaving host copies of what it updated in
-pinned memory, sent when another host or the client asks, so that nobody waits behind the
+host of the worker with the most slots (:func:`mgpu.mf.placement.driving_worker`, the CPU
+worker beside GPUs), so that its calls to that worker's slots are not messages between
+processes; the client asks it for an epoch at a time. A GPU's own blocks have their
+ratings staged on its device once, for every epoch; the factor segments stay on the device
+between its calls, each call leaving host copies of what it updated in pinned memory, sent
+when another host or the client asks, so that nobody waits behind the
 GPU's next kernel. Hosts of one node share the segments in a shared-memory file
-(``mgpu.mf.shared-segments``, :class:`mgpu.mf.hosts.SegmentStore`): the host copies are
+(``mgpu.mf.shared-segments``, :class:`mgpu.mf.segments.SegmentStore`): the host copies are
 written there, and a segment another host of the node made is read where it lies. A GPU
 runs its blocks of one column (its sub-rows) in one call, one round trip for all of them,
 and its next columns' calls are queued on its host behind the running one
@@ -73,406 +73,27 @@ import scipy.sparse as sp
 
 from dask.utils import parse_bytes
 
+import mgpu.mf.planning as planning
 from mgpu import config
 from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
-from mgpu.mf.hosts import HostLost, SegmentMap, call, share_segments, start_hosts
-from mgpu.mf.sgd import libmf_order, rmse, sgd_block
-from mgpu.ops._validate import check_option
-from mgpu.sched.cost import split
+from mgpu.mf.hosts import HostLost, call, share_segments, start_hosts
+# GPU_MODES and MIXED_MODES: the command line imports them from here
+from mgpu.mf.modes import GPU_MODES, MIXED_MODES, MODES, check_mode  # noqa: F401
+from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epoch, job_reown,
+                               job_start, measure_gpus_alone, slots_for)
+from mgpu.mf.segments import SegmentMap
+from mgpu.mf.sgd import rmse, sgd_block
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MODES", "MatrixFactorization"]
-
-MODES = ("sequential", "cpu", "gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
-# modes that run on GPU workers, those that also use CPU workers beside them, and those that
-# split the ratings between the two by a calibrated cost model
-GPU_MODES = ("gpu", "hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
-MIXED_MODES = ("hsgd", "hsgd-linear", "hsgd-static", "hsgd*")
-COST_MODES = ("hsgd-linear", "hsgd-static", "hsgd*")
-
-
-def _stage(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, seed: int
-           ) -> tuple[Any, Any, Any]:
-    """A block's ratings on the GPU, in a random order drawn once (cuMF_SGD shuffles once
-    too; thousands of warps in flight reorder the updates anyway), int32 ids."""
-    import cupy
-
-    users, items, ratings = block
-    order = np.random.default_rng(seed).permutation(users.shape[0])
-    return (cupy.asarray(users[order].astype(np.int32)),
-            cupy.asarray(items[order].astype(np.int32)),
-            cupy.asarray(ratings[order].astype(dtype)))
-
-
-def _host_copy(a: Any) -> np.ndarray:
-    """A device array's host copy, in pinned memory (CuPy's pinned pool): the copy is the
-    GPU's DMA, not a staging copy by a CPU core that the CPU slots keep busy (a GPU task's
-    time fell from about 39 to 24 ms on planted ratings, 12 CPU threads beside it)."""
-    import cupyx
-
-    out = cupyx.empty_pinned(a.shape, a.dtype)
-    a.get(out=out)
-    return out
 
 
 def gpu_options() -> dict[str, Any]:
     """How GPU blocks run, from ``mgpu.mf.gpu-conflicts`` and ``mgpu.mf.gpu-warps``: the
     keywords of :func:`mgpu.mf.sgd_block` that only the GPU takes."""
     return {"conflicts": config.get("mf.gpu-conflicts"), "max_warps": config.get("mf.gpu-warps")}
-
-
-def _slots(client: Any, mode: str) -> list[Any]:
-    """The scheduler's slots for a mode: every thread of every worker (``cpu``), every GPU
-    worker (``gpu``), or the GPU workers and the threads of the CPU workers (``hsgd``)."""
-    from mgpu.distributed.cluster import describe_workers
-    from mgpu.sched import Slot
-
-    infos = describe_workers(client)
-    has_gpu = {a: bool(i.get("gpu")) and "error" not in i["gpu"] for a, i in infos.items()}
-    threads = [Slot(f"{a}#{t}", a, "cpu") for a, i in infos.items()
-               for t in range(i.get("nthreads") or 1) if mode == "cpu" or not has_gpu[a]]
-    gpus = [Slot(f"{a}#gpu", a, "gpu") for a in infos if has_gpu[a]]
-    if mode == "cpu":
-        return threads
-    if not gpus:
-        raise ValueError(f"mode={mode!r} needs GPU workers; the cluster has none "
-                         "(mgpu.connect() starts them where GPUs are visible).")
-    return gpus if mode == "gpu" else gpus + threads
-
-
-def _gpu_batch(n_g: int, n_c: int) -> int:
-    """Blocks a GPU runs in one task under HSGD*'s division: its sub-rows of one column."""
-    return -(-(n_g + n_c) // n_g) if n_g else 1
-
-
-def _sides(predict: dict[str, Callable[..., float]], n_g: int, n_c: int, load: float = 1.0
-           ) -> tuple[Callable[[float], float], Callable[[float], float]]:
-    """Predicted seconds of each side of HSGD*'s division for the ratings it is given, summed
-    over its slots: a GPU runs ⌈(n_g+n_c)/n_g⌉ sub-rows × (n_c+2n_g+1) columns of blocks, its
-    sub-rows of a column in one task, a CPU slot (n_c+n_g)/n_c rows × as many columns, a
-    block a task; every block costs the calibrated time of its share of the ratings plus its
-    share of its task's overhead (a GPU's at ``load``, the share of the CPU slots at work:
-    see :meth:`mgpu.mf.calibration.Calibration.predictor`)."""
-    cols = columns(n_g, n_c)
-    sub = _gpu_batch(n_g, n_c)
-    per_gpu = sub * cols
-    per_cpu = (n_c + n_g) * cols / n_c if n_c else 0.0
-
-    def gpu_side(n: float) -> float:
-        return n_g * per_gpu * predict["gpu"](n / (n_g * per_gpu), sub, load=load)
-
-    def cpu_side(n: float) -> float:
-        return n_c * per_cpu * predict["cpu"](n / (n_c * per_cpu)) if n_c else 0.0
-
-    return gpu_side, cpu_side
-
-
-def _epoch_time(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
-                n_c: int, alpha: float, load: float = 1.0) -> float:
-    """Predicted seconds of an epoch of HSGD*'s division: its slower side's slots."""
-    gpu_side, cpu_side = _sides(predict, n_g, n_c, load)
-    t = gpu_side(alpha * n_ratings) / n_g
-    return max(t, cpu_side((1 - alpha) * n_ratings) / n_c) if n_c else t
-
-
-def _plan(n_ratings: int, predict: dict[str, Callable[..., float]], n_g: int,
-          n_c: int, alone: float | None = None) -> tuple[int, float]:
-    """How many of the CPU slots to use, and the GPUs' share α, for the shortest predicted
-    epoch.
-
-    For a given number of CPU slots, α is the thesis's argmin |T_g(α)/n_g − T_c(1−α)/n_c|
-    (:func:`mgpu.sched.cost.split`) on the division's blocks (:func:`_sides`). Every task
-    pays a round trip, and the division has more blocks the more slots it serves, so on
-    small data fewer CPU slots (down to none) can finish an epoch sooner: the number is
-    chosen too, which the thesis, on data far larger than a block's overhead, fixes.
-    ``alone``: the seconds of an epoch of the GPUs alone, measured on one of their blocks
-    (:func:`_alone_epoch`), for that option instead of the curves.
-    """
-    best = (math.inf, 0, 1.0)
-    for c in range(n_c + 1):
-        load = c / n_c if n_c else 0.0
-        alpha = split(float(n_ratings), *_sides(predict, n_g, c, load), n_g, c) if c else 1.0
-        t = _epoch_time(n_ratings, predict, n_g, c, alpha, load) if c or alone is None \
-            else alone
-        if t < best[0]:
-            best = (t, c, alpha)
-    return best[1], best[2]
-
-
-def _alone_epoch(client: Any, gpu_worker: str, div: Any, n_g: int, u: np.ndarray,
-                 i: np.ndarray, r: np.ndarray, k: int, gpu_kw: dict[str, Any], overhead: float
-                 ) -> dict[str, float]:
-    """An epoch of the GPUs alone on their division ``div`` (the gpu mode's), priced by
-    timing one of its blocks on a GPU worker (a random share of its ratings, at most
-    ``mgpu.mf.calibration-ratings``: :func:`mgpu.mf.calibration._alone_block`): every GPU
-    runs its share of the ratings at that rate, and a call per column of its blocks, each
-    copying its segments back and paying ``overhead`` (a call's, the CPU slots idle).
-    Returns the rate (``per_rating_s``), the copies (``copy_s``), ``overhead`` and
-    ``epoch_s``."""
-    from mgpu.mf.calibration import _alone_block
-
-    big = max(div.blocks, key=lambda blk: blk.size)
-    members_u = np.flatnonzero(div.user_stratum == big.row)
-    members_i = np.flatnonzero(div.item_stratum == big.col)
-    local_u = np.zeros(div.user_stratum.size, dtype=np.int64)
-    local_i = np.zeros(div.item_stratum.size, dtype=np.int64)
-    local_u[members_u] = np.arange(members_u.size)
-    local_i[members_i] = np.arange(members_i.size)
-    sel = np.flatnonzero(div.block_of(u, i) == big.id)
-    most = int(config.get("mf.calibration-ratings"))
-    if sel.size > most:
-        sel = np.sort(np.random.default_rng(sel.size).choice(sel, most, replace=False))
-    got = client.submit(_alone_block, local_u[u[sel]], local_i[i[sel]], r[sel],
-                        members_u.size, members_i.size, k, "float64", gpu_kw,
-                        workers=[gpu_worker], allow_other_workers=False, pure=False).result()
-    calls = div.n_cols  # a GPU's blocks of a column run in one call
-    got["overhead_s"] = overhead
-    got["epoch_s"] = (got["per_rating_s"] * r.size / n_g
-                      + calls * (got["copy_s"] + overhead))
-    return got
-
-
-def _alone_block_time(alone: dict[str, float], n: float, per_task: int = 1,
-                      load: float = 1.0) -> float:
-    """A block's predicted seconds on a GPU alone, from :func:`_alone_epoch`'s measurement
-    (the signature of :meth:`mgpu.mf.calibration.Calibration.predictor`'s functions)."""
-    return 0.0 if n <= 0 else (alone["per_rating_s"] * n
-                               + (alone["copy_s"] + alone["overhead_s"]) / per_task)
-
-
-def _side_times(events: list[Any], kinds: dict[str, str], sizes: dict[int, float],
-                predict: dict[str, Callable[..., float]]) -> dict[str, float]:
-    """Per kind of slot in one epoch: seconds its slots were busy (summed over the slots;
-    a slot is busy from a task's submission to its end, a task queued behind another of the
-    same slot counted from the end of that one), ratings it updated, and what the cost model
-    predicted for those tasks: each block's run and its task's overhead once, shared by
-    the blocks the task ran (a GPU's sub-rows of a column; a block stolen from another slot
-    runs alone in its task and pays the whole overhead).
-
-    A steal from another worker is priced as any call: the calibration's overhead already
-    holds a segment that crosses between workers in every call (:mod:`mgpu.mf.calibration`),
-    and on H100 machines at 1e7 ratings adding the block scheduler's guess at the move
-    (``mf.steal-bandwidth``, both segments both ways) put the GPU side 8–30% above its
-    measured time (BENCHMARKS.md)."""
-    spans: dict[int, list[float]] = {}  # task -> [start, end]
-    out: dict[str, float] = {}
-    for kind in sorted(set(kinds.values())):
-        out[f"{kind}_busy_s"] = 0.0
-        out[f"{kind}_ratings"] = 0.0
-        if kind in predict:
-            out[f"{kind}_predicted_s"] = 0.0
-    slot_of: dict[int, str] = {}
-    ran: dict[int, list[int]] = {}  # task -> its blocks that finished
-    for ev in events:
-        if ev.kind in ("assign", "steal"):
-            spans.setdefault(ev.task, [ev.t, ev.t])
-            slot_of[ev.task] = ev.slot
-        elif ev.kind == "finish":
-            if ev.task in spans:
-                spans[ev.task][1] = ev.t
-            out[f"{kinds[ev.slot]}_ratings"] += sizes[ev.block]
-            ran.setdefault(ev.task, []).append(ev.block)
-            slot_of.setdefault(ev.task, ev.slot)
-    for task, got in ran.items():
-        slot = slot_of[task]
-        kind = kinds[slot]
-        if kind in predict:
-            out[f"{kind}_predicted_s"] += sum(predict[kind](sizes[b], len(got)) for b in got)
-    by_slot: dict[str, list[list[float]]] = {}
-    for task, span in spans.items():
-        by_slot.setdefault(slot_of[task], []).append(span)
-    for slot, got in by_slot.items():
-        end = -np.inf
-        for a, b in sorted(got):  # the union of the slot's spans
-            out[f"{kinds[slot]}_busy_s"] += max(0.0, b - max(a, end))
-            end = max(end, b)
-    return out
-
-
-def _call_times(calls: dict[str, list[dict[str, float]]], planned: Any) -> dict[str, float]:
-    """Per kind of slot in one epoch: its calls (``{kind}_calls``) and the seconds they
-    spent on their hosts, summed (``{kind}_call_{part}_s``, the parts of
-    :meth:`mgpu.mf.hosts.BlockHost.call_times`)."""
-    kinds = {s.worker: s.kind for s in planned.slots}
-    out: dict[str, float] = {}
-    for w, got in calls.items():
-        kind = kinds[w]
-        out[f"{kind}_calls"] = out.get(f"{kind}_calls", 0) + len(got)
-        for t in got:
-            for part, sec in t.items():
-                out[f"{kind}_call_{part}_s"] = out.get(f"{kind}_call_{part}_s", 0.0) + sec
-    return out
-
-
-def _gpu_share(sched: Any) -> float:
-    """The share of the ratings in blocks a scheduler's GPU slots own."""
-    total = sum(b.size for b in sched.blocks)
-    gpu = sum(b.size for b in sched.blocks if sched.slots[b.owner].kind == "gpu")
-    return float(gpu / total) if total else 0.0
-
-
-def _measured_rates(times: dict[str, float]) -> tuple[float, float] | None:
-    """Ratings per busy second of one GPU slot and of one CPU slot in an epoch
-    (:func:`_side_times`), or None without both."""
-    try:
-        gpu = times["gpu_ratings"] / times["gpu_busy_s"]
-        cpu = times["cpu_ratings"] / times["cpu_busy_s"]
-    except (KeyError, ZeroDivisionError):
-        return None
-    if not (np.isfinite(gpu) and np.isfinite(cpu) and gpu > 0 and cpu > 0):
-        return None
-    return float(gpu), float(cpu)
-
-
-def _measured_alpha(times: dict[str, float], n_g: int, n_c: int) -> float | None:
-    """The GPUs' share α that balances the two sides at the rates an epoch measured
-    (:func:`_measured_rates`), or None without both.
-
-    >>> _measured_alpha({"gpu_ratings": 600.0, "gpu_busy_s": 1.0,
-    ...                  "cpu_ratings": 400.0, "cpu_busy_s": 4.0}, 1, 4)
-    0.6
-    """
-    rates = _measured_rates(times)
-    if rates is None:
-        return None
-    return n_g * rates[0] / (n_g * rates[0] + n_c * rates[1])
-
-
-@dataclasses.dataclass(frozen=True)
-class _Planned:
-    """A fit's blocks (with their owners) and slots, as the client keeps them."""
-
-    blocks: tuple[Any, ...]
-    slots: tuple[Any, ...]
-
-
-def _driving(slots: list[Any]) -> str:
-    """The worker whose host runs the block scheduler: the one with the most slots, a CPU
-    worker on a tie (its slots' calls, many and each the length of a short block, are
-    the ones a message between processes would cost the most)."""
-    count: dict[str, int] = {}
-    for s in slots:
-        count[s.worker] = count.get(s.worker, 0) + 1
-    kind = {s.worker: s.kind for s in slots}
-    return max(count, key=lambda w: (count[w], kind[w] == "cpu"))
-
-
-def _by_block(users: np.ndarray, items: np.ndarray, block: np.ndarray, n_users: int,
-              n_items: int) -> np.ndarray:
-    """The ratings' positions grouped by block id, ascending, each block's in LIBMF's order
-    (:func:`mgpu.mf.sgd.libmf_order`: by user, then item, with more users than items), the
-    order a CPU host visits them in. Ratings as a CSR matrix gives them, by user, are
-    already in it: then only the block ids are sorted.
-
-    >>> _by_block(np.array([1, 0, 1, 0]), np.array([0, 1, 1, 0]), np.array([1, 0, 1, 0]), 3, 2)
-    array([3, 1, 0, 2])
-    """
-    by_user = n_users > n_items
-    major, minor = (users, items) if by_user else (items, users)
-    key = major * max(n_items if by_user else n_users, 1) + minor  # only to see if sorted
-    if key.size > 1 and bool((key[1:] < key[:-1]).any()):
-        within = libmf_order(users, items, by_user)
-        return within[np.argsort(block[within], kind="stable")]
-    return np.argsort(block, kind="stable")
-
-
-@dataclasses.dataclass
-class _Job:
-    """The block scheduler's side of a fit, kept by the driving host
-    (:meth:`mgpu.mf.hosts.BlockHost.drive`): the calls it sends (which version of each
-    segment a block needs and where it will be), the cost model's seconds of a block on a
-    slot, what moving a block to another worker costs, and where each block's ratings
-    are."""
-
-    slots: list[Any]
-    segmap: SegmentMap
-    origin: dict[int, str]  # the host that keeps a block's ratings for whoever runs it
-    where: dict[int, str]  # the worker of a block's owner
-    row_sizes: list[int]
-    col_sizes: list[int]
-    predict: dict[str, Callable[..., float]]
-    per_task: dict[str, int]
-    ahead: dict[str, int]
-    deterministic: bool
-    lr: float
-    reg: float
-    k: int
-    itemsize: int
-    dtype: str
-    bandwidth: float
-    latency: float
-    seed: int
-    sched: Any = None
-    driver: Any = None  # the host's Driver, while an epoch runs there
-    calls: int = 0
-
-    def run(self, group: tuple[Any, ...], slot: Any) -> Any:
-        p = [self.segmap.use(("p", b.row), slot.worker) for b in group]
-        q = self.segmap.use(("q", group[0].col), slot.worker)
-        sources = {b.id: self.origin[b.id] for b in group if self.origin[b.id] != slot.worker}
-        self.calls += 1
-        return self.driver.call(slot.worker, "run", [b.id for b in group], [x[0] for x in p],
-                                q[0], [x[1] for x in p], q[1], self.lr, self.reg,
-                                self.seed + self.calls, sources, self.dtype)
-
-    def transfer(self, block: Any, slot: Any) -> float:
-        """Moving a block's ratings and segments to a slot on another worker."""
-        if self.where[block.id] == slot.worker:
-            return 0.0
-        nbytes = 24 * block.size + (self.row_sizes[block.row] + self.col_sizes[block.col]) \
-            * self.k * self.itemsize * 2
-        return nbytes / self.bandwidth + self.latency
-
-    def cost(self, block: Any, slot: Any) -> float:
-        return self.predict[slot.kind](block.size, self.per_task[slot.kind])
-
-    def batch(self, slot: Any) -> int:
-        return self.per_task[slot.kind]
-
-    def queued(self, slot: Any) -> int:
-        return self.ahead[slot.kind]
-
-    def scheduler(self, blocks: tuple[Any, ...], epochs_done: int) -> Any:
-        from mgpu.sched import BlockScheduler
-
-        return BlockScheduler(blocks, self.slots, self.run,
-                              cost=self.cost if self.predict else None,
-                              transfer=self.transfer, deterministic=self.deterministic,
-                              client=self.driver, batch=self.batch, ahead=self.queued,
-                              epochs_done=epochs_done)
-
-
-def _job_start(driver: Any, job: _Job, blocks: tuple[Any, ...]) -> None:
-    """On the driving host: keep the job, its scheduler made for ``blocks``."""
-    job.driver = driver
-    job.sched = job.scheduler(blocks, 0)
-    driver.state["job"] = job
-
-
-def _job_epoch(driver: Any) -> tuple[list[Any], dict[str, dict[Any, int]],
-                                     dict[str, list[dict[str, float]]]]:
-    """On the driving host: one epoch of the job's blocks; returns its events, where each
-    segment's latest version is (host -> {key: version}) and where each host's calls spent
-    their time (host -> :meth:`mgpu.mf.hosts.BlockHost.call_times`)."""
-    job = driver.state["job"]
-    job.driver = job.sched.client = driver
-    events = job.sched.run_epoch()
-    hosts = sorted({s.worker for s in job.slots})
-    times = [driver.call(w, "call_times") for w in hosts]
-    return events, job.segmap.latest(), {w: f.result() for w, f in zip(hosts, times)}
-
-
-def _job_reown(driver: Any, blocks: tuple[Any, ...], epochs_done: int, where: dict[int, str],
-               gpu_batch: int) -> None:
-    """On the driving host: the job's blocks with new owners (on ``where``'s workers, a
-    GPU's call taking ``gpu_batch`` of them), a scheduler for them from the next epoch."""
-    job = driver.state["job"]
-    job.driver = driver
-    job.where.update(where)
-    job.per_task["gpu"] = gpu_batch
-    job.sched = job.scheduler(blocks, epochs_done)
 
 
 class MatrixFactorization:
@@ -583,7 +204,7 @@ default='sequential'
                 or self.epochs < 1:
             raise ValueError(f"The 'epochs' parameter of MatrixFactorization must be an int >= 1."
                              f" Got {self.epochs!r} instead.")
-        check_option("mode", "MatrixFactorization", self.mode, MODES)
+        check_mode(self.mode)
         if self.calibration is not None and not isinstance(self.calibration, Calibration):
             raise TypeError("The 'calibration' parameter of MatrixFactorization must be a "
                             "mgpu.mf.calibration.Calibration or None. Got "
@@ -662,7 +283,7 @@ default='sequential'
         self.setup_s_ = 0.0
         t0 = time.perf_counter()
         trained = 0.0
-        epoch_fn = self._sequential_epochs if self.mode == "sequential" else self._block_epochs
+        epoch_fn = self._block_epochs if MODES[self.mode].cluster else self._sequential_epochs
         epochs = epoch_fn(u, i, r, P, Q, rng)
         for epoch in range(start + 1, self.epochs + 1):
             t = time.perf_counter()
@@ -745,16 +366,17 @@ default='sequential'
         client = current_client()
         if client is None:
             raise ValueError(f"mode={self.mode!r} runs on a cluster: call mgpu.connect() first.")
-        slots = _slots(client, self.mode)
+        spec = MODES[self.mode]
+        slots = slots_for(client, self.mode)
         gpu_kw = gpu_options()  # read here, passed to the tasks
         n_g = sum(s.kind == "gpu" for s in slots)
         n_c = len(slots) - n_g
         predict: dict[str, Callable[..., float]] = {}
         latency = 1e-3  # a task's round trip, until measured
-        if self.mode in COST_MODES:
+        if spec.cost != "none":
             cal = self._calibration_for(client, slots, u, i, r, (P.shape[0], Q.shape[0]),
                                          gpu_kw)
-            model = "linear" if self.mode == "hsgd-linear" else "hsgd*"
+            model = spec.cost
             predict = {kind: cal.predictor(kind, model) for kind, n in (("gpu", n_g), ("cpu", n_c))
                        if n}
             self.calibration_ = cal
@@ -774,17 +396,18 @@ default='sequential'
                 return alone_div
 
             if n_c and self.calibration is None:  # priced on a block of theirs
-                alone = _alone_epoch(client, slots[0].worker, gpus_alone(), n_g, u, i, r,
-                                     self.k, gpu_kw, cal.overhead_gpu_alone_s)
+                alone = measure_gpus_alone(client, slots[0].worker, gpus_alone(), n_g, u, i,
+                                           r, self.k, gpu_kw, cal.overhead_gpu_alone_s)
                 self.gpus_alone_ = alone
                 logger.info("%s: the GPUs alone, measured on a block of theirs: %.3g M "
                             "ratings/s, an epoch %.3g s (the curves: %.3g s)", self.mode,
                             1e-6 / alone["per_rating_s"] if alone["per_rating_s"] else math.inf,
-                            alone["epoch_s"], _epoch_time(r.size, predict, n_g, 0, 1.0, 0.0))
+                            alone["epoch_s"],
+                            planning.epoch_time(r.size, predict, n_g, 0, 1.0, 0.0))
                 # and no division's GPU blocks priced faster than that rate
                 predict["gpu"] = cal.predictor("gpu", model, floor=alone["per_rating_s"])
-            used, alpha = _plan(r.size, predict, n_g, n_c,
-                                None if alone is None else alone["epoch_s"])
+            used, alpha = planning.plan(r.size, predict, n_g, n_c,
+                                        None if alone is None else alone["epoch_s"])
             if used < n_c:
                 logger.info("%s: %d of the %d CPU slots make the shortest predicted epoch",
                             self.mode, used, n_c)
@@ -798,10 +421,10 @@ default='sequential'
             else:
                 div = gpus_alone()
                 if alone is not None:  # priced as measured
-                    predict = {"gpu": functools.partial(_alone_block_time, alone)}
+                    predict = {"gpu": functools.partial(planning.alone_block_time, alone)}
         else:
             div = uniform(u, i, P.shape[0], Q.shape[0], len(slots), rng)
-        rebalance = self.mode in ("hsgd*", "hsgd-static") and n_g > 0 and n_c > 0 \
+        rebalance = spec.replan and n_g > 0 and n_c > 0 \
             and bool(config.get("mf.replan"))
         self.schedule_events_: list[Any] = []  # grows as the epochs run
         last: dict[str, float] = {}  # the last epoch's side times
@@ -823,11 +446,10 @@ default='sequential'
                 if moved:
                     extra["replan_s"] = time.perf_counter() - t0
                     extra["rows_moved"] = moved
-            planned, drive, rows, cols, side_times = placed[:5]
             if predict:
-                extra["alpha"] = _gpu_share(planned)
+                extra["alpha"] = planning.gpu_share(placed.owned)
             t0 = time.perf_counter()
-            events, latest, calls = drive(_job_epoch).result()
+            events, latest, calls = placed.drive(job_epoch).result()
             took = time.perf_counter() - t0
             self.schedule_events_.extend(events)
             # the factors to this process, for the RMSE: evaluation, not training
@@ -835,10 +457,10 @@ default='sequential'
                       for w, wanted in latest.items()]:
                 for (kind, idx), got in f.result().items():
                     if kind == "p":
-                        P[rows[idx]] = got
+                        P[placed.rows[idx]] = got
                     else:
-                        Q[cols[idx]] = got
-            last = {**side_times(events), **_call_times(calls, planned)}
+                        Q[placed.cols[idx]] = got
+            last = {**placed.side_times(events), **planning.call_times(calls, placed.owned)}
             yield P, Q, {"epoch_s": took, "gather_s": time.perf_counter() - t0 - took, **setup,
                          **extra, **last}
             setup = {}
@@ -846,18 +468,16 @@ default='sequential'
     def _place(self, client: Any, hosts: dict[str, Any], div: Any, slots: list[Any],
                predict: dict[str, Callable[..., float]], latency: float, u: np.ndarray,
                i: np.ndarray, r: np.ndarray, P: np.ndarray, Q: np.ndarray,
-               rng: np.random.Generator) -> list[Any]:
+               rng: np.random.Generator) -> Placement:
         """A division's blocks on the cluster: each block's ratings on its owner's host
         (:mod:`mgpu.mf.hosts`; a GPU's staged on its device), the factor segments, and the
-        block scheduler that runs them, on the driving host (:func:`_driving`); returns the
-        blocks and slots (:class:`_Planned`), ``drive`` (a function and its arguments run on
-        the driving host), the strata's members, the per-epoch side-time summary and
-        ``reown`` (blocks with new owners, epochs done -> their :class:`_Planned`;
-        :meth:`_rebalance` puts it first)."""
+        block scheduler that runs them, on the driving host
+        (:func:`mgpu.mf.placement.driving_worker`); returns them as a
+        :class:`mgpu.mf.placement.Placement` (:meth:`_rebalance` calls its ``reown``)."""
         n_g = sum(s.kind == "gpu" for s in slots)
         n_c = len(slots) - n_g
         if predict and n_c:
-            gpu_batch = _gpu_batch(n_g, n_c)
+            gpu_batch = planning.gpu_batch(n_g, n_c)
         else:
             gpu_batch = div.n_rows  # a GPU's own blocks of a column, however many
         per_task = {"gpu": gpu_batch, "cpu": 1}
@@ -882,7 +502,7 @@ default='sequential'
         for b, members in enumerate(cols):
             local_i[members] = np.arange(members.size)
         bid = div.block_of(u, i)
-        order = _by_block(u, i, bid, P.shape[0], Q.shape[0])
+        order = by_block(u, i, bid, P.shape[0], Q.shape[0])
         bounds = np.searchsorted(bid[order], np.arange(div.n_rows * div.n_cols + 1))
         where = {blk.id: slots[blk.owner].worker for blk in div.blocks}
         origin = dict(where)  # the host that keeps a block's ratings for whoever runs it
@@ -915,16 +535,16 @@ default='sequential'
             f.result()
         segmap = SegmentMap({**{("p", a): w for a, w in home_p.items()},
                              **{("q", b): w for b, w in home_q.items()}})
-        job = _Job(slots=list(slots), segmap=segmap, origin=origin, where=where,
+        job = Job(slots=list(slots), segmap=segmap, origin=origin, where=where,
                    row_sizes=[int(m.size) for m in rows], col_sizes=[int(m.size) for m in cols],
                    predict=predict, per_task=per_task, ahead=ahead,
-                   deterministic=self.mode == "hsgd-static", lr=self.lr, reg=self.reg,
+                   deterministic=not MODES[self.mode].stealing, lr=self.lr, reg=self.reg,
                    k=self.k, itemsize=P.dtype.itemsize, dtype=dtype,
                    bandwidth=float(parse_bytes(config.get("mf.steal-bandwidth"))),
                    latency=latency, seed=int(rng.integers(1 << 31)))
-        driving = _driving(slots)
+        driving = driving_worker(slots)
         drive = functools.partial(call, client, hosts[driving], "drive")
-        drive(_job_start, job, tuple(div.blocks)).result()
+        drive(job_start, job, tuple(div.blocks)).result()
         logger.info("%s: the block scheduler runs on %s's host", self.mode, driving)
 
         def reown(blocks: tuple[Any, ...], epochs_done: int) -> Any:
@@ -946,41 +566,41 @@ default='sequential'
                 if slots[blk.owner].kind == "gpu":
                     gpu_rows.setdefault(blk.owner, set()).add(blk.row)
             per_task["gpu"] = max((len(x) for x in gpu_rows.values()), default=1)
-            drive(_job_reown, tuple(blocks), epochs_done, dict(where), per_task["gpu"]
+            drive(job_reown, tuple(blocks), epochs_done, dict(where), per_task["gpu"]
                   ).result()
-            return _Planned(tuple(blocks), tuple(slots))
+            return planning.Ownership(tuple(blocks), tuple(slots))
 
         kinds = {s.name: s.kind for s in slots}
         sizes = {blk.id: blk.size for blk in div.blocks}
 
         def side_times(events: list[Any]) -> dict[str, float]:
-            return _side_times(events, kinds, sizes, predict)
+            return planning.side_times(events, kinds, sizes, predict)
 
-        return [_Planned(tuple(div.blocks), tuple(slots)), drive, rows, cols, side_times,
-                reown]
+        return Placement(owned=planning.Ownership(tuple(div.blocks), tuple(slots)), drive=drive,
+                         rows=rows, cols=cols, side_times=side_times, reown=reown)
 
-    def _rebalance(self, placed: list[Any], last: dict[str, float], n_g: int, n_c: int,
+    def _rebalance(self, placed: Placement, last: dict[str, float], n_g: int, n_c: int,
                    epochs_done: int) -> int:
         """Whole rows of blocks handed between the GPUs and the CPU slots, halfway from the
         GPUs' share of the ratings now to the share at which the last epoch's measured rates
-        (:func:`_measured_alpha`) finish both sides together, when those differ by more than
-        0.02 (:func:`mgpu.mf.division.move_rows`); returns the rows moved. Halfway, because
-        the rates move with the share (a side given less pays its per-task costs on fewer
-        ratings) and the first epoch's include warming up."""
+        (:func:`mgpu.mf.planning.measured_alpha`) finish both sides together, when those
+        differ by more than 0.02 (:func:`mgpu.mf.division.move_rows`); returns the rows
+        moved. Halfway, because the rates move with the share (a side given less pays its
+        per-task costs on fewer ratings) and the first epoch's include warming up."""
         from mgpu.mf.division import move_rows
 
-        blocks = placed[0].blocks
-        kinds = [s.kind for s in placed[0].slots]
-        now = _gpu_share(placed[0])
-        target = _measured_alpha(last, n_g, n_c)
+        blocks = placed.owned.blocks
+        kinds = [s.kind for s in placed.owned.slots]
+        now = planning.gpu_share(placed.owned)
+        target = planning.measured_alpha(last, n_g, n_c)
         if target is None or abs(target - now) <= 0.02:
             return 0
         moved = move_rows(blocks, kinds, now + 0.5 * (target - now))
         rows = {b.row for b, o in zip(moved, blocks) if b.owner != o.owner}
         if not rows:
             return 0
-        placed[0] = placed[5](moved, epochs_done)
-        share = _gpu_share(placed[0])
+        placed.owned = placed.reown(moved, epochs_done)
+        share = planning.gpu_share(placed.owned)
         logger.info("%s: epoch %d's rates balance the sides at %.3f of the ratings on the GPUs; "
                     "%d row(s) moved, %.3f to %.3f", self.mode, epochs_done, target, len(rows),
                     now, share)

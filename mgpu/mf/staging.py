@@ -1,0 +1,129 @@
+"""Ratings and factor segments on a GPU worker's device: staging a block once, pinned host
+copies of what a call updated, and one block of the GPUs-alone division timed.
+
+These run on GPU workers only: a block host (:mod:`mgpu.mf.hosts`) stages its GPU's blocks
+and copies its results back with them, the calibration (:mod:`mgpu.mf.calibration`) times
+its GPU prefixes with them, and :class:`mgpu.mf.MatrixFactorization` prices the GPUs alone
+with :func:`time_alone_block`. This module imports none of those, so they all import it.
+CuPy is imported inside each function: ``import mgpu`` never imports it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from mgpu.mf.sgd import sgd_block
+
+__all__ = ["host_copy", "stage_block", "time_alone_block"]
+
+
+def stage_block(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, seed: int
+                ) -> tuple[Any, Any, Any]:
+    """A block's ratings on the GPU, in a random order drawn once.
+
+    cuMF_SGD shuffles once too; thousands of warps in flight reorder the updates anyway.
+
+    Parameters
+    ----------
+    block : tuple of ndarray of shape (n_ratings,)
+        The block's users, items (local ids) and ratings, on the host.
+    dtype : numpy dtype
+        The ratings' dtype on the device (the factors').
+    seed : int
+        Seed of the order.
+
+    Returns
+    -------
+    users, items, ratings : cupy.ndarray of shape (n_ratings,)
+        int32 ids and ``dtype`` ratings on the current device, in the drawn order.
+    """
+    import cupy
+
+    users, items, ratings = block
+    order = np.random.default_rng(seed).permutation(users.shape[0])
+    return (cupy.asarray(users[order].astype(np.int32)),
+            cupy.asarray(items[order].astype(np.int32)),
+            cupy.asarray(ratings[order].astype(dtype)))
+
+
+def host_copy(a: Any) -> np.ndarray:
+    """A device array's host copy, in pinned memory (CuPy's pinned pool).
+
+    The copy is the GPU's DMA, not a staging copy by a CPU core that the CPU slots keep
+    busy (a GPU task's time fell from about 39 to 24 ms on planted ratings, 12 CPU threads
+    beside it).
+
+    Parameters
+    ----------
+    a : cupy.ndarray
+
+    Returns
+    -------
+    ndarray
+        Of ``a``'s shape and dtype, backed by pinned memory.
+    """
+    import cupyx
+
+    out = cupyx.empty_pinned(a.shape, a.dtype)
+    a.get(out=out)
+    return out
+
+
+def time_alone_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, n_users: int,
+                     n_items: int, k: int, dtype: str, gpu_kw: dict[str, Any],
+                     repeats: int = 2) -> dict[str, float]:
+    """Runs on a GPU worker: a block of the GPUs-alone division timed as an epoch runs it.
+
+    A share of a block costs about the block's time per rating: it touches the same rows,
+    drawn as often relative to each other, so the device's caches see the same footprint.
+    The curves of :func:`mgpu.mf.calibration.calibrate`, fitted on prefixes of one stratum
+    of the division with CPU slots, priced this block about 1.5 times too fast on an H100 at
+    16 warps; the kernel ran the division's own smaller blocks no faster per rating than
+    this one (BENCHMARKS.md), so the rate measured here also bounds theirs
+    (:meth:`mgpu.mf.calibration.Calibration.predictor`'s ``floor``).
+
+    Parameters
+    ----------
+    users, items, ratings : ndarray of shape (n_ratings,)
+        Local ids and ratings of (a random share of) one of the division's blocks.
+    n_users, n_items : int
+        Rows of the block's user and item segments.
+    k : int
+        Latent factors.
+    dtype : str
+        The factors' dtype.
+    gpu_kw : dict
+        The GPU's keywords of :func:`mgpu.mf.sgd.sgd_block`.
+    repeats : int, default=2
+        Timed passes, after an untimed one.
+
+    Returns
+    -------
+    dict
+        ``per_rating_s``: the kernel's seconds per rating (mean over the timed passes);
+        ``copy_s``: seconds to copy both segments back to the host.
+    """
+    import cupy
+
+    if users.size == 0:
+        return {"per_rating_s": 0.0, "copy_s": 0.0}
+    rng = np.random.default_rng(users.size)
+    staged = stage_block((users, items, ratings), np.dtype(dtype), 0)
+    P = cupy.asarray(rng.random((n_users, k)) / np.sqrt(k), dtype=dtype)
+    Q = cupy.asarray(rng.random((n_items, k)) / np.sqrt(k), dtype=dtype)
+    stream = cupy.cuda.get_current_stream()
+    times = []
+    for rep in range(repeats + 1):
+        stream.synchronize()
+        t0 = time.perf_counter()
+        sgd_block(*staged, P, Q, 0.005, 0.05, 0.05, **gpu_kw)
+        stream.synchronize()
+        if rep:
+            times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    host_copy(P)
+    host_copy(Q)
+    return {"per_rating_s": float(np.mean(times)) / users.size,
+            "copy_s": time.perf_counter() - t0}
