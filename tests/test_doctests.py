@@ -25,6 +25,7 @@ MODULES = [
     "mgpu.models.jaccard",
     "mgpu.models.gap",
     "mgpu.models.gradient_mf",
+    "mgpu.bench.gap",
     "mgpu.deploy",
     "mgpu.sched.cost",
     "mgpu.mf.sgd",

@@ -61,7 +61,13 @@ def scaling(S: sp.spmatrix, topics: int, iters: int, workers: tuple[int, ...], *
 
 
 def scaling_markdown(rows: list[dict[str, Any]], label: str) -> str:
-    """The rows of :func:`scaling` as a Markdown table (BENCHMARKS.md's GaP tables)."""
+    """The rows of :func:`scaling` as a Markdown table (BENCHMARKS.md's GaP tables).
+
+    >>> row = {"workers": 2, "kind": "CPU", "topics": 20, "median_step_s": 0.0125,
+    ...        "speedup": 1.8, "loglik_per_token": -7.25, "loglik_diff": 3e-12}
+    >>> print(scaling_markdown([row], "ap").splitlines()[-1])
+    | ap | 20 | 2 CPU | 12.50 | 1.80× | -7.250000 | 3.0e-12 |
+    """
     head = ("| corpus | topics | workers | median ms per iteration | speedup vs 1 worker | "
             "log-likelihood per token | difference to one device |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
