@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 
 from mgpu.synthetic import powerlaw_corpus
-from workflows import gap
+from mgpu.models import GaP
 
 
 def _corpus() -> sp.csr_matrix:
@@ -16,38 +16,76 @@ def _corpus() -> sp.csr_matrix:
 @pytest.mark.parametrize("parts", [1, 3])
 def test_cluster_fit_equals_one_device(client, parts):
     S = _corpus()
-    one = gap.fit(S, 5, iters=6, seed=2)
+    one = GaP(5, iters=6, seed=2).fit(S)
     seen = []
-    spread = gap.fit_distributed(S, 5, parts=parts, client=client, iters=6, seed=2,
-                                 progress=seen.append)
-    assert [h["iteration"] for h in spread.history] == list(range(1, 7)) == \
+    spread = GaP(5, iters=6, seed=2).fit(S, parts=parts, client=client, progress=seen.append)
+    assert [h["iteration"] for h in spread.history_] == list(range(1, 7)) == \
         [h["iteration"] for h in seen]
-    np.testing.assert_allclose([h["loglik_per_token"] for h in spread.history],
-                               [h["loglik_per_token"] for h in one.history], rtol=1e-10)
-    np.testing.assert_allclose(spread.X, one.X, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(spread.L, one.L, rtol=1e-9, atol=1e-15)
-    assert all(h["step_s"] > 0 for h in spread.history)
-    assert len(spread.tiles) == parts
-    assert sum(t["rows"] for t in spread.tiles) == S.shape[0]
-    assert sum(t["nnz"] for t in spread.tiles) == S.nnz
-    assert {t["worker"] for t in spread.tiles} <= set(client.scheduler_info()["workers"])
+    np.testing.assert_allclose([h["loglik_per_token"] for h in spread.history_],
+                               [h["loglik_per_token"] for h in one.history_], rtol=1e-10)
+    np.testing.assert_allclose(spread.X_, one.X_, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(spread.L_, one.L_, rtol=1e-9, atol=1e-15)
+    assert all(h["step_s"] > 0 for h in spread.history_)
+    assert len(spread.tiles_) == parts
+    assert sum(t["rows"] for t in spread.tiles_) == S.shape[0]
+    assert sum(t["nnz"] for t in spread.tiles_) == S.nnz
+    assert {t["worker"] for t in spread.tiles_} <= set(client.scheduler_info()["workers"])
 
 
 def test_cluster_fit_on_the_ap_corpus(client, data_dir):
     from mgpu import io
 
     S = sp.csr_matrix(io.load(str(data_dir / "bow" / "ap.dat.gz")), dtype=np.float64)
-    one = gap.fit(S, 8, iters=4)
-    spread = gap.fit_distributed(S, 8, parts=4, client=client, iters=4)
-    ll = [h["loglik_per_token"] for h in spread.history]
-    np.testing.assert_allclose(ll, [h["loglik_per_token"] for h in one.history], rtol=1e-9)
+    one = GaP(8, iters=4).fit(S)
+    spread = GaP(8, iters=4).fit(S, parts=4, client=client)
+    ll = [h["loglik_per_token"] for h in spread.history_]
+    np.testing.assert_allclose(ll, [h["loglik_per_token"] for h in one.history_], rtol=1e-9)
     assert ll[-1] > ll[0]
 
 
 def test_cluster_fit_refuses_bad_input(client):
     with pytest.raises(ValueError, match="topics and iters must be >= 1"):
-        gap.fit_distributed(_corpus(), 0, client=client)
+        GaP(0).fit(_corpus(), client=client)
     with pytest.raises(TypeError, match="must be a scipy sparse matrix"):
-        gap.fit_distributed(np.ones((3, 3)), 2, client=client)
+        GaP(2).fit(np.ones((3, 3)), client=client)
     with pytest.raises(ValueError, match="non-negative counts"):
-        gap.fit_distributed(sp.csr_matrix(-np.ones((3, 3))), 2, client=client)
+        GaP(2).fit(sp.csr_matrix(-np.ones((3, 3))), client=client)
+
+
+def test_cluster_fit_of_a_dask_array_keeps_its_tiles(client):
+    """A dask array of row tiles fits where its tiles are, as the scipy matrix it holds."""
+    import mgpu
+
+    S = _corpus()
+    Sd = mgpu.from_scipy(S, 3, client=client)
+    one = GaP(5, iters=6, seed=2).fit(S)
+    spread = GaP(5, iters=6, seed=2).fit(Sd)
+    # the corpus's total and Σ log s! are summed tile by tile: rounding, nothing more
+    np.testing.assert_allclose([h["loglik_per_token"] for h in spread.history_],
+                               [h["loglik_per_token"] for h in one.history_], rtol=1e-10)
+    np.testing.assert_allclose(spread.X_, one.X_, rtol=1e-9, atol=1e-12)
+    holders = mgpu.distributed.chunk_workers(Sd, client)
+    assert [t["worker"] for t in spread.tiles_] == [holders[(i, 0)][0] for i in range(3)]
+    assert [t["rows"] for t in spread.tiles_] == list(Sd.chunks[0])
+    with pytest.raises(ValueError, match="non-negative counts"):
+        GaP(2).fit(mgpu.from_scipy(sp.csr_matrix(-np.ones((3, 3))), 2, client=client))
+
+
+def test_transform_finds_the_topics_of_new_documents():
+    """Two topics over disjoint words: new documents drawn from one of them load on it."""
+    rng = np.random.default_rng(0)
+    words = 40
+    topic = np.zeros((2, words))
+    topic[0, :20] = topic[1, 20:] = 1 / 20
+    which = rng.integers(0, 2, 200)
+    S = sp.csr_matrix(rng.poisson(30 * topic[which]).astype(np.float64))
+    model = GaP(2, iters=40, seed=1).fit(S)
+    first = int(np.argmax(model.L_[:20].sum(axis=0)))  # the fitted topic of words 0..19
+    new = rng.integers(0, 2, 50)
+    X = model.transform(sp.csr_matrix(rng.poisson(30 * topic[new]).astype(np.float64)))
+    assert X.shape == (50, 2) and (X >= 0).all()
+    assert ((X.argmax(axis=1) == first) == (new == 0)).all()
+    with pytest.raises(ValueError, match="must have the fitted 40 words as columns. Got 39"):
+        model.transform(sp.csr_matrix((3, 39)))
+    with pytest.raises(ValueError, match="not fitted yet"):
+        GaP(2).transform(S)

@@ -95,7 +95,8 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
     for k in kernels:
         assert f"mgpu/_kernels/{k}" in names, names
     assert "mgpu/mgpu.yaml" in names
-    assert "workflows/jaccard.py" in names  # `mgpu run NAME` imports the workflows package
+    assert "mgpu/models/jaccard.py" in names  # `mgpu run jaccard` summarises with it
+    assert not any(n.startswith("workflows/") for n in names)  # scripts, not a package
     assert "mgpu/_deploy/slurm/mgpu.sbatch" in names  # `mgpu slurm script` fills it
     site = tmp_path / "site"
     out = subprocess.run(
@@ -108,7 +109,7 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
         "import mgpu.backends.loader as L, mgpu\n"
         "print(mgpu.__file__)\nprint(L.kernel_dir())\n"
         "assert 'mgpu_row_norms_warp' in L.read_source('rows.cu')\n"
-        "import workflows.jaccard\n"
+        "import mgpu.models.jaccard\n"
         "import mgpu.deploy as D\n"
         "assert str(D.deploy_dir()).endswith('_deploy'), D.deploy_dir()\n"
     )

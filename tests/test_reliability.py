@@ -198,20 +198,21 @@ def test_als_training_survives_a_killed_worker(client3):
     """ALS across the cluster: a worker is killed after the second step; the tiles it held
     (ratings, rows of U and their Adam moments, made step by step) are made again from
     their tasks elsewhere, and every RMSE and both factors equal an undisturbed run's."""
-    from workflows import als
+    from mgpu.mf import split_ratings
+    from mgpu.models import GradientMF
 
     rng = np.random.default_rng(4)
     R = sp.random(600, 300, density=0.05, format="csr", random_state=rng,
                   data_rvs=lambda s: rng.uniform(1, 5, s))
-    train, test = als.split(R, 0.2, 0)
-    ref = als.train_distributed(train, test, parts=6, client=client3, k=8, iters=6, lr=0.05)
+    train, test = split_ratings(R, 0.2, 0)
+    ref = GradientMF(k=8, iters=6, lr=0.05).fit(train, test, parts=6, client=client3)
     kill_one, killed = _killer_at_iteration(client3, 2)
-    got = als.train_distributed(train, test, parts=6, client=client3, k=8, iters=6, lr=0.05,
-                                progress=kill_one)
+    got = GradientMF(k=8, iters=6, lr=0.05).fit(train, test, parts=6, client=client3,
+                                                progress=kill_one)
     assert killed
     for key in ("train_rmse", "test_rmse"):
-        assert [h[key] for h in got.history] == [h[key] for h in ref.history]
-    assert np.array_equal(got.U, ref.U) and np.array_equal(got.V, ref.V)
+        assert [h[key] for h in got.history_] == [h[key] for h in ref.history_]
+    assert np.array_equal(got.U_, ref.U_) and np.array_equal(got.V_, ref.V_)
 
 
 @pytest.mark.timeout(4 * WAIT)
@@ -219,15 +220,15 @@ def test_gap_fit_survives_a_killed_worker(client3):
     """The topic model across the cluster: a worker is killed after the second iteration;
     its tiles and loadings are made again from their tasks, and every log-likelihood and
     both factors equal an undisturbed run's."""
-    from workflows import gap
+    from mgpu.models import GaP
 
     rng = np.random.default_rng(5)
     S = sp.random(400, 250, density=0.05, format="csr", random_state=rng,
                   data_rvs=lambda s: rng.integers(1, 6, s).astype(float))
-    ref = gap.fit_distributed(S, 5, parts=6, client=client3, iters=5)
+    ref = GaP(5, iters=5).fit(S, parts=6, client=client3)
     kill_one, killed = _killer_at_iteration(client3, 2)
-    got = gap.fit_distributed(S, 5, parts=6, client=client3, iters=5, progress=kill_one)
+    got = GaP(5, iters=5).fit(S, parts=6, client=client3, progress=kill_one)
     assert killed
-    assert [h["loglik_per_token"] for h in got.history] == \
-        [h["loglik_per_token"] for h in ref.history]
-    assert np.array_equal(got.X, ref.X) and np.array_equal(got.L, ref.L)
+    assert [h["loglik_per_token"] for h in got.history_] == \
+        [h["loglik_per_token"] for h in ref.history_]
+    assert np.array_equal(got.X_, ref.X_) and np.array_equal(got.L_, ref.L_)

@@ -1,4 +1,4 @@
-"""Helpers the workflows share."""
+"""The transpose of a CSR pattern as one gather, for models that transpose every step."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,0 +1,16 @@
+"""Estimators built on the ops: fit/transform/predict, on one device or across a cluster.
+
+- :class:`GaP`: Canny's Gamma-Poisson topic model, every update an SDDMM and an SpMM.
+- :class:`GradientMF`: matrix factorisation by full-batch gradient descent with Adam; each
+  step one SDDMM and two SpMM.
+
+Each takes a scipy or cupyx matrix (one device) or a dask array of row tiles (a cluster,
+through :class:`mgpu.distributed.tiles.RowTiles`); :mod:`mgpu.models.jaccard` summarises
+Jaccard edge weights.
+"""
+from __future__ import annotations
+
+from mgpu.models.gap import GaP
+from mgpu.models.gradient_mf import GradientMF
+
+__all__ = ["GaP", "GradientMF"]

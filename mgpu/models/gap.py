@@ -1,0 +1,450 @@
+"""Canny's Gamma-Poisson (GaP) topic model of a bag-of-words corpus, every update an SDDMM
+followed by an SpMM (the cuSDDMM paper's reformulation).
+
+Counts ``s_dw ~ Poisson(Σ_k x_dk λ_wk)`` with document loadings ``x_dk ~ Gamma(α, β)`` (shape
+α, scale β). The MAP updates (Canny, "GaP: a factor model for discrete data", 2004) need the
+model's rates only where s is nonzero, ``ŝ = S ∘ (X Λᵀ)`` (:func:`mgpu.sddmm`), and the ratio
+``Q = S / ŝ`` times a factor (:func:`mgpu.spmm`)::
+
+    X ← (X ∘ (Q Λ) + α - 1) / (1ᵀΛ + 1/β)        Λ ← Λ ∘ (Qᵀ X) / (1ᵀX)
+
+The Poisson log-likelihood needs no dense product either: ``Σ_nz s log ŝ - Σ_k (1ᵀX)_k (1ᵀΛ)_k
+- Σ_nz log s!``; it is reported per token after every iteration.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from math import lgamma
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+import mgpu
+from mgpu.backends import synchronize
+from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
+from mgpu.models._transpose import Transposer
+
+__all__ = ["GaP"]
+
+
+class GaP:
+    """Canny's Gamma-Poisson topic model, fitted by MAP updates of SDDMM + SpMM.
+
+    The same class fits on one device (a scipy or cupyx matrix: the CPU or that GPU) and on
+    a cluster (a dask array of row tiles, or ``client=``/``parts=``): the documents are cut
+    into row tiles of equal nnz, each tile and its loadings stay on their worker (its GPU
+    on GPU workers), and per iteration only the topics Λ move. Both give the same numbers up
+    to rounding.
+
+    Parameters
+    ----------
+    topics : int, default=20
+    iters : int, default=50
+        Alternating updates of X and Λ (two SDDMM and two SpMM each).
+    alpha, beta : float, default=1.1, 10.0
+        Gamma prior of the loadings: shape α >= 1 (keeps the MAP update non-negative), scale
+        β > 0.
+    seed : int, default=0
+        The starting loadings and topics; the same for every device and split.
+
+    Attributes
+    ----------
+    X_ : array of shape (n_docs, topics)
+        The documents' loadings (numpy after a cluster fit, else S's array type).
+    L_ : array of shape (n_words, topics)
+        The topics Λ (each column a distribution over the words, up to its scale).
+    history_ : list of dict
+        Per iteration: ``iteration``, ``loglik_per_token``, ``step_s``, ``elapsed_s``.
+    tiles_ : list of dict
+        After a cluster fit, each row tile's ``worker``, ``rows`` and ``nnz`` in document
+        order; empty after a fit on one device.
+
+    Examples
+    --------
+    >>> S = sp.csr_matrix(np.array([[4, 3, 0, 0], [5, 2, 0, 1], [0, 0, 6, 3], [0, 1, 4, 4.]]))
+    >>> model = GaP(topics=2, iters=60, seed=1).fit(S)
+    >>> h = model.history_
+    >>> h[-1]["loglik_per_token"] > h[0]["loglik_per_token"]
+    True
+    >>> model.transform(S).argmax(axis=1).tolist() == model.X_.argmax(axis=1).tolist()
+    True
+    """
+
+    def __init__(self, topics: int = 20, *, iters: int = 50, alpha: float = 1.1,
+                 beta: float = 10.0, seed: int = 0) -> None:
+        self.topics = topics
+        self.iters = iters
+        self.alpha = alpha
+        self.beta = beta
+        self.seed = seed
+
+    def fit(self, S: Any, *, client: Any = None, parts: int | None = None,
+            progress: Callable[[dict[str, float]], None] | None = None) -> GaP:
+        """Fit to a documents × words count matrix.
+
+        Parameters
+        ----------
+        S : {sparse matrix, dask array} of shape (n_docs, n_words)
+            Non-negative counts. A scipy or cupyx matrix fits on its own device; a dask
+            array of CSR row tiles (:func:`mgpu.from_scipy`) fits on the cluster, its tiles
+            where they are; a scipy matrix with ``client`` or ``parts`` is cut into tiles
+            first.
+        client : distributed.Client, optional
+            The cluster (default: the current one, for a dask array or with ``parts``).
+        parts : int, optional
+            Row tiles of a scipy matrix (default: one per worker).
+        progress : callable, optional
+            Called with each iteration's record (that of ``history_``) as it arrives.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            For the parameters above out of range, negative counts, or a cluster fit
+            without a cluster.
+        TypeError
+            For a dense matrix, or a cupyx matrix on a cluster.
+        """
+        _check_params(self.topics, self.iters, self.alpha, self.beta)
+        if client is not None or parts is not None or _is_dask(S):
+            check_scipy_or_tiles(S, "S", "GaP.fit on a cluster")
+            self._fit_tiles(S, client, parts, progress)
+        else:
+            if not (sp.issparse(S) or _is_cupyx_sparse(S)):
+                raise TypeError(f"The 'S' parameter of GaP.fit must be a scipy or cupyx "
+                                f"sparse matrix, or a dask array of row tiles. Got "
+                                f"{type(S).__name__} instead.")
+            self._fit_local(S, progress)
+        return self
+
+    def _fit_local(self, S: Any, progress: Callable[[dict[str, float]], None] | None) -> None:
+        topics, iters, alpha, beta = self.topics, self.iters, self.alpha, self.beta
+        tile = _Tile.of(S)
+        X, L = _start(tile.S.shape, tile.S.dtype, float(tile.S.sum()), topics, self.seed)
+        xp = _xp(tile.S)
+        X, L = xp.asarray(X), xp.asarray(L)
+        log_fact, tokens = _constants(tile.S)
+        tiny = np.finfo(tile.S.dtype).tiny
+        history: list[dict[str, float]] = []
+        t_start = time.perf_counter()
+        for it in range(1, iters + 1):
+            t0 = time.perf_counter()
+            X = tile.update_loadings(X, L, alpha, beta, tiny, tile.rates(X, L))
+            part, xs = tile.topic_parts(X, L, tiny)
+            L = L * part / xp.maximum(xs, tiny)
+            ll, xsum = tile.loglik_parts(tile.rates(X, L), X, tiny)
+            loglik = ll - float((xsum * L.sum(axis=0).astype(xp.float64)).sum()) - log_fact
+            rec = {"iteration": it, "loglik_per_token": loglik / tokens,
+                   "step_s": time.perf_counter() - t0,
+                   "elapsed_s": time.perf_counter() - t_start}
+            history.append(rec)
+            if progress is not None:
+                progress(rec)
+        self.X_, self.L_, self.history_, self.tiles_ = X, L, history, []
+
+    def _fit_tiles(self, S: Any, client: Any, parts: int | None,
+                   progress: Callable[[dict[str, float]], None] | None) -> None:
+        """The documents in row tiles on the cluster's workers.
+
+        Each tile and its loadings X stay on their worker (its GPU on GPU workers); per
+        iteration only the topics Λ (words × topics) move: each tile returns its share of
+        Λ's update, one task sums them, and the new Λ goes to every tile. The log-likelihood
+        of an iteration is summed in the next round, from the same rates that start that
+        round's update, so one round per iteration suffices.
+
+        ``step_s`` in the history is the time between consecutive iterations as the client
+        sees them finish. X_ and L_ are numpy.
+        """
+        topics, iters, alpha, beta = self.topics, self.iters, self.alpha, self.beta
+        if _is_dask(S):
+            tiles = RowTiles.place(S, name="gap", client=client)
+            stats = [tiles.result(f, "GaP's corpus sums")
+                     for f in tiles.map(_stats_task, tiles.blocks)]
+            if any(st["min"] < 0 for st in stats):
+                raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
+            dtype = np.dtype(stats[0]["dtype"]) if stats else np.dtype(np.float64)
+            total = float(sum(st["sum"] for st in stats))
+            log_fact = float(sum(st["log_fact"] for st in stats))
+            tokens = float(sum(st["tokens"] for st in stats))
+            shape = S.shape
+        else:
+            S = _canonical(S)
+            log_fact, tokens = _constants(S)
+            dtype, total, shape = S.dtype, float(S.sum()), S.shape
+            tiles = RowTiles.place(S, name="gap", parts=parts, client=client)
+        X0, L0 = _start(shape, dtype, total, topics, self.seed)
+        tiny = float(np.finfo(dtype).tiny)
+        history: list[dict[str, float]] = []
+        state = tiles.map(_tile_task, tiles.blocks)
+        X = tiles.hold("X0", [X0[tiles.rows(i)] for i in range(len(tiles))])
+        L = tiles.share("L0", L0)
+        t_start = last = time.perf_counter()
+        pending: deque = deque()
+        for r in range(1, iters + 2):
+            update = r <= iters
+            steps = tiles.map(_step_task, state, X, args=(L, update, alpha, beta, tiny))
+            X = tiles.map(_first, steps)
+            shares = tiles.map(_second, steps)
+            red = tiles.submit(_reduce_task, L, tiny, *shares)
+            if update:
+                L = tiles.submit(_first, red)
+            if r >= 2:  # the client fetches the two sums alone, not Λ with them
+                pending.append((r - 1, tiles.submit(_sums, red)))
+            while pending and (len(pending) > 1 or not update):
+                it, fut = pending.popleft()
+                ll, penalty = tiles.result(fut, f"GaP iteration {it}")
+                now = time.perf_counter()
+                rec = {"iteration": it, "loglik_per_token": (ll - penalty - log_fact) / tokens,
+                       "step_s": now - last, "elapsed_s": now - t_start}
+                last = now
+                history.append(rec)
+                if progress is not None:
+                    progress(rec)
+        self.X_ = np.vstack([_host(tiles.result(x, "GaP's final factors")) for x in X])
+        self.L_ = _host(tiles.result(L, "GaP's final factors"))
+        self.history_, self.tiles_ = history, tiles.describe()
+
+    def transform(self, S: Any, *, iters: int | None = None) -> Any:
+        """The loadings of documents under the fitted topics (Λ kept fixed).
+
+        Starts as :meth:`fit` starts (from ``seed``) and runs ``iters`` (default: the
+        model's) updates of the loadings alone, each one SDDMM and one SpMM.
+
+        Parameters
+        ----------
+        S : {scipy, cupyx} sparse matrix of shape (n_docs, n_words)
+            Counts over the fitted vocabulary.
+        iters : int, optional
+
+        Returns
+        -------
+        X : array of shape (n_docs, topics), on S's device
+        """
+        L = getattr(self, "L_", None)
+        if L is None:
+            raise ValueError("This GaP is not fitted yet: call fit first.")
+        if not (sp.issparse(S) or _is_cupyx_sparse(S)):
+            raise TypeError(f"The 'S' parameter of GaP.transform must be a scipy or cupyx "
+                            f"sparse matrix. Got {type(S).__name__} instead.")
+        if S.shape[1] != L.shape[0]:
+            raise ValueError(f"The 'S' parameter of GaP.transform must have the fitted "
+                             f"{L.shape[0]} words as columns. Got {S.shape[1]} instead.")
+        iters = self.iters if iters is None else iters
+        _check_params(self.topics, iters, self.alpha, self.beta)
+        tile = _Tile.of(S)
+        xp = _xp(tile.S)
+        X, _ = _start(tile.S.shape, tile.S.dtype, float(tile.S.sum()), self.topics, self.seed)
+        X, L = xp.asarray(X), xp.asarray(_host(L) if xp is np else L, dtype=tile.S.dtype)
+        tiny = np.finfo(tile.S.dtype).tiny
+        for _ in range(iters):
+            X = tile.update_loadings(X, L, self.alpha, self.beta, tiny, tile.rates(X, L))
+        return X
+
+    def top_words(self, vocab: list[str] | None = None, n: int = 8) -> list[list[str]]:
+        """Each topic's n heaviest words (ids as strings without a vocabulary).
+
+        >>> model = GaP(topics=2)
+        >>> model.L_ = np.array([[0.1, 0.7], [0.9, 0.3]])
+        >>> model.top_words(["a", "b"], 1)
+        [['b'], ['a']]
+        """
+        L = _host(self.L_)
+        order = np.argsort(-L, axis=0, kind="stable")[:n].T
+        return [[vocab[w] if vocab is not None and w < len(vocab) else str(w) for w in row]
+                for row in order]
+
+
+def _is_dask(S: Any) -> bool:
+    return type(S).__module__.startswith("dask.")
+
+
+def _is_cupyx_sparse(S: Any) -> bool:
+    return type(S).__module__.startswith("cupyx.") and hasattr(S, "indptr")
+
+
+def _xp(S: Any) -> Any:
+    if hasattr(S, "get"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _check_params(topics: int, iters: int, alpha: float, beta: float) -> None:
+    if topics < 1 or iters < 1 or alpha < 1 or beta <= 0:
+        raise ValueError(f"topics and iters must be >= 1, alpha >= 1 and beta > 0. Got "
+                         f"topics={topics}, iters={iters}, alpha={alpha}, beta={beta}.")
+
+
+def _canonical(S: Any) -> Any:
+    """S as float CSR with sorted, summed entries, refusing negative counts."""
+    S = S.tocsr()
+    S.sum_duplicates()
+    S.sort_indices()
+    if S.nnz and float(S.data.min()) < 0:
+        raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
+    dtype = S.dtype if S.dtype in (np.float32, np.float64) else np.float64
+    return S.astype(dtype)
+
+
+def _start(shape: tuple[int, int], dtype: Any, total: float, topics: int, seed: int
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The starting loadings and topics (numpy), the same for every device and split, from
+    the corpus's shape, dtype and total count."""
+    n_docs, n_words = shape
+    rng = np.random.default_rng(seed)
+    X = rng.gamma(1.0, 1.0, (n_docs, topics)).astype(dtype)
+    L = rng.gamma(1.0, 1.0, (n_words, topics)).astype(dtype)
+    L /= L.sum(axis=0, keepdims=True)
+    X *= total / n_docs / topics
+    return X, L
+
+
+def _constants(S: Any) -> tuple[float, float]:
+    """Σ log s! over the nonzero counts, and the number of tokens."""
+    host = S.get() if hasattr(S, "get") else S
+    data = np.asarray(host.data, dtype=np.float64)
+    return float(sum(lgamma(v + 1.0) for v in data)), float(data.sum())
+
+
+@dataclass
+class _Tile:
+    """Documents (rows) of the corpus with what the updates need: the counts and the map
+    that transposes a matrix of their pattern by one gather."""
+
+    S: Any
+    transpose: Transposer
+
+    @classmethod
+    def of(cls, S: Any) -> _Tile:
+        S = _canonical(S)
+        return cls(S, Transposer.of(S))
+
+    def rates(self, X: Any, L: Any) -> Any:
+        """ŝ = S's pattern ∘ (X Λᵀ): the Poisson rates at the nonzero counts (SDDMM)."""
+        return mgpu.sddmm(self.S, X, L, hadamard=False)
+
+    def _ratio(self, R: Any, tiny: float) -> Any:
+        R.data = self.S.data / _xp(self.S).maximum(R.data, tiny)
+        return R
+
+    def update_loadings(self, X: Any, L: Any, alpha: float, beta: float, tiny: float,
+                        R: Any) -> Any:
+        """X ← (X ∘ ((S / ŝ) Λ) + α − 1) / (1ᵀΛ + 1/β), given ŝ = ``R``."""
+        X = X * mgpu.spmm(self._ratio(R, tiny), L)
+        X += alpha - 1.0
+        X /= L.sum(axis=0) + 1.0 / beta
+        return X
+
+    def topic_parts(self, X: Any, L: Any, tiny: float) -> tuple[Any, Any]:
+        """(S / ŝ)ᵀ X and 1ᵀX for these documents: the sums behind Λ's update."""
+        Q = self._ratio(self.rates(X, L), tiny)
+        return mgpu.spmm(self.transpose(Q.data), X), X.sum(axis=0)
+
+    def loglik_parts(self, R: Any, X: Any, tiny: float) -> tuple[float, Any]:
+        """Σ s log ŝ over these documents (given ŝ = ``R``) and 1ᵀX, in float64."""
+        xp = _xp(self.S)
+        ll = float((self.S.data.astype(xp.float64)
+                    * xp.log(xp.maximum(R.data.astype(xp.float64), tiny))).sum())
+        return ll, X.sum(axis=0).astype(xp.float64)
+
+
+# ------------------------------------------------------------------- tasks on the tiles
+
+
+def _stats_task(S: Any) -> dict[str, Any]:
+    """What the start needs of a tile of a dask corpus: its total, Σ log s!, its tokens,
+    its smallest count and the dtype the fit uses."""
+    tile = _canonical_unchecked(S)
+    host = _host(tile.data)
+    low = float(host.min()) if host.size else 0.0
+    log_fact, tokens = _constants(tile) if low >= 0 else (0.0, 0.0)  # refused by the client
+    return {"sum": float(host.sum()), "log_fact": log_fact, "tokens": tokens, "min": low,
+            "dtype": tile.dtype.str}
+
+
+def _canonical_unchecked(S: Any) -> Any:
+    S = S.tocsr()
+    dtype = S.dtype if S.dtype in (np.float32, np.float64) else np.float64
+    return S.astype(dtype)
+
+
+def _tile_task(S: Any) -> _Tile:
+    return _Tile.of(S)
+
+
+def _on_device_of(tile: _Tile, X: Any) -> Any:
+    """X on the tile's device (a host piece sent to a GPU worker crosses once)."""
+    if _xp(tile.S) is np:
+        return X
+    import cupy
+
+    return cupy.asarray(X)
+
+
+def _step_task(tile: _Tile, X: Any, L: Any, update: bool, alpha: float, beta: float,
+               tiny: float) -> tuple[Any, tuple]:
+    """One round on one tile: the log-likelihood sums of the current state, then (unless this
+    is the last round) the loadings' update and this tile's share of the topics' update."""
+    X, L = _on_device_of(tile, X), _on_device_of(tile, L)
+    R = tile.rates(X, L)
+    ll, xsum = tile.loglik_parts(R, X, tiny)
+    parts: tuple = (ll, xsum)
+    if update:
+        X = tile.update_loadings(X, L, alpha, beta, tiny, R)
+        parts += tile.topic_parts(X, L, tiny)
+    return synchronize(X), parts
+
+
+def _reduce_task(L: Any, tiny: float, *parts: tuple) -> tuple[Any, float, Any]:
+    """Sum the tiles' shares: (Λ updated, or None in the last round; Σ s log ŝ; the
+    Σ_k (1ᵀX)_k (1ᵀΛ)_k term of the log-likelihood)."""
+    ll = sum(p[0] for p in parts)
+    xsum = sum(_host(p[1]) for p in parts)
+    penalty = float((xsum * _host(L.sum(axis=0)).astype(np.float64)).sum())
+    L_next = None
+    if len(parts[0]) == 4:
+        part = parts[0][2]
+        xs = parts[0][3]
+        for p in parts[1:]:
+            part = part + _on_device_of_array(part, p[2])
+            xs = xs + _on_device_of_array(xs, p[3])
+        L = _on_device_of_array(part, L)
+        L_next = L * part / _xp_of(part).maximum(xs, tiny)
+    return L_next, ll, penalty
+
+
+def _host(a: Any) -> np.ndarray:
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def _xp_of(a: Any) -> Any:
+    if hasattr(a, "get"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _on_device_of_array(like: Any, a: Any) -> Any:
+    return _xp_of(like).asarray(a)
+
+
+def _first(pair: tuple) -> Any:
+    return pair[0]
+
+
+def _second(pair: tuple) -> Any:
+    return pair[1]
+
+
+def _sums(reduced: tuple) -> tuple[float, float]:
+    """The log-likelihood's two sums of a round's reduce, without its Λ."""
+    return reduced[1], reduced[2]

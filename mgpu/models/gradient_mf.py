@@ -1,0 +1,481 @@
+"""Matrix factorisation of a ratings matrix by full-batch gradient descent with Adam, every
+step one SDDMM and two SpMM (the cuSDDMM paper's reformulation: the gradient of the squared
+error at the observed entries is ``(S ∘ (U Vᵀ) - R) V`` for U and its transpose for V).
+
+``r_ij ≈ μ + u_i · v_j`` is fitted on the training ratings by full-batch gradient steps with
+Adam's per-entry step sizes and an L2 penalty; each step costs one :func:`mgpu.sddmm` (the
+predictions at the observed entries) and two :func:`mgpu.spmm` (the residual times V, its
+transpose times U). NumPy/SciPy data runs on the CPU backend, CuPy data on the GPU, and a
+dask array of row tiles (or ``client=``/``parts=``) on a cluster, the users cut into row
+tiles. (It is not alternating least squares: no step solves for a factor.)
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+import mgpu
+from mgpu.backends import synchronize
+from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
+from mgpu.models._transpose import Transposer
+
+__all__ = ["GradientMF"]
+
+logger = logging.getLogger(__name__)
+
+
+class GradientMF:
+    """``R ≈ μ + U Vᵀ`` at R's stored entries by full-batch gradient descent with Adam; each
+    step one SDDMM and two SpMM.
+
+    Parameters
+    ----------
+    k : int, default=32
+        Rank of the factors.
+    reg : float, default=0.1
+        L2 penalty.
+    lr : float, default=0.01
+        Adam's step size.
+    iters : int, default=100
+        Gradient steps.
+    seed : int, default=0
+        The starting factors; the same on every device and split.
+    cuda_graph : bool, default=True
+        On one GPU, capture the step as a CUDA graph after the first step and replay it
+        (:class:`mgpu.backends.graph.Replay`); ``False`` launches its kernels one by one
+        every step. The numbers are the same either way.
+
+    Attributes
+    ----------
+    U_ : array of shape (n_users, k)
+    V_ : array of shape (n_items, k)
+        The factors (numpy after a cluster fit, else R's array type).
+    mean_ : float
+        μ, the training ratings' mean.
+    history_ : list of dict
+        Per step: ``iteration``, ``step_s``, ``train_rmse``, ``elapsed_s`` and, with test
+        ratings, ``test_rmse``.
+    tiles_ : list of dict
+        After a cluster fit, each row tile's ``worker``, ``rows`` and ``nnz`` in user
+        order; empty after a fit on one device.
+
+    Examples
+    --------
+    >>> R = sp.csr_matrix(np.array([[5, 4, 0], [4, 0, 1], [0, 1, 2.]]))
+    >>> model = GradientMF(k=2, lr=0.05, iters=50).fit(R)
+    >>> h = model.history_
+    >>> h[-1]["train_rmse"] < h[0]["train_rmse"]
+    True
+    >>> model.predict(R).shape
+    (3, 3)
+    """
+
+    def __init__(self, k: int = 32, *, reg: float = 0.1, lr: float = 0.01, iters: int = 100,
+                 seed: int = 0, cuda_graph: bool = True) -> None:
+        self.k = k
+        self.reg = reg
+        self.lr = lr
+        self.iters = iters
+        self.seed = seed
+        self.cuda_graph = cuda_graph
+
+    def fit(self, R: Any, test: Any = None, *, client: Any = None, parts: int | None = None,
+            progress: Callable[[dict[str, float]], None] | None = None) -> GradientMF:
+        """Fit to the ratings R, recording the training (and test) RMSE per step.
+
+        Parameters
+        ----------
+        R : {sparse matrix, dask array} of shape (n_users, n_items)
+            Training ratings, float32 or float64. A scipy or cupyx CSR fits on its own
+            device; a dask array of CSR row tiles (:func:`mgpu.from_scipy`) fits on the
+            cluster, its tiles where they are; a scipy matrix with ``client`` or ``parts``
+            is cut into tiles first.
+        test : sparse matrix of shape (n_users, n_items), optional
+            Test ratings (R's array type on one device; scipy on a cluster); their RMSE is
+            recorded per step.
+        client : distributed.Client, optional
+            The cluster (default: the current one, for a dask array or with ``parts``).
+        parts : int, optional
+            Row tiles of a scipy matrix (default: one per worker).
+        progress : callable, optional
+            Called with each step's record (that of ``history_``) as it arrives.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        TypeError
+            On a cluster: R not a scipy matrix or dask array, or test not a scipy matrix.
+        ValueError
+            For the parameters out of range (k and iters >= 1, lr > 0, reg >= 0), NaN or
+            infinity among R's ratings, a test matrix of another shape, or a cluster fit
+            without a cluster.
+        FloatingPointError
+            When a step's RMSE or the final factors are NaN or infinite (the steps
+            themselves run with ``check_finite=False``).
+
+        Notes
+        -----
+        R's values are checked once; the steps then call SDDMM and SpMM with
+        ``check_finite=False`` (no wait on the device inside a step) and watch the RMSE
+        instead. On one device each step's SDDMM + SpMM time is ``step_s`` (synchronised on
+        the GPU); on a cluster it is the time between consecutive steps as the client sees
+        them finish. On a cluster each tile's ratings, its rows of U and their Adam moments
+        stay on its worker and only V moves; the result equals one device's up to rounding
+        (V's gradient is summed tile by tile).
+        """
+        k, iters, lr, reg = self.k, self.iters, self.lr, self.reg
+        if k < 1 or iters < 1 or lr <= 0 or reg < 0:
+            raise ValueError(f"k and iters must be >= 1, lr > 0 and reg >= 0. Got k={k}, "
+                             f"iters={iters}, lr={lr}, reg={reg}.")
+        if client is not None or parts is not None or _is_dask(R):
+            self._fit_tiles(R, test, client, parts, progress)
+        else:
+            self._fit_local(R, test, progress)
+        return self
+
+    def predict(self, S: Any, *, check_finite: bool = True) -> Any:
+        """Predictions at the stored entries of S (a CSR of S's pattern).
+
+        ``check_finite`` as in :func:`mgpu.sddmm` (of the factors).
+        """
+        if getattr(self, "U_", None) is None:
+            raise ValueError("This GradientMF is not fitted yet: call fit first.")
+        P = mgpu.sddmm(S, self.U_, self.V_, hadamard=False, check_finite=check_finite)
+        P.data += self.mean_
+        return P
+
+    def _fit_local(self, R: Any, test: Any,
+                   progress: Callable[[dict[str, float]], None] | None) -> None:
+        k, iters, lr, reg = self.k, self.iters, self.lr, self.reg
+        gpu = hasattr(R, "get")
+        if gpu:
+            import cupy as xp
+
+            stream: Any = xp.cuda.Stream(non_blocking=True)  # the steps' own, for the capture
+
+            def sync() -> None:
+                stream.synchronize()
+        else:
+            xp = np
+            stream = contextlib.nullcontext()
+
+            def sync() -> None:
+                pass
+        R = R.tocsr()
+        R.sort_indices()
+        if R.nnz and not bool(xp.isfinite(R.data).all()):
+            raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity among "
+                             "its ratings. Clean them first.")
+        dtype = R.dtype
+        m, n = R.shape
+        mean = float(R.data.mean())
+        rng = np.random.default_rng(self.seed)
+        U = xp.asarray(rng.normal(0, 0.1, (m, k)).astype(dtype))
+        V = xp.asarray(rng.normal(0, 0.1, (n, k)).astype(dtype))
+        # the predictions at R's pattern (hadamard=False) each step; R does not change, so its
+        # plan keeps the tuned scheme and any tiled copy of the pattern across steps
+        plan = mgpu.sddmm_plan(R, k, dtype=dtype)
+        transpose = Transposer.of(R)  # the residual's transpose each step: one gather
+        cnt_u = xp.maximum(xp.diff(R.indptr), 1).astype(dtype)[:, None]
+        cnt_v = xp.maximum(transpose.counts(), 1).astype(dtype)[:, None]
+        state = {name: [xp.zeros_like(A), xp.zeros_like(A)] for name, A in (("U", U), ("V", V))}
+        offset = mean - R.data
+        self.U_, self.V_, self.mean_, self.tiles_ = U, V, mean, []
+        history: list[dict[str, float]] = []
+        self.history_ = history
+
+        def run_step() -> tuple[Any, Any, Any]:
+            """The predictions at the ratings, the residual on R's pattern, both gradients."""
+            E = mgpu.sddmm(R, U, V, hadamard=False, plan=plan, check_finite=False)
+            E.data += offset
+            gU = mgpu.spmm(E, V, check_finite=False)
+            gV = mgpu.spmm(transpose(E.data), U, check_finite=False)
+            return E, gU, gV
+
+        replay = None
+        if gpu:  # the setup above ran on the default stream, the steps run on their own
+            xp.cuda.Device().synchronize()
+        t_start = time.perf_counter()
+        # unchecked steps on the CPU: overflow shows in the RMSE, which is watched, not as
+        # numpy's warnings
+        with np.errstate(over="ignore", invalid="ignore"), stream:
+            for it in range(1, iters + 1):
+                sync()
+                t0 = time.perf_counter()
+                E, gU, gV = run_step() if replay is None else replay()
+                sync()
+                step = time.perf_counter() - t0
+                train_rmse = float(xp.sqrt(xp.mean(E.data.astype(xp.float64) ** 2)))
+                _finite(train_rmse, "training RMSE", it, lr)
+                for name, A, g, cnt in (("U", U, gU, cnt_u), ("V", V, gV, cnt_v)):
+                    _adam(xp, A, g, cnt, state[name], it, lr, reg)
+                rec = {"iteration": it, "step_s": step, "train_rmse": train_rmse,
+                       "elapsed_s": time.perf_counter() - t_start}
+                if test is not None:
+                    P = self.predict(test, check_finite=False)
+                    rec["test_rmse"] = float(xp.sqrt(xp.mean((P.data - test.data)
+                                                             .astype(xp.float64) ** 2)))
+                    _finite(rec["test_rmse"], "test RMSE", it, lr)
+                history.append(rec)
+                if progress is not None:
+                    progress(rec)
+                if gpu and self.cuda_graph and it == 1 and iters > 1:
+                    replay = _capture(run_step, stream)  # warm now: kernels built, plan tuned
+        sync()  # the last Adam step, before the factors are used on another stream
+        if not (bool(xp.isfinite(U).all()) and bool(xp.isfinite(V).all())):
+            _finite(math.nan, "last step's factors", iters, lr)
+
+    def _fit_tiles(self, R: Any, test: Any, client: Any, parts: int | None,
+                   progress: Callable[[dict[str, float]], None] | None) -> None:
+        """The users in row tiles on the cluster's workers.
+
+        Each tile's ratings, its rows of U and their Adam moments stay on its worker (its
+        GPU on GPU workers); per step only V (items × k) moves: it is sent to every tile,
+        each tile returns its share of V's gradient, and one task sums them and steps V. The
+        test error of a step is summed in the next round, from the factors that start that
+        round, so one round per step suffices. U_ and V_ are numpy.
+        """
+        k, iters, lr, reg = self.k, self.iters, self.lr, self.reg
+        check_scipy_or_tiles(R, "R", "GradientMF.fit on a cluster")
+        if test is not None and not sp.issparse(test):
+            raise TypeError(f"The 'test' parameter of GradientMF.fit on a cluster must be a "
+                            f"scipy sparse matrix. Got {type(test).__name__} instead.")
+        if test is not None and test.shape != R.shape:
+            raise ValueError(f"The 'test' parameter of GradientMF.fit must have R's shape "
+                             f"{R.shape}. Got {test.shape} instead.")
+        if _is_dask(R):
+            tiles = RowTiles.place(R, name="gradient-mf", client=client)
+            stats = [tiles.result(f, "GradientMF's rating sums")
+                     for f in tiles.map(_stats_task, tiles.blocks, args=(R.shape[1],))]
+            if not all(st["finite"] for st in stats):
+                raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
+                                 "among its ratings. Clean them first.")
+            dtype = np.dtype(stats[0]["dtype"])
+            n_train = sum(st["nnz"] for st in stats)
+            mean = float(sum(st["sum"] for st in stats) / max(n_train, 1))
+            per_item = sum(st["per_item"] for st in stats)
+        else:
+            R = sp.csr_matrix(R)
+            R.sum_duplicates()
+            R.sort_indices()
+            if not np.isfinite(R.data).all():
+                raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
+                                 "among its ratings. Clean them first.")
+            dtype, n_train, mean = R.dtype, R.nnz, float(R.data.mean())
+            per_item = np.bincount(R.indices, minlength=R.shape[1])
+            tiles = RowTiles.place(R, name="gradient-mf", parts=parts, client=client)
+        m, n = R.shape
+        rng = np.random.default_rng(self.seed)  # the same start as on one device
+        U0 = rng.normal(0, 0.1, (m, k)).astype(dtype)
+        V0 = rng.normal(0, 0.1, (n, k)).astype(dtype)
+        cnt_v = np.maximum(per_item, 1).astype(dtype)[:, None]
+        T = sp.csr_matrix((0, n), dtype=dtype) if test is None else sp.csr_matrix(test, dtype=dtype)
+        tests = tiles.hold("test", [
+            T[tiles.rows(i)] if test is not None
+            else sp.csr_matrix((tiles.rows(i).stop - tiles.rows(i).start, n), dtype=dtype)
+            for i in range(len(tiles))])
+        starts = tiles.hold("U0", [U0[tiles.rows(i)] for i in range(len(tiles))])
+        state_of_tiles = tiles.map(_tile_task, tiles.blocks, tests, starts)
+        V: Any = tiles.share("V0", V0)
+        state: Any = None
+        n_test = T.nnz
+        history: list[dict[str, float]] = []
+        t_start = last = time.perf_counter()
+        pending: deque = deque()
+        previous = None
+        for r in range(1, iters + 2):
+            update = r <= iters
+            steps = tiles.map(_step_task, state_of_tiles, args=(V, r, update, mean, lr, reg))
+            state_of_tiles = tiles.map(_take, steps, args=(0,))
+            shares = tiles.map(_take, steps, args=(1,))
+            red = tiles.submit(_reduce_task, V, state, cnt_v, r, update, lr, reg, *shares)
+            V = tiles.submit(_take, red, 0)
+            state = tiles.submit(_take, red, 1)
+            # Round r sums step r's training error and step r-1's test error (the factors
+            # that start round r): step r-1's record is complete once round r is done.
+            if previous is not None:
+                pending.append((r - 1, previous, red))
+            previous = red
+            while pending and (len(pending) > 1 or not update):
+                it, done, after = pending.popleft()
+                train_sse = tiles.result(done, f"GradientMF step {it}")[2]
+                test_sse = tiles.result(after, f"GradientMF step {it + 1}")[3]
+                now = time.perf_counter()
+                rec = {"iteration": it, "step_s": now - last,
+                       "train_rmse": float(np.sqrt(train_sse / max(n_train, 1))),
+                       "elapsed_s": now - t_start}
+                _finite(rec["train_rmse"], "training RMSE", it, lr)
+                if test is not None:
+                    rec["test_rmse"] = float(np.sqrt(test_sse / max(n_test, 1)))
+                    _finite(rec["test_rmse"], "test RMSE", it, lr)
+                last = now
+                history.append(rec)
+                if progress is not None:
+                    progress(rec)
+        final = tiles.map(_tile_factor, state_of_tiles)
+        U = np.vstack([tiles.result(f, "GradientMF's final factors") for f in final])
+        V = _host(tiles.result(V, "GradientMF's final factors"))
+        self.U_, self.V_, self.mean_ = U, V, mean
+        self.history_, self.tiles_ = history, tiles.describe()
+        if not (np.isfinite(U).all() and np.isfinite(V).all()):
+            _finite(math.nan, "last step's factors", iters, lr)
+
+
+def _is_dask(R: Any) -> bool:
+    return type(R).__module__.startswith("dask.")
+
+
+def _capture(step: Callable[[], Any], stream: Any) -> Any:
+    """``step`` as a CUDA graph to replay, or None (logged) where it cannot be captured."""
+    from mgpu.backends.graph import Replay
+
+    try:
+        return Replay(step, stream)
+    except Exception as exc:  # e.g. a CuPy or driver without stream capture
+        logger.info("GradientMF: the step was not captured as a CUDA graph (%s); its kernels "
+                    "are launched one by one.", exc)
+        return None
+
+
+def _finite(value: float, what: str, it: int, lr: float) -> None:
+    """Refuse a NaN or infinite measure of the fit (the steps themselves check nothing)."""
+    if not math.isfinite(value):
+        raise FloatingPointError(f"GradientMF diverged at step {it}: the {what} is {value}. "
+                                 f"Lower the learning rate (lr={lr}) or check the ratings' "
+                                 "scale.")
+
+
+_B1, _B2, _EPS = 0.9, 0.999, 1e-8
+
+
+def _adam(xp: Any, A: Any, g: Any, cnt: Any, state: list[Any], it: int, lr: float,
+          reg: float) -> None:
+    """One Adam step of A in place from the summed gradient g (per-row means by ``cnt``, plus
+    the L2 term); ``state`` holds the two moments, updated in place too."""
+    g = g / cnt + reg * A
+    mom, sq = state
+    mom *= _B1
+    mom += (1 - _B1) * g
+    sq *= _B2
+    sq += (1 - _B2) * g * g
+    A -= (lr * (mom / (1 - _B1 ** it)) / (xp.sqrt(sq / (1 - _B2 ** it)) + _EPS)).astype(A.dtype)
+
+
+# ------------------------------------------------------------------- tasks on the tiles
+
+
+@dataclass
+class _Tile:
+    """The training ratings of a block of users (rows), the map that transposes a matrix of
+    their pattern by one gather, their test ratings, and the block's U with its Adam
+    moments: all of it stays on the worker that holds the tile."""
+
+    R: Any
+    transpose: Transposer
+    cnt: Any
+    test: Any
+    U: Any
+    state: list[Any]
+
+
+def _xp(S: Any) -> Any:
+    if hasattr(S, "get"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _stats_task(R: Any, n: int) -> dict[str, Any]:
+    """What the start needs of a tile of dask ratings: its sum and count, whether its values
+    are finite, its ratings per item and its dtype."""
+    host = R.get() if hasattr(R, "get") else R
+    host = sp.csr_matrix(host)
+    host.sum_duplicates()
+    return {"sum": float(host.data.astype(np.float64).sum()), "nnz": int(host.nnz),
+            "finite": bool(np.isfinite(host.data).all()), "dtype": host.dtype.str,
+            "per_item": np.bincount(host.indices, minlength=n)}
+
+
+def _tile_task(R: Any, test: Any, U: np.ndarray) -> _Tile:
+    """Build a tile on the worker holding R's rows (GPU arrays when R is a cupyx tile)."""
+    xp = _xp(R)
+    if xp is not np:
+        import cupyx.scipy.sparse as csp
+
+        test = csp.csr_matrix(test)
+    R = R.tocsr()
+    R.sort_indices()
+    U = xp.asarray(U)
+    cnt = xp.maximum(xp.diff(R.indptr), 1).astype(R.dtype)[:, None]
+    return _Tile(R, Transposer.of(R), cnt, test, U,
+                 [xp.zeros_like(U), xp.zeros_like(U)])
+
+
+def _step_task(tile: _Tile, V: Any, it: int, update: bool, mean: float, lr: float,
+               reg: float) -> tuple[_Tile, tuple]:
+    """One round on one tile: the squared test error of the current U and V (the previous
+    step's factors), then, unless this is the last round, the residual at the training
+    ratings (SDDMM), U's gradient (SpMM) and Adam step, and this tile's share of V's gradient
+    (SpMM of the residual's transpose). The values go unchecked (``check_finite=False``): the
+    client watches the summed errors instead."""
+    xp = _xp(tile.R)
+    V = xp.asarray(V)
+    test_sse = 0.0
+    if tile.test.nnz:
+        P = mgpu.sddmm(tile.test, tile.U, V, hadamard=False, check_finite=False)
+        test_sse = float((((P.data + mean) - tile.test.data).astype(xp.float64) ** 2).sum())
+    if not update:
+        return tile, (0.0, test_sse, None)
+    E = mgpu.sddmm(tile.R, tile.U, V, hadamard=False, check_finite=False)
+    E.data += mean - tile.R.data
+    gU = mgpu.spmm(E, V, check_finite=False)
+    gV = mgpu.spmm(tile.transpose(E.data), tile.U, check_finite=False)
+    train_sse = float((E.data.astype(xp.float64) ** 2).sum())
+    # a task's input is another task's result: step copies, never the inputs in place
+    U, state = tile.U.copy(), [a.copy() for a in tile.state]
+    _adam(xp, U, gU, tile.cnt, state, it, lr, reg)
+    return replace(tile, U=U, state=state), (train_sse, test_sse, synchronize(gV))
+
+
+def _reduce_task(V: Any, state: list[Any] | None, cnt: Any, it: int, update: bool,
+                 lr: float, reg: float, *parts: tuple) -> tuple[Any, Any, float, float]:
+    """Sum the tiles' shares of V's gradient in tile order and take V's Adam step (on
+    copies: the inputs are other tasks' results; no moments yet: zeros), and sum the tiles'
+    squared errors."""
+    train_sse = sum(p[0] for p in parts)
+    test_sse = sum(p[1] for p in parts)
+    if update:
+        xp = _xp(parts[0][2])
+        g = parts[0][2]
+        for p in parts[1:]:
+            g = g + xp.asarray(p[2])
+        V = xp.array(V, copy=True)
+        state = ([xp.zeros_like(V), xp.zeros_like(V)] if state is None
+                 else [xp.array(a, copy=True) for a in state])
+        _adam(xp, V, g, xp.asarray(cnt), state, it, lr, reg)
+    return V, state, train_sse, test_sse
+
+
+def _take(out: tuple, i: int) -> Any:
+    return out[i]
+
+
+def _tile_factor(tile: _Tile) -> np.ndarray:
+    return _host(tile.U)
+
+
+def _host(a: Any) -> np.ndarray:
+    return np.asarray(a.get() if hasattr(a, "get") else a)

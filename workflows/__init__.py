@@ -1,1 +1,0 @@
-"""End-to-end jobs built on mgpu's primitives, each run as ``mgpu run NAME``."""
