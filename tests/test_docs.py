@@ -1,0 +1,54 @@
+"""The docs say what the code does: the generated pages match the code they come from."""
+from __future__ import annotations
+
+import importlib.util
+
+import yaml
+
+import mgpu
+from conftest import REPO_ROOT
+
+DOCS = REPO_ROOT / "docs"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("_docs_generate", DOCS / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_pages_are_current():
+    stale = _generator().stale()
+    assert not stale, (
+        f"{', '.join(str(p.relative_to(REPO_ROOT)) for p in stale)} no longer match the code "
+        "they are generated from: run `python docs/generate.py` from the repository root "
+        "and commit the result")
+
+
+def test_api_page_has_a_section_for_every_public_name():
+    text = (DOCS / "api.md").read_text()
+    for name in mgpu.__all__:
+        assert f"\n## mgpu.{name}\n" in text, f"docs/api.md has no section for mgpu.{name}"
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_configuration_page_lists_every_setting_with_its_default():
+    defaults = _leaves(yaml.safe_load((REPO_ROOT / "mgpu" / "mgpu.yaml").read_text()))
+    rows = [line for line in (DOCS / "configuration.md").read_text().splitlines()
+            if line.startswith("| `mgpu.")]
+    listed = {}
+    for row in rows:
+        keys, values = (cell.strip() for cell in row.split(" | ")[:2])
+        for key, value in zip(keys.strip("| ").split("<br>"), values.split("<br>")):
+            listed[key.strip("`")] = yaml.safe_load(value.strip("`"))
+    assert listed == defaults
