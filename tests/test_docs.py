@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
-
+import re
 import yaml
 
 import mgpu
@@ -52,3 +52,22 @@ def test_configuration_page_lists_every_setting_with_its_default():
         for key, value in zip(keys.strip("| ").split("<br>"), values.split("<br>")):
             listed[key.strip("`")] = yaml.safe_load(value.strip("`"))
     assert listed == defaults
+
+
+def test_reliability_names_tests_that_exist():
+    text = (DOCS / "reliability.md").read_text()
+    named = 0
+    for row in text.splitlines():
+        if not row.startswith("| ") or row.startswith("| promise"):
+            continue
+        module = None
+        for path, name in re.findall(r"`(?:(tests/\w+\.py))?(?:::(\w+))?`", row):
+            if path:
+                module = REPO_ROOT / path
+                assert module.exists(), f"docs/reliability.md names {path}, which is not there"
+            if name:
+                assert module is not None, f"docs/reliability.md: ::{name} follows no test file"
+                assert re.search(rf"^(?:async )?def {name}\(", module.read_text(), re.M), (
+                    f"docs/reliability.md names {module.name}::{name}, which is not a test there")
+                named += 1
+    assert named >= 30
