@@ -1,5 +1,5 @@
-"""Write docs/api.md from the docstrings of ``mgpu.__all__`` and docs/configuration.md from
-``mgpu/mgpu.yaml``.
+"""Write docs/api.md from the docstrings of ``mgpu.__all__``, docs/cli.md from the ``mgpu``
+command's help and docs/configuration.md from ``mgpu/mgpu.yaml``.
 
 Run from the repository root after changing a public docstring or a setting::
 
@@ -195,8 +195,40 @@ def configuration_page() -> str:
     return "\n".join(md) + "\n"
 
 
+def _commands(group: object, path: list[str]) -> list[tuple[list[str], object]]:
+    """Every command under a click group, depth first, the group itself first."""
+    import click
+
+    out = [(path, group)]
+    if isinstance(group, click.Group):
+        for name in sorted(group.commands):
+            out += _commands(group.commands[name], [*path, name])
+    return out
+
+
+def cli_page() -> str:
+    """docs/cli.md: the help of every ``mgpu`` command, as ``mgpu ... --help`` prints it."""
+    import click
+
+    from mgpu.cli import main as cli
+
+    md = [_GENERATED.format(source="the help of the mgpu command"), "",
+          "# The `mgpu` command", "",
+          "Every command and its options, as `--help` prints them. `python -m mgpu` is the "
+          "same command.", ""]
+    commands = _commands(cli, ["mgpu"])
+    md += [f"- [`{' '.join(p)}`](#{'-'.join(p)})" for p, _ in commands[1:]]
+    for path, cmd in commands:
+        ctx = click.Context(cmd, info_name=" ".join(path), terminal_width=100,
+                            max_content_width=100)
+        md += ["", f"{'#' * min(len(path) + 1, 4)} {' '.join(path)}", "", "```text",
+               cmd.get_help(ctx).rstrip(), "```"]
+    return "\n".join(md) + "\n"
+
+
 def pages() -> dict[Path, str]:
-    return {DOCS / "api.md": api_page(), DOCS / "configuration.md": configuration_page()}
+    return {DOCS / "api.md": api_page(), DOCS / "cli.md": cli_page(),
+            DOCS / "configuration.md": configuration_page()}
 
 
 def stale() -> list[Path]:
