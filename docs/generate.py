@@ -206,24 +206,68 @@ def _commands(group: object, path: list[str]) -> list[tuple[list[str], object]]:
     return out
 
 
-def cli_page() -> str:
-    """docs/cli.md: the help of every ``mgpu`` command, as ``mgpu ... --help`` prints it."""
+def _unset(value: object) -> bool:
+    """No default worth showing: None, or click's own marker for none (click 8.3 and later)."""
+    return value is None or callable(value) or type(value).__name__ == "Sentinel"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _command_section(path: list[str], cmd: object) -> list[str]:
+    """One command from its click objects, not from click's help formatter, whose layout
+    changes between click versions while what it says does not."""
     import click
 
+    args = []
+    for p in cmd.params:
+        if isinstance(p, click.Argument):
+            name = p.human_readable_name + ("..." if p.nargs == -1 else "")
+            args.append(name if p.required else f"[{name}]")
+    usage = " ".join([*path, "[OPTIONS]", *(["COMMAND"] if isinstance(cmd, click.Group)
+                                            else args)])
+    text = inspect.cleandoc(cmd.help or "").replace("\b\n", "")
+    md = ["", f"{'#' * min(len(path) + 1, 4)} {' '.join(path)}", "", "```text", usage, "```",
+          "", text]
+    if isinstance(cmd, click.Group):
+        md += ["", "| command | what it does |", "|---|---|"]
+        for name in sorted(cmd.commands):
+            sub = cmd.commands[name]
+            short = _cell(inspect.cleandoc(sub.help or "").split("\n\n")[0])
+            md.append(f"| [`{name}`](#{'-'.join([*path, name])}) | {short} |")
+        return md
+    options = [p for p in cmd.params if isinstance(p, click.Option)]
+    if options:
+        md += ["", "| option | value | default | what it sets |", "|---|---|---|---|"]
+        for p in options:
+            names = ", ".join(f"`{o}`" for o in p.opts + p.secondary_opts)
+            if p.is_flag:
+                kind = "flag"
+            elif isinstance(p.type, click.Choice):
+                kind = "\\|".join(str(c) for c in p.type.choices)
+            else:
+                kind = p.metavar or p.type.name.upper()
+            default = "required" if p.required else (
+                "" if _unset(p.default) or (p.is_flag and p.default is False)
+                else f"`{p.default}`")
+            md.append(f"| {names} | {kind} | {default} | {_cell(p.help or '')} |")
+    return md
+
+
+def cli_page() -> str:
+    """docs/cli.md: every ``mgpu`` command with its arguments and options."""
     from mgpu.cli import main as cli
 
-    md = [_GENERATED.format(source="the help of the mgpu command"), "",
+    md = [_GENERATED.format(source="the mgpu command's click definitions"), "",
           "# The `mgpu` command", "",
-          "Every command and its options, as `--help` prints them. `python -m mgpu` is the "
-          "same command.", ""]
+          "Every command, its arguments and its options (`mgpu COMMAND --help` prints the "
+          "same). `python -m mgpu` is the same command.", ""]
     commands = _commands(cli, ["mgpu"])
     md += [f"- [`{' '.join(p)}`](#{'-'.join(p)})" for p, _ in commands[1:]]
     for path, cmd in commands:
-        ctx = click.Context(cmd, info_name=" ".join(path), terminal_width=100,
-                            max_content_width=100)
-        md += ["", f"{'#' * min(len(path) + 1, 4)} {' '.join(path)}", "", "```text",
-               cmd.get_help(ctx).rstrip(), "```"]
-    return "\n".join(md) + "\n"
+        md += _command_section(path, cmd)
+    return "\n".join(md).rstrip() + "\n"
 
 
 def pages() -> dict[Path, str]:
