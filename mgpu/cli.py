@@ -842,7 +842,7 @@ def slurm_script_cmd(workflow: tuple[str, ...], nodes: int, gpus_per_node: int,
 
 @main.group()
 def bench() -> None:
-    """Benchmarks (results go to BENCHMARKS.md)."""
+    """Benchmarks (the current results are in docs/benchmarks.md)."""
 
 
 # Real datasets the partition benchmark reads, relative to the data folder.

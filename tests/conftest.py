@@ -81,7 +81,7 @@ def client():
 @pytest.fixture
 def tls_config(tmp_path) -> dict[str, object]:
     """Dask's config for TLS everywhere, with a fresh self-signed certificate in files, as a
-    site would write it on every node (README, Deploying)."""
+    site would write it on every node (docs/deploying.md)."""
     pytest.importorskip("cryptography", reason="Security.temporary() makes its certificate "
                         "with cryptography (a test extra)")
     from distributed.security import Security

@@ -350,7 +350,7 @@ def test_plan_prices_the_gpus_alone_as_measured_when_told():
 def test_gpu_blocks_are_priced_no_faster_than_the_rate_measured_on_a_real_block():
     """Curves fitted on small prefixes can extrapolate a GPU faster than it runs a real block
     (on an H100 its kernel ran no faster on the division's small blocks than on the gpu
-    mode's large one, BENCHMARKS.md); priced by them, a plan with the GPU taking most of the
+    mode's large one, BENCHMARKS.md history); priced by them, a plan with the GPU taking most of the
     ratings beside a few CPU slots looks far faster than it is."""
     n = [float(1024 << j) for j in range(9)]
     cal = Calibration("k", n, [x / 2.7e6 for x in n], [1e-4 + x * 1e-10 for x in n],

@@ -1,4 +1,4 @@
-"""Promises that RELIABILITY.md lists: a lost worker costs time, not results; the embedded
+"""Promises that docs/reliability.md lists: a lost worker costs time, not results; the embedded
 cluster is reachable from this machine only; user files are never unpickled."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Dask's TLS for clusters that span machines, as the README's Deploying section configures it:
+"""Dask's TLS for clusters that span machines, as docs/deploying.md configures it:
 certificates named in Dask's config, the embedded cluster and mgpu.connect following it, and a
 client without them refused with a message."""
 from __future__ import annotations

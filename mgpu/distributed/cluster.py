@@ -336,7 +336,7 @@ def _check_tls(address: str) -> None:
         raise ValueError(
             f"The scheduler at {address} speaks TLS and Dask's config gives this client no "
             "certificate: set distributed.comm.tls.ca-file, distributed.comm.tls.client.cert "
-            "and distributed.comm.tls.client.key (README, Deploying: across machines, "
+            "and distributed.comm.tls.client.key (docs/deploying.md: across machines, "
             "encrypted).")
 
 

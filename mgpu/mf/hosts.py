@@ -5,13 +5,13 @@ Why actors and not a Dask task per block: a task's submission, its dependencies 
 travel through the Dask scheduler, and with a worker's threads all running SGD that cost
 40–43 ms a task on a 16-core H100 machine (12 threads, 12-ms blocks), as long as the block
 itself; a call to an actor goes from the client straight to the worker and cost 6.8 ms
-there (BENCHMARKS.md, "HSGD* with block hosts").
+there (BENCHMARKS.md history, "HSGD* with block hosts").
 
 Why the block scheduler runs on a host (:meth:`BlockHost.drive`, the worker with the most
 slots): from the client, a CPU worker's 12 slots ending their blocks together queued their
 next calls behind one another, 3.9 ms out and 1.3 ms back a call beside 12–13 ms of SGD,
 and the calibration's probe of that cost read 7–23 ms. From the CPU worker's own host, a
-call to it needs no message and no serialisation (BENCHMARKS.md, "HSGD*: the block
+call to it needs no message and no serialisation (BENCHMARKS.md history, "HSGD*: the block
 scheduler beside the CPU slots"), and one whose inputs are there goes straight to the
 host's threads, past its event loop (:meth:`BlockHost.run_here`).
 
@@ -289,7 +289,7 @@ class BlockHost:
         here at its version, or a block not here (not staged, on a GPU). A call on its
         way through the event loop took 3–4 hops there (in, to a thread, back, out), and
         with 12 CPU threads and another host's calls on it, a CPU block's call waited
-        about 3 ms on them (BENCHMARKS.md, "HSGD*: block calls past the event loop")."""
+        about 3 ms on them (BENCHMARKS.md history, "HSGD*: block calls past the event loop")."""
         arrs = []
         with self._lock:  # against the event loop's _wait and take
             for key, v, holder, keep in (*p_in, q_in):
