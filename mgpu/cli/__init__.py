@@ -18,9 +18,9 @@ from mgpu.cli.bench import bench
 from mgpu.cli.calibrate import calibrate_cmd
 from mgpu.cli.info import info
 from mgpu.cli.run import run
-from mgpu.cli.slurm import slurm
+from mgpu.cli.slurm import cluster_jobs, slurm
 
-__all__ = ["main"]
+__all__ = ["cluster_jobs", "main"]
 
 
 @click.group(cls=Group)

@@ -7,6 +7,14 @@ from pathlib import Path
 import click
 
 from mgpu.cli._errors import Group
+from mgpu.cli.run import run
+
+
+def cluster_jobs(group: click.Group = run) -> tuple[str, ...]:
+    """The ``mgpu run`` jobs a batch script can run: those that take ``--address`` (the
+    script passes its own scheduler), read from the commands themselves."""
+    return tuple(sorted(name for name, cmd in group.commands.items()
+                        if any(p.name == "address" for p in cmd.params)))
 
 
 @click.group(cls=Group)
@@ -46,8 +54,8 @@ def slurm_script_cmd(workflow: tuple[str, ...], nodes: int, gpus_per_node: int,
     """
     from mgpu.deploy import slurm_script
 
-    text = slurm_script(list(workflow), nodes=nodes, gpus_per_node=gpus_per_node,
-                        workers_per_node=workers_per_node,
+    text = slurm_script(list(workflow), jobs=cluster_jobs(), nodes=nodes,
+                        gpus_per_node=gpus_per_node, workers_per_node=workers_per_node,
                         cpus_per_worker=cpus_per_worker, mem=mem, time=time_limit,
                         shared_dir=str(Path(shared_dir).resolve()),
                         log_dir=str(Path(log_dir).resolve()) if log_dir else None,
