@@ -8,12 +8,10 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
-__all__ = ["CLUSTER_JOBS", "deploy_dir", "slurm_script"]
-
-# `mgpu run` jobs that work on a cluster (they take --address): what a batch job can run
-CLUSTER_JOBS = ("jaccard", "knn-graph", "mf", "partition")
+__all__ = ["deploy_dir", "slurm_script"]
 
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 _MEM = re.compile(r"^\d+[KMGT]?$")
@@ -29,11 +27,11 @@ def deploy_dir() -> Path:
                             "carries them in mgpu/_deploy).")
 
 
-def slurm_script(workflow: list[str], *, nodes: int = 1, gpus_per_node: int = 0,
-                 workers_per_node: int | None = None, cpus_per_worker: int = 4,
-                 mem: str = "16G", time: str = "01:00:00", shared_dir: str = ".",
-                 log_dir: str | None = None, job_name: str = "mgpu", wait: int = 300,
-                 partition: str | None = None, account: str | None = None,
+def slurm_script(workflow: list[str], *, jobs: Collection[str] | None = None, nodes: int = 1,
+                 gpus_per_node: int = 0, workers_per_node: int | None = None,
+                 cpus_per_worker: int = 4, mem: str = "16G", time: str = "01:00:00",
+                 shared_dir: str = ".", log_dir: str | None = None, job_name: str = "mgpu",
+                 wait: int = 300, partition: str | None = None, account: str | None = None,
                  python: str | None = None) -> str:
     """The batch script that runs ``mgpu <workflow>`` on a Dask cluster inside one SLURM job.
 
@@ -41,8 +39,11 @@ def slurm_script(workflow: list[str], *, nodes: int = 1, gpus_per_node: int = 0,
     ----------
     workflow : list of str
         The mgpu command line without ``mgpu`` and without ``--address``, e.g.
-        ``["run", "jaccard", "graph.txt.gz", "--out", "j.npz"]``; one of the ``mgpu run``
-        jobs of :data:`CLUSTER_JOBS`.
+        ``["run", "jaccard", "graph.txt.gz", "--out", "j.npz"]``: an ``mgpu run`` job.
+    jobs : collection of str, optional
+        The ``mgpu run`` jobs that run on a cluster (those that take ``--address``); a job
+        not among them is refused. The ``mgpu`` command passes the list it reads from its
+        own commands (``mgpu.cli.cluster_jobs()``); default: any ``mgpu run`` job.
     nodes, gpus_per_node
         Nodes, and GPUs asked for on each (``--gres=gpu:N``); 0 starts CPU workers.
     workers_per_node : int, optional
@@ -64,7 +65,8 @@ def slurm_script(workflow: list[str], *, nodes: int = 1, gpus_per_node: int = 0,
     >>> "#SBATCH --gres=gpu:2" in s and "--ntasks-per-node=2" in s and "-m dask_cuda.cli" in s
     True
     """
-    _check(workflow, nodes, gpus_per_node, workers_per_node, cpus_per_worker, mem, time, wait)
+    _check(workflow, jobs, nodes, gpus_per_node, workers_per_node, cpus_per_worker, mem, time,
+           wait)
     per_node = workers_per_node or max(gpus_per_node, 1)
     python = python or sys.executable
     extra = []
@@ -110,12 +112,14 @@ def slurm_script(workflow: list[str], *, nodes: int = 1, gpus_per_node: int = 0,
     return text
 
 
-def _check(workflow: list[str], nodes: int, gpus: int, per_node: int | None, cpus: int,
-           mem: str, time: str, wait: int) -> None:
-    if len(workflow) < 2 or workflow[0] != "run" or workflow[1] not in CLUSTER_JOBS:
-        raise ValueError(f"The workflow must be an 'mgpu run' job that runs on a cluster, one "
-                         f"of {', '.join(CLUSTER_JOBS)} (e.g. run partition --powerlaw "
-                         f"100000x5000). Got {' '.join(workflow) or 'nothing'!r}.")
+def _check(workflow: list[str], jobs: Collection[str] | None, nodes: int, gpus: int,
+           per_node: int | None, cpus: int, mem: str, time: str, wait: int) -> None:
+    if (len(workflow) < 2 or workflow[0] != "run"
+            or (jobs is not None and workflow[1] not in jobs)):
+        among = f", one of {', '.join(sorted(jobs))}" if jobs is not None else ""
+        raise ValueError(f"The workflow must be an 'mgpu run' job that runs on a cluster{among} "
+                         f"(e.g. run partition --powerlaw 100000x5000). Got "
+                         f"{' '.join(workflow) or 'nothing'!r}.")
     if "--address" in workflow:
         raise ValueError("The workflow must not give --address: the batch script passes its "
                          "own scheduler file.")

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from conftest import REPO_ROOT
 
 import mgpu
-from mgpu.cli import main
+from mgpu.cli import cluster_jobs, main
 from mgpu.deploy import slurm_script
 
 LOCAL_SLURM = REPO_ROOT / "deploy" / "slurm" / "local-slurm.sh"
@@ -228,7 +228,10 @@ def test_cpu_and_gpu_scripts_are_filled_and_valid_bash(tmp_path):
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(workflow=["run", "als", "r.csv"]), "one of jaccard, knn-graph, mf, partition"),
+    (dict(workflow=["run", "als", "r.csv"], jobs=("jaccard", "knn-graph", "mf", "partition")),
+     "one of jaccard, knn-graph, mf, partition"),
+    (dict(workflow=["run", "nope", "r.csv"], jobs=cluster_jobs()),
+     "one of als, gap, jaccard, knn-graph, mf, partition"),
     (dict(workflow=["info"]), "must be an 'mgpu run' job"),
     (dict(workflow=["run", "mf", "r.csv", "--address", "x"]), "must not give --address"),
     (dict(mem="lots"), "mem must be a SLURM size"),
@@ -243,10 +246,31 @@ def test_bad_script_requests_are_refused(kw, match):
 
 
 def test_cli_prints_the_script_or_a_usage_error():
-    r = CliRunner().invoke(main, ["slurm", "script", "--", "run", "gap", "c.txt"])
-    assert r.exit_code == 2 and "one of jaccard, knn-graph, mf, partition" in r.output
+    r = CliRunner().invoke(main, ["slurm", "script", "--", "run", "nope", "c.txt"])
+    assert r.exit_code == 2 and "one of als, gap, jaccard, knn-graph, mf, partition" in r.output
+    r = CliRunner().invoke(main, ["slurm", "script", "--", "info"])
+    assert r.exit_code == 2 and "must be an 'mgpu run' job" in r.output
     text = _script(["--gpus-per-node", "2", "--", "run", "partition", "--powerlaw", "10x10"])
     assert text.startswith("#!/bin/bash") and "--gres=gpu:2" in text
+
+
+def test_the_cluster_jobs_are_the_run_commands_that_take_an_address():
+    run = main.commands["run"]
+    takes = {name for name, cmd in run.commands.items()
+             if "--address" in {o for p in cmd.params for o in p.opts}}
+    assert set(cluster_jobs()) == takes
+    assert {"als", "gap", "jaccard", "knn-graph", "mf", "partition"} <= takes
+
+
+@pytest.mark.parametrize("job", cluster_jobs())
+def test_every_cluster_job_gets_a_batch_script(job, tmp_path):
+    text = _script(["--gpus-per-node", "1", "--shared-dir", str(tmp_path), "--", "run", job,
+                    "input.file", "--out", "out"])
+    assert not re.search(r"@[A-Z_]+@", text)  # every field filled
+    assert f" run {job} input.file --out out" in text
+    path = tmp_path / "s.sh"
+    path.write_text(text)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
 
 
 def test_joining_waits_for_the_workers_it_was_told_to_expect():

@@ -1,4 +1,8 @@
-"""Benchmarks behind ``mgpu bench``: each times mgpu and its peers in one run.
+"""The work behind ``mgpu bench`` and ``mgpu run``, without the printing.
 
-Results are medians over repeats after warm-up; GPU times come from CUDA events.
+Benchmarks (``sddmm``, ``knn``, ``spmv``, ``jaccard``, ``mf``, ``sgd``) each time mgpu and
+its peers in one run: results are medians over repeats after warm-up; GPU times come from
+CUDA events. The jobs of ``mgpu run`` and ``mgpu calibrate`` that are more than one library
+call live beside them: ``mf_modes`` (several MF modes from one start), ``partition`` (spread a
+matrix and check its chunks), ``knn_graph`` and ``calibrate``.
 """

@@ -21,6 +21,14 @@ logger = logging.getLogger(__name__)
 
 _CHECK_SAMPLE = 200_000
 
+# Real matrices the SDDMM benchmark runs on, relative to the data folder.
+SDDMM_SETS = (
+    "bow/ap.dat.gz",
+    "singlecell/visium_mouse_spaceranger3",
+    "graphs/soc-Slashdot0902.txt.gz",
+    "graphs/email-Enron.txt.gz",
+)
+
 
 def _factors(S: sp.csr_matrix, K: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -181,6 +189,21 @@ def markdown(rows: list[dict[str, Any]], label: str) -> str:
                 f"{r['numpy_gather_dot_gflops']:.2f} | {r['speedup_vs_numpy']:.2f}× | "
                 f"{r['max_rel_err']:.1e} |")
     return "\n".join(lines)
+
+
+def bench_matrix(S: sp.spmatrix, Ks: tuple[int, ...], *, on_gpu: bool,
+                 repeats: int | None = None, label: str = "") -> list[dict[str, Any]]:
+    """:func:`bench_gpu` or :func:`bench_cpu` (default repeats 10 and 3) on ``S`` as float32
+    CSR without duplicates, each row labelled with the matrix."""
+    S = S.tocsr().astype(np.float32)
+    S.sum_duplicates()
+    if on_gpu:
+        rows = bench_gpu(S, Ks, repeats=repeats or 10)
+    else:
+        rows = bench_cpu(S, Ks, repeats=repeats or 3)
+    for r in rows:
+        r["matrix"] = label
+    return rows
 
 
 def bench_scaling(S: sp.csr_matrix, Ks: tuple[int, ...], workers: tuple[int, ...], *,
@@ -383,3 +406,22 @@ def run_cpu_peer(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, gpu_s: float
     return {"cpu_s": cpu_s, "speedup_vs_cpu": cpu_s / gpu_s,
             "cpu_max_rel_err": _sample_error(S, A, B, P.data, 0, hadamard=True)}
 
+
+def streamed_report(row: dict[str, Any]) -> str:
+    """What a :func:`bench_streamed` row says, in words: the device, the plan, the time and
+    where it went."""
+    text = (
+        f"GPU: {row['device_bytes'] / 2**30:.1f} GiB ({row['device_available'] / 2**30:.1f} "
+        f"available); operands {row['input_bytes'] / 2**30:.1f} GiB; budget "
+        f"{row['budget'] / 2**30:.1f} GiB: {row['panels']} panel(s) of B × {row['blocks']} "
+        f"block(s) of S\n"
+        f"streamed: {row['gpu_s']:.2f} s ({row['gpu_gflops']:.1f} GFLOP/s, "
+        f"{row['bus_bytes'] / row['gpu_s'] / 1e9:.1f} GB/s of operands to the device), "
+        f"max rel err {row['max_rel_err']:.1e} against float64")
+    if row.get("streamed_s"):
+        text += (f"\n  of which {row['to_device_s']:.2f} s copying to the device, "
+                 f"{row['kernel_s']:.2f} s in the kernel and back, "
+                 f"{row['streamed_s'] - row['to_device_s'] - row['kernel_s']:.2f} s cutting "
+                 f"tiles on the host, {row['gpu_s'] - row['streamed_s']:.2f} s checking "
+                 "the operands")
+    return text

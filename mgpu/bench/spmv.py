@@ -19,7 +19,8 @@ from mgpu.backends.timing import time_cpu, time_gpu
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["bench_spmv", "correlations", "markdown", "nnz_time_correlation"]
+__all__ = ["bench_spmv", "correlations", "markdown", "nnz_time_correlation", "report",
+           "synthetic_matrices"]
 
 _GRAPH_CALLS = 20  # calls per CUDA graph in the launch-free timings
 
@@ -246,3 +247,42 @@ def correlations(rows: Sequence[dict[str, Any]]) -> str:
             "With nnz + rows (the merge's items): in a CUDA graph "
             f"{nnz_time_correlation(rows, 'graph_ms', merge_items=True):.3f}, peer "
             f"{nnz_time_correlation(rows, 'peer_ms', merge_items=True):.3f}.")
+
+
+def synthetic_matrices(powerlaw: Sequence[tuple[int, int, int, tuple[float, ...]]] = (),
+                       banded: Sequence[tuple[int, int]] = ()
+                       ) -> list[tuple[str, sp.csr_matrix]]:
+    """The synthetic matrices of a run, labelled: power-law ones given as ``(rows, cols, nnz,
+    exponents)`` (the row and column degree exponents; missing ones are 0.6 and 0.8) and
+    bands given as ``(n, width)``.
+
+    Examples
+    --------
+    >>> [(name, A.nnz) for name, A in synthetic_matrices(banded=[(5, 3)])]
+    [('band 5x3', 13)]
+    """
+    from mgpu.synthetic import band_csr, powerlaw_csr
+
+    mats = []
+    for m, n, nnz, exps in powerlaw:
+        if len(exps) > 2:
+            raise ValueError(f"a power-law matrix takes at most two exponents (rows, columns). "
+                             f"Got {len(exps)}.")
+        rexp, cexp = [float(e) for e in exps] + [0.6, 0.8][len(exps):]
+        label = f"power-law {m:,}x{n:,}" + (f" ({rexp:g}/{cexp:g})" if exps else "")
+        mats.append((label, powerlaw_csr(m, n, nnz, row_exponent=rexp, col_exponent=cexp,
+                                         seed=0)))
+    for n, width in banded:
+        mats.append((f"band {n:,}x{width}", band_csr(n, width)))
+    return mats
+
+
+def report(rows: Sequence[dict[str, Any]], n_files: int = 0) -> tuple[str, float]:
+    """The table of a run (:func:`markdown`) with, where some matrices came from files
+    (the first ``n_files`` rows) and some not, the correlations over the files alone; and the
+    correlation of mgpu's time with nnz over every row."""
+    text = markdown(rows)
+    files = rows[:n_files]
+    if 1 < len(files) < len(rows):
+        text += f"\nThe {len(files)} matrices from files alone: {correlations(files)}"
+    return text, nnz_time_correlation(rows)

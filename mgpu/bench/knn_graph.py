@@ -1,0 +1,91 @@
+"""The k-nearest-neighbour graph of a dataset's rows on a cluster: ``mgpu run knn-graph``.
+
+The index is spread over the workers in nnz-balanced row tiles, every row is queried
+against it, and each row's own entry is dropped, as scikit-learn's ``kneighbors_graph``
+does.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+# The private checks of mgpu.ops.distances, imported in this one place.
+from mgpu.ops.distances import _check_input, _check_values, drop_self, resolve_metric
+
+__all__ = ["graph_stats", "knn_graph"]
+
+
+def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
+              parts: int | None = None, address: str | None = None,
+              gpus: bool | None = None, progress: Callable[[int], Any] | None = None
+              ) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+    """The k-NN graph of the rows of ``S``, computed on a cluster.
+
+    Parameters
+    ----------
+    S : sparse matrix of shape (n_samples, n_features)
+    k : int
+        Neighbours per row, the row itself excluded: in [1, n_samples - 1].
+    metric, p
+        Any metric or alias of ``mgpu.ops.distances.SEMIRINGS``, and Minkowski's exponent.
+    parts : int, optional
+        Row tiles of the index (default: one per worker).
+    address, gpus
+        The cluster, as ``mgpu.connect`` takes them (default: an embedded one).
+    progress : callable, optional
+        Called with the number of rows done as batches finish.
+
+    Returns
+    -------
+    G : csr_matrix of shape (n_samples, n_samples)
+        Row i holds its k neighbours, distances as values.
+    distances, indices : ndarray of shape (n_samples, k)
+
+    Raises
+    ------
+    ValueError, TypeError
+        An unknown metric, input the metric cannot take, or k out of range; before any
+        cluster is started.
+    """
+    from mgpu import knn
+    from mgpu.distributed import connect, from_scipy
+
+    ring, p = resolve_metric(metric, p, func="knn-graph")
+    S = _check_input(sp.csr_matrix(S), "INPUT", "knn-graph")
+    _check_values(S, "INPUT", "knn-graph", ring)
+    n = S.shape[0]
+    if not 1 <= k < n:
+        raise ValueError(f"The 'k' parameter of knn-graph must be in [1, {n - 1}] for {n:,} "
+                         f"rows. Got {k}.")
+    with connect(address, gpus=gpus) as client:
+        X = from_scipy(S, parts, axis=0, client=client)
+        d, i = knn(X, S, k + 1, metric=ring.name, p=p, progress=progress)
+    d, i = drop_self(d, i, k)
+    G = sp.csr_matrix((d.ravel(), i.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
+    return G, d, i
+
+
+def graph_stats(G: sp.csr_matrix, d: np.ndarray, i: np.ndarray) -> dict[str, Any]:
+    """What ``mgpu run knn-graph`` reports of a graph: the finite distances and their
+    quantiles (0, 0.5, 0.9, 1), how many are infinite, the in-degrees and the share of
+    edges whose reverse is an edge too.
+
+    >>> G = sp.csr_matrix(np.array([[0, 1.0], [2.0, 0]]))
+    >>> s = graph_stats(G, np.array([[1.0], [2.0]]), np.array([[1], [0]]))
+    >>> s["mutual"], s["in_degree"].tolist(), s["infinite"]
+    (1.0, [1, 1], 0)
+    """
+    indeg = np.bincount(i.ravel(), minlength=G.shape[0])
+    mutual = G.copy()
+    mutual.data[:] = 1.0
+    fin = d[np.isfinite(d)]
+    return {
+        "finite": fin,
+        "quantiles": np.quantile(fin, [0.0, 0.5, 0.9, 1.0]) if fin.size else [np.nan] * 4,
+        "infinite": int(d.size - fin.size),
+        "in_degree": indeg,
+        "mutual": float(mutual.multiply(mutual.T).sum()) / max(G.nnz, 1),
+    }

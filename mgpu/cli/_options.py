@@ -1,0 +1,267 @@
+"""Options shared by the ``mgpu`` commands, each declared once.
+
+A command stacks the decorators it takes; an option whose help depends on the command (what a
+``--plot`` draws, what a ``--json`` holds) is made by a function of that one word. Values are
+checked and converted here, while click parses, so a command body gets a shape as a tuple, a
+``--workers`` list as ints and an ``--out`` file as a checked :class:`~pathlib.Path`.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def stack(*decorators: Decorator) -> Decorator:
+    """One decorator applying ``decorators`` in the order they would be written above a
+    function (the first is the outermost, so it comes first in ``--help``)."""
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        for deco in reversed(decorators):
+            f = deco(f)
+        return f
+
+    return wrap
+
+
+# ------------------------------------------------------------------ value types
+
+
+class Shape(click.ParamType):
+    """``ROWSxCOLS`` (also ``,`` or ``×`` between, ``_`` within numbers) as two ints."""
+
+    name = "ROWSxCOLS"
+
+    def __init__(self, skippable: bool = False) -> None:
+        self.skippable = skippable  # 'none' means no such matrix
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[int, int] | None:
+        if isinstance(value, tuple):
+            return value
+        if self.skippable and value.strip().lower() == "none":
+            return None
+        try:
+            return parse_shape(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"300000x100000"`` -> ``(300000, 100000)``; a ValueError naming the form otherwise."""
+    m = re.fullmatch(r"\s*(\d[\d_]*)\s*[xX×,]\s*(\d[\d_]*)\s*", text)
+    if not m:
+        raise ValueError(f"expected ROWSxCOLS such as 300000x100000, got {text!r}")
+    return int(m.group(1).replace("_", "")), int(m.group(2).replace("_", ""))
+
+
+def parse_ints(text: str, hint: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers (``1,2,4``), or a usage error naming it."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected positive integers such as 1,2,4, got {text!r}",
+                                 param_hint=hint) from None
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"every value must be >= 1, got {text!r}", param_hint=hint)
+    return values
+
+
+def _ints(ctx: click.Context, param: click.Parameter, value: str | None
+          ) -> tuple[int, ...] | None:
+    return None if value is None else parse_ints(value, param.opts[0])
+
+
+def _need_matplotlib(ctx: click.Context, param: click.Parameter, value: str | None
+                     ) -> str | None:
+    if value is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            raise click.ClickException("--plot needs matplotlib: pip install 'mgpu[plot]'") \
+                from exc
+    return value
+
+
+def _npz_file(what: str) -> Callable[[click.Context, click.Parameter, str], Path]:
+    def check(ctx: click.Context, param: click.Parameter, value: str) -> Path:
+        """The --out path of a job that writes a scipy .npz, checked before any work."""
+        out = Path(value)
+        if out.suffix != ".npz":
+            raise click.BadParameter(f"{what} is written as scipy .npz: give a path ending in "
+                                     ".npz", param_hint="--out")
+        if not out.parent.exists():
+            raise click.BadParameter(f"folder {out.parent} does not exist", param_hint="--out")
+        return out
+
+    return check
+
+
+# ------------------------------------------------------------------ the cluster
+
+address = click.option("--address", default=None,
+                       help="Scheduler to join (default: embedded cluster).")
+gpus = click.option("--gpus/--no-gpus", default=None, help="Force or forbid GPU workers "
+                    "(default: GPU workers when GPUs are visible).")
+cpu_threads = click.option("--cpu-threads", default=None, type=click.IntRange(min=1),
+                           help="Threads of the CPU worker started beside the GPU workers for "
+                           "the hsgd modes (default: the cores not driving a GPU).")
+
+
+def parts(help: str) -> Decorator:
+    return click.option("--parts", default=None, type=int, help=help)
+
+
+def int_list(name: str, default: str, help: str) -> Decorator:
+    """A comma-separated list of positive integers, as a tuple of ints."""
+    return click.option(name, default=default, show_default=True, callback=_ints, help=help)
+
+
+def worker_counts(default: str = "1,2,4") -> Decorator:
+    """``--workers 1,2,4``: the worker counts of a scaling benchmark, as ints."""
+    return click.option("--workers", default=default, show_default=True, callback=_ints,
+                        help="Comma-separated worker counts (GPUs, on a GPU machine).")
+
+
+def device(choices: Sequence[str], default: str, help: str | None = None) -> Decorator:
+    return click.option("--device", type=click.Choice(list(choices)), default=default,
+                        show_default=True, help=help)
+
+
+worker_kind = device(("auto", "cpu", "gpu"), "auto",
+                     "Worker kind (auto: GPU workers when GPUs are visible).")
+tiles_per_worker = click.option("--tiles-per-worker", default=1, show_default=True,
+                                type=click.IntRange(min=1), help="Row tiles per worker.")
+
+
+def placement(what: str, rows: str, data: str, both: str) -> Decorator:
+    """--device/--parts/--workers/--address of the SDDMM + SpMM workflows (``run als``,
+    ``run gap``): the embedded cluster by default, or one device in this process."""
+    return stack(
+        device(("cluster", "auto", "cpu", "gpu", "both"), "cluster",
+               f"Where the SDDMM + SpMM {what} run: 'cluster', {rows} in row tiles of equal "
+               "nnz on the workers of the embedded cluster (GPU workers when GPUs are visible) "
+               "or of --address; or one device in this process, without a cluster: auto (the "
+               f"GPU when one is visible), cpu, gpu, or both{both}."),
+        click.option("--parts", default=None, type=click.IntRange(min=1),
+                     help=f"--device cluster: row tiles of {data} (default: one per worker)."),
+        click.option("--workers", "n_workers", default=None, type=click.IntRange(min=1),
+                     help="--device cluster: workers of the embedded cluster (default: every "
+                     "GPU, or Dask's sizing on CPUs)."),
+        click.option("--address", default=None, help="--device cluster: scheduler to join."),
+    )
+
+
+# ------------------------------------------------------------------ inputs
+
+seed = click.option("--seed", default=0, show_default=True)
+
+
+def k(default: int, help: str | None = None) -> Decorator:
+    return click.option("-k", "--k", "k", default=default, show_default=True,
+                        type=click.IntRange(min=1), help=help)
+
+
+def ks(default: str, help: str = "Values of K, comma-separated.") -> Decorator:
+    """``--k 32,128``: several K, as ints."""
+    return click.option("--k", "ks", default=default, show_default=True, callback=_ints,
+                        help=help)
+
+
+def powerlaw(default: str | None = None, help: str = "Generate a power-law matrix of this "
+             "shape instead of reading INPUT.", skippable: bool = False) -> Decorator:
+    return click.option("--powerlaw", default=default, show_default=default is not None,
+                        type=Shape(skippable), metavar="ROWSxCOLS", help=help)
+
+
+def nnz(default: float = 2e6, help: str = "Nonzeros drawn for --powerlaw.") -> Decorator:
+    return click.option("--nnz", default=default, show_default=True, type=float, help=help)
+
+
+matrix_input = stack(
+    click.argument("input", required=False, type=click.Path(exists=True)),
+    powerlaw(),
+    nnz(),
+    seed,
+)
+"""The INPUT argument and the --powerlaw/--nnz/--seed options of the run jobs."""
+
+
+def _powerlaw_specs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+                    ) -> list[tuple[int, int, int, tuple[float, ...]]]:
+    """--powerlaw ROWSxCOLS:NNZ[:REXP[:CEXP]] (repeatable) as (rows, cols, nnz, exponents)."""
+    specs = []
+    for spec in values:
+        try:
+            shape, nnz, *exps = spec.split(":")
+            if len(exps) > 2:
+                raise ValueError("expected ROWSxCOLS:NNZ[:REXP[:CEXP]]")
+            specs.append((*parse_shape(shape), int(float(nnz)),
+                          tuple(float(e) for e in exps)))
+        except ValueError as exc:
+            raise click.BadParameter(f"{spec!r}: {exc}", ctx, param) from None
+    return specs
+
+
+powerlaw_specs = click.option(
+    "--powerlaw", "powerlaw", multiple=True, metavar="ROWSxCOLS:NNZ[:REXP[:CEXP]]",
+    callback=_powerlaw_specs,
+    help="Add a synthetic power-law matrix (repeatable), e.g. 1000000x1000000:2e7; REXP and "
+    "CEXP are the row and column degree exponents (default 0.6 and 0.8; 0:0 gives uniform "
+    "rows, REXP above 1 a few rows with most of the nonzeros).")
+"""--powerlaw specs of the SpMV benchmark, each as (rows, cols, nnz, exponents)."""
+
+
+def corpus_shape(default: str, name: str = "--corpus", dest: str = "corpus") -> Decorator:
+    return click.option(name, dest, default=default, show_default=True, type=Shape(),
+                        metavar="DOCSxTERMS", help="Shape of the synthetic power-law corpus "
+                        "(without INPUT).")
+
+
+density = click.option("--density", default=0.002, show_default=True, type=float,
+                       help="Density of the synthetic corpus.")
+
+
+def data_dir(exists: bool) -> Decorator:
+    return click.option("--data", "data_dir", type=click.Path(exists=exists, file_okay=False),
+                        default=None, help="Folder of the real datasets (default: "
+                        "../shared/data or $MGPU_DATA)" + ("." if exists else "; missing ones "
+                                                           "are skipped."))
+
+
+ratings = click.argument("ratings", type=click.Path(exists=True, dir_okay=False))
+optional_ratings = click.argument("ratings", required=False,
+                                  type=click.Path(exists=True, dir_okay=False))
+
+
+# ------------------------------------------------------------------ outputs
+
+def repeats(default: int | None, help: str = "Timed runs (median).") -> Decorator:
+    return click.option("--repeats", default=default, show_default=default is not None,
+                        type=click.IntRange(min=1), help=help)
+
+
+def json_out(what: str = "every measurement") -> Decorator:
+    return click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+                        help=f"Write {what} to this JSON file.")
+
+
+def plot(what: str) -> Decorator:
+    """``--plot PNG``, refused while click parses when matplotlib is missing."""
+    return click.option("--plot", type=click.Path(dir_okay=False), default=None,
+                        callback=_need_matplotlib, help=f"Write {what} to this PNG.")
+
+
+def out_npz(what: str, help: str) -> Decorator:
+    """``--out FILE.npz``, checked (suffix, folder) before any work."""
+    return click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
+                        callback=_npz_file(what), help=help)
+
+
+def out_dir(help: str) -> Decorator:
+    return click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+                        help=help)

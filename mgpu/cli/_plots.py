@@ -1,0 +1,147 @@
+"""The PNGs behind ``--plot`` (matplotlib, Agg: no display needed)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def knn_graph(dist: np.ndarray, indeg: np.ndarray, title: str, path: str) -> None:
+    plt = _pyplot()
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.6))
+    ax0.hist(dist, bins=60)
+    ax0.set_xlabel("distance to a neighbour")
+    ax0.set_ylabel("edges")
+    ax1.hist(indeg, bins=np.arange(indeg.max() + 2) - 0.5 if indeg.max() < 60 else 60, log=True)
+    ax1.set_xlabel("in-degree")
+    ax1.set_ylabel("rows")
+    fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def calibration(cal: Any, path: str) -> None:
+    plt = _pyplot()
+    n = np.asarray(cal.sizes)
+    grid = np.geomspace(n[0], n[-1], 200)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kind, color in (("cpu", "C0"), ("gpu", "C1")):
+        meas = {"cpu": cal.cpu_s, "gpu": [a + b for a, b in zip(cal.transfer_s, cal.kernel_s)]}
+        if not meas[kind]:
+            continue
+        ovh = cal.overhead_cpu_s if kind == "cpu" else cal.overhead_gpu_s
+        ax.plot(n, n / (np.asarray(meas[kind]) + ovh), "o", color=color,
+                label=f"{kind.upper()} measured")
+        for model, ls in (("hsgd*", "-"), ("linear", ":")):
+            f = cal.predictor(kind, model)
+            ax.plot(grid, grid / np.array([f(x) for x in grid]), ls, color=color,
+                    label=f"{kind.upper()} {model} model")
+    ax.set_xscale("log")
+    ax.set_xlabel("ratings in a block")
+    ax.set_ylabel("updates per second (task round trip included)")
+    ax.set_title(cal.key, fontsize="x-small")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def rmse(histories: dict[str, list[dict[str, Any]]], target: float, title: str,
+         path: str) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, h in histories.items():
+        ax.plot([e["seconds"] for e in h], [e["test_rmse"] for e in h], "o-", ms=3, label=mode)
+    if target:
+        ax.axhline(target, color="k", lw=1, ls="--", label=f"target {target}")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("test RMSE")
+    ax.set_title(title, fontsize="medium")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def chunks(per_chunk: np.ndarray, sizes: tuple[int, ...], workers: list[str], title: str,
+           unit: str, path: str) -> None:
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+
+    names = sorted(set(workers))
+    colors = {w: plt.cm.tab10(i % 10) for i, w in enumerate(names)}
+    x = np.arange(len(per_chunk))
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(max(8, 0.5 * len(per_chunk) + 4), 4))
+    ax0.bar(x, per_chunk, color=[colors[w] for w in workers])
+    ax0.axhline(per_chunk.mean(), color="k", lw=1, ls="--")
+    ax0.set_ylabel("nonzeros")
+    ax0.set_title(f"nnz per chunk (max/mean {per_chunk.max() / max(per_chunk.mean(), 1):.4f})")
+    ax1.bar(x, sizes, color=[colors[w] for w in workers])
+    ax1.set_ylabel(unit)
+    ax1.set_title(f"{unit} per chunk")
+    for ax in (ax0, ax1):
+        ax.set_xlabel("chunk")
+        ax.set_xticks(x)
+    handles = [Patch(color=colors[w], label=w) for w in names]
+    handles.append(plt.Line2D([], [], color="k", ls="--", label="mean nnz"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def scaling(rows: list[dict[str, Any]], title: str, path: str,
+            rate: Callable[[dict[str, Any]], str]) -> None:
+    plt = _pyplot()
+    w = [r["workers"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot(w, [r["speedup"] for r in rows], "o-", label="measured")
+    ax.plot(w, [x / w[0] for x in w], "k--", lw=1, label="linear")
+    for r in rows:
+        ax.annotate(rate(r), (r["workers"], r["speedup"]),
+                    textcoords="offset points", xytext=(4, -12), fontsize="small")
+    ax.set_xlabel(f"{rows[0]['kind']} workers" if rows else "workers")
+    ax.set_ylabel(f"speedup against {w[0]}" if w else "speedup")
+    ax.set_xticks(w)
+    ax.set_title(title, fontsize="medium")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def spmv(rows: list[dict[str, Any]], r: float, path: str) -> None:
+    """Time against nnz for mgpu's SpMV (with and without checks, in a CUDA graph where
+    there is a GPU) and its peer."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    nnz = [row["nnz"] for row in rows]
+    ax.loglog(nnz, [row["mgpu_ms"] for row in rows], "o", label="mgpu.spmv (with checks)")
+    ax.loglog(nnz, [row["unchecked_ms"] for row in rows], "x",
+              label="mgpu.spmv, check_finite=False")
+    ax.loglog(nnz, [row["kernels_ms"] for row in rows], "^", label="merge-path kernels")
+    if any(row["graph_ms"] == row["graph_ms"] for row in rows):  # GPU: not NaN
+        ax.loglog(nnz, [row["graph_ms"] for row in rows], "d",
+                  label="mgpu.spmv, unchecked, in a CUDA graph")
+        ax.loglog(nnz, [row["planned_graph_ms"] for row in rows], "P",
+                  label="the same with a plan (mgpu.spmv_plan)")
+    ax.loglog(nnz, [row["peer_ms"] for row in rows], "s", label=rows[0]["peer"])
+    ax.set_xlabel("nonzeros")
+    ax.set_ylabel("ms per SpMV")
+    ax.set_title(f"SpMV time against nnz (r = {r:.3f})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,461 @@
+"""``mgpu bench``: the benchmarks behind docs/benchmarks.md, each one run of
+:mod:`mgpu.bench` printed as a Markdown table (and written as JSON with ``--json``)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import dask.config
+import numpy as np
+
+from mgpu.cli import _options as opt
+from mgpu.cli import _plots
+from mgpu.cli._errors import Group
+from mgpu.cli._inputs import data_root, load_corpus, load_input, load_matrix, load_ratings
+from mgpu.cli._mf import mf_options, train
+from mgpu.cli._output import bar, plotted, write_json
+
+_GPUS = {"auto": None, "cpu": False, "gpu": True}  # --device auto|cpu|gpu as connect's gpus
+
+
+def _gap() -> Any:
+    """The GaP workflow ``bench gap`` times (its one import, to re-point)."""
+    from workflows import gap
+
+    return gap
+
+
+@click.group(cls=Group)
+def bench() -> None:
+    """Benchmarks (the current results are in docs/benchmarks.md)."""
+
+
+def _check_gpu_workers(counts: tuple[int, ...], device: str) -> tuple[int, ...]:
+    """--workers refused before any work when GPU workers are more than GPUs."""
+    from mgpu.distributed import visible_gpus
+
+    n_gpus = visible_gpus()
+    if (device == "gpu" or (device == "auto" and n_gpus)) and max(counts) > n_gpus:
+        raise click.UsageError(f"--workers asks for {max(counts)} GPU workers but {n_gpus} "
+                               "GPU(s) are visible; lower it or pass --device cpu.")
+    return counts
+
+
+def _need_gpu(what: str, usage: bool = False) -> None:
+    from mgpu.distributed import visible_gpus
+
+    if visible_gpus() == 0:
+        raise (click.UsageError if usage else click.ClickException)(what)
+
+
+@bench.command("partition")
+@opt.data_dir(exists=True)
+@opt.int_list("--parts", "4,16", "Comma-separated part counts.")
+def bench_partition(data_dir: str | None, parts: tuple[int, ...]) -> None:
+    """nnz imbalance of row and column splits of the real datasets (a Markdown table).
+
+    The bound column is 1 + w/(nnz/P), with w the largest row/column: the most that a split
+    whose parts differ by at most w (as mgpu's do) can be off.
+    """
+    from mgpu.bench.partition import split_markdown, split_rows
+
+    root = data_root(data_dir)
+    if not root.is_dir():
+        raise click.ClickException(f"no data folder at {root}; pass --data")
+    for line in split_markdown(split_rows(root, parts)):
+        click.echo(line)
+
+
+@bench.command("sddmm")
+@opt.data_dir(exists=False)
+@opt.powerlaw("300000x100000", "Shape of the synthetic power-law matrix ('none' to skip).",
+              skippable=True)
+@opt.nnz(6e7, "Nonzeros drawn for --powerlaw (repeats merge, so somewhat fewer remain).")
+@opt.ks("32,128,512", "Values of K.")
+@opt.device(("auto", "cpu", "gpu"), "auto", "Where to run (auto: the GPU when one is visible).")
+@opt.repeats(None, "Timed repeats (median reported).")
+@opt.json_out()
+def bench_sddmm(data_dir: str | None, powerlaw: tuple[int, int] | None, nnz: float,
+                ks: tuple[int, ...], device: str, repeats: int | None,
+                json_path: str | None) -> None:
+    """SDDMM GFLOP/s of mgpu and its peers on real and power-law matrices, one run."""
+    from mgpu.bench import sddmm as b
+    from mgpu.distributed import visible_gpus
+
+    on_gpu = device == "gpu" or (device == "auto" and visible_gpus() > 0)
+    root = data_root(data_dir)
+    sets = [(Path(rel).name, load_matrix(str(root / rel))) for rel in b.SDDMM_SETS
+            if (root / rel).exists()]
+    if powerlaw is not None:
+        from mgpu.synthetic import powerlaw_csr
+
+        m, n = powerlaw
+        t0 = time.perf_counter()
+        S = powerlaw_csr(m, n, int(nnz), seed=0)
+        click.echo(f"power-law {m:,} x {n:,}: {S.nnz:,} nonzeros, density {S.nnz / m / n:.4%}, "
+                   f"longest row {int(np.diff(S.indptr).max()):,} "
+                   f"(generated in {time.perf_counter() - t0:.0f} s)")
+        sets.append((f"power-law {m:,}×{n:,}", S))
+    results = []
+    for label, S in bar(iterable=sets, desc="matrices"):
+        rows = b.bench_matrix(S, ks, on_gpu=on_gpu, repeats=repeats, label=label)
+        results.extend(rows)
+        click.echo(b.markdown(rows, label))
+    write_json(json_path, results)
+
+
+@bench.command("sddmm-stream")
+@click.option("--shape", default="17000000x17000000", show_default=True, type=opt.Shape(),
+              metavar="ROWSxCOLS", help="S's shape (A has ROWS rows, B COLS rows).")
+@click.option("--row-nnz", default=12, show_default=True, type=int,
+              help="Nonzeros in every row of S.")
+@click.option("--k", "K", default=640, show_default=True, type=int, help="Columns of A and B.")
+@click.option("--working-memory", default=None,
+              help="Device bytes for the tiles (default: 80% of what the GPU has available).")
+@click.option("--cpu/--no-cpu", "cpu_peer", default=True, show_default=True,
+              help="Also run mgpu's CPU backend on the same operands.")
+@opt.json_out("the measurement")
+def bench_sddmm_stream(shape: tuple[int, int], row_nnz: int, K: int,
+                       working_memory: str | None, cpu_peer: bool,
+                       json_path: str | None) -> None:
+    """SDDMM of host operands larger than the GPU, streamed through it in tiles.
+
+    The defaults make float32 operands of about 89 GB (A and B 43.5 GB each), more than an
+    80 GB GPU holds; the host needs about 95 GB free.
+    """
+    from mgpu.bench import sddmm as b
+
+    _need_gpu("mgpu bench sddmm-stream needs a visible GPU.")
+    m, n = shape
+    t0 = time.perf_counter()
+    S, A, B = b.stream_operands(m, n, row_nnz, K)
+    inputs = A.nbytes + B.nbytes + S.data.nbytes + S.indices.nbytes + S.indptr.nbytes
+    click.echo(f"S {m:,}×{n:,} with {S.nnz:,} nonzeros, K={K}: {inputs / 1e9:.1f} GB of "
+               f"operands (made in {time.perf_counter() - t0:.0f} s)")
+    with bar(total=S.nnz, desc="streamed SDDMM", unit="nz", unit_scale=True) as pb:
+        row = b.bench_streamed(S, A, B, working_memory=working_memory, cpu_peer=False,
+                               progress=pb.update)
+    click.echo(b.streamed_report(row))
+    if cpu_peer:
+        row.update(b.run_cpu_peer(S, A, B, row["gpu_s"]))
+        click.echo(f"CPU backend: {row['cpu_s']:.2f} s; streamed GPU {row['speedup_vs_cpu']:.2f}× "
+                   f"(max rel err {row['cpu_max_rel_err']:.1e} against float64)")
+    write_json(json_path, row, "measurement")
+
+
+@bench.command("sddmm-scaling")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@opt.powerlaw(help="Use a synthetic power-law matrix of this shape instead of INPUT (the "
+              "issue's: 300000x100000 with --nnz 6e7).")
+@opt.nnz(6e7)
+@opt.ks("128", "Columns of A and B, comma-separated for several.")
+@opt.worker_counts()
+@opt.tiles_per_worker
+@opt.worker_kind
+@opt.repeats(5, "Timed calls (median).")
+@opt.json_out()
+@opt.plot("speedup against workers")
+def bench_sddmm_scaling(input: str | None, powerlaw: tuple[int, int] | None, nnz: float,
+                        ks: tuple[int, ...], workers: tuple[int, ...], tiles_per_worker: int,
+                        device: str, repeats: int, json_path: str | None,
+                        plot: str | None) -> None:
+    """Distributed SDDMM on 1, 2, 4, … workers with S and the factors resident on them.
+
+    Reports the median time of a call, GFLOP/s, the speedup against the first worker count
+    and the nnz imbalance of the tiles, all from one run.
+    """
+    from mgpu.bench import sddmm as b
+
+    counts = _check_gpu_workers(workers, device)
+    t0 = time.perf_counter()
+    S, label = load_input(input, powerlaw, nnz, 0)
+    S = S.tocsr().astype(np.float32)
+    S.sum_duplicates()
+    click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
+               f"(ready in {time.perf_counter() - t0:.0f} s)")
+    rows = b.bench_scaling(S, ks, counts, tiles_per_worker=tiles_per_worker,
+                           repeats=repeats, gpus=_GPUS[device], progress=click.echo)
+    click.echo(b.scaling_markdown(rows, label))
+    write_json(json_path, rows)
+    if plot is not None:
+        K = ks[-1]
+        _plots.scaling([r for r in rows if r["K"] == K and isinstance(r["workers"], int)],
+                       f"SDDMM, {label}, K={K}", plot, lambda r: f"{r['gflops']:.0f} GFLOP/s")
+    plotted(plot)
+
+
+@bench.command("knn")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@opt.corpus_shape("100000x50000")
+@opt.density
+@click.option("--dense", is_flag=True, help="Run INPUT as dense vectors (e.g. MNIST).")
+@click.option("--queries", "n_queries", default=2000, show_default=True,
+              type=click.IntRange(min=1), help="Queries (the corpus's first rows).")
+@opt.k(10)
+@click.option("--metrics", default="cosine,euclidean,manhattan", show_default=True,
+              help="Comma-separated metrics.")
+@opt.device(("cpu", "gpu"), "cpu", "cpu: mgpu's CPU path against scikit-learn; gpu: mgpu's "
+            "kernels (float32) against the cuSPARSE routes, the naive union kernel and "
+            "scikit-learn.")
+@click.option("--sklearn-queries", default=1000, show_default=True, type=int,
+              help="GPU runs: queries timed through scikit-learn (a tenth for NAMM metrics).")
+@opt.repeats(1)
+@opt.json_out()
+def bench_knn(input: str | None, corpus: tuple[int, int], density: float, dense: bool,
+              n_queries: int, k: int, metrics: str, device: str, sklearn_queries: int,
+              repeats: int, json_path: str | None) -> None:
+    """Exact kNN queries/s of mgpu and its peers on one corpus, one run.
+
+    INPUT is any file mgpu.io.load reads (a 10x folder gives spots × genes); without it a
+    power-law corpus of --corpus/--density is generated (the peer timings' generator).
+    """
+    import os
+
+    from mgpu.bench import knn as b
+    from mgpu.ops.distances import resolve_metric
+
+    names = [m.strip() for m in metrics.split(",") if m.strip()]
+    for m in names:  # refused before the corpus is made
+        resolve_metric(m, 2, func="bench knn")
+    t0 = time.perf_counter()
+    X, label = load_corpus(input, corpus, density, dense)
+    if k > X.shape[0]:
+        raise click.BadParameter(f"-k must be in [1, {X.shape[0]}] and --queries >= 1")
+    n_queries = min(n_queries, X.shape[0])
+    nnz = np.count_nonzero(X) if isinstance(X, np.ndarray) else X.nnz
+    click.echo(f"{label}: {X.shape[0]:,}×{X.shape[1]:,}, {nnz:,} nonzeros (ready in "
+               f"{time.perf_counter() - t0:.1f} s), {n_queries:,} queries, k={k}, "
+               f"{os.cpu_count()} CPU cores")
+    if device == "gpu":
+        rows = b.bench_gpu(X, X[:n_queries], k, tuple(names), sklearn_queries=sklearn_queries,
+                           repeats=max(repeats, 3))
+        click.echo(b.markdown_gpu(rows, label))
+    else:
+        rows = b.bench_cpu(X, X[:n_queries], k, tuple(names), repeats=repeats)
+        click.echo(b.markdown(rows, label))
+    for r in rows:
+        r["corpus"] = label
+    write_json(json_path, rows)
+
+
+@bench.command("knn-scaling")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@opt.corpus_shape("300000x100000")
+@opt.density
+@click.option("--queries", "n_queries", default=16384, show_default=True,
+              type=click.IntRange(min=1), help="Queries (the corpus's first rows).")
+@opt.k(10)
+@click.option("--metric", default="cosine", show_default=True)
+@opt.worker_counts()
+@opt.tiles_per_worker
+@opt.worker_kind
+@opt.repeats(3, "Timed calls (median).")
+@opt.json_out()
+@opt.plot("speedup against workers")
+def bench_knn_scaling(input: str | None, corpus: tuple[int, int], density: float,
+                      n_queries: int, k: int, metric: str, workers: tuple[int, ...],
+                      tiles_per_worker: int, device: str, repeats: int,
+                      json_path: str | None, plot: str | None) -> None:
+    """Distributed exact kNN on 1, 2, 4, … workers with the index resident on them.
+
+    Reports queries/s of the public call on the dask index, the speedup against one worker,
+    the nnz imbalance of the tiles and whether every worker count returns the ids of the
+    one-device call, all from one run.
+    """
+    from mgpu.bench import knn as b
+    from mgpu.ops.distances import resolve_metric
+
+    ring, _ = resolve_metric(metric, 2, func="bench knn-scaling")
+    counts = _check_gpu_workers(workers, device)
+    t0 = time.perf_counter()
+    X, label = load_corpus(input, corpus, density)
+    if k > X.shape[0]:
+        raise click.BadParameter(f"must be at most the {X.shape[0]:,} rows", param_hint="-k")
+    Q = X[: min(n_queries, X.shape[0])]
+    click.echo(f"{label}: {X.shape[0]:,}×{X.shape[1]:,}, {X.nnz:,} nonzeros (ready in "
+               f"{time.perf_counter() - t0:.0f} s), {Q.shape[0]:,} queries, k={k}, {ring.name}")
+    rows = b.bench_scaling(X, Q, k, ring.name, counts, tiles_per_worker=tiles_per_worker,
+                           repeats=repeats, gpus=_GPUS[device], progress=click.echo)
+    click.echo(b.scaling_markdown(rows, label))
+    write_json(json_path, rows)
+    if plot is not None:
+        _plots.scaling([r for r in rows if isinstance(r["workers"], int)],
+                       f"kNN ({ring.name}, k={k}), {label}", plot,
+                       lambda r: f"{r['qps']:,.0f} q/s")
+    plotted(plot)
+
+
+@bench.command("gap")
+@click.argument("corpus", required=False, type=click.Path(exists=True, dir_okay=False))
+@opt.corpus_shape("300000x100000", "--corpus-shape", "shape")
+@opt.density
+@click.option("--topics", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--iters", default=12, show_default=True, type=int)
+@opt.worker_counts()
+@opt.worker_kind
+@opt.json_out()
+def bench_gap(corpus: str | None, shape: tuple[int, int], density: float, topics: int,
+              iters: int, workers: tuple[int, ...], device: str,
+              json_path: str | None) -> None:
+    """Per-iteration time of the GaP topic model (2 SDDMM + 2 SpMM + the log-likelihood's
+    SDDMM an iteration) on one device and on 1, 2, 4, … workers, in one run."""
+    from mgpu.synthetic import powerlaw_corpus
+
+    gap = _gap()
+    counts = _check_gpu_workers(workers, device)
+    if iters < 3:  # the median leaves out the first two iterations
+        raise click.BadParameter(f"must be >= 3, got {iters}", param_hint="--iters")
+    if corpus is not None:
+        S, label = load_matrix(corpus).tocsr(), Path(corpus).name
+    else:
+        S = powerlaw_corpus(*shape, density, seed=0)
+        label = f"power-law {shape[0]:,}×{shape[1]:,}"
+    click.echo(f"{label}: {S.shape[0]:,} documents x {S.shape[1]:,} words, {S.nnz:,} nonzero "
+               f"counts; {topics} topics, {iters} iterations")
+    rows = gap.scaling(S, topics, iters, counts, gpus=_GPUS[device], progress=click.echo)
+    click.echo(gap.scaling_markdown(rows, label))
+    write_json(json_path, rows)
+
+
+def _synthetic_ratings(ctx: click.Context, param: click.Parameter, value: str | None
+                       ) -> tuple[int, int, int] | None:
+    """--synthetic USERSxITEMS:RATINGS as three ints."""
+    if value is None:
+        return None
+    try:
+        shape, count = value.split(":")
+        return (*opt.parse_shape(shape), int(float(count)))
+    except ValueError:
+        raise click.BadParameter(f"expected USERSxITEMS:RATINGS, got {value!r}") from None
+
+
+@bench.command("mf")
+@opt.optional_ratings
+@click.option("--synthetic", default=None, metavar="USERSxITEMS:RATINGS",
+              callback=_synthetic_ratings,
+              help="Planted low-rank ratings instead of a file, e.g. 480189x17770:2e7 "
+              "(Netflix's shape; noise 0.5, so the best test RMSE is about 0.5).")
+@mf_options
+@click.option("--gpu-warps", default=None, type=click.IntRange(min=1),
+              help="Cap a GPU block's warps (mgpu.mf.gpu-warps), to give the GPUs a smaller "
+              "share of themselves as the thesis does to compare sides of similar speed.")
+@opt.json_out("every mode's summary and history")
+def bench_mf(ratings: str | None, synthetic: tuple[int, int, int] | None,
+             target_rmse: float | None, gpu_warps: int | None, json_path: str | None,
+             **kw: Any) -> None:
+    """Time to a target test RMSE of every mode, from one start, with the cost model's
+    accuracy: the HSGD* comparison and ablation (linear model against HSGD*'s, with and
+    without stealing)."""
+    from mgpu.bench import mf as b
+    from mgpu.synthetic import planted_ratings
+
+    if (ratings is None) == (synthetic is None):
+        raise click.UsageError("give a RATINGS file or --synthetic USERSxITEMS:RATINGS")
+    if synthetic is not None:
+        noise = 0.5
+        R = planted_ratings(*synthetic, noise=noise, seed=kw["seed"])
+        label = f"planted ratings {synthetic[0]:,}×{synthetic[1]:,} (noise {noise})"
+        target = 1.2 * noise if target_rmse is None else target_rmse
+    else:
+        R, label = load_ratings(ratings).matrix, Path(ratings).name
+        target = 0.98 if target_rmse is None else target_rmse
+    with dask.config.set({"mgpu.mf.gpu-warps": gpu_warps} if gpu_warps else {}):
+        mfs = train(R, label, target=target, **kw)
+    rows = [b.summary(mf, target or None) for mf in mfs.values()]
+    click.echo(b.markdown(rows, target or None))
+    calls = b.calls_markdown(rows)
+    if calls:
+        click.echo("\nWhere a block call's time went (ms per call, medians over the epochs "
+                   "after the first; busy counts from the call's sending to its end, per "
+                   "slot):\n" + calls)
+    write_json(json_path, {"data": label, "k": kw["k"], "gpu_warps": gpu_warps, "rows": rows,
+                           "history": {m: mf.history_ for m, mf in mfs.items()}})
+
+
+@bench.command("sgd")
+@click.option("--shape", default="480189x17770", show_default=True, type=opt.Shape(),
+              metavar="USERSxITEMS", help="Users × items of the synthetic ratings (default: "
+              "Netflix's).")
+@click.option("--ratings", "n_ratings", default=100_000_000, show_default=True,
+              type=click.IntRange(min=1))
+@opt.ks("32,128,256", "Comma-separated numbers of factors.")
+@click.option("--conflicts", default="none,1,4", show_default=True,
+              help="Comma-separated bounds on the updates in flight on the busiest row "
+              "('none': every warp the GPU holds; mgpu.mf.gpu-conflicts is what MF uses).")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
+              show_default=True)
+@opt.repeats(5)
+@opt.json_out()
+def bench_sgd(shape: tuple[int, int], n_ratings: int, ks: tuple[int, ...], conflicts: str,
+              dtype: str, repeats: int, json_path: str | None) -> None:
+    """Updates/s of the GPU SGD block kernel of matrix factorisation (one pass = every rating
+    once, power-law user and item degrees, drawn on the GPU)."""
+    from mgpu.bench import sgd as b
+
+    _need_gpu("bench sgd times the GPU kernel; no GPU is visible.", usage=True)
+    if max(ks) > 256:
+        raise click.BadParameter("every k must be <= 256", param_hint="--k")
+    try:
+        bounds = tuple(None if c.strip() == "none" else float(c) for c in conflicts.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected numbers or 'none', got {conflicts!r}",
+                                 param_hint="--conflicts") from None
+    rows = b.bench_gpu(*shape, n_ratings, ks, conflicts=bounds, dtype=np.dtype(dtype),
+                       repeats=repeats)
+    click.echo(b.markdown(rows))
+    write_json(json_path, rows)
+
+
+@bench.command("spmv")
+@click.argument("inputs", nargs=-1, type=click.Path(exists=True))
+@opt.powerlaw_specs
+@click.option("--banded", "banded", multiple=True, metavar="NxWIDTH", type=opt.Shape(),
+              help="Add an N x N band of WIDTH diagonals (repeatable), e.g. 4000000x11: every "
+              "row the same length, neighbouring columns.")
+@opt.device(("auto", "cpu", "gpu"), "auto")
+@opt.repeats(10)
+@opt.json_out()
+@opt.plot("time against nnz (both methods)")
+def bench_spmv_cmd(inputs: tuple[str, ...], powerlaw: list[Any], banded: tuple[Any, ...],
+                   device: str, repeats: int, json_path: str | None, plot: str | None) -> None:
+    """Merge-path SpMV against cuSPARSE (GPU) or scipy (CPU) on real and synthetic matrices,
+    and how closely the time follows nnz (the merge path's promise)."""
+    from mgpu.bench import spmv as b
+
+    if not (inputs or powerlaw or banded):
+        raise click.UsageError("give matrix files (INPUTS), --powerlaw ROWSxCOLS:NNZ and/or "
+                               "--banded NxWIDTH")
+    mats = [(Path(path).name, load_matrix(path).tocsr()) for path in inputs]
+    mats += b.synthetic_matrices(powerlaw, banded)
+    rows = b.bench_spmv(mats, repeats, device=device)
+    text, r = b.report(rows, n_files=len(inputs))
+    click.echo(text)
+    write_json(json_path, {"rows": rows, "nnz_time_correlation": r})
+    if plot is not None:
+        _plots.spmv(rows, r, plot)
+    plotted(plot)
+
+
+@bench.command("jaccard")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True))
+@opt.device(("cpu", "gpu"), "cpu")
+@opt.repeats(5)
+@opt.json_out()
+def bench_jaccard(inputs: tuple[str, ...], device: str, repeats: int,
+                  json_path: str | None) -> None:
+    """Jaccard weights of real graphs: mgpu's kernel against the SpGEMM route (A·A at A's
+    pattern; scipy on the CPU, cuSPARSE through cupyx on the GPU), edges per second."""
+    from mgpu import io
+    from mgpu.bench import jaccard as b
+
+    rows = []
+    for path in inputs:
+        G = io.load_snap(path, symmetric=True, dtype=np.float64) \
+            if io.detect_format(path) == "snap" else io.load(path)
+        r = b.bench_graph(G, device, repeats)
+        r["graph"] = Path(path).name
+        rows.append(r)
+        click.echo(b.markdown([r]).splitlines()[-1] if len(rows) > 1 else b.markdown([r]))
+    write_json(json_path, rows)

@@ -1,0 +1,423 @@
+"""``mgpu run``: end-to-end jobs on real data.
+
+Every job here that takes ``--address`` runs on a cluster and is one a SLURM batch script can
+run (:func:`mgpu.cli.slurm.cluster_jobs` reads them from these commands).
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from mgpu.cli import _options as opt
+from mgpu.cli import _plots
+from mgpu.cli._errors import Group, data_error
+from mgpu.cli._inputs import load_input, load_matrix, load_ratings, read_words
+from mgpu.cli._mf import mf_options, train
+from mgpu.cli._output import (bar, describe, plotted, replace_json, save_npz, save_sparse,
+                              tile_placement)
+
+
+def _workflows() -> Any:
+    """The workflows the jobs als, gap and jaccard drive (their one import, to re-point)."""
+    from workflows import als, gap, jaccard
+
+    return als, gap, jaccard
+
+
+@click.group(cls=Group)
+def run() -> None:
+    """End-to-end jobs on real data."""
+
+
+@run.command("partition")
+@opt.matrix_input
+@opt.parts("Chunks (default: one per worker).")
+@click.option("--axis", type=click.Choice(["0", "1"]), default="0", show_default=True,
+              help="0 cuts rows, 1 cuts columns.")
+@opt.address
+@opt.gpus
+@opt.plot("a bar chart of nnz per chunk and worker")
+def run_partition(input: str | None, powerlaw: tuple[int, int] | None, nnz: float, seed: int,
+                  parts: int | None, axis: str, address: str | None, gpus: bool | None,
+                  plot: str | None) -> None:
+    """Spread a sparse matrix over the cluster in nnz-balanced chunks and report the balance.
+
+    INPUT is any file mgpu.io.load reads (Matrix Market, SNAP edge list, bag-of-words,
+    MovieLens ratings, a 10x folder); or use --powerlaw. The chunks are checked by computing
+    the row norms on the workers against the same computation done here.
+    """
+    from mgpu.bench.partition import spread
+    from mgpu.distributed import connect, describe_workers
+
+    t0 = time.perf_counter()
+    S, label = load_input(input, powerlaw, nnz, seed)
+    click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
+               f"(loaded in {time.perf_counter() - t0:.1f} s)")
+    ax = int(axis)
+    with connect(address, gpus=gpus) as client:
+        infos = describe_workers(client)
+        with bar(total=int(S.nnz), unit="nz", unit_scale=True, desc="placing chunks") as b:
+            placed = spread(S, parts, ax, client, progress=b.update)
+    _report_chunks(placed, infos, ax)
+    err = placed["max_rel_err"]
+    click.echo(f"row-norm check on the workers: max relative error {err:.2e}")
+    if err > 1e-5:
+        raise click.ClickException(f"distributed row norms disagree with the local ones ({err:.2e})")
+    if plot is not None:
+        _plots.chunks(placed["nnz"], placed["sizes"], placed["owners"], label,
+                      "rows" if ax == 0 else "columns", plot)
+    plotted(plot)
+
+
+def _report_chunks(placed: dict[str, Any], infos: dict[str, Any], ax: int) -> None:
+    from mgpu.bench.partition import per_worker
+    from mgpu.partition import imbalance
+
+    per_chunk, bounds = placed["nnz"], placed["bounds"]
+    click.echo(f"{len(per_chunk)} chunk(s) along axis {ax} "
+               f"({'rows' if ax == 0 else 'columns'}); nnz imbalance (max/mean) "
+               f"{imbalance(per_chunk):.4f}")
+    click.echo(f"{'chunk':>5} {'range':>23} {'nnz':>14} {'share':>7}  worker")
+    total = max(int(per_chunk.sum()), 1)
+    for i, (v, w) in enumerate(zip(per_chunk, placed["owners"])):
+        click.echo(f"{i:>5} {f'{bounds[i]:,}-{bounds[i + 1]:,}':>23} {int(v):>14,} "
+                   f"{100 * v / total:>6.2f}%  {w}")
+    click.echo("per worker:")
+    workers = per_worker(placed)
+    for w, v in sorted(workers.items()):
+        gpu = (infos.get(w) or {}).get("gpu")
+        dev = f"GPU {gpu.get('name', gpu.get('index'))}" if gpu else "CPU"
+        click.echo(f"  {w:<24} {dev:<28} {v:>14,} nnz  {100 * v / total:6.2f}%")
+    if workers:
+        click.echo(f"worker imbalance (max/mean): {imbalance(np.array(list(workers.values()))):.4f}")
+
+
+@run.command("knn-graph")
+@opt.matrix_input
+@opt.k(10, "Neighbours per row (the row itself excluded).")
+@click.option("--metric", default="cosine", show_default=True,
+              help="Any metric or alias of mgpu.ops.distances.SEMIRINGS.")
+@click.option("--p", "p", default=2.0, show_default=True, type=float,
+              help="Minkowski's exponent.")
+@opt.out_npz("the graph", "Where to write the graph (scipy .npz, CSR: row i holds its k "
+             "neighbours, distances as values).")
+@opt.parts("Row tiles of the index (default: one per worker).")
+@opt.address
+@opt.gpus
+@opt.plot("histograms of the distances and of the in-degrees")
+def run_knn_graph(input: str | None, powerlaw: tuple[int, int] | None, nnz: float, seed: int,
+                  k: int, metric: str, p: float, out: Path, parts: int | None,
+                  address: str | None, gpus: bool | None, plot: str | None) -> None:
+    """The k-nearest-neighbour graph of a dataset's rows, computed on the cluster.
+
+    INPUT is any file mgpu.io.load reads (bag-of-words, a 10x folder, MNIST IDX, ...). The
+    index is spread over the workers in nnz-balanced row tiles; every row is queried against
+    it and its own entry dropped, as scikit-learn's kneighbors_graph does.
+    """
+    from mgpu.bench.knn_graph import graph_stats, knn_graph
+    from mgpu.ops.distances import resolve_metric
+
+    metric = resolve_metric(metric, p, func="knn-graph")[0].name  # refused before reading
+    t0 = time.perf_counter()
+    S, label = load_input(input, powerlaw, nnz, seed)
+    n = S.shape[0]
+    click.echo(f"{label}: {n:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
+               f"(loaded in {time.perf_counter() - t0:.1f} s); k={k}, metric {metric}")
+    t0 = time.perf_counter()
+    with bar(total=n, unit="row", desc="neighbours") as b:
+        G, d, i = knn_graph(S, k, metric=metric, p=p, parts=parts, address=address, gpus=gpus,
+                            progress=b.update)
+    save_sparse(out, G)
+    st = graph_stats(G, d, i)
+    click.echo(f"graph: {n:,} nodes, {G.nnz:,} edges in {time.perf_counter() - t0:.1f} s, "
+               f"written to {out}")
+    q = st["quantiles"]
+    click.echo(f"distances: min {q[0]:.4g}, median {q[1]:.4g}, 90% {q[2]:.4g}, max {q[3]:.4g}"
+               + (f"; {st['infinite']:,} infinite" if st["infinite"] else ""))
+    indeg = st["in_degree"]
+    click.echo(f"in-degree: mean {indeg.mean():.2f}, max {int(indeg.max())} (row "
+               f"{int(indeg.argmax())}), {int((indeg == 0).sum()):,} rows nobody's neighbour; "
+               f"mutual edges {st['mutual']:.1%}")
+    if plot is not None:
+        _plots.knn_graph(st["finite"], indeg, f"{label}: {k}-NN graph, {metric}", plot)
+    plotted(plot)
+
+
+@run.command("jaccard")
+@click.argument("input", type=click.Path(exists=True))
+@click.option("--weighted", is_flag=True, help="Use the edge weights (Σ min / Σ max).")
+@click.option("--directed-ok/--strict", "symmetrize", default=True, show_default=True,
+              help="Use G + Gᵀ for a directed edge list (SNAP lists are often one-way), or "
+              "refuse it.")
+@click.option("--top", default=10, show_default=True, type=int,
+              help="Print this many strongest edges.")
+@opt.out_npz("the weights", "Where to write the weights (scipy .npz, G's pattern).")
+@opt.parts("Row blocks over the cluster (default: four per worker).")
+@opt.address
+@opt.gpus
+@opt.plot("the histogram of the weights")
+def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out: Path,
+                parts: int | None, address: str | None, gpus: bool | None,
+                plot: str | None) -> None:
+    """Jaccard weights of every edge of a graph, computed on the cluster.
+
+    INPUT is a SNAP edge list (plain or gzip; read as undirected) or any adjacency matrix
+    mgpu.io.load reads. Prints the distribution and the strongest edges (original node ids).
+    """
+    from mgpu.distributed import connect
+    from mgpu.ops.jaccard import check_graph
+
+    wf = _workflows()[2]
+    t0 = time.perf_counter()
+    G, ids = _load_graph(input)
+    click.echo(f"{Path(input).name}: {G.shape[0]:,} nodes, {G.nnz:,} stored edges "
+               f"(loaded in {time.perf_counter() - t0:.1f} s)")
+    with connect(address, gpus=gpus) as client:
+        t0 = time.perf_counter()
+        n_parts = parts or 4 * max(1, len(client.scheduler_info()["workers"]))
+        checked = check_graph(G, "jaccard", weighted=weighted, symmetrize=symmetrize)
+        with bar(total=checked.nnz, unit="edge", desc="jaccard") as b:
+            J = wf.edge_weights(checked, weighted=weighted, symmetrize=False, parts=n_parts,
+                                client=client, progress=b.update)
+        elapsed = time.perf_counter() - t0
+    save_sparse(out, J)
+    h = wf.histogram(J)
+    click.echo(f"weights of {h['edges']:,} edges in {elapsed:.1f} s "
+               f"({J.nnz / max(elapsed, 1e-9):,.0f} edge entries/s), written to {out}")
+    click.echo(f"mean {h['mean']:.4f}, median {h['median']:.4f}; weight 0: {h['zero']:.1%}, "
+               f"weight 1: {h['one']:.1%}")
+    for u, v, w in wf.top_edges(J, top):
+        click.echo(f"  {int(ids[u])} -- {int(ids[v])}: {w:.4f}")
+    if plot is not None:
+        wf.plot(J, plot, f"Jaccard weights, {Path(input).name} ({h['edges']:,} edges)")
+    plotted(plot)
+
+
+def _load_graph(path: str) -> tuple[Any, np.ndarray]:
+    """A graph's adjacency (SNAP ids relabelled 0..n-1) and the original ids."""
+    from mgpu import io
+
+    try:
+        if io.detect_format(path) == "snap":
+            return io.load_snap(path, relabel=True, return_ids=True, dtype=np.float64)
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        raise data_error(exc) from exc
+    G = load_matrix(path).tocsr()
+    return G, np.arange(G.shape[0])
+
+
+@run.command("mf")
+@opt.ratings
+@mf_options
+@opt.out_dir("Folder for the factors (<mode>-factors.npz) and history.json.")
+def run_mf(ratings: str, out_dir: str, target_rmse: float | None, **kw: Any) -> None:
+    """Train SGD matrix factorisation on a ratings file in several modes and compare them.
+
+    RATINGS is a MovieLens file (ratings.csv, ratings.dat or u.data, gzip or not). A random
+    share is held out; every mode trains on the rest from the same start and reports RMSE per
+    epoch. Factors go to OUT as <mode>-factors.npz (P, Q, the original user/item ids, and
+    ``mean``, ``rated_users``, ``rated_items``: a user or item without a training rating is
+    predicted the training mean).
+    """
+    data = load_ratings(ratings)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = 0.98 if target_rmse is None else target_rmse
+    mfs = train(data.matrix, Path(ratings).name, target=target, **kw)
+    for mode, mf in mfs.items():
+        save_npz(out / f"{mode}-factors.npz", P=mf.P_, Q=mf.Q_, user_ids=data.user_ids,
+                 item_ids=data.item_ids, mean=mf.mean_, rated_users=mf.rated_users_,
+                 rated_items=mf.rated_items_)
+    (out / "history.json").write_text(json.dumps({m: mf.history_ for m, mf in mfs.items()},
+                                                 indent=1))
+    click.echo(f"factors and history written to {out}")
+
+
+# ------------------------------------------------------------ the SDDMM + SpMM workflows
+
+
+def _devices(device: str, parts: int | None, n_workers: int | None,
+             address: str | None) -> list[str]:
+    """``["cluster"]`` for --device cluster, else the one-device runs --device asks for
+    (refused when a GPU is asked for and none is visible); refuses the cluster's options
+    (--parts, --workers, --address) without a cluster."""
+    from mgpu.distributed.cluster import visible_gpus
+
+    if device == "cluster":
+        return ["cluster"]
+    if parts is not None or n_workers is not None or address:
+        raise click.BadParameter("--parts, --workers and --address go with --device cluster "
+                                 "(the default)", param_hint="--device")
+    have = visible_gpus() > 0
+    devices = {"auto": ["gpu" if have else "cpu"], "both": ["cpu", "gpu"]}.get(device, [device])
+    if "gpu" in devices and not have:
+        raise click.BadParameter("no GPU is visible on this machine", param_hint="--device")
+    return devices
+
+
+def _on_devices(devices: list[str], data: tuple[Any, ...], total: int, unit: str,
+                postfix: Callable[[dict[str, float]], dict[str, str]],
+                fit: Callable[[str, tuple[Any, ...], Callable[[dict[str, float]], None]], Any]
+                ) -> dict[str, Any]:
+    """``fit(device, data, progress)`` on each device, with a progress bar (``postfix``
+    turns a step's record into what the bar shows); on 'gpu', ``data`` moved to the GPU.
+    The fitted models by device."""
+    models = {}
+    for dev in devices:
+        if dev == "gpu":
+            import cupyx.scipy.sparse as csp
+
+            on = tuple(csp.csr_matrix(x) for x in data)
+        else:
+            on = data
+        with bar(total=total, unit=unit, desc=dev) as b:
+            def progress(rec: dict[str, float], b: Any = b) -> None:
+                b.update(1)
+                b.set_postfix(**postfix(rec))
+
+            models[dev] = fit(dev, on, progress)
+    return models
+
+
+def _host(*arrays: Any) -> list[np.ndarray]:
+    return [np.asarray(A.get() if hasattr(A, "get") else A) for A in arrays]
+
+
+def _median_step(hist: list[dict[str, float]]) -> float:
+    """The median step time, the first step (compilation, placement) left out."""
+    return float(np.median([h["step_s"] for h in hist[1:]] or [hist[0]["step_s"]]))
+
+
+@run.command("als")
+@opt.ratings
+@opt.placement("steps", "the users", "the ratings", " (the CPU and the GPU from the same "
+               "start, and their per-step times compared)")
+@opt.k(32)
+@click.option("--iters", default=100, show_default=True, type=int, help="Gradient steps.")
+@click.option("--lr", default=0.01, show_default=True, type=float, help="Adam step size.")
+@click.option("--reg", default=0.1, show_default=True, type=float, help="L2 penalty.")
+@click.option("--test-fraction", default=0.1, show_default=True, type=float)
+@opt.seed
+@opt.out_dir("Folder for <device>-factors.npz and history.json.")
+@opt.plot("test RMSE against the step")
+def run_als(ratings: str, device: str, parts: int | None, n_workers: int | None,
+            address: str | None, k: int, iters: int, lr: float, reg: float,
+            test_fraction: float, seed: int, out_dir: str, plot: str | None) -> None:
+    """Matrix factorisation of a ratings file by SDDMM + SpMM gradient steps.
+
+    Every step computes the predictions at the training ratings (mgpu.sddmm) and the two
+    gradients (mgpu.spmm of the residual with V, of its transpose with U); the step's time and
+    the test RMSE are reported, per device. On a cluster (the default) each worker keeps its
+    users' ratings and rows of U, and only V moves.
+    """
+    from mgpu.distributed import connect
+
+    als = _workflows()[0]
+    R = load_ratings(ratings).matrix
+    train, test = als.split(R, test_fraction, seed)
+    devices = _devices(device, parts, n_workers, address)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    click.echo(f"{Path(ratings).name}: {R.shape[0]:,} users x {R.shape[1]:,} items, "
+               f"{train.nnz:,} training and {test.nnz:,} test ratings; k={k}, {iters} steps")
+    kw = dict(k=k, reg=reg, lr=lr, iters=iters, seed=seed)
+
+    def fit(dev: str, data: tuple[Any, ...], progress: Callable[..., None]) -> Any:
+        try:
+            if dev != "cluster":
+                model = als.train(*data, progress=progress, **kw)
+            else:
+                with connect(address, n_workers=n_workers) as client:
+                    click.echo(f"cluster: {describe(client)}")
+                    model = als.train_distributed(*data, parts=parts, client=client,
+                                                  progress=progress, **kw)
+        except FloatingPointError as exc:  # diverged: nothing of this run is written
+            raise click.ClickException(f"{dev}: {exc}") from None
+        hist = model.history
+        U, V = _host(model.U, model.V)
+        save_npz(out / f"{dev}-factors.npz", U=U, V=V, mean=model.mean)
+        click.echo(f"{dev}: test RMSE {hist[-1]['test_rmse']:.4f} after {iters} steps "
+                   f"(best {min(h['test_rmse'] for h in hist):.4f}); SDDMM + SpMM step median "
+                   f"{_median_step(hist) * 1e3:.2f} ms")
+        return model
+
+    models = _on_devices(devices, (train, test), iters, "step",
+                         lambda rec: {"test_rmse": f"{rec['test_rmse']:.4f}"}, fit)
+    histories = {dev: m.history for dev, m in models.items()}
+    if len(histories) == 2:
+        med = {d: _median_step(hist) for d, hist in histories.items()}
+        click.echo(f"GPU step {med['cpu'] / med['gpu']:.1f}x faster than the CPU backend")
+    replace_json(out / "history.json", histories)
+    if plot is not None:
+        als.plot(histories, plot, f"SDDMM + SpMM matrix factorisation, {Path(ratings).name}")
+    plotted(plot)
+
+
+@run.command("gap")
+@click.argument("corpus", type=click.Path(exists=True, dir_okay=False))
+@click.option("--vocab", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="One word per line (plain or gzip), for the topics' top words.")
+@opt.placement("updates", "the documents", "the corpus", "")
+@click.option("--topics", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--iters", default=50, show_default=True, type=click.IntRange(min=1))
+@click.option("--alpha", default=1.1, show_default=True, type=click.FloatRange(min=1),
+              help="Shape of the Gamma prior of the loadings (>= 1).")
+@click.option("--beta", default=10.0, show_default=True,
+              type=click.FloatRange(min=0, min_open=True),
+              help="Scale of the Gamma prior of the loadings.")
+@opt.seed
+@opt.out_dir("Folder for <device>-topics.npz, topics.json and history.json.")
+@opt.plot("the log-likelihood per token against the iteration")
+def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
+            n_workers: int | None, address: str | None, topics: int, iters: int,
+            alpha: float, beta: float, seed: int, out_dir: str, plot: str | None) -> None:
+    """GaP topic model of a bag-of-words corpus (documents x words counts).
+
+    CORPUS is any bag-of-words file mgpu.io.load reads (UCI docword, LDA-C). Every update is
+    an SDDMM (the Poisson rates at the nonzero counts) followed by an SpMM; on a cluster the
+    documents stay on the workers and only the topics move.
+    """
+    from mgpu.distributed import connect
+
+    gap = _workflows()[1]
+    S = load_matrix(corpus).tocsr()
+    words = read_words(vocab) if vocab is not None else None
+    devices = _devices(device, parts, n_workers, address)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    click.echo(f"{Path(corpus).name}: {S.shape[0]:,} documents x {S.shape[1]:,} words, "
+               f"{S.nnz:,} nonzero counts; {topics} topics, {iters} iterations")
+    kw = dict(iters=iters, alpha=alpha, beta=beta, seed=seed)
+
+    def fit(dev: str, data: tuple[Any, ...], progress: Callable[..., None]) -> Any:
+        if dev != "cluster":
+            model = gap.fit(*data, topics, progress=progress, **kw)
+        else:
+            with connect(address, n_workers=n_workers) as client:
+                click.echo(f"cluster: {describe(client)}")
+                model = gap.fit_distributed(*data, topics, parts=parts, client=client,
+                                            progress=progress, **kw)
+                click.echo(tile_placement(client, model.tiles))
+        X, L = _host(model.X, model.L)
+        save_npz(out / f"{dev}-topics.npz", X=X, L=L)
+        click.echo(f"{dev}: log-likelihood per token {model.history[-1]['loglik_per_token']:.4f}"
+                   f"; iteration median {_median_step(model.history) * 1e3:.2f} ms")
+        return model
+
+    models = _on_devices(devices, (S,), iters, "iter",
+                         lambda rec: {"loglik": f"{rec['loglik_per_token']:.4f}"}, fit)
+    listing = {dev: gap.top_words(m.L, words) for dev, m in models.items()}
+    for t, ws in enumerate(listing[devices[0]][:10]):
+        click.echo(f"  topic {t:2d}: {' '.join(ws)}")
+    histories = {dev: m.history for dev, m in models.items()}
+    replace_json(out / "history.json", histories)
+    replace_json(out / "topics.json", listing)
+    if plot is not None:
+        gap.plot(histories, plot, f"GaP topic model, {Path(corpus).name}")
+    plotted(plot)
