@@ -61,7 +61,7 @@ def scaling(S: sp.spmatrix, topics: int, iters: int, workers: tuple[int, ...], *
 
 
 def scaling_markdown(rows: list[dict[str, Any]], label: str) -> str:
-    """The rows of :func:`scaling` as a Markdown table (BENCHMARKS.md's GaP tables).
+    """The rows of :func:`scaling` as a Markdown table (docs/benchmarks.md's GaP tables).
 
     >>> row = {"workers": 2, "kind": "CPU", "topics": 20, "median_step_s": 0.0125,
     ...        "speedup": 1.8, "loglik_per_token": -7.25, "loglik_diff": 3e-12}

@@ -33,7 +33,7 @@ the CPU's runs with the GPU and the calls at work beside them, against the curve
 their size (``cpu_load``), which is recorded and not applied: that one size's ratio read
 0.82–1.34 over eight calibrations where the epochs that followed ran their CPU blocks
 0.92–1.26 times the curve, and scaling the curve by it left the CPU side 3–25% off (three
-runs over 15%) against 1–14% unscaled (BENCHMARKS.md).
+runs over 15%) against 1–14% unscaled (BENCHMARKS.md history).
 
 :class:`Calibration` keeps the measurements and fits the curves of :mod:`mgpu.sched.cost`
 from them, as HSGD* does (CPU piecewise linear through the sizes measured; GPU transfer
@@ -428,7 +428,7 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     and then only the GPU's input crosses (:func:`_probe_calls`).
     Returns, per kind, the mean of busy less run (an epoch's side time is a sum of them,
     outliers included: the median read 0.4–2.8 ms where epochs' CPU calls had 2.2–6.7 ms a
-    call beyond their runs, BENCHMARKS.md) and, as ``{kind}_run``, the median run (one slow
+    call beyond their runs, BENCHMARKS.md history) and, as ``{kind}_run``, the median run (one slow
     call should not scale every block), over each kind's calls but its slots' first ones (a
     first call may load what later ones find loaded)."""
     from mgpu.mf.hosts import call, share_segments, start_hosts
@@ -579,7 +579,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         alone = _task_overheads(client, *pblock, None, 0, gpu_worker, dtype, gpu_kw or {},
                                 tasks)["gpu"]
     # the CPU's runs beside the GPU and the calls of an epoch, against the curve's (recorded:
-    # too noisy a ratio to scale the curve by, BENCHMARKS.md)
+    # too noisy a ratio to scale the curve by, BENCHMARKS.md history)
     cpu_load = overhead["cpu_run"] / cpu_s[sizes.index(probe)] if cpu_s else 0.0
     cal = Calibration(
         key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads,

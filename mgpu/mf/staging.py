@@ -81,7 +81,7 @@ def time_alone_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, 
     The curves of :func:`mgpu.mf.calibration.calibrate`, fitted on prefixes of one stratum
     of the division with CPU slots, priced this block about 1.5 times too fast on an H100 at
     16 warps; the kernel ran the division's own smaller blocks no faster per rating than
-    this one (BENCHMARKS.md), so the rate measured here also bounds theirs
+    this one (BENCHMARKS.md history), so the rate measured here also bounds theirs
     (:meth:`mgpu.mf.calibration.Calibration.predictor`'s ``floor``).
 
     Parameters
