@@ -196,13 +196,15 @@ def configuration_page() -> str:
 
 
 def _commands(group: object, path: list[str]) -> list[tuple[list[str], object]]:
-    """Every command under a click group, depth first, the group itself first."""
+    """Every command under a click group, depth first, the group itself first (hidden ones,
+    old names kept for a while, left out as ``--help`` leaves them out)."""
     import click
 
     out = [(path, group)]
     if isinstance(group, click.Group):
         for name in sorted(group.commands):
-            out += _commands(group.commands[name], [*path, name])
+            if not group.commands[name].hidden:
+                out += _commands(group.commands[name], [*path, name])
     return out
 
 
@@ -232,7 +234,7 @@ def _command_section(path: list[str], cmd: object) -> list[str]:
           "", text]
     if isinstance(cmd, click.Group):
         md += ["", "| command | what it does |", "|---|---|"]
-        for name in sorted(cmd.commands):
+        for name in sorted(n for n, c in cmd.commands.items() if not c.hidden):
             sub = cmd.commands[name]
             short = _cell(inspect.cleandoc(sub.help or "").split("\n\n")[0])
             md.append(f"| [`{name}`](#{'-'.join([*path, name])}) | {short} |")

@@ -360,7 +360,7 @@ def test_bench_jaccard_cpu(runner, tmp_path):
     assert row["max_abs_diff"] < 1e-12 and row["mgpu_edges_per_s"] > 0 and row["speedup"] > 0
 
 
-def test_run_als_cpu(runner, tmp_path):
+def test_run_gradient_mf_cpu(runner, tmp_path):
     import json
 
     import numpy as np
@@ -373,7 +373,7 @@ def test_run_als_cpu(runner, tmp_path):
     path.write_text("userId,movieId,rating,timestamp\n" + "".join(
         f"{u},{i},{3 + U[u] @ V[i]:.3f},0\n" for u, i in pairs))
     out, png = tmp_path / "als", tmp_path / "als.png"
-    r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--iters", "150",
+    r = runner.invoke(main, ["run", "gradient-mf", str(path), "--device", "cpu", "--iters", "150",
                              "-k", "3", "--lr", "0.05", "--reg", "0.001", "--out", str(out),
                              "--plot", str(png)])
     assert r.exit_code == 0, r.output
@@ -385,17 +385,24 @@ def test_run_als_cpu(runner, tmp_path):
     with np.load(out / "cpu-factors.npz") as f:
         assert f["U"].shape == (60, 3) and f["V"].shape == (40, 3)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    r = runner.invoke(main, ["run", "als", str(path), "--test-fraction", "1.5", "--out",
+    r = runner.invoke(main, ["run", "gradient-mf", str(path), "--test-fraction", "1.5", "--out",
                              str(out)])
     assert r.exit_code != 0 and "'test_fraction' parameter of split_ratings must be in (0, 1)" in r.output
     diverged = tmp_path / "diverged"
-    r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--iters", "5",
+    r = runner.invoke(main, ["run", "gradient-mf", str(path), "--device", "cpu", "--iters", "5",
                              "--lr", "1e200", "--out", str(diverged)])
-    assert r.exit_code == 1 and "cpu: ALS diverged at step" in r.output, r.output
+    assert r.exit_code == 1 and "cpu: GradientMF diverged at step" in r.output, r.output
     assert not (diverged / "history.json").exists() and not list(diverged.glob("*.npz"))
+    # the old name still runs the job, says it is deprecated, and is not listed
+    r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--iters", "2",
+                             "-k", "3", "--out", str(tmp_path / "old")])
+    assert r.exit_code == 0 and "deprecated" in r.output, r.output
+    assert json.loads((tmp_path / "old" / "history.json").read_text())["cpu"][-1]["iteration"] == 2
+    listing = runner.invoke(main, ["run", "--help"]).output
+    assert "gradient-mf" in listing and " als " not in listing
 
 
-def test_run_als_on_the_cluster_by_default_equals_one_device(runner, tmp_path):
+def test_run_gradient_mf_on_the_cluster_by_default_equals_one_device(runner, tmp_path):
     import json
 
     import numpy as np
@@ -407,11 +414,11 @@ def test_run_als_on_the_cluster_by_default_equals_one_device(runner, tmp_path):
     path.write_text("userId,movieId,rating,timestamp\n" + "".join(
         f"{u},{i},{3 + U[u] @ V[i]:.3f},0\n" for u, i in pairs))
     args = ["-k", "3", "--iters", "12", "--lr", "0.05", "--reg", "0.001"]
-    r = runner.invoke(main, ["run", "als", str(path), "--workers", "2", "--parts", "3",
+    r = runner.invoke(main, ["run", "gradient-mf", str(path), "--workers", "2", "--parts", "3",
                              "--out", str(tmp_path / "c"), *args])
     assert r.exit_code == 0, r.output
     assert "cluster: 2 CPU worker(s)" in r.output and "cluster: test RMSE" in r.output
-    r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--out",
+    r = runner.invoke(main, ["run", "gradient-mf", str(path), "--device", "cpu", "--out",
                              str(tmp_path / "one"), *args])
     assert r.exit_code == 0, r.output
     spread = json.loads((tmp_path / "c" / "history.json").read_text())["cluster"]
@@ -427,7 +434,7 @@ def test_run_als_on_the_cluster_by_default_equals_one_device(runner, tmp_path):
         np.testing.assert_allclose(c["U"], o["U"], rtol=0, atol=1e-5)
         np.testing.assert_allclose(c["V"], o["V"], rtol=0, atol=1e-5)
         assert float(c["mean"]) == float(o["mean"])
-    r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--workers", "2",
+    r = runner.invoke(main, ["run", "gradient-mf", str(path), "--device", "cpu", "--workers", "2",
                              "--out", str(tmp_path / "one")])
     assert r.exit_code != 0 and "go with --device cluster (the default)" in r.output
 

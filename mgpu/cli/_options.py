@@ -139,7 +139,7 @@ tiles_per_worker = click.option("--tiles-per-worker", default=1, show_default=Tr
 
 
 def placement(what: str, rows: str, data: str, both: str) -> Decorator:
-    """--device/--parts/--workers/--address of the SDDMM + SpMM workflows (``run als``,
+    """--device/--parts/--workers/--address of the SDDMM + SpMM jobs (``run gradient-mf``,
     ``run gap``): the embedded cluster by default, or one device in this process."""
     return stack(
         device(("cluster", "auto", "cpu", "gpu", "both"), "cluster",

@@ -20,13 +20,6 @@ from mgpu.cli._output import bar, plotted, write_json
 _GPUS = {"auto": None, "cpu": False, "gpu": True}  # --device auto|cpu|gpu as connect's gpus
 
 
-def _gap() -> Any:
-    """The GaP workflow ``bench gap`` times (its one import, to re-point)."""
-    from workflows import gap
-
-    return gap
-
-
 @click.group(cls=Group)
 def bench() -> None:
     """Benchmarks (the current results are in docs/benchmarks.md)."""
@@ -301,9 +294,8 @@ def bench_gap(corpus: str | None, shape: tuple[int, int], density: float, topics
               json_path: str | None) -> None:
     """Per-iteration time of the GaP topic model (2 SDDMM + 2 SpMM + the log-likelihood's
     SDDMM an iteration) on one device and on 1, 2, 4, … workers, in one run."""
+    from mgpu.bench.gap import scaling, scaling_markdown
     from mgpu.synthetic import powerlaw_corpus
-
-    gap = _gap()
     counts = _check_gpu_workers(workers, device)
     if iters < 3:  # the median leaves out the first two iterations
         raise click.BadParameter(f"must be >= 3, got {iters}", param_hint="--iters")
@@ -314,8 +306,8 @@ def bench_gap(corpus: str | None, shape: tuple[int, int], density: float, topics
         label = f"power-law {shape[0]:,}×{shape[1]:,}"
     click.echo(f"{label}: {S.shape[0]:,} documents x {S.shape[1]:,} words, {S.nnz:,} nonzero "
                f"counts; {topics} topics, {iters} iterations")
-    rows = gap.scaling(S, topics, iters, counts, gpus=_GPUS[device], progress=click.echo)
-    click.echo(gap.scaling_markdown(rows, label))
+    rows = scaling(S, topics, iters, counts, gpus=_GPUS[device], progress=click.echo)
+    click.echo(scaling_markdown(rows, label))
     write_json(json_path, rows)
 
 

@@ -5,6 +5,7 @@ run (:func:`mgpu.cli.slurm.cluster_jobs` reads them from these commands).
 """
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -21,13 +22,6 @@ from mgpu.cli._inputs import load_input, load_matrix, load_ratings, read_words
 from mgpu.cli._mf import mf_options, train
 from mgpu.cli._output import (bar, describe, plotted, replace_json, save_npz, save_sparse,
                               tile_placement)
-
-
-def _workflows() -> Any:
-    """The workflows the jobs als, gap and jaccard drive (their one import, to re-point)."""
-    from workflows import als, gap, jaccard
-
-    return als, gap, jaccard
 
 
 @click.group(cls=Group)
@@ -170,10 +164,12 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out: Pat
     INPUT is a SNAP edge list (plain or gzip; read as undirected) or any adjacency matrix
     mgpu.io.load reads. Prints the distribution and the strongest edges (original node ids).
     """
+    import mgpu
+    from mgpu.bench.plots import plot_jaccard_weights
     from mgpu.distributed import connect
+    from mgpu.models.jaccard import histogram, top_edges
     from mgpu.ops.jaccard import check_graph
 
-    wf = _workflows()[2]
     t0 = time.perf_counter()
     G, ids = _load_graph(input)
     click.echo(f"{Path(input).name}: {G.shape[0]:,} nodes, {G.nnz:,} stored edges "
@@ -183,19 +179,19 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out: Pat
         n_parts = parts or 4 * max(1, len(client.scheduler_info()["workers"]))
         checked = check_graph(G, "jaccard", weighted=weighted, symmetrize=symmetrize)
         with bar(total=checked.nnz, unit="edge", desc="jaccard") as b:
-            J = wf.edge_weights(checked, weighted=weighted, symmetrize=False, parts=n_parts,
-                                client=client, progress=b.update)
+            J = mgpu.jaccard(checked, weighted=weighted, symmetrize=False, parts=n_parts,
+                             client=client, progress=b.update)
         elapsed = time.perf_counter() - t0
     save_sparse(out, J)
-    h = wf.histogram(J)
+    h = histogram(J)
     click.echo(f"weights of {h['edges']:,} edges in {elapsed:.1f} s "
                f"({J.nnz / max(elapsed, 1e-9):,.0f} edge entries/s), written to {out}")
     click.echo(f"mean {h['mean']:.4f}, median {h['median']:.4f}; weight 0: {h['zero']:.1%}, "
                f"weight 1: {h['one']:.1%}")
-    for u, v, w in wf.top_edges(J, top):
+    for u, v, w in top_edges(J, top):
         click.echo(f"  {int(ids[u])} -- {int(ids[v])}: {w:.4f}")
     if plot is not None:
-        wf.plot(J, plot, f"Jaccard weights, {Path(input).name} ({h['edges']:,} edges)")
+        plot_jaccard_weights(J, plot, f"Jaccard weights, {Path(input).name} ({h['edges']:,} edges)")
     plotted(plot)
 
 
@@ -294,7 +290,7 @@ def _median_step(hist: list[dict[str, float]]) -> float:
     return float(np.median([h["step_s"] for h in hist[1:]] or [hist[0]["step_s"]]))
 
 
-@run.command("als")
+@run.command("gradient-mf")
 @opt.ratings
 @opt.placement("steps", "the users", "the ratings", " (the CPU and the GPU from the same "
                "start, and their per-step times compared)")
@@ -306,42 +302,43 @@ def _median_step(hist: list[dict[str, float]]) -> float:
 @opt.seed
 @opt.out_dir("Folder for <device>-factors.npz and history.json.")
 @opt.plot("test RMSE against the step")
-def run_als(ratings: str, device: str, parts: int | None, n_workers: int | None,
+def run_gradient_mf(ratings: str, device: str, parts: int | None, n_workers: int | None,
             address: str | None, k: int, iters: int, lr: float, reg: float,
             test_fraction: float, seed: int, out_dir: str, plot: str | None) -> None:
-    """Matrix factorisation of a ratings file by SDDMM + SpMM gradient steps.
+    """Matrix factorisation of a ratings file by full-batch gradient steps of SDDMM + SpMM.
 
-    Every step computes the predictions at the training ratings (mgpu.sddmm) and the two
+    mgpu.models.GradientMF: every step computes the predictions at the training ratings (mgpu.sddmm) and the two
     gradients (mgpu.spmm of the residual with V, of its transpose with U); the step's time and
     the test RMSE are reported, per device. On a cluster (the default) each worker keeps its
     users' ratings and rows of U, and only V moves.
     """
+    from mgpu.bench.plots import plot_mf_history
     from mgpu.distributed import connect
+    from mgpu.mf import split_ratings
+    from mgpu.models import GradientMF
 
-    als = _workflows()[0]
     R = load_ratings(ratings).matrix
-    train, test = als.split(R, test_fraction, seed)
+    train, test = split_ratings(R, test_fraction, seed)
     devices = _devices(device, parts, n_workers, address)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     click.echo(f"{Path(ratings).name}: {R.shape[0]:,} users x {R.shape[1]:,} items, "
                f"{train.nnz:,} training and {test.nnz:,} test ratings; k={k}, {iters} steps")
-    kw = dict(k=k, reg=reg, lr=lr, iters=iters, seed=seed)
 
     def fit(dev: str, data: tuple[Any, ...], progress: Callable[..., None]) -> Any:
+        model = GradientMF(k, reg=reg, lr=lr, iters=iters, seed=seed)
         try:
             if dev != "cluster":
-                model = als.train(*data, progress=progress, **kw)
+                model.fit(*data, progress=progress)
             else:
                 with connect(address, n_workers=n_workers) as client:
                     click.echo(f"cluster: {describe(client)}")
-                    model = als.train_distributed(*data, parts=parts, client=client,
-                                                  progress=progress, **kw)
+                    model.fit(*data, parts=parts, client=client, progress=progress)
         except FloatingPointError as exc:  # diverged: nothing of this run is written
             raise click.ClickException(f"{dev}: {exc}") from None
-        hist = model.history
-        U, V = _host(model.U, model.V)
-        save_npz(out / f"{dev}-factors.npz", U=U, V=V, mean=model.mean)
+        hist = model.history_
+        U, V = _host(model.U_, model.V_)
+        save_npz(out / f"{dev}-factors.npz", U=U, V=V, mean=model.mean_)
         click.echo(f"{dev}: test RMSE {hist[-1]['test_rmse']:.4f} after {iters} steps "
                    f"(best {min(h['test_rmse'] for h in hist):.4f}); SDDMM + SpMM step median "
                    f"{_median_step(hist) * 1e3:.2f} ms")
@@ -349,14 +346,21 @@ def run_als(ratings: str, device: str, parts: int | None, n_workers: int | None,
 
     models = _on_devices(devices, (train, test), iters, "step",
                          lambda rec: {"test_rmse": f"{rec['test_rmse']:.4f}"}, fit)
-    histories = {dev: m.history for dev, m in models.items()}
+    histories = {dev: m.history_ for dev, m in models.items()}
     if len(histories) == 2:
         med = {d: _median_step(hist) for d, hist in histories.items()}
         click.echo(f"GPU step {med['cpu'] / med['gpu']:.1f}x faster than the CPU backend")
     replace_json(out / "history.json", histories)
     if plot is not None:
-        als.plot(histories, plot, f"SDDMM + SpMM matrix factorisation, {Path(ratings).name}")
+        plot_mf_history(histories, plot, f"SDDMM + SpMM matrix factorisation, {Path(ratings).name}")
     plotted(plot)
+
+
+# The command's name until it was named for what it does (it is not alternating least squares).
+_als = copy.copy(run_gradient_mf)
+_als.hidden, _als.deprecated = True, True
+_als.help = "Renamed: mgpu run gradient-mf."
+run.add_command(_als, "als")
 
 
 @run.command("gap")
@@ -383,9 +387,10 @@ def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
     an SDDMM (the Poisson rates at the nonzero counts) followed by an SpMM; on a cluster the
     documents stay on the workers and only the topics move.
     """
+    from mgpu.bench.plots import plot_gap_history
     from mgpu.distributed import connect
+    from mgpu.models import GaP
 
-    gap = _workflows()[1]
     S = load_matrix(corpus).tocsr()
     words = read_words(vocab) if vocab is not None else None
     devices = _devices(device, parts, n_workers, address)
@@ -393,31 +398,31 @@ def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
     out.mkdir(parents=True, exist_ok=True)
     click.echo(f"{Path(corpus).name}: {S.shape[0]:,} documents x {S.shape[1]:,} words, "
                f"{S.nnz:,} nonzero counts; {topics} topics, {iters} iterations")
-    kw = dict(iters=iters, alpha=alpha, beta=beta, seed=seed)
 
     def fit(dev: str, data: tuple[Any, ...], progress: Callable[..., None]) -> Any:
+        model = GaP(topics, iters=iters, alpha=alpha, beta=beta, seed=seed)
         if dev != "cluster":
-            model = gap.fit(*data, topics, progress=progress, **kw)
+            model.fit(*data, progress=progress)
         else:
             with connect(address, n_workers=n_workers) as client:
                 click.echo(f"cluster: {describe(client)}")
-                model = gap.fit_distributed(*data, topics, parts=parts, client=client,
-                                            progress=progress, **kw)
-                click.echo(tile_placement(client, model.tiles))
-        X, L = _host(model.X, model.L)
+                model.fit(*data, parts=parts, client=client, progress=progress)
+                click.echo(tile_placement(client, model.tiles_))
+        X, L = _host(model.X_, model.L_)
         save_npz(out / f"{dev}-topics.npz", X=X, L=L)
-        click.echo(f"{dev}: log-likelihood per token {model.history[-1]['loglik_per_token']:.4f}"
-                   f"; iteration median {_median_step(model.history) * 1e3:.2f} ms")
+        click.echo(f"{dev}: log-likelihood per token "
+                   f"{model.history_[-1]['loglik_per_token']:.4f}"
+                   f"; iteration median {_median_step(model.history_) * 1e3:.2f} ms")
         return model
 
     models = _on_devices(devices, (S,), iters, "iter",
                          lambda rec: {"loglik": f"{rec['loglik_per_token']:.4f}"}, fit)
-    listing = {dev: gap.top_words(m.L, words) for dev, m in models.items()}
+    listing = {dev: m.top_words(words) for dev, m in models.items()}
     for t, ws in enumerate(listing[devices[0]][:10]):
         click.echo(f"  topic {t:2d}: {' '.join(ws)}")
-    histories = {dev: m.history for dev, m in models.items()}
+    histories = {dev: m.history_ for dev, m in models.items()}
     replace_json(out / "history.json", histories)
     replace_json(out / "topics.json", listing)
     if plot is not None:
-        gap.plot(histories, plot, f"GaP topic model, {Path(corpus).name}")
+        plot_gap_history(histories, plot, f"GaP topic model, {Path(corpus).name}")
     plotted(plot)

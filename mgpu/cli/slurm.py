@@ -12,9 +12,10 @@ from mgpu.cli.run import run
 
 def cluster_jobs(group: click.Group = run) -> tuple[str, ...]:
     """The ``mgpu run`` jobs a batch script can run: those that take ``--address`` (the
-    script passes its own scheduler), read from the commands themselves."""
-    return tuple(sorted(name for name, cmd in group.commands.items()
-                        if any(p.name == "address" for p in cmd.params)))
+    script passes its own scheduler), read from the commands themselves (hidden ones, old
+    names kept for a while, left out)."""
+    return tuple(sorted(name for name, cmd in group.commands.items() if not cmd.hidden
+                        and any(p.name == "address" for p in cmd.params)))
 
 
 @click.group(cls=Group)
