@@ -25,13 +25,13 @@ import cupyx.scipy.sparse as csp
 import numpy as np
 from dask.utils import format_bytes
 
-from mgpu.backends import distances_lookup, knn_lookup, knn_prepare_lookup
+from mgpu.backends.dispatch import distances_lookup, knn_lookup, knn_prepare_lookup
 from mgpu.backends.cupy import current_facts, row_reduce_csr_kernel
 from mgpu.backends.instances import KNN_GROUPS
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import DeviceMemoryError, require_gpu
 from mgpu.backends.numpy import ROW_SUM
-from mgpu.ops._validate import first_nonfinite
+from mgpu.backends.finite import first_nonfinite
 
 logger = logging.getLogger(__name__)
 

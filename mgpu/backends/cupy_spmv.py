@@ -12,7 +12,7 @@ import cupy
 import cupyx.scipy.sparse as csp
 import numpy as np
 
-from mgpu.backends import spmv_lookup
+from mgpu.backends.dispatch import spmv_lookup
 from mgpu.backends.cupy import FLOATS, current_facts
 from mgpu.backends.instances import INSTANCES, SPMM_ITEMS, SPMV_ITEMS
 from mgpu.backends.loader import c_type, get_function

@@ -5,7 +5,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import jaccard_lookup, namm_lookup, row_norms_lookup, sddmm_lookup
+from mgpu.backends.dispatch import jaccard_lookup, namm_lookup, row_norms_lookup, sddmm_lookup
 
 # Reductions of a row, shared with the GPU kernel's OP template argument (kernels/rows.cu).
 ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX = 0, 1, 2, 3

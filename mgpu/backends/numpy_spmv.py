@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import spmv_lookup
+from mgpu.backends.dispatch import spmv_lookup
 from mgpu.backends.numpy import narrow
 from mgpu.backends.spmv_plan import SpMVPlan
 

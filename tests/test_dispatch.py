@@ -1,0 +1,94 @@
+"""The backends layer: one dispatch table per primitive, its modules importing neither the
+package itself (no cycle) nor anything above it (no upward import)."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import mgpu.backends
+from mgpu.backends import dispatch
+
+BACKENDS = Path(mgpu.backends.__file__).parent
+# the layers above the backends (DESIGN.md): a backend imports none of them
+ABOVE = ("mgpu.ops", "mgpu.distributed", "mgpu.mf", "mgpu.sched", "mgpu.models", "mgpu.cli",
+         "mgpu.bench", "mgpu.partition", "mgpu.io", "mgpu.deploy", "mgpu.synthetic")
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module a file imports, at any depth of its code: ``from a import b`` as ``a``,
+    or as ``mgpu.b`` for the top package (``from mgpu import config``)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module in ("mgpu", "mgpu.backends"):
+            names += [f"{node.module}.{a.name}" for a in node.names]  # a module, or a name
+            names += [node.module] if node.module == "mgpu.backends" else []
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(BACKENDS.glob("*.py")), ids=lambda p: p.name)
+def test_backend_modules_import_neither_the_package_nor_the_layers_above(path):
+    for name in _imports(path):
+        assert name != "mgpu.backends" or path.name == "__init__.py", \
+            f"{path.name} imports the package mgpu.backends (a cycle with its __init__)"
+        assert not name.startswith(ABOVE), f"{path.name} imports {name} from a layer above"
+
+
+def test_dispatch_holds_only_the_tables():
+    tables = {n for n, v in vars(dispatch).items() if isinstance(v, type(dispatch.knn_lookup))}
+    assert tables == {n for n in dispatch.__all__ if n.endswith("_lookup")}
+    for name in tables:  # the package re-exports every table
+        assert getattr(mgpu.backends, name) is getattr(dispatch, name)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in dispatch.__all__ if n.endswith("_lookup")))
+def test_every_table_has_a_host_side(name):
+    lookup = getattr(dispatch, name)
+    if name == "sgd_lookup":
+        import mgpu.mf.sgd  # noqa: F401  (the CPU block kernel registers itself)
+    host = (np.ndarray, sp.csr_matrix)
+    assert any(_has(lookup, t) for t in host), f"{name} has no numpy/scipy implementation"
+
+
+def _has(lookup, typ) -> bool:
+    try:
+        lookup.dispatch(typ)
+    except TypeError:
+        return False
+    return True
+
+
+def test_the_backends_import_without_a_cycle_from_any_entry():
+    # each host backend module imported first into a clean slate: a cycle shows as an
+    # ImportError (a name asked of a module still half imported)
+    first = [p.stem for p in sorted(BACKENDS.glob("*.py"))
+             if p.stem != "__init__" and "\nimport cupy" not in p.read_text()]
+    code = (
+        "import sys, importlib\n"
+        f"for name in {first!r}:\n"
+        "    for m in [m for m in sys.modules if m == 'mgpu' or m.startswith('mgpu.')]:\n"
+        "        del sys.modules[m]\n"
+        "    importlib.import_module('mgpu.backends.' + name)\n"
+        "    import mgpu\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert {"dispatch", "finite", "numpy", "register"} <= set(first)
+
+
+def test_is_gpu_array_and_array_module_on_host_data():
+    assert not mgpu.backends.is_gpu_array(np.zeros(2))
+    assert not mgpu.backends.is_gpu_array(sp.identity(2, format="csr"))
+    assert mgpu.backends.array_module(np.zeros(2)) is np
+    assert mgpu.backends.array_module(sp.identity(2, format="csr")) is np
