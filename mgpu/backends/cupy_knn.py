@@ -25,13 +25,14 @@ import cupyx.scipy.sparse as csp
 import numpy as np
 from dask.utils import format_bytes
 
-from mgpu.backends.dispatch import distances_lookup, knn_lookup, knn_prepare_lookup
 from mgpu.backends.cupy import current_facts, row_reduce_csr_kernel
+from mgpu.backends.dispatch import distances_lookup, knn_lookup, knn_prepare_lookup
+from mgpu.backends.finite import first_nonfinite
 from mgpu.backends.instances import KNN_GROUPS
+from mgpu.backends.knn_codes import KNN_CODES, KnnOp
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import DeviceMemoryError, require_gpu
 from mgpu.backends.numpy import ROW_SUM
-from mgpu.backends.finite import first_nonfinite
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +42,7 @@ _FUSED_KMAX = (16, 128)  # list lengths the fused kernel is built with
 _LANES_PER_WARP = 32
 _TILE_K = 1 << 30  # a k that no fused list holds: the key-tile form
 
-# kernels/knn.cu's KnnOp and KnnFinish
-OP_DOT, OP_KL, OP_L1, OP_LP, OP_CANBERRA, OP_HAMMING, OP_JS, OP_LINF = range(8)
-(FIN_EUCLIDEAN, FIN_SQEUCLIDEAN, FIN_COSINE, FIN_CORRELATION, FIN_INNER, FIN_DICE, FIN_JACCARD,
- FIN_RUSSELLRAO, FIN_HELLINGER, FIN_KL, FIN_L1, FIN_LP, FIN_CANBERRA, FIN_HAMMING, FIN_JS,
- FIN_LINF) = range(16)
+OP_DOT, OP_LINF = int(KnnOp.DOT), int(KnnOp.LINF)  # the operations with a path of their own
 
 Stats = Callable[[csp.csr_matrix, float], tuple[Any, Any]]
 
@@ -118,23 +115,34 @@ class Form:
     normalise: bool = False  # rows scaled to sum 1 first (Jensen-Shannon)
 
 
+def _form(metric: str, *args: Any, **kwargs: Any) -> Form:
+    """The Form of ``metric`` with its codes from :data:`mgpu.backends.knn_codes.KNN_CODES`."""
+    op, fin = KNN_CODES[metric]
+    return Form(int(op), int(fin), *args, **kwargs)
+
+
+def _union(metric: str, **kwargs: Any) -> Form:
+    """A NAMM sum: the query's constant Σ t(q, 0) is its statistic."""
+    return _form(metric, q_stats=_union_base(int(KNN_CODES[metric][0])), **kwargs)
+
+
 FORMS: dict[str, Form] = {
-    "euclidean": Form(OP_DOT, FIN_EUCLIDEAN, x_stats=_sq, q_stats=_sq),
-    "sqeuclidean": Form(OP_DOT, FIN_SQEUCLIDEAN, x_stats=_sq, q_stats=_sq),
-    "cosine": Form(OP_DOT, FIN_COSINE, x_stats=_norm, q_stats=_norm),
-    "correlation": Form(OP_DOT, FIN_CORRELATION, x_stats=_centred, q_stats=_centred),
-    "inner_product": Form(OP_DOT, FIN_INNER),
-    "dice": Form(OP_DOT, FIN_DICE, _pattern, _pattern, _count, _count),
-    "jaccard": Form(OP_DOT, FIN_JACCARD, _pattern, _pattern, _count, _count),
-    "russellrao": Form(OP_DOT, FIN_RUSSELLRAO, _pattern, _pattern),
-    "hellinger": Form(OP_DOT, FIN_HELLINGER, cupy.sqrt, cupy.sqrt),
-    "kl_divergence": Form(OP_KL, FIN_KL, x_values=cupy.log, q_stats=_xlogx),
-    "manhattan": Form(OP_L1, FIN_L1, q_stats=_union_base(OP_L1)),
-    "minkowski": Form(OP_LP, FIN_LP, q_stats=_union_base(OP_LP)),
-    "canberra": Form(OP_CANBERRA, FIN_CANBERRA, q_stats=_union_base(OP_CANBERRA)),
-    "hamming": Form(OP_HAMMING, FIN_HAMMING, q_stats=_union_base(OP_HAMMING)),
-    "jensenshannon": Form(OP_JS, FIN_JS, q_stats=_union_base(OP_JS), normalise=True),
-    "chebyshev": Form(OP_LINF, FIN_LINF),
+    "euclidean": _form("euclidean", x_stats=_sq, q_stats=_sq),
+    "sqeuclidean": _form("sqeuclidean", x_stats=_sq, q_stats=_sq),
+    "cosine": _form("cosine", x_stats=_norm, q_stats=_norm),
+    "correlation": _form("correlation", x_stats=_centred, q_stats=_centred),
+    "inner_product": _form("inner_product"),
+    "dice": _form("dice", _pattern, _pattern, _count, _count),
+    "jaccard": _form("jaccard", _pattern, _pattern, _count, _count),
+    "russellrao": _form("russellrao", _pattern, _pattern),
+    "hellinger": _form("hellinger", cupy.sqrt, cupy.sqrt),
+    "kl_divergence": _form("kl_divergence", x_values=cupy.log, q_stats=_xlogx),
+    "manhattan": _union("manhattan"),
+    "minkowski": _union("minkowski"),
+    "canberra": _union("canberra"),
+    "hamming": _union("hamming"),
+    "jensenshannon": _union("jensenshannon", normalise=True),
+    "chebyshev": _form("chebyshev"),
 }
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends.dispatch import jaccard_lookup, namm_lookup, row_norms_lookup, sddmm_lookup
+from mgpu.backends.knn_codes import KnnOp
 
 # Reductions of a row, shared with the GPU kernel's OP template argument (kernels/rows.cu).
 ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX = 0, 1, 2, 3
@@ -117,20 +118,23 @@ def _sddmm_sparse(S, A, B, hadamard: bool, plan=None):
 
 
 # ------------------------------------------------------------------ union (NAMM) distances
-# Operation codes as in mgpu.ops.distances: L1, L∞, Lp, Canberra, Hamming, Jensen-Shannon.
+# The union operations of kernels/knn.cu's KnnOp (mgpu.backends.knn_codes), as plain ints:
+# numba folds module-level ints into the compiled code as constants.
+_L1, _LINF, _LP = int(KnnOp.L1), int(KnnOp.LINF), int(KnnOp.LP)
+_CANBERRA, _HAMMING, _JS = int(KnnOp.CANBERRA), int(KnnOp.HAMMING), int(KnnOp.JS)
 
 
 @numba.njit(inline="always")
 def _namm_term(x, y, op, p):
     d = abs(x - y)
-    if op == 0 or op == 1:
+    if op == _L1 or op == _LINF:
         return d
-    if op == 2:
+    if op == _LP:
         return d ** p
-    if op == 3:
+    if op == _CANBERRA:
         s = abs(x) + abs(y)
         return d / s if s > 0 else 0.0
-    if op == 4:
+    if op == _HAMMING:
         return 1.0 if x != y else 0.0
     # Jensen-Shannon on normalised rows: x ln(2x/(x+y)) + y ln(2y/(x+y)), 0 ln 0 = 0
     m = x + y
@@ -161,15 +165,15 @@ def _namm_csr(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
                     i += 1
                     j += 1
                 t = _namm_term(x, y, op, p)
-                if op == 1:
+                if op == _LINF:
                     acc = max(acc, t)
                 else:
                     acc += t
-            if op == 2:
+            if op == _LP:
                 acc = acc ** (1.0 / p)
-            elif op == 4:
+            elif op == _HAMMING:
                 acc = acc / n_features if n_features > 0 else 0.0
-            elif op == 5:
+            elif op == _JS:
                 acc = np.sqrt(max(acc, 0.0) / 2.0)
             out[a, b] = acc
 
@@ -196,11 +200,11 @@ def _namm_dense_row(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
                 cross += _namm_term(x, yd[j], op, p)
                 covered += _namm_term(x, 0.0, op, p)
             acc = max(cross + (base - covered), 0.0)
-            if op == 2:
+            if op == _LP:
                 acc = acc ** (1.0 / p)
-            elif op == 4:
+            elif op == _HAMMING:
                 acc = acc / n_features if n_features > 0 else 0.0
-            elif op == 5:
+            elif op == _JS:
                 acc = np.sqrt(acc / 2.0)
             out[a, b] = acc
 
@@ -211,7 +215,7 @@ def _namm_sparse(X, Y, op: int, p: float) -> np.ndarray:
     out = np.empty((X.shape[0], Y.shape[0]), dtype=np.float64)
     # L∞ is a max, not a sum: it keeps the merge; the sums take the dense-row form unless
     # one dense row per query would be large (very wide, e.g. hashed, feature spaces)
-    kernel = _namm_csr if op == 1 or X.shape[1] > _DENSE_ROW_MAX else _namm_dense_row
+    kernel = _namm_csr if op == _LINF or X.shape[1] > _DENSE_ROW_MAX else _namm_dense_row
     kernel(X.indptr, X.indices, X.data, Y.indptr, Y.indices, Y.data, X.shape[1], op, float(p),
            out)
     return out

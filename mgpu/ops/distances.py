@@ -31,6 +31,7 @@ from mgpu.backends import (
     knn_prepare_lookup,
     namm_lookup,
 )
+from mgpu.backends.knn_codes import KNN_CODES
 from mgpu.backends.numpy import csr_dot_dense
 from mgpu.ops._validate import first_nonfinite, is_dask_array, is_sparse
 
@@ -47,16 +48,18 @@ class Semiring:
     nonnegative: bool = False  # refuses negative values
     positive_rows: bool = False  # refuses rows that sum to zero
     similarity: bool = False  # larger is nearer
-    namm_op: int = -1  # operation code of the union kernel (mgpu/backends/numpy.py)
     # What a kNN batch holds on the CPU at its peak, for the working-memory budget: arrays of
     # the batch's distances, and copies of the index (its values mapped, its CSC form), both
     # measured with tracemalloc (tests/test_memory.py checks the budget holds).
     batch_copies: float = 2.4
     index_copies: float = 1.25
 
+    @property
+    def namm_op(self) -> int:
+        """The operation code of the union kernels (kernels/knn.cu's KnnOp, the CPU's too)
+        for a NAMM metric, from :data:`mgpu.backends.knn_codes.KNN_CODES`; -1 otherwise."""
+        return int(KNN_CODES[self.name][0]) if self.kind == "namm" else -1
 
-# The NAMM operation codes shared with the union kernels.
-NAMM_L1, NAMM_LINF, NAMM_LP, NAMM_CANBERRA, NAMM_HAMMING, NAMM_JS = range(6)
 
 SEMIRINGS: dict[str, Semiring] = {s.name: s for s in (
     Semiring("euclidean", "expanded", ("l2",)),
@@ -70,13 +73,12 @@ SEMIRINGS: dict[str, Semiring] = {s.name: s for s in (
     Semiring("hellinger", "expanded", nonnegative=True, batch_copies=3.3),
     Semiring("kl_divergence", "expanded", ("kullback_leibler",), nonnegative=True,
              batch_copies=8.6),
-    Semiring("manhattan", "namm", ("l1", "cityblock"), namm_op=NAMM_L1),
-    Semiring("chebyshev", "namm", ("linf", "infinity"), namm_op=NAMM_LINF),
-    Semiring("minkowski", "namm", ("lp",), namm_op=NAMM_LP),
-    Semiring("canberra", "namm", namm_op=NAMM_CANBERRA),
-    Semiring("hamming", "namm", namm_op=NAMM_HAMMING),
-    Semiring("jensenshannon", "namm", ("jensen_shannon",), nonnegative=True, positive_rows=True,
-             namm_op=NAMM_JS),
+    Semiring("manhattan", "namm", ("l1", "cityblock")),
+    Semiring("chebyshev", "namm", ("linf", "infinity")),
+    Semiring("minkowski", "namm", ("lp",)),
+    Semiring("canberra", "namm"),
+    Semiring("hamming", "namm"),
+    Semiring("jensenshannon", "namm", ("jensen_shannon",), nonnegative=True, positive_rows=True),
 )}
 
 _ALIASES: dict[str, str] = {a: s.name for s in SEMIRINGS.values() for a in (s.name, *s.aliases)}
