@@ -16,6 +16,7 @@ MODULES = [
     "mgpu.distributed.collection",
     "mgpu.io",
     "mgpu.backends.sddmm_plan",
+    "mgpu.backends.numpy_knn",
     "mgpu.ops.distances",
     "mgpu.ops.neighbors",
     "mgpu.distributed.knn",

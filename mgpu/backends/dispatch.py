@@ -16,8 +16,10 @@ __all__ = [
     "distances_lookup",
     "is_gpu_array",
     "jaccard_lookup",
+    "knn_input_lookup",
     "knn_lookup",
     "knn_prepare_lookup",
+    "knn_prepared_lookup",
     "namm_lookup",
     "nonfinite_lookup",
     "row_norms_lookup",
@@ -34,6 +36,10 @@ namm_lookup = Dispatch("namm")  # union (merge) distances between the rows of tw
 knn_lookup = Dispatch("knn")  # (index, queries, k, ring, p, working_memory) -> (dist, ids)
 distances_lookup = Dispatch("distances")  # (X, Y, ring, p) -> dense distance matrix
 knn_prepare_lookup = Dispatch("knn_prepare")  # (tile, ring, p) -> an index ready for queries
+# (prepared index, checked host queries, k, ring, p, working_memory) -> (dist, ids)
+knn_prepared_lookup = Dispatch("knn_prepared")
+# (on, X) -> X as the kNN kernels of on's device take it (X's kind and shape checked)
+knn_input_lookup = Dispatch("knn_input")
 spmv_lookup = Dispatch("spmv")  # (A CSR, x 1-D or X 2-D dense) -> A @ x, merge path
 jaccard_lookup = Dispatch("jaccard")  # (G CSR, weighted) -> Jaccard weights on G's pattern
 # (users, items, ratings, P, Q, lr, reg_p, reg_q) -> None: one SGD pass, P and Q in place

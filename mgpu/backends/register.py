@@ -10,6 +10,7 @@ from dask.sizeof import sizeof
 import mgpu.backends.arrays  # noqa: F401  (the numpy side of array_module)
 import mgpu.backends.finite  # noqa: F401  (the host finite scan)
 import mgpu.backends.numpy  # noqa: F401  (row norms, SDDMM, NAMM, Jaccard)
+import mgpu.backends.numpy_knn  # noqa: F401  (kNN and distances)
 import mgpu.backends.numpy_spmv  # noqa: F401  (SpMV, SpMM)
 import mgpu.backends.dispatch as d
 
@@ -20,7 +21,8 @@ CUPY_MODULES: dict[str, tuple] = {
         d.all_finite_lookup, d.array_module_lookup,
     ),
     "mgpu.backends.cupy_knn": (
-        d.knn_lookup, d.distances_lookup, d.knn_prepare_lookup,
+        d.knn_lookup, d.distances_lookup, d.knn_prepare_lookup, d.knn_prepared_lookup,
+        d.knn_input_lookup,
     ),
     "mgpu.backends.cupy_spmv": (d.spmv_lookup,),
     "mgpu.backends.cupy_sgd": (d.sgd_lookup,),

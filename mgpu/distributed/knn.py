@@ -72,11 +72,11 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     if index.numblocks[1] != 1:
         raise ValueError("The 'index' parameter of knn must be cut into row tiles (from_scipy "
                          f"with axis=0). Got {index.numblocks[1]} column tiles.")
-    queries = dist._check_input(queries, "queries", "knn")
+    queries = dist.check_knn_input(queries, "queries", "knn")
     if queries.shape[1] != index.shape[1]:
         raise ValueError(f"The 'index' and 'queries' parameters of knn must have the same number "
                          f"of columns. Got {index.shape[1]} and {queries.shape[1]}.")
-    dist._check_values(queries, "queries", "knn", ring)
+    dist.check_knn_values(queries, "queries", "knn", ring)
     n = int(index.shape[0])
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
         raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array
 from mgpu.ops._validate import check_option
-from mgpu.ops.distances import _check_input, drop_self, knn, resolve_metric
+from mgpu.ops.distances import check_knn_input, drop_self, knn, resolve_metric
 
 __all__ = ["NearestNeighbors"]
 
@@ -60,8 +60,9 @@ class NearestNeighbors:
         """Keep X (checked and converted once) as the index."""
         resolve_metric(self.metric, self.p, func="NearestNeighbors")
         self._check_k(self.n_neighbors, "n_neighbors", None)
-        # CuPy data stays on its device as given: each kneighbors call checks it there
-        self._fit_X = X if is_gpu_array(X) else _check_input(X, "X", "NearestNeighbors.fit")
+        # CuPy data stays on its device as given (no checked copy held beside it): each
+        # kneighbors call checks it there
+        self._fit_X = X if is_gpu_array(X) else check_knn_input(X, "X", "NearestNeighbors.fit")
         self.n_samples_fit_, self.n_features_in_ = self._fit_X.shape
         return self
 
