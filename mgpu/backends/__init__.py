@@ -12,7 +12,15 @@ package itself; the names below are for the layers above.
 from __future__ import annotations
 
 import mgpu.backends.register  # noqa: F401  (fills the tables)
-from mgpu.backends.arrays import array_module, is_sparse, synchronize, to_host
+from mgpu.backends.arrays import (
+    array_module,
+    csr_astype,
+    is_sparse,
+    synchronize,
+    to_device,
+    to_host,
+    to_host_all,
+)
 from mgpu.backends.dispatch import (
     all_finite_lookup,
     array_module_lookup,
@@ -27,8 +35,12 @@ from mgpu.backends.dispatch import (
     nonfinite_lookup,
     row_norms_lookup,
     sddmm_lookup,
+    sddmm_plan_lookup,
     sgd_lookup,
+    spmv_flagged_lookup,
     spmv_lookup,
+    spmv_plan_lookup,
+    spmv_takes_as_is_lookup,
 )
 from mgpu.backends.finite import all_finite, first_nonfinite, place_of
 
@@ -37,6 +49,7 @@ __all__ = [
     "all_finite_lookup",
     "array_module",
     "array_module_lookup",
+    "csr_astype",
     "distances_lookup",
     "first_nonfinite",
     "is_gpu_array",
@@ -51,8 +64,14 @@ __all__ = [
     "place_of",
     "row_norms_lookup",
     "sddmm_lookup",
+    "sddmm_plan_lookup",
     "sgd_lookup",
+    "spmv_flagged_lookup",
     "spmv_lookup",
+    "spmv_plan_lookup",
+    "spmv_takes_as_is_lookup",
     "synchronize",
+    "to_device",
     "to_host",
+    "to_host_all",
 ]

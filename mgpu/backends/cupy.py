@@ -22,6 +22,7 @@ from mgpu.backends.dispatch import (
     nonfinite_lookup,
     row_norms_lookup,
     sddmm_lookup,
+    sddmm_plan_lookup,
 )
 from mgpu.backends.instances import INSTANCES
 from mgpu.backends.loader import c_type, get_function
@@ -425,6 +426,13 @@ def plan_sddmm(S: csp.csr_matrix, K: int, dtype: Any, *, reuse: bool,
         smem_bytes=facts.smem_bytes, timings_ms=timings, layout=layout,
         pattern=pattern_key(S),
     )
+
+
+@sddmm_plan_lookup.register(csp.spmatrix)
+def _plan_sddmm(S: csp.csr_matrix, K: int, dtype: np.dtype, scheme: str | None = None
+                ) -> SDDMMPlan:
+    """:func:`mgpu.sddmm_plan` on the GPU: tuned, with the tiled layout kept."""
+    return plan_sddmm(S, int(K), dtype, reuse=True, force=scheme)
 
 
 def product_bytes(S: csp.csr_matrix, dtype: Any) -> int:

@@ -24,14 +24,20 @@ __all__ = [
     "nonfinite_lookup",
     "row_norms_lookup",
     "sddmm_lookup",
+    "sddmm_plan_lookup",
     "sgd_lookup",
+    "spmv_flagged_lookup",
     "spmv_lookup",
+    "spmv_plan_lookup",
+    "spmv_takes_as_is_lookup",
 ]
 
 # (X, op) -> per-row reduction in X's float dtype
 row_norms_lookup = Dispatch("row_norms")
 # (S CSR, A, B, hadamard, plan) -> S ∘ (A Bᵀ) on S's pattern
 sddmm_lookup = Dispatch("sddmm")
+# (S CSR, K, dtype, scheme) -> the SDDMMPlan of S on its device
+sddmm_plan_lookup = Dispatch("sddmm_plan")
 namm_lookup = Dispatch("namm")  # union (merge) distances between the rows of two CSR matrices
 knn_lookup = Dispatch("knn")  # (index, queries, k, ring, p, working_memory) -> (dist, ids)
 distances_lookup = Dispatch("distances")  # (X, Y, ring, p) -> dense distance matrix
@@ -40,7 +46,15 @@ knn_prepare_lookup = Dispatch("knn_prepare")  # (tile, ring, p) -> an index read
 knn_prepared_lookup = Dispatch("knn_prepared")
 # (on, X) -> X as the kNN kernels of on's device take it (X's kind and shape checked)
 knn_input_lookup = Dispatch("knn_input")
-spmv_lookup = Dispatch("spmv")  # (A CSR, x 1-D or X 2-D dense) -> A @ x, merge path
+# (A CSR, x 1-D or X 2-D dense, plan=None) -> A @ x, merge path (with the plan's cuts)
+spmv_lookup = Dispatch("spmv")
+spmv_plan_lookup = Dispatch("spmv_plan")  # (A CSR) -> SpMVPlan of A on its device
+# (A, x, ndim) -> whether A and x go to the kernels as they are, with no conversion and no
+# check but of their values (False wherever the full checks run first)
+spmv_takes_as_is_lookup = Dispatch("spmv_takes_as_is")
+# (A CSR, x, plan) -> (A @ x, the device flag of NaN/inf or None): the product that checks
+# its operands as it reads them (the GPU's)
+spmv_flagged_lookup = Dispatch("spmv_flagged")
 jaccard_lookup = Dispatch("jaccard")  # (G CSR, weighted) -> Jaccard weights on G's pattern
 # (users, items, ratings, P, Q, lr, reg_p, reg_q) -> None: one SGD pass, P and Q in place
 sgd_lookup = Dispatch("sgd")

@@ -5,8 +5,15 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends.dispatch import jaccard_lookup, namm_lookup, row_norms_lookup, sddmm_lookup
+from mgpu.backends.dispatch import (
+    jaccard_lookup,
+    namm_lookup,
+    row_norms_lookup,
+    sddmm_lookup,
+    sddmm_plan_lookup,
+)
 from mgpu.backends.knn_codes import KnnOp
+from mgpu.backends.sddmm_plan import SDDMMPlan, pattern_key
 
 # Reductions of a row, shared with the GPU kernel's OP template argument (kernels/rows.cu).
 ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX = 0, 1, 2, 3
@@ -115,6 +122,16 @@ def sddmm_csr(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, hadamard: bool) ->
 @sddmm_lookup.register((sp.spmatrix, sp.sparray))
 def _sddmm_sparse(S, A, B, hadamard: bool, plan=None):
     return sddmm_csr(S, A, B, hadamard)
+
+
+@sddmm_plan_lookup.register((sp.spmatrix, sp.sparray))
+def _plan_sddmm(S, K: int, dtype: np.dtype, scheme: str | None = None) -> SDDMMPlan:
+    """The CPU plan: one kernel, nothing tuned or tiled; S's pattern for the plan's check."""
+    if scheme is not None:
+        raise ValueError("The 'scheme' parameter of sddmm_plan applies to GPU input only.")
+    return SDDMMPlan(scheme="cpu", device="cpu", shape=tuple(S.shape), nnz=int(S.nnz),
+                     K=int(K), dtype=dtype.name, Tj=S.shape[1], Tk=int(K), ti=0, lanes=1,
+                     vector=1, n_panels=1, l2_bytes=0, smem_bytes=0, pattern=pattern_key(S))
 
 
 # ------------------------------------------------------------------ union (NAMM) distances

@@ -11,20 +11,22 @@ import mgpu.backends.arrays  # noqa: F401  (the numpy side of array_module)
 import mgpu.backends.finite  # noqa: F401  (the host finite scan)
 import mgpu.backends.numpy  # noqa: F401  (row norms, SDDMM, NAMM, Jaccard)
 import mgpu.backends.numpy_knn  # noqa: F401  (kNN and distances)
-import mgpu.backends.numpy_spmv  # noqa: F401  (SpMV, SpMM)
+import mgpu.backends.numpy_spmv  # noqa: F401  (SpMV, SpMM, their plans)
 import mgpu.backends.dispatch as d
 
 # The module that registers the CuPy side of each table.
 CUPY_MODULES: dict[str, tuple] = {
     "mgpu.backends.cupy": (
-        d.row_norms_lookup, d.sddmm_lookup, d.jaccard_lookup, d.nonfinite_lookup,
-        d.all_finite_lookup, d.array_module_lookup,
+        d.row_norms_lookup, d.sddmm_lookup, d.sddmm_plan_lookup, d.jaccard_lookup,
+        d.nonfinite_lookup, d.all_finite_lookup, d.array_module_lookup,
     ),
     "mgpu.backends.cupy_knn": (
         d.knn_lookup, d.distances_lookup, d.knn_prepare_lookup, d.knn_prepared_lookup,
         d.knn_input_lookup,
     ),
-    "mgpu.backends.cupy_spmv": (d.spmv_lookup,),
+    "mgpu.backends.cupy_spmv": (
+        d.spmv_lookup, d.spmv_plan_lookup, d.spmv_takes_as_is_lookup, d.spmv_flagged_lookup,
+    ),
     "mgpu.backends.cupy_sgd": (d.sgd_lookup,),
 }
 

@@ -38,7 +38,7 @@ from mgpu.backends import (
 from mgpu.backends.knn_codes import KNN_CODES
 # The CPU computation lives in the backends layer; these names are part of this module's API.
 from mgpu.backends.numpy_knn import knn_checked, top_k, working_memory_for, working_memory_rows
-from mgpu.backends.numpy_knn import nbytes as _nbytes
+from mgpu.backends.numpy_knn import nbytes as _nbytes  # noqa: F401  (the tests size with it)
 from mgpu.ops._validate import is_dask_array
 
 __all__ = ["SEMIRINGS", "Semiring", "check_knn_input", "check_knn_pair", "check_knn_values",
