@@ -2,6 +2,7 @@
 CuPy data is there."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -9,8 +10,8 @@ import scipy.sparse as sp
 
 from mgpu.backends.dispatch import array_module_lookup, is_gpu_array
 
-__all__ = ["array_module", "csr_astype", "is_sparse", "synchronize", "to_device", "to_host",
-           "to_host_all"]
+__all__ = ["array_module", "csr_astype", "csr_with_values", "is_sparse", "on_device_of",
+           "sparse_module", "synchronize", "to_device", "to_host", "to_host_all"]
 
 
 def to_host(x: object):
@@ -31,6 +32,16 @@ def to_device(x: Any) -> Any:
     return cupy.asarray(x)
 
 
+def on_device_of(x: Any, like: Any, to_gpu: Callable[[Any], Any] | None = None) -> Any:
+    """x on the device of ``like``: as it is when it is there already, else copied to the
+    host (:func:`to_host`) or to the GPU (``to_gpu``, by default :func:`to_device`)."""
+    if is_gpu_array(x) == is_gpu_array(like):
+        return x
+    if is_gpu_array(like):
+        return (to_gpu or to_device)(x)
+    return to_host(x)
+
+
 def to_host_all(values: list[Any]) -> list[Any]:
     """Several results (flags, 0-d arrays) as host values, with one device round trip for all
     when any is on the GPU."""
@@ -39,6 +50,26 @@ def to_host_all(values: list[Any]) -> list[Any]:
 
         return cupy.stack([cupy.asarray(v) for v in values]).get().tolist()
     return list(values)
+
+
+def sparse_module(x: Any) -> Any:
+    """scipy.sparse for host data, cupyx.scipy.sparse for CuPy data."""
+    if is_gpu_array(x):
+        import cupyx.scipy.sparse as csp
+
+        return csp
+    return sp
+
+
+def csr_with_values(S: Any, values: Any) -> Any:
+    """A CSR matrix of S's pattern, with its own copies of S's index arrays, holding
+    ``values`` (on the GPU without reading S's row pointers back: see
+    :func:`mgpu.backends.cupy.with_values`)."""
+    if is_gpu_array(S):
+        from mgpu.backends.cupy import with_values
+
+        return with_values(S, values)
+    return sp.csr_matrix((values, S.indices.copy(), S.indptr.copy()), shape=S.shape)
 
 
 def csr_astype(S: Any, dtype: Any) -> Any:

@@ -341,6 +341,8 @@ def _jaccard_sparse(G, weighted: bool, r0: int, r1: int) -> np.ndarray:
     """Jaccard weights of the edges of rows r0..r1 of a checked graph (canonical CSR, no
     self-loops, symmetric), in the order of G's nonzeros; float64."""
     out = np.empty(int(G.indptr[r1] - G.indptr[r0]), dtype=np.float64)
+    if r1 <= r0:
+        return out  # no rows (a graph without nodes): no kernel call
     data = G.data.astype(np.float64, copy=False)
     _jaccard_rows(G.indptr, G.indices, data, r0, r1, weighted, out)
     return out

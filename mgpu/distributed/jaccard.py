@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import is_gpu_array, jaccard_lookup, to_host
+from mgpu.backends import is_gpu_array, jaccard_lookup, to_device, to_host
 from mgpu.distributed.cluster import completed, current_client
 from mgpu.distributed.collection import device_copy, place_as
 from mgpu.ops.jaccard import check_graph, jaccard_local
@@ -29,9 +29,7 @@ def _graph_here(G: sp.csr_matrix, gpu: bool) -> Any:
     """G on this worker's GPU (copied once per graph object) for GPU workers, else G."""
     if not gpu:
         return G
-    import cupyx.scipy.sparse as csp
-
-    return device_copy(G, csp.csr_matrix)
+    return device_copy(G, to_device)
 
 
 def _rows_block(G: sp.csr_matrix, weighted: bool, r0: int, r1: int, gpu: bool) -> np.ndarray:
@@ -94,7 +92,7 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
                               or parts < 1):
         raise ValueError(f"The 'parts' parameter of jaccard must be an int >= 1. Got {parts!r} "
                          "instead.")
-    if parts is not None and is_gpu_array(G):
+    if parts is not None and is_gpu_array(G):  # a refusal: parts=N spreads a host graph
         raise TypeError("The 'G' parameter of jaccard is on the GPU: parts=N spreads a scipy "
                         "graph over the cluster's workers; call without parts to run on this "
                         "GPU.")

@@ -90,7 +90,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     offsets = np.concatenate([[0], np.cumsum(index.chunks[0])[:-1]]).astype(np.int64)
     # settings are read here, once: tasks get values, never the workers' own config
     working_memory = config.get_bytes("knn.working-memory", working_memory)
-    if is_gpu_array(index._meta):
+    if is_gpu_array(index._meta):  # the tiles' device sizes the tasks, as below it places them
         # a GPU tile keeps k candidates per query, never a row of distances, and cuts its
         # task into batches within the budget itself
         step = int(config.get("knn.gpu-task-queries"))
@@ -107,7 +107,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     # tile is made again elsewhere and its work follows it, where a pin would wait for the
     # lost worker until mgpu.dist.stall-timeout. A prepared GPU tile belongs to its device
     # and stays pinned there (moving it has not been tried on GPUs).
-    gpu_tiles = is_gpu_array(index._meta)
+    gpu_tiles = is_gpu_array(index._meta)  # GPU tasks ask for a GPU (task_placement)
     prepared = []
     for t, o, rows in zip(tiles, offsets, index.chunks[0]):
         if rows:

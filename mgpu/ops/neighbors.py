@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import is_gpu_array
+from mgpu.backends import array_module, is_gpu_array, sparse_module
 from mgpu.ops._validate import check_option
 from mgpu.ops.distances import check_knn_input, drop_self, knn, resolve_metric
 
@@ -105,13 +105,8 @@ class NearestNeighbors:
         check_option("mode", "kneighbors_graph", mode, ("connectivity", "distance"))
         dist, ind = self.kneighbors(X, n_neighbors, return_distance=True)
         n_q, k = ind.shape
-        if is_gpu_array(ind):
-            import cupy as xp
-            from cupyx.scipy.sparse import csr_matrix
-
-            id_type = xp.int32  # cupyx CSR indices are 32-bit
-        else:
-            xp, csr_matrix, id_type = np, sp.csr_matrix, np.int64
+        xp, csr_matrix = array_module(ind), sparse_module(ind).csr_matrix
+        id_type = np.int64 if xp is np else xp.int32  # cupyx CSR indices are 32-bit
         data = xp.ones(n_q * k, dtype=dist.dtype) if mode == "connectivity" else dist.ravel()
         return csr_matrix((data, ind.ravel().astype(id_type),
                            xp.arange(0, n_q * k + 1, k, dtype=id_type)),
