@@ -31,6 +31,7 @@ def is_dask_array(x: Any) -> bool:
 
 def check_matrix(x: Any, name: str, func: str) -> None:
     """Refuse anything that is not a 2-D numpy/cupy array or scipy/cupyx sparse matrix."""
+    # is_gpu_array: CuPy data is one of the kinds taken (not a choice of device)
     ok = isinstance(x, np.ndarray) or sp.issparse(x) or is_gpu_array(x) or is_dask_array(x)
     if not ok:
         raise TypeError(
