@@ -3,6 +3,7 @@ package itself (no cycle) nor anything above it (no upward import)."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+import mgpu
 import mgpu.backends
 from mgpu.backends import dispatch
 
@@ -98,3 +100,70 @@ def test_is_gpu_array_and_array_module_on_host_data():
     assert not mgpu.backends.is_gpu_array(sp.identity(2, format="csr"))
     assert mgpu.backends.array_module(np.zeros(2)) is np
     assert mgpu.backends.array_module(sp.identity(2, format="csr")) is np
+
+
+# ------------------------------------------------ the options of the public ops, refused
+# Every option of every public op, given a bad value, is refused before any work, in one
+# sentence: "The '<param>' parameter of <func> must be <constraint>. Got <value> instead."
+# (sddmm_plan's K says "Got 0." without "instead", as its tests assert.) The options are
+# checked before the lookup, so CPU and GPU data get the same refusal.
+
+def _operands():
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((6, 4))
+    S = sp.random(6, 5, density=0.5, format="csr", random_state=rng)
+    G = sp.csr_matrix(np.ones((4, 4)) - np.eye(4))
+    return X, S, rng.standard_normal((6, 3)), rng.standard_normal((5, 3)), G
+
+
+def _nn(**kw):
+    import mgpu.ops
+
+    X = _operands()[0]
+    return mgpu.ops.NearestNeighbors(**kw).fit(X)
+
+
+_BAD = [  # (func, param, bad value, call with it, exception, how the message shows it)
+    *[("row_norms", "norm", v, lambda v: mgpu.row_norms(_operands()[0], norm=v), ValueError,
+       None) for v in ("l3", None, 2)],
+    *[("pairwise_distances", "metric", v,
+       lambda v: mgpu.pairwise_distances(_operands()[0], metric=v), ValueError, None)
+      for v in ("braycurtis", None, 3)],
+    *[("pairwise_distances", "p", v,
+       lambda v: mgpu.pairwise_distances(_operands()[0], metric="minkowski", p=v),
+       ValueError, None) for v in (0, -1.5, float("nan"), "2", True)],
+    *[("knn", "metric", v, lambda v: mgpu.knn(*_operands()[:1] * 2, 2, metric=v), ValueError,
+       None) for v in ("nope", None)],
+    *[("knn", "p", v, lambda v: mgpu.knn(*_operands()[:1] * 2, 2, metric="minkowski", p=v),
+       ValueError, None) for v in (0, float("nan"))],
+    *[("knn", "k", v, lambda v: mgpu.knn(*_operands()[:1] * 2, v), ValueError, None)
+      for v in (0, 7, 1.5, True, "3")],
+    *[("NearestNeighbors", "n_neighbors", v, lambda v: _nn(n_neighbors=v), ValueError, None)
+      for v in (0, "3", True)],
+    ("NearestNeighbors", "metric", "nope", lambda v: _nn(metric=v), ValueError, None),
+    ("NearestNeighbors", "p", 0, lambda v: _nn(p=v), ValueError, None),
+    ("kneighbors_graph", "mode", "weights", lambda v: _nn(n_neighbors=2).kneighbors_graph(
+        mode=v), ValueError, None),
+    *[("jaccard", "parts", v, lambda v: mgpu.jaccard(_operands()[4], parts=v), ValueError,
+       None) for v in (0, 1.5, True)],
+    ("sddmm", "device", "tpu", lambda v: mgpu.sddmm(*_operands()[1:4], device=v), ValueError,
+     None),
+    *[("sddmm_plan", "K", v, lambda v: mgpu.sddmm_plan(_operands()[1], v), ValueError, None)
+      for v in (0, 1.5, True)],
+    ("sddmm_plan", "scheme", "dense",
+     lambda v: mgpu.sddmm_plan(_operands()[1], 3, scheme=v), ValueError, None),
+    ("sddmm_plan", "dtype", "int8",
+     lambda v: mgpu.sddmm_plan(_operands()[1], 3, dtype=v), ValueError, "int8"),
+    ("spmv", "plan", "cut", lambda v: mgpu.spmv(_operands()[1], np.ones(5), plan=v),
+     TypeError, "str"),
+]
+
+
+@pytest.mark.parametrize(("func", "param", "bad", "call", "exc", "shown"), _BAD,
+                         ids=[f"{f}-{p}-{b!r}" for f, p, b, *_ in _BAD])
+def test_every_option_of_a_public_op_refuses_a_bad_value_by_name(func, param, bad, call, exc,
+                                                                   shown):
+    got = re.escape(repr(bad) if shown is None else shown)
+    with pytest.raises(exc, match=rf"^The '{param}' parameter of {func} must .+\. Got {got}"
+                                  rf"( instead)?\.$"):
+        call(bad)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ import scipy.sparse as sp
 from mgpu.backends import is_gpu_array, jaccard_lookup, to_device, to_host
 from mgpu.distributed.cluster import completed, current_client
 from mgpu.distributed.collection import device_copy, place_as
+from mgpu.ops._params import Interval, check_param
 from mgpu.ops.jaccard import check_graph, jaccard_local
 
 logger = logging.getLogger(__name__)
@@ -88,10 +90,8 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
     >>> jaccard(tri).toarray()[0].round(3).tolist()
     [0.0, 0.333, 0.333]
     """
-    if parts is not None and (isinstance(parts, bool) or not isinstance(parts, (int, np.integer))
-                              or parts < 1):
-        raise ValueError(f"The 'parts' parameter of jaccard must be an int >= 1. Got {parts!r} "
-                         "instead.")
+    if parts is not None:
+        check_param(parts, "parts", "jaccard", Interval(Integral, 1, None))
     if parts is not None and is_gpu_array(G):  # a refusal: parts=N spreads a host graph
         raise TypeError("The 'G' parameter of jaccard is on the GPU: parts=N spreads a scipy "
                         "graph over the cluster's workers; call without parts to run on this "

@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 import dask.array as da
@@ -21,6 +22,7 @@ from mgpu.backends import is_gpu_array
 from mgpu.distributed.cluster import completed, current_client, task_placement
 from mgpu.distributed.collection import block_futures, place_as
 from mgpu.ops import distances as dist
+from mgpu.ops._params import Interval, check_param
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +80,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
                          f"of columns. Got {index.shape[1]} and {queries.shape[1]}.")
     dist.check_knn_values(queries, "queries", "knn", ring)
     n = int(index.shape[0])
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
-        raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
-                         f"{n} rows). Got {k!r} instead.")
+    check_param(k, "k", "knn", Interval(Integral, 1, n), f" (the index has {n} rows)")
     client = client or current_client()
     if client is None:
         raise ValueError("a distributed index needs a cluster: call mgpu.connect() first.")

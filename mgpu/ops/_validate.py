@@ -10,6 +10,7 @@ import scipy.sparse as sp
 # The NaN/infinity scan and the sparse test live in the backends layer (one per device);
 # the ops take them from here.
 from mgpu.backends import all_finite, first_nonfinite, is_gpu_array, is_sparse, place_of
+from mgpu.ops._params import StrOptions, check_param
 
 __all__ = ["all_finite", "canonical_csr", "check_matrix", "check_option", "first_nonfinite",
            "float_dtype", "is_dask_array", "is_sparse", "place_of"]
@@ -17,12 +18,7 @@ __all__ = ["all_finite", "canonical_csr", "check_matrix", "check_option", "first
 
 def check_option(name: str, func: str, value: Any, options: Iterable[str]) -> None:
     """Refuse a string option that is not one of ``options``."""
-    opts = sorted(options)
-    if not isinstance(value, str) or value not in opts:
-        raise ValueError(
-            f"The '{name}' parameter of {func} must be a str among "
-            f"{{{', '.join(repr(o) for o in opts)}}}. Got {value!r} instead."
-        )
+    check_param(value, name, func, StrOptions(options))
 
 
 def is_dask_array(x: Any) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from mgpu.backends.knn_codes import KNN_CODES
 # The CPU computation lives in the backends layer; these names are part of this module's API.
 from mgpu.backends.numpy_knn import knn_checked, top_k, working_memory_for, working_memory_rows
 from mgpu.backends.numpy_knn import nbytes as _nbytes  # noqa: F401  (the tests size with it)
+from mgpu.ops._params import Interval, StrOptions, check_param
 from mgpu.ops._validate import is_dask_array
 
 __all__ = ["SEMIRINGS", "Semiring", "check_knn_input", "check_knn_pair", "check_knn_values",
@@ -101,16 +103,10 @@ def resolve_metric(metric: Any, p: Any = 2, *, func: str = "pairwise_distances")
     >>> resolve_metric("minkowski", 1)[0].name, resolve_metric("minkowski", 3)[1]
     ('manhattan', 3.0)
     """
-    name = _ALIASES.get(metric) if isinstance(metric, str) else None
-    if name is None:
-        raise ValueError(
-            f"The 'metric' parameter of {func} must be a str among "
-            f"{{{', '.join(repr(a) for a in sorted(_ALIASES))}}}. Got {metric!r} instead."
-        )
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) \
-            or not p > 0 or math.isnan(p):
-        raise ValueError(f"The 'p' parameter of {func} must be a number > 0 (math.inf for "
-                         f"chebyshev). Got {p!r} instead.")
+    check_param(metric, "metric", func, StrOptions(_ALIASES))
+    check_param(p, "p", func, Interval(Real, 0, None, closed="neither"),
+                " (math.inf for chebyshev)")
+    name = _ALIASES[metric]
     p = float(p)
     if name == "minkowski":
         if p == 1:
@@ -281,9 +277,7 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
                          "instead.")
     index, queries = check_knn_pair(index, queries, ring, "knn", ("index", "queries"))
     n = index.shape[0]
-    if not 1 <= k <= n:
-        raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
-                         f"{n} rows). Got {k!r} instead.")
+    check_param(k, "k", "knn", Interval(Integral, 1, n), f" (the index has {n} rows)")
     return knn_lookup(index, queries, int(k), ring, p, working_memory)
 
 

@@ -1,12 +1,14 @@
 """``NearestNeighbors`` with scikit-learn's estimator API over :func:`mgpu.knn`."""
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends import array_module, is_gpu_array, sparse_module
+from mgpu.ops._params import Interval, check_param
 from mgpu.ops._validate import check_option
 from mgpu.ops.distances import check_knn_input, drop_self, knn, resolve_metric
 
@@ -67,9 +69,7 @@ class NearestNeighbors:
         return self
 
     def _check_k(self, k: Any, name: str, limit: int | None) -> int:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"The '{name}' parameter of NearestNeighbors must be an int >= 1. "
-                             f"Got {k!r} instead.")
+        check_param(k, name, "NearestNeighbors", Interval(Integral, 1, None))
         if limit is not None and k > limit:
             raise ValueError(f"Expected n_neighbors <= n_samples_fit, but n_neighbors = {k}, "
                              f"n_samples_fit = {self.n_samples_fit_}, n_samples = {limit}")
