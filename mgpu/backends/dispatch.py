@@ -55,7 +55,8 @@ spmv_takes_as_is_lookup = Dispatch("spmv_takes_as_is")
 # (A CSR, x, plan) -> (A @ x, the device flag of NaN/inf or None): the product that checks
 # its operands as it reads them (the GPU's)
 spmv_flagged_lookup = Dispatch("spmv_flagged")
-jaccard_lookup = Dispatch("jaccard")  # (G CSR, weighted) -> Jaccard weights on G's pattern
+# (G CSR, weighted, r0, r1) -> Jaccard weights of the edges of rows r0..r1, in G's order
+jaccard_lookup = Dispatch("jaccard")
 # (users, items, ratings, P, Q, lr, reg_p, reg_q) -> None: one SGD pass, P and Q in place
 sgd_lookup = Dispatch("sgd")
 # (values) -> flat (C-order) position of the first NaN or infinity, or None
