@@ -17,6 +17,7 @@ MODULES = [
     "mgpu.io.errors",
     "mgpu.io.graphs",
     "mgpu.backends.sddmm_plan",
+    "mgpu.backends.numpy_knn",
     "mgpu.ops.distances",
     "mgpu.ops.neighbors",
     "mgpu.distributed.knn",

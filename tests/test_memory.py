@@ -95,7 +95,7 @@ def test_sddmm_never_forms_the_dense_product():
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_the_finite_check_of_a_factor_makes_no_mask_of_its_size_and_finds_the_first(
         order, monkeypatch):
-    import mgpu.ops._validate as validate
+    import mgpu.backends.finite as validate
 
     monkeypatch.setattr(validate, "_FINITE_CHUNK", 1000)
     rng = np.random.default_rng(5)

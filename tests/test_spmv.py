@@ -384,7 +384,7 @@ def test_distributed_bad_input(client):
     with pytest.raises(ValueError, match=r"must have length A.shape\[1\] = 30 .* Got length 29"):
         mgpu.spmv(rows, np.ones(29))
     with pytest.raises(ValueError, match="must be cut into row tiles .* Got 2 column tiles; "
-                       r"make it with mgpu.distributed.from_scipy\(A, parts, axis=0\)"):
+                       r"make it with mgpu\.from_scipy\(A, parts, axis=0\)"):
         mgpu.spmv(cols, np.ones(30))
     with pytest.raises(ValueError, match=r"holds NaN or infinity \(first at index 4\)"):
         x = np.ones(30)

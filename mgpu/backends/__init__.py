@@ -1,79 +1,83 @@
 """Backends: the same operation on the CPU (numpy/scipy/numba) and the GPU (CuPy).
 
-Each primitive has a :class:`dask.utils.Dispatch` keyed by the type of its data. The numpy
-side is registered when :mod:`mgpu.backends.numpy` is imported; the CuPy side is registered
-lazily, the first time CuPy data arrives, so ``import mgpu`` never imports CuPy. A Dask task
-calls the lookup on its chunk, so one graph runs on CPU and GPU workers alike.
+Each primitive has a :class:`dask.utils.Dispatch` keyed by the type of its data
+(:mod:`mgpu.backends.dispatch`). The numpy side is registered when this package is imported;
+the CuPy side is registered lazily, the first time CuPy data arrives
+(:mod:`mgpu.backends.register`), so ``import mgpu`` never imports CuPy. A Dask task calls
+the lookup on its chunk, so one graph runs on CPU and GPU workers alike.
+
+The modules of this package import each other and :mod:`mgpu.backends.dispatch`, never this
+package itself; the names below are for the layers above.
 """
 from __future__ import annotations
 
-from dask.sizeof import sizeof
-from dask.utils import Dispatch
+import mgpu.backends.register  # noqa: F401  (fills the tables)
+from mgpu.backends.arrays import (
+    array_module,
+    csr_astype,
+    csr_with_values,
+    is_sparse,
+    on_device_of,
+    sparse_module,
+    synchronize,
+    to_device,
+    to_host,
+    to_host_all,
+)
+from mgpu.backends.dispatch import (
+    all_finite_lookup,
+    array_module_lookup,
+    distances_lookup,
+    is_gpu_array,
+    jaccard_lookup,
+    knn_input_lookup,
+    knn_lookup,
+    knn_prepare_lookup,
+    knn_prepared_lookup,
+    namm_lookup,
+    nonfinite_lookup,
+    row_norms_lookup,
+    sddmm_lookup,
+    sddmm_plan_lookup,
+    sgd_lookup,
+    spmv_flagged_lookup,
+    spmv_lookup,
+    spmv_plan_lookup,
+    spmv_takes_as_is_lookup,
+)
+from mgpu.backends.finite import all_finite, first_nonfinite, place_of
 
-row_norms_lookup = Dispatch("row_norms")
-sddmm_lookup = Dispatch("sddmm")
-namm_lookup = Dispatch("namm")  # union (merge) distances between the rows of two CSR matrices
-knn_lookup = Dispatch("knn")  # (index, queries, k, ring, p, working_memory) -> (dist, ids)
-distances_lookup = Dispatch("distances")  # (X, Y, ring, p) -> dense distance matrix
-knn_prepare_lookup = Dispatch("knn_prepare")  # (tile, ring, p) -> an index ready for queries
-spmv_lookup = Dispatch("spmv")  # (A CSR, x 1-D or X 2-D dense) -> A @ x, merge path
-jaccard_lookup = Dispatch("jaccard")  # (G CSR, weighted) -> Jaccard weights on G's pattern
-# (users, items, ratings, P, Q, lr, reg_p, reg_q) -> None: one SGD pass, P and Q in place
-sgd_lookup = Dispatch("sgd")
-
-
-def _register_cupy() -> None:
-    import mgpu.backends.cupy  # noqa: F401  (registers the CuPy side of every lookup)
-    import mgpu.backends.cupy_knn  # noqa: F401
-    import mgpu.backends.cupy_sgd  # noqa: F401
-    import mgpu.backends.cupy_spmv  # noqa: F401
-
-
-for _lookup in (row_norms_lookup, sddmm_lookup, knn_lookup, distances_lookup,
-                knn_prepare_lookup, spmv_lookup, jaccard_lookup, sgd_lookup):
-    _lookup.register_lazy("cupy", _register_cupy)
-    _lookup.register_lazy("cupyx", _register_cupy)
-
-
-
-@sizeof.register_lazy("cupyx")
-def _register_cupyx_sizeof() -> None:
-    # Dask sizes a cupyx sparse matrix by its Python object (a few dozen bytes): the scheduler
-    # would then move a GPU tile of S to wherever a factor is, and dask-cuda's device memory
-    # limit would never count it.
-    import cupyx.scipy.sparse as csp
-
-    @sizeof.register(csp.spmatrix)
-    def _sizeof_cupyx_sparse(x: object) -> int:
-        parts = ("data", "indices", "indptr", "row", "col")
-        return sum(int(getattr(x, name).nbytes) for name in parts if hasattr(x, name))
-
-
-import mgpu.backends.numpy  # noqa: E402,F401  (registers the CPU side)
-import mgpu.backends.numpy_spmv  # noqa: E402,F401
-
-
-def is_gpu_array(x: object) -> bool:
-    """Whether ``x`` is CuPy data (dense or cupyx sparse), decided without importing CuPy."""
-    mod = type(x).__module__.split(".", 1)[0]
-    return mod in ("cupy", "cupyx")
-
-
-def to_host(x: object):
-    """A numpy copy of CuPy data (``x.get()``); numpy data as it is."""
-    import numpy
-
-    return x.get() if is_gpu_array(x) else numpy.asarray(x)
-
-
-def synchronize(x: object) -> object:
-    """Wait for the device work that produced CuPy data ``x``; ``x`` itself, either way.
-
-    A distributed task on a GPU ends here, so that it ends when its kernels do: otherwise
-    Dask would time (and schedule by) launches rather than work.
-    """
-    if is_gpu_array(x):
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
-    return x
+__all__ = [
+    "all_finite",
+    "all_finite_lookup",
+    "array_module",
+    "array_module_lookup",
+    "csr_astype",
+    "csr_with_values",
+    "distances_lookup",
+    "first_nonfinite",
+    "is_gpu_array",
+    "is_sparse",
+    "jaccard_lookup",
+    "knn_input_lookup",
+    "knn_lookup",
+    "knn_prepare_lookup",
+    "knn_prepared_lookup",
+    "namm_lookup",
+    "nonfinite_lookup",
+    "on_device_of",
+    "place_of",
+    "row_norms_lookup",
+    "sddmm_lookup",
+    "sddmm_plan_lookup",
+    "sgd_lookup",
+    "sparse_module",
+    "spmv_flagged_lookup",
+    "spmv_lookup",
+    "spmv_plan_lookup",
+    "spmv_takes_as_is_lookup",
+    "synchronize",
+    "to_device",
+    "to_host",
+    "to_host_all",
+]

@@ -15,7 +15,15 @@ import cupy
 import cupyx.scipy.sparse as csp
 import numpy as np
 
-from mgpu.backends import jaccard_lookup, row_norms_lookup, sddmm_lookup
+from mgpu.backends.dispatch import (
+    all_finite_lookup,
+    array_module_lookup,
+    jaccard_lookup,
+    nonfinite_lookup,
+    row_norms_lookup,
+    sddmm_lookup,
+    sddmm_plan_lookup,
+)
 from mgpu.backends.instances import INSTANCES
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import gpu_available, require_gpu
@@ -32,6 +40,25 @@ from mgpu.backends.sddmm_plan import (
 from mgpu.backends.timing import time_gpu
 
 logger = logging.getLogger(__name__)
+
+@array_module_lookup.register((cupy.ndarray, csp.spmatrix))
+def _cupy_module(x: Any) -> Any:
+    return cupy
+
+
+@nonfinite_lookup.register(cupy.ndarray)
+def _nonfinite_device(vals: cupy.ndarray) -> int | None:
+    """The device half of :func:`mgpu.backends.finite.first_nonfinite`: one round trip."""
+    bad = ~cupy.isfinite(vals)
+    if not bool(bad.any()):
+        return None
+    return int(cupy.argmax(bad.ravel()))
+
+
+@all_finite_lookup.register(cupy.ndarray)
+def _all_finite_device(X: cupy.ndarray) -> cupy.ndarray:
+    return cupy.isfinite(X).all()  # a 0-d device array: no round trip
+
 
 _ROWS = "rows.cu"
 _ROWS_INSTANCES = INSTANCES[_ROWS]
@@ -399,6 +426,13 @@ def plan_sddmm(S: csp.csr_matrix, K: int, dtype: Any, *, reuse: bool,
         smem_bytes=facts.smem_bytes, timings_ms=timings, layout=layout,
         pattern=pattern_key(S),
     )
+
+
+@sddmm_plan_lookup.register(csp.spmatrix)
+def _plan_sddmm(S: csp.csr_matrix, K: int, dtype: np.dtype, scheme: str | None = None
+                ) -> SDDMMPlan:
+    """:func:`mgpu.sddmm_plan` on the GPU: tuned, with the tiled layout kept."""
+    return plan_sddmm(S, int(K), dtype, reuse=True, force=scheme)
 
 
 def product_bytes(S: csp.csr_matrix, dtype: Any) -> int:

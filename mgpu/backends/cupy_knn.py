@@ -25,13 +25,19 @@ import cupyx.scipy.sparse as csp
 import numpy as np
 from dask.utils import format_bytes
 
-from mgpu.backends import distances_lookup, knn_lookup, knn_prepare_lookup
 from mgpu.backends.cupy import current_facts, row_reduce_csr_kernel
+from mgpu.backends.dispatch import (
+    distances_lookup,
+    knn_input_lookup,
+    knn_lookup,
+    knn_prepare_lookup,
+    knn_prepared_lookup,
+)
 from mgpu.backends.instances import KNN_GROUPS
+from mgpu.backends.knn_codes import KNN_CODES, KnnOp
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import DeviceMemoryError, require_gpu
 from mgpu.backends.numpy import ROW_SUM
-from mgpu.ops._validate import first_nonfinite
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +47,7 @@ _FUSED_KMAX = (16, 128)  # list lengths the fused kernel is built with
 _LANES_PER_WARP = 32
 _TILE_K = 1 << 30  # a k that no fused list holds: the key-tile form
 
-# kernels/knn.cu's KnnOp and KnnFinish
-OP_DOT, OP_KL, OP_L1, OP_LP, OP_CANBERRA, OP_HAMMING, OP_JS, OP_LINF = range(8)
-(FIN_EUCLIDEAN, FIN_SQEUCLIDEAN, FIN_COSINE, FIN_CORRELATION, FIN_INNER, FIN_DICE, FIN_JACCARD,
- FIN_RUSSELLRAO, FIN_HELLINGER, FIN_KL, FIN_L1, FIN_LP, FIN_CANBERRA, FIN_HAMMING, FIN_JS,
- FIN_LINF) = range(16)
+OP_DOT, OP_LINF = int(KnnOp.DOT), int(KnnOp.LINF)  # the operations with a path of their own
 
 Stats = Callable[[csp.csr_matrix, float], tuple[Any, Any]]
 
@@ -118,80 +120,55 @@ class Form:
     normalise: bool = False  # rows scaled to sum 1 first (Jensen-Shannon)
 
 
+def _form(metric: str, *args: Any, **kwargs: Any) -> Form:
+    """The Form of ``metric`` with its codes from :data:`mgpu.backends.knn_codes.KNN_CODES`."""
+    op, fin = KNN_CODES[metric]
+    return Form(int(op), int(fin), *args, **kwargs)
+
+
+def _union(metric: str, **kwargs: Any) -> Form:
+    """A NAMM sum: the query's constant Σ t(q, 0) is its statistic."""
+    return _form(metric, q_stats=_union_base(int(KNN_CODES[metric][0])), **kwargs)
+
+
 FORMS: dict[str, Form] = {
-    "euclidean": Form(OP_DOT, FIN_EUCLIDEAN, x_stats=_sq, q_stats=_sq),
-    "sqeuclidean": Form(OP_DOT, FIN_SQEUCLIDEAN, x_stats=_sq, q_stats=_sq),
-    "cosine": Form(OP_DOT, FIN_COSINE, x_stats=_norm, q_stats=_norm),
-    "correlation": Form(OP_DOT, FIN_CORRELATION, x_stats=_centred, q_stats=_centred),
-    "inner_product": Form(OP_DOT, FIN_INNER),
-    "dice": Form(OP_DOT, FIN_DICE, _pattern, _pattern, _count, _count),
-    "jaccard": Form(OP_DOT, FIN_JACCARD, _pattern, _pattern, _count, _count),
-    "russellrao": Form(OP_DOT, FIN_RUSSELLRAO, _pattern, _pattern),
-    "hellinger": Form(OP_DOT, FIN_HELLINGER, cupy.sqrt, cupy.sqrt),
-    "kl_divergence": Form(OP_KL, FIN_KL, x_values=cupy.log, q_stats=_xlogx),
-    "manhattan": Form(OP_L1, FIN_L1, q_stats=_union_base(OP_L1)),
-    "minkowski": Form(OP_LP, FIN_LP, q_stats=_union_base(OP_LP)),
-    "canberra": Form(OP_CANBERRA, FIN_CANBERRA, q_stats=_union_base(OP_CANBERRA)),
-    "hamming": Form(OP_HAMMING, FIN_HAMMING, q_stats=_union_base(OP_HAMMING)),
-    "jensenshannon": Form(OP_JS, FIN_JS, q_stats=_union_base(OP_JS), normalise=True),
-    "chebyshev": Form(OP_LINF, FIN_LINF),
+    "euclidean": _form("euclidean", x_stats=_sq, q_stats=_sq),
+    "sqeuclidean": _form("sqeuclidean", x_stats=_sq, q_stats=_sq),
+    "cosine": _form("cosine", x_stats=_norm, q_stats=_norm),
+    "correlation": _form("correlation", x_stats=_centred, q_stats=_centred),
+    "inner_product": _form("inner_product"),
+    "dice": _form("dice", _pattern, _pattern, _count, _count),
+    "jaccard": _form("jaccard", _pattern, _pattern, _count, _count),
+    "russellrao": _form("russellrao", _pattern, _pattern),
+    "hellinger": _form("hellinger", cupy.sqrt, cupy.sqrt),
+    "kl_divergence": _form("kl_divergence", x_values=cupy.log, q_stats=_xlogx),
+    "manhattan": _union("manhattan"),
+    "minkowski": _union("minkowski"),
+    "canberra": _union("canberra"),
+    "hamming": _union("hamming"),
+    "jensenshannon": _union("jensenshannon", normalise=True),
+    "chebyshev": _form("chebyshev"),
 }
 
 
 # ------------------------------------------------------------------------------ input
 
 
-def _first(X: Any, mask: cupy.ndarray) -> tuple[int, int]:
-    p = int(cupy.argmax(mask.ravel()))
-    if isinstance(X, cupy.ndarray):
-        return p // X.shape[1], p % X.shape[1]
-    return int(cupy.searchsorted(X.indptr, p, side="right")) - 1, int(X.indices[p])
-
-
-def check_input(X: Any, name: str, func: str, ring: Any) -> Any:
-    """X as a checked GPU array: float32/float64 (other reals become float64), CSR with
-    summed duplicates, sorted indices and no stored zeros, or a C-ordered dense array.
-
-    The refusals are those of the CPU path (:func:`mgpu.ops.distances._check_input`), in its
-    words.
-    """
+def device_input(X: Any) -> Any:
+    """X (a real 2-D array or sparse matrix, host or device, its kind and shape checked by
+    :func:`mgpu.ops.distances.check_knn_input`) on the device as the kernels take it:
+    float32/float64 (other reals become float64), CSR with summed duplicates, sorted indices
+    and no stored zeros, or a C-ordered dense array."""
     if isinstance(X, np.ndarray) or type(X).__module__.startswith("scipy"):
         X = csp.csr_matrix(X) if hasattr(X, "tocsr") else cupy.asarray(X)
-    if not (isinstance(X, cupy.ndarray) or csp.issparse(X)):
-        raise TypeError(f"The '{name}' parameter of {func} must be a 2-D array or a sparse "
-                        f"matrix. Got {type(X).__name__} instead.")
-    if X.ndim != 2:
-        raise ValueError(f"The '{name}' parameter of {func} must be 2-D. Got shape "
-                         f"{tuple(X.shape)} instead.")
-    if X.dtype.kind not in "biuf":
-        raise TypeError(f"The '{name}' parameter of {func} must hold real numbers. Got "
-                        f"{X.dtype}.")
     dtype = X.dtype if X.dtype.name in ("float32", "float64") else np.dtype(np.float64)
     if csp.issparse(X):
         X = csp.csr_matrix(X, dtype=dtype, copy=True)
         X.sum_duplicates()
         X = _without_zeros(X)
         X.sort_indices()
-        vals = X.data
-    else:
-        X = cupy.ascontiguousarray(X, dtype=dtype)
-        vals = X
-    at = first_nonfinite(X)
-    if at is not None:
-        r, c = at
-        raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at row "
-                         f"{r}, column {c}).")
-    if ring.nonnegative and vals.size and bool((vals < 0).any()):
-        r, c = _first(X, vals < 0)
-        raise ValueError(f"The '{name}' parameter of {func} must be non-negative for metric "
-                         f"'{ring.name}'. Got a negative value at row {r}, column {c}.")
-    if ring.positive_rows:
-        sums = cupy.asarray(X.sum(axis=1)).ravel()
-        if bool((sums <= 0).any()):
-            raise ValueError(f"The '{name}' parameter of {func} has rows that sum to 0 (first: "
-                             f"row {int(cupy.argmax(sums <= 0))}); metric '{ring.name}' "
-                             "compares distributions and needs every row to have mass.")
-    return X
+        return X
+    return cupy.ascontiguousarray(X, dtype=dtype)
 
 
 def _without_zeros(X: csp.csr_matrix) -> csp.csr_matrix:
@@ -253,12 +230,6 @@ class GpuIndex:
     def dtype(self) -> np.dtype:
         return self.X.dtype
 
-    def knn(self, queries: Any, k: int, ring: Any, budget: Any = None
-            ) -> tuple[cupy.ndarray, cupy.ndarray]:
-        """kNN of queries (numpy/scipy or CuPy) against this index, on its device."""
-        Q = check_input(queries, "queries", "knn", ring).astype(self.dtype, copy=False)
-        return knn_prepared(self, Q, min(k, self.shape[0]), ring.similarity, _budget(budget))
-
 
 def _csr_bytes(X: Any) -> int:
     """Device bytes of X in CSR form, at most (a dense X counted as if no entry were zero)."""
@@ -267,7 +238,7 @@ def _csr_bytes(X: Any) -> int:
 
 
 def prepare_index(X: Any, metric: str, p: float) -> GpuIndex:
-    """The index of checked input ``X`` (:func:`check_input`) made ready for ``metric``.
+    """The index of checked input ``X`` (:func:`device_input`) made ready for ``metric``.
 
     Raises :class:`DeviceMemoryError` first when the device cannot hold its copies (the
     index transformed, and normalised for the cosine family, with row statistics)."""
@@ -517,45 +488,45 @@ def _budget(working_memory: Any) -> int:
     return config.get_bytes("knn.working-memory", working_memory)
 
 
-def _pair(index: Any, queries: Any, ring: Any, func: str, names: tuple[str, str]
-          ) -> tuple[Any, Any]:
-    X = check_input(index, names[0], func, ring)
-    Q = X if queries is None else check_input(queries, names[1], func, ring)
-    if X.shape[1] != Q.shape[1]:
-        raise ValueError(f"The '{names[0]}' and '{names[1]}' parameters of {func} must have the "
-                         f"same number of columns. Got {X.shape[1]} and {Q.shape[1]}.")
-    if Q.dtype != X.dtype:
-        Q = Q.astype(X.dtype)
-    return X, Q
+def _as_dtype(Q: Any, dtype: Any) -> Any:
+    return Q if Q.dtype == dtype else Q.astype(dtype)
+
+
+@knn_input_lookup.register((cupy.ndarray, csp.spmatrix))
+def _input(on: Any, X: Any) -> Any:
+    return device_input(X)
 
 
 @knn_prepare_lookup.register((cupy.ndarray, csp.spmatrix))
 def prepare(X: Any, ring: Any, p: float) -> GpuIndex:
-    """An index tile checked and prepared where it lives (distributed kNN)."""
-    return prepare_index(check_input(X, "index", "knn", ring), ring.name, p)
+    """A checked index tile prepared where it lives (distributed kNN)."""
+    return prepare_index(X, ring.name, p)
+
+
+@knn_prepared_lookup.register(GpuIndex)
+def _knn_prepared(index: GpuIndex, queries: Any, k: int, ring: Any, p: float,
+                  working_memory: Any = None) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """kNN of checked host queries (a batch of distributed kNN) against a prepared tile."""
+    Q = device_input(queries).astype(index.dtype, copy=False)
+    return knn_prepared(index, Q, min(k, index.shape[0]), ring.similarity,
+                        _budget(working_memory))
 
 
 @knn_lookup.register((cupy.ndarray, csp.spmatrix))
 def knn(index: Any, queries: Any, k: int, ring: Any, p: float, working_memory: Any = None
         ) -> tuple[cupy.ndarray, cupy.ndarray]:
-    """:func:`mgpu.knn` for a CuPy index: checks, prepares, runs the batches."""
-    X, Q = _pair(index, queries, ring, "knn", ("index", "queries"))
-    n = X.shape[0]
-    if not 1 <= k <= n:
-        raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
-                         f"{n} rows). Got {k!r} instead.")
-    prepared = prepare_index(X, ring.name, p)
-    return knn_prepared(prepared, Q, k, ring.similarity, _budget(working_memory))
+    """:func:`mgpu.knn` for a checked CuPy index and queries: prepares, runs the batches."""
+    prepared = prepare_index(index, ring.name, p)
+    return knn_prepared(prepared, _as_dtype(queries, index.dtype), k, ring.similarity,
+                        _budget(working_memory))
 
 
 @distances_lookup.register((cupy.ndarray, csp.spmatrix))
 def pairwise_distances(X: Any, Y: Any, ring: Any, p: float) -> cupy.ndarray:
-    """:func:`mgpu.pairwise_distances` for CuPy input: rows of X against rows of Y (or X)."""
+    """:func:`mgpu.pairwise_distances` for checked CuPy input: rows of X against rows of Y
+    (X itself when Y was None)."""
     # X's rows play the queries (held dense), Y's rows the index (walked by nonzeros)
-    if Y is None:
-        index, Q = _pair(X, None, ring, "pairwise_distances", ("X", "X"))
-    else:
-        index, Q = _pair(Y, X, ring, "pairwise_distances", ("Y", "X"))
+    index, Q = Y, _as_dtype(X, Y.dtype)
     prepared = prepare_index(index, ring.name, p)
     require_gpu(Q.shape[0] * index.shape[0] * np.dtype(index.dtype).itemsize + 2 * _csr_bytes(Q),
                 f"A {Q.shape[0]:,}×{index.shape[0]:,} distance matrix",

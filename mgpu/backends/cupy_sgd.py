@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import cupy
 
-from mgpu.backends import sgd_lookup
+from mgpu.backends.dispatch import sgd_lookup
 from mgpu.backends.cupy import current_facts
 from mgpu.backends.instances import INSTANCES, SGD_KPL
 from mgpu.backends.loader import c_type, get_function

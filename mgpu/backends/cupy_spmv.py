@@ -12,8 +12,13 @@ import cupy
 import cupyx.scipy.sparse as csp
 import numpy as np
 
-from mgpu.backends import spmv_lookup
 from mgpu.backends.cupy import FLOATS, current_facts
+from mgpu.backends.dispatch import (
+    spmv_flagged_lookup,
+    spmv_lookup,
+    spmv_plan_lookup,
+    spmv_takes_as_is_lookup,
+)
 from mgpu.backends.instances import INSTANCES, SPMM_ITEMS, SPMV_ITEMS
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import require_gpu
@@ -55,6 +60,7 @@ def spmv_is_usable_for(A: csp.csr_matrix, x: cupy.ndarray) -> bool:
     )
 
 
+@spmv_takes_as_is_lookup.register((cupy.ndarray, csp.spmatrix))
 def takes_as_is(A: object, x: object, ndim: int) -> bool:
     """Whether ``mgpu.spmv`` (``ndim`` 1) or ``mgpu.spmm`` (2) can hand A and x to the kernels
     with no conversion and no check but of their values: a cupyx CSR matrix and a cupy array
@@ -124,6 +130,7 @@ def _tile_starts(indptr: cupy.ndarray, m: int, nnz: int, items: int) -> cupy.nda
     return tile_row
 
 
+@spmv_plan_lookup.register(csp.spmatrix)
 def plan_spmv(A: csp.csr_matrix) -> SpMVPlan:
     """The GPU plan of :func:`mgpu.spmv_plan` for a cupyx CSR A with int32 indices: where
     every tile starts, found once; and, when at least one row in ``_COMPACT_SHARE`` is
@@ -240,6 +247,7 @@ def merge_product(A: csp.csr_matrix, x: cupy.ndarray, *, bad: cupy.ndarray | Non
     return spmv_merge(A, x, bad=bad, plan=plan) if x.ndim == 1 else spmm_merge(A, x, bad=bad)
 
 
+@spmv_flagged_lookup.register(csp.spmatrix)
 def spmv_flagged(A: csp.csr_matrix, x: cupy.ndarray, plan: SpMVPlan | None = None
                  ) -> tuple[cupy.ndarray, cupy.ndarray | None]:
     """``A @ x`` (1-D) or ``A @ X`` (2-D) by the merge-path kernels, with the device flag
@@ -258,7 +266,9 @@ def spmv_fallback(A: csp.spmatrix, x: cupy.ndarray) -> cupy.ndarray:
 
 
 @spmv_lookup.register((cupy.ndarray, csp.spmatrix))
-def _spmv_gpu(A, x: cupy.ndarray) -> cupy.ndarray:
+def _spmv_gpu(A, x: cupy.ndarray, plan: SpMVPlan | None = None) -> cupy.ndarray:
+    if plan is not None:  # made for this CSR A, x 1-D: the kernels take them (spmv_plan)
+        return spmv_merge(A, x, plan=plan)
     if isinstance(A, cupy.ndarray):  # dense A: cuBLAS
         return A @ x
     A = A.tocsr()

@@ -5,6 +5,7 @@ as a check) on a machine without CuPy.
 """
 from __future__ import annotations
 
+from mgpu.backends.knn_codes import UNION_OPS, UNION_SUMS, KnnOp
 from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM
 
 _FLOATS = ("float", "double")
@@ -16,8 +17,8 @@ _LANES = (4, 8, 16, 32)
 # so that a metric builds only its own kernels. Index pointers are int: cupyx CSR is 32-bit.
 # (queries per lane, list length): lists of 16 for k <= 16, of 128 for k <= 128 (one query
 # per lane, to bound local memory), 0 for the dense-tile form (pairwise distances, larger k)
-KNN_OPS = range(8)
-KNN_UNION_SUMS = range(2, 7)  # L1, Lp, Canberra, Hamming, Jensen-Shannon
+KNN_OPS = tuple(int(op) for op in KnnOp)
+KNN_UNION_SUMS = tuple(int(op) for op in UNION_SUMS)  # L1, Lp, Canberra, Hamming, Jensen-Shannon
 KNN_SHAPES = ((4, 16), (1, 128), (4, 0))
 KNN_SELECT = (16, 128)
 # merge-path SpMV/SpMM (kernels/spmv.cu): merge items (rows + nonzeros) per thread of an SpMV
@@ -35,7 +36,8 @@ KNN_GROUPS: dict[str, tuple[str, ...]] = {
     "select": tuple(f"mgpu_select_k<{t}, {kmax}>" for t in _FLOATS for kmax in KNN_SELECT)
     + tuple(f"mgpu_finish_tile<{t}>" for t in _FLOATS),
     # the benchmark's one-thread-per-pair union peer (NAMM operations)
-    "naive": tuple(f"mgpu_union_naive<{t}, {op}>" for t in _FLOATS for op in range(2, 8)),
+    "naive": tuple(f"mgpu_union_naive<{t}, {int(op)}>" for t in _FLOATS
+                   for op in sorted(UNION_OPS)),
 }
 
 INSTANCES: dict[str, tuple[str, ...]] = {

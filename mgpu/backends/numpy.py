@@ -5,7 +5,15 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import jaccard_lookup, namm_lookup, row_norms_lookup, sddmm_lookup
+from mgpu.backends.dispatch import (
+    jaccard_lookup,
+    namm_lookup,
+    row_norms_lookup,
+    sddmm_lookup,
+    sddmm_plan_lookup,
+)
+from mgpu.backends.knn_codes import KnnOp
+from mgpu.backends.sddmm_plan import SDDMMPlan, pattern_key
 
 # Reductions of a row, shared with the GPU kernel's OP template argument (kernels/rows.cu).
 ROW_SUM, ROW_ABS_SUM, ROW_SQ_SUM, ROW_ABS_MAX = 0, 1, 2, 3
@@ -116,21 +124,34 @@ def _sddmm_sparse(S, A, B, hadamard: bool, plan=None):
     return sddmm_csr(S, A, B, hadamard)
 
 
+@sddmm_plan_lookup.register((sp.spmatrix, sp.sparray))
+def _plan_sddmm(S, K: int, dtype: np.dtype, scheme: str | None = None) -> SDDMMPlan:
+    """The CPU plan: one kernel, nothing tuned or tiled; S's pattern for the plan's check."""
+    if scheme is not None:
+        raise ValueError("The 'scheme' parameter of sddmm_plan applies to GPU input only.")
+    return SDDMMPlan(scheme="cpu", device="cpu", shape=tuple(S.shape), nnz=int(S.nnz),
+                     K=int(K), dtype=dtype.name, Tj=S.shape[1], Tk=int(K), ti=0, lanes=1,
+                     vector=1, n_panels=1, l2_bytes=0, smem_bytes=0, pattern=pattern_key(S))
+
+
 # ------------------------------------------------------------------ union (NAMM) distances
-# Operation codes as in mgpu.ops.distances: L1, L∞, Lp, Canberra, Hamming, Jensen-Shannon.
+# The union operations of kernels/knn.cu's KnnOp (mgpu.backends.knn_codes), as plain ints:
+# numba folds module-level ints into the compiled code as constants.
+_L1, _LINF, _LP = int(KnnOp.L1), int(KnnOp.LINF), int(KnnOp.LP)
+_CANBERRA, _HAMMING, _JS = int(KnnOp.CANBERRA), int(KnnOp.HAMMING), int(KnnOp.JS)
 
 
 @numba.njit(inline="always")
 def _namm_term(x, y, op, p):
     d = abs(x - y)
-    if op == 0 or op == 1:
+    if op == _L1 or op == _LINF:
         return d
-    if op == 2:
+    if op == _LP:
         return d ** p
-    if op == 3:
+    if op == _CANBERRA:
         s = abs(x) + abs(y)
         return d / s if s > 0 else 0.0
-    if op == 4:
+    if op == _HAMMING:
         return 1.0 if x != y else 0.0
     # Jensen-Shannon on normalised rows: x ln(2x/(x+y)) + y ln(2y/(x+y)), 0 ln 0 = 0
     m = x + y
@@ -161,15 +182,15 @@ def _namm_csr(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
                     i += 1
                     j += 1
                 t = _namm_term(x, y, op, p)
-                if op == 1:
+                if op == _LINF:
                     acc = max(acc, t)
                 else:
                     acc += t
-            if op == 2:
+            if op == _LP:
                 acc = acc ** (1.0 / p)
-            elif op == 4:
+            elif op == _HAMMING:
                 acc = acc / n_features if n_features > 0 else 0.0
-            elif op == 5:
+            elif op == _JS:
                 acc = np.sqrt(max(acc, 0.0) / 2.0)
             out[a, b] = acc
 
@@ -196,11 +217,11 @@ def _namm_dense_row(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
                 cross += _namm_term(x, yd[j], op, p)
                 covered += _namm_term(x, 0.0, op, p)
             acc = max(cross + (base - covered), 0.0)
-            if op == 2:
+            if op == _LP:
                 acc = acc ** (1.0 / p)
-            elif op == 4:
+            elif op == _HAMMING:
                 acc = acc / n_features if n_features > 0 else 0.0
-            elif op == 5:
+            elif op == _JS:
                 acc = np.sqrt(acc / 2.0)
             out[a, b] = acc
 
@@ -211,7 +232,7 @@ def _namm_sparse(X, Y, op: int, p: float) -> np.ndarray:
     out = np.empty((X.shape[0], Y.shape[0]), dtype=np.float64)
     # L∞ is a max, not a sum: it keeps the merge; the sums take the dense-row form unless
     # one dense row per query would be large (very wide, e.g. hashed, feature spaces)
-    kernel = _namm_csr if op == 1 or X.shape[1] > _DENSE_ROW_MAX else _namm_dense_row
+    kernel = _namm_csr if op == _LINF or X.shape[1] > _DENSE_ROW_MAX else _namm_dense_row
     kernel(X.indptr, X.indices, X.data, Y.indptr, Y.indices, Y.data, X.shape[1], op, float(p),
            out)
     return out
@@ -320,6 +341,8 @@ def _jaccard_sparse(G, weighted: bool, r0: int, r1: int) -> np.ndarray:
     """Jaccard weights of the edges of rows r0..r1 of a checked graph (canonical CSR, no
     self-loops, symmetric), in the order of G's nonzeros; float64."""
     out = np.empty(int(G.indptr[r1] - G.indptr[r0]), dtype=np.float64)
+    if r1 <= r0:
+        return out  # no rows (a graph without nodes): no kernel call
     data = G.data.astype(np.float64, copy=False)
     _jaccard_rows(G.indptr, G.indices, data, r0, r1, weighted, out)
     return out

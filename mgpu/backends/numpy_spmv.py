@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import spmv_lookup
+from mgpu.backends.dispatch import spmv_lookup, spmv_plan_lookup, spmv_takes_as_is_lookup
 from mgpu.backends.numpy import narrow
 from mgpu.backends.spmv_plan import SpMVPlan
 
@@ -141,6 +141,7 @@ def _fixup(y: np.ndarray, carry_row: np.ndarray, carry_val: np.ndarray) -> None:
     np.add.at(y, carry_row[cut], carry_val[cut])
 
 
+@spmv_plan_lookup.register((sp.spmatrix, sp.sparray))
 def plan_spmv(A: sp.csr_matrix) -> SpMVPlan:
     """The CPU plan of :func:`mgpu.spmv_plan`: the pieces of :func:`spmv_merge` and where
     each starts, found once."""
@@ -198,9 +199,15 @@ def spmm_merge(A: sp.csr_matrix, X: np.ndarray, *, items: int | None = None) -> 
 
 
 @spmv_lookup.register((sp.spmatrix, sp.sparray))
-def _spmv_sparse(A, x: np.ndarray) -> np.ndarray:
-    """A @ x for CSR A and a C-contiguous x of A's float dtype (checked by the caller)."""
+def _spmv_sparse(A, x: np.ndarray, plan: SpMVPlan | None = None) -> np.ndarray:
+    """A @ x for CSR A and a C-contiguous x of A's float dtype (checked by the caller); a
+    ``plan`` (of this A, x 1-D) gives the merge's cuts."""
     A = A.tocsr()
     if x.ndim == 1:
-        return spmv_merge(A, x)
+        return spmv_merge(A, x, plan=plan)
     return spmm_merge(A, x)
+
+
+@spmv_takes_as_is_lookup.register(object)
+def _host_takes_nothing_as_is(A: object, x: object, ndim: int) -> bool:
+    return False  # the host checks every operand before the product

@@ -24,6 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 from dask.core import flatten
 
+from mgpu.backends import to_device
 from mgpu.distributed.cluster import current_client, describe_workers
 from mgpu.partition import axis_counts, part_sums, split_counts
 
@@ -140,9 +141,7 @@ def check_gpu_room(chunk_bytes: list[int], chunk_workers: list[str],
 
 
 def _to_device(chunk: sp.csr_matrix) -> Any:
-    import cupyx.scipy.sparse as csp
-
-    return csp.csr_matrix(chunk)
+    return to_device(chunk)
 
 
 def _to_host(chunk: Any) -> sp.csr_matrix:
@@ -327,9 +326,7 @@ def from_scipy(
         logger.info("from_scipy: the scheduler keeps %.1f MB of chunks to make them again "
                     "if a worker is lost", held / 1e6)
         if on_gpu:
-            import cupyx.scipy.sparse as csp
-
-            meta = csp.csr_matrix((0, 0), dtype=S.dtype)
+            meta = to_device(sp.csr_matrix((0, 0), dtype=S.dtype))
     logger.info(
         "from_scipy: %d x %d, %d nnz in %d %s chunk(s) along axis %d, largest/mean nnz %.4f",
         S.shape[0], S.shape[1], S.nnz, parts, "GPU" if on_gpu else "CPU", axis,

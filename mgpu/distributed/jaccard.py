@@ -11,14 +11,16 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import is_gpu_array, jaccard_lookup, to_host
+from mgpu.backends import is_gpu_array, jaccard_lookup, to_device, to_host
 from mgpu.distributed.cluster import completed, current_client
 from mgpu.distributed.collection import device_copy, place_as
+from mgpu.ops._params import Interval, check_param
 from mgpu.ops.jaccard import check_graph, jaccard_local
 
 logger = logging.getLogger(__name__)
@@ -29,9 +31,7 @@ def _graph_here(G: sp.csr_matrix, gpu: bool) -> Any:
     """G on this worker's GPU (copied once per graph object) for GPU workers, else G."""
     if not gpu:
         return G
-    import cupyx.scipy.sparse as csp
-
-    return device_copy(G, csp.csr_matrix)
+    return device_copy(G, to_device)
 
 
 def _rows_block(G: sp.csr_matrix, weighted: bool, r0: int, r1: int, gpu: bool) -> np.ndarray:
@@ -90,11 +90,9 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
     >>> jaccard(tri).toarray()[0].round(3).tolist()
     [0.0, 0.333, 0.333]
     """
-    if parts is not None and (isinstance(parts, bool) or not isinstance(parts, (int, np.integer))
-                              or parts < 1):
-        raise ValueError(f"The 'parts' parameter of jaccard must be an int >= 1. Got {parts!r} "
-                         "instead.")
-    if parts is not None and is_gpu_array(G):
+    if parts is not None:
+        check_param(parts, "parts", "jaccard", Interval(Integral, 1, None))
+    if parts is not None and is_gpu_array(G):  # a refusal: parts=N spreads a host graph
         raise TypeError("The 'G' parameter of jaccard is on the GPU: parts=N spreads a scipy "
                         "graph over the cluster's workers; call without parts to run on this "
                         "GPU.")

@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 import dask.array as da
@@ -21,6 +22,7 @@ from mgpu.backends import is_gpu_array
 from mgpu.distributed.cluster import completed, current_client, task_placement
 from mgpu.distributed.collection import block_futures, place_as
 from mgpu.ops import distances as dist
+from mgpu.ops._params import Interval, check_param
 
 logger = logging.getLogger(__name__)
 
@@ -72,15 +74,13 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     if index.numblocks[1] != 1:
         raise ValueError("The 'index' parameter of knn must be cut into row tiles (from_scipy "
                          f"with axis=0). Got {index.numblocks[1]} column tiles.")
-    queries = dist._check_input(queries, "queries", "knn")
+    queries = dist.check_knn_input(queries, "queries", "knn")
     if queries.shape[1] != index.shape[1]:
         raise ValueError(f"The 'index' and 'queries' parameters of knn must have the same number "
                          f"of columns. Got {index.shape[1]} and {queries.shape[1]}.")
-    dist._check_values(queries, "queries", "knn", ring)
+    dist.check_knn_values(queries, "queries", "knn", ring)
     n = int(index.shape[0])
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
-        raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
-                         f"{n} rows). Got {k!r} instead.")
+    check_param(k, "k", "knn", Interval(Integral, 1, n), f" (the index has {n} rows)")
     client = client or current_client()
     if client is None:
         raise ValueError("a distributed index needs a cluster: call mgpu.connect() first.")
@@ -90,7 +90,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     offsets = np.concatenate([[0], np.cumsum(index.chunks[0])[:-1]]).astype(np.int64)
     # settings are read here, once: tasks get values, never the workers' own config
     working_memory = config.get_bytes("knn.working-memory", working_memory)
-    if is_gpu_array(index._meta):
+    if is_gpu_array(index._meta):  # the tiles' device sizes the tasks, as below it places them
         # a GPU tile keeps k candidates per query, never a row of distances, and cuts its
         # task into batches within the budget itself
         step = int(config.get("knn.gpu-task-queries"))
@@ -107,7 +107,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     # tile is made again elsewhere and its work follows it, where a pin would wait for the
     # lost worker until mgpu.dist.stall-timeout. A prepared GPU tile belongs to its device
     # and stays pinned there (moving it has not been tried on GPUs).
-    gpu_tiles = is_gpu_array(index._meta)
+    gpu_tiles = is_gpu_array(index._meta)  # GPU tasks ask for a GPU (task_placement)
     prepared = []
     for t, o, rows in zip(tiles, offsets, index.chunks[0]):
         if rows:

@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from mgpu.backends import is_gpu_array, synchronize, to_host
+from mgpu.backends import on_device_of, synchronize, to_device
 from mgpu.distributed.cluster import current_client
 from mgpu.distributed.collection import block_futures, chunk_workers, device_copy, place_as
 from mgpu.ops import sddmm as sddmm_one_device
@@ -53,13 +53,10 @@ def sddmm_axis(shape: tuple[int, int]) -> int:
 _PLACED = "mgpu-sddmm-factor-"
 
 
-def _on_device(X: Any) -> Any:
-    """X as a CuPy array; a host factor held by the worker is copied once (device_copy)."""
-    if is_gpu_array(X):
-        return X
-    import cupy
-
-    return device_copy(X, cupy.asarray)
+def _on_device_of(X: Any, S: Any) -> Any:
+    """X on S's device; a host factor held by a GPU worker is copied there once
+    (device_copy)."""
+    return on_device_of(X, S, lambda X: device_copy(X, to_device))
 
 
 def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool],
@@ -71,15 +68,12 @@ def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool
     """
     # K is one chunk, so blockwise hands each factor over as a one-block list; taking the
     # block itself (instead of concatenate=True) keeps it the object the worker holds: no
-    # host copy, and the device copy of _on_device is found again on the next call.
+    # host copy, and the device copy of _on_device_of is found again on the next call.
     A, B = (X[0] if isinstance(X, list) else X for X in (A, B))
     for X, name, needed in ((A, "A", check[0]), (B, "B", check[1])):
         if needed:
             check_dense_factor(X, name, finite)
-    if is_gpu_array(S):
-        A, B = _on_device(A), _on_device(B)
-    elif is_gpu_array(A) or is_gpu_array(B):
-        A, B = to_host(A), to_host(B)
+    A, B = _on_device_of(A, S), _on_device_of(B, S)
     return synchronize(sddmm_local(check_sparse(S, hadamard and finite), A, B, hadamard))
 
 

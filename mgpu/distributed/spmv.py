@@ -16,7 +16,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from mgpu.backends import is_gpu_array, to_host
+from mgpu.backends import array_module, on_device_of
 from mgpu.distributed.cluster import current_client
 from mgpu.distributed.collection import place_as
 from mgpu.ops._validate import is_dask_array
@@ -43,12 +43,7 @@ def _spmv_block(A: Any, x: Any, op_name: str, check_finite: bool = True) -> Any:
     # taking the blocks (not concatenate=True) keeps x the object the worker holds.
     A = A[0] if isinstance(A, list) else A
     x = x[0] if isinstance(x, list) else x
-    if is_gpu_array(A) and not is_gpu_array(x):
-        import cupy
-
-        x = cupy.asarray(x)
-    elif not is_gpu_array(A) and is_gpu_array(x):
-        x = to_host(x)
+    x = on_device_of(x, A)
     return spmv_checked(A, x, "x" if x.ndim == 1 else "X", op_name, check_finite)
 
 
@@ -92,12 +87,7 @@ def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int,
     client = current_client()
     x_d = _broadcast(x, client)
     dt = spmv_dtype(A.dtype, x.dtype)
-    if is_gpu_array(A._meta):
-        import cupy
-
-        meta = cupy.empty((0,) * ndim, dtype=dt)
-    else:
-        meta = np.empty((0,) * ndim, dtype=dt)
+    meta = array_module(A._meta).empty((0,) * ndim, dtype=dt)
     logger.debug("%s: %d row tiles of A %s, x %s", func, A.numblocks[0], A.shape, x.shape)
     out_ind, x_ind = ("i", "j") if ndim == 1 else ("ik", "jk")
     return da.blockwise(

@@ -18,23 +18,35 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
-from mgpu import config
 from mgpu.backends import (
+    array_module,
     distances_lookup,
+    first_nonfinite,
     is_gpu_array,
+    is_sparse,
+    knn_input_lookup,
     knn_lookup,
     knn_prepare_lookup,
-    namm_lookup,
+    knn_prepared_lookup,
+    place_of,
+    to_host,
 )
-from mgpu.backends.numpy import csr_dot_dense
-from mgpu.ops._validate import first_nonfinite, is_dask_array, is_sparse
+from mgpu.backends.knn_codes import KNN_CODES
+# The CPU computation lives in the backends layer; these names are part of this module's API.
+from mgpu.backends.numpy_knn import knn_checked, top_k, working_memory_for, working_memory_rows
+from mgpu.backends.numpy_knn import nbytes as _nbytes  # noqa: F401  (the tests size with it)
+from mgpu.ops._params import Interval, StrOptions, check_param
+from mgpu.ops._validate import is_dask_array
 
-__all__ = ["SEMIRINGS", "Semiring", "drop_self", "knn", "pairwise_distances", "resolve_metric"]
+__all__ = ["SEMIRINGS", "Semiring", "check_knn_input", "check_knn_pair", "check_knn_values",
+           "drop_self", "knn", "knn_checked", "knn_prepared", "pairwise_distances",
+           "prepare_index", "resolve_metric", "top_k", "working_memory_for",
+           "working_memory_rows"]
 
 
 @dataclass(frozen=True)
@@ -47,16 +59,18 @@ class Semiring:
     nonnegative: bool = False  # refuses negative values
     positive_rows: bool = False  # refuses rows that sum to zero
     similarity: bool = False  # larger is nearer
-    namm_op: int = -1  # operation code of the union kernel (mgpu/backends/numpy.py)
     # What a kNN batch holds on the CPU at its peak, for the working-memory budget: arrays of
     # the batch's distances, and copies of the index (its values mapped, its CSC form), both
     # measured with tracemalloc (tests/test_memory.py checks the budget holds).
     batch_copies: float = 2.4
     index_copies: float = 1.25
 
+    @property
+    def namm_op(self) -> int:
+        """The operation code of the union kernels (kernels/knn.cu's KnnOp, the CPU's too)
+        for a NAMM metric, from :data:`mgpu.backends.knn_codes.KNN_CODES`; -1 otherwise."""
+        return int(KNN_CODES[self.name][0]) if self.kind == "namm" else -1
 
-# The NAMM operation codes shared with the union kernels.
-NAMM_L1, NAMM_LINF, NAMM_LP, NAMM_CANBERRA, NAMM_HAMMING, NAMM_JS = range(6)
 
 SEMIRINGS: dict[str, Semiring] = {s.name: s for s in (
     Semiring("euclidean", "expanded", ("l2",)),
@@ -70,13 +84,12 @@ SEMIRINGS: dict[str, Semiring] = {s.name: s for s in (
     Semiring("hellinger", "expanded", nonnegative=True, batch_copies=3.3),
     Semiring("kl_divergence", "expanded", ("kullback_leibler",), nonnegative=True,
              batch_copies=8.6),
-    Semiring("manhattan", "namm", ("l1", "cityblock"), namm_op=NAMM_L1),
-    Semiring("chebyshev", "namm", ("linf", "infinity"), namm_op=NAMM_LINF),
-    Semiring("minkowski", "namm", ("lp",), namm_op=NAMM_LP),
-    Semiring("canberra", "namm", namm_op=NAMM_CANBERRA),
-    Semiring("hamming", "namm", namm_op=NAMM_HAMMING),
-    Semiring("jensenshannon", "namm", ("jensen_shannon",), nonnegative=True, positive_rows=True,
-             namm_op=NAMM_JS),
+    Semiring("manhattan", "namm", ("l1", "cityblock")),
+    Semiring("chebyshev", "namm", ("linf", "infinity")),
+    Semiring("minkowski", "namm", ("lp",)),
+    Semiring("canberra", "namm"),
+    Semiring("hamming", "namm"),
+    Semiring("jensenshannon", "namm", ("jensen_shannon",), nonnegative=True, positive_rows=True),
 )}
 
 _ALIASES: dict[str, str] = {a: s.name for s in SEMIRINGS.values() for a in (s.name, *s.aliases)}
@@ -90,16 +103,10 @@ def resolve_metric(metric: Any, p: Any = 2, *, func: str = "pairwise_distances")
     >>> resolve_metric("minkowski", 1)[0].name, resolve_metric("minkowski", 3)[1]
     ('manhattan', 3.0)
     """
-    name = _ALIASES.get(metric) if isinstance(metric, str) else None
-    if name is None:
-        raise ValueError(
-            f"The 'metric' parameter of {func} must be a str among "
-            f"{{{', '.join(repr(a) for a in sorted(_ALIASES))}}}. Got {metric!r} instead."
-        )
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) \
-            or not p > 0 or math.isnan(p):
-        raise ValueError(f"The 'p' parameter of {func} must be a number > 0 (math.inf for "
-                         f"chebyshev). Got {p!r} instead.")
+    check_param(metric, "metric", func, StrOptions(_ALIASES))
+    check_param(p, "p", func, Interval(Real, 0, None, closed="neither"),
+                " (math.inf for chebyshev)")
+    name = _ALIASES[metric]
     p = float(p)
     if name == "minkowski":
         if p == 1:
@@ -111,28 +118,37 @@ def resolve_metric(metric: Any, p: Any = 2, *, func: str = "pairwise_distances")
     return SEMIRINGS[name], p
 
 
-def _check_input(X: Any, name: str, func: str) -> Any:
-    """X as float64 CSR (sparse input) or float64 C-ordered array (dense), checked."""
-    if is_gpu_array(X):
+# ---------------------------------------------------------------------------- input checks
+# One check for the CPU and the GPU: kinds and shapes here, the conversion to what the
+# kernels of the device take by the backend (knn_input_lookup), then the values.
+
+
+def check_knn_input(X: Any, name: str, func: str, on: Any = None) -> Any:
+    """X checked and converted for the device of ``on`` (the data that chooses it; the host
+    when None): float64 CSR with summed duplicates or a float64 C-ordered array on the CPU;
+    float32/float64 canonical CSR without stored zeros, or a C-ordered array, on the GPU
+    (host data moved there). Refuses what is not a real 2-D matrix, data on the GPU for the
+    host, and NaN or infinity."""
+    # the device is the data's, as the lookups choose it; this only words the refusals
+    on_gpu = is_gpu_array(on)
+    if is_gpu_array(X) and not on_gpu:
         raise TypeError(f"The '{name}' parameter of {func} is on the GPU while the other input "
                         "is not: pass both as numpy/scipy or both as cupy/cupyx.")
     if is_dask_array(X):
         raise TypeError(f"The '{name}' parameter of {func} is a dask array: a distributed "
                         "index goes to mgpu.knn, and queries are numpy/scipy.")
-    if not (is_sparse(X) or isinstance(X, np.ndarray)):
-        raise TypeError(f"The '{name}' parameter of {func} must be a 2-D numpy array or a scipy "
-                        f"sparse matrix. Got {type(X).__name__} instead.")
+    if not (is_sparse(X) or isinstance(X, np.ndarray) or is_gpu_array(X)):
+        what = "a 2-D array or a sparse matrix" if on_gpu else \
+            "a 2-D numpy array or a scipy sparse matrix"
+        raise TypeError(f"The '{name}' parameter of {func} must be {what}. Got "
+                        f"{type(X).__name__} instead.")
     if X.ndim != 2:
         raise ValueError(f"The '{name}' parameter of {func} must be 2-D. Got shape "
                          f"{tuple(X.shape)} instead.")
     if np.dtype(X.dtype).kind not in "biuf":
         raise TypeError(f"The '{name}' parameter of {func} must hold real numbers. Got "
                         f"{X.dtype}.")
-    if is_sparse(X):
-        X = sp.csr_matrix(X, dtype=np.float64, copy=True)
-        X.sum_duplicates()
-    else:
-        X = np.ascontiguousarray(X, dtype=np.float64)
+    X = knn_input_lookup(on, X)
     at = first_nonfinite(X)
     if at is not None:
         r, c = at
@@ -141,139 +157,43 @@ def _check_input(X: Any, name: str, func: str) -> Any:
     return X
 
 
-def _first(X: Any, mask: np.ndarray) -> tuple[int, int]:
-    if isinstance(X, np.ndarray):
-        r, c = np.argwhere(mask)[0]
-        return int(r), int(c)
-    p = int(np.flatnonzero(mask)[0])
-    return int(np.searchsorted(X.indptr, p, side="right") - 1), int(X.indices[p])
-
-
-def _check_values(X: Any, name: str, func: str, ring: Semiring) -> None:
-    vals = X.data if sp.issparse(X) else X
-    if ring.nonnegative and vals.size and vals.min() < 0:
-        r, c = _first(X, vals < 0)
+def check_knn_values(X: Any, name: str, func: str, ring: Semiring) -> None:
+    """Refuse the values ``ring`` does not take in a checked X (:func:`check_knn_input`):
+    negative ones, rows without mass."""
+    vals = X.data if is_sparse(X) else X
+    if ring.nonnegative and vals.size and bool(vals.min() < 0):
+        r, c = place_of(X, int((vals < 0).ravel().argmax()))
         raise ValueError(f"The '{name}' parameter of {func} must be non-negative for metric "
                          f"'{ring.name}'. Got a negative value at row {r}, column {c}.")
     if ring.positive_rows:
-        sums = np.asarray(X.sum(axis=1)).ravel()
-        if (sums <= 0).any():
+        empty = array_module(X).asarray(X.sum(axis=1)).ravel() <= 0
+        if bool(empty.any()):
             raise ValueError(f"The '{name}' parameter of {func} has rows that sum to 0 (first: "
-                             f"row {int(np.flatnonzero(sums <= 0)[0])}); metric '{ring.name}' "
+                             f"row {int(empty.argmax())}); metric '{ring.name}' "
                              "compares distributions and needs every row to have mass.")
 
 
-# ---------------------------------------------------------------------------- computation
-
-def _dot(X: Any, Y: Any) -> np.ndarray:
-    """X·Yᵀ as a dense float64 array (sparse-sparse in parallel, dense through BLAS)."""
-    if sp.issparse(X) and sp.issparse(Y):
-        return csr_dot_dense(X, Y)
-    out = X @ Y.T
-    return out.toarray() if sp.issparse(out) else np.asarray(out)
-
-
-def _map_values(X: Any, fn: Any) -> Any:
-    """fn applied to the stored values (the nonzeros of sparse X, every entry of dense X)."""
-    if sp.issparse(X):
-        out = X.copy()
-        out.data = fn(out.data)
-        return out
-    return fn(X)
-
-
-def _row_sums(X: Any) -> np.ndarray:
-    return np.asarray(X.sum(axis=1)).ravel()
-
-
-def _pattern(X: Any) -> Any:
-    return _map_values(X, lambda v: (v != 0).astype(np.float64))
-
-
-def _expanded(ring: Semiring, X: Any, Y: Any) -> np.ndarray:
-    """The expanded metrics: one product per term, row statistics, an element-wise formula."""
-    n = X.shape[1]
-    name = ring.name
-    if name == "inner_product":
-        return _dot(X, Y)
-    # In place where it costs nothing: a batch's working memory is counted in these arrays
-    # (Semiring.batch_copies).
-    if name in ("euclidean", "sqeuclidean"):
-        sq = lambda Z: _row_sums(_map_values(Z, np.square))  # noqa: E731
-        d = _dot(X, Y)
-        d *= -2.0
-        d += sq(X)[:, None]
-        d += sq(Y)[None, :]
-        np.maximum(d, 0.0, out=d)
-        return np.sqrt(d, out=d) if name == "euclidean" else d
-    if name in ("cosine", "correlation"):
-        dot = _dot(X, Y)
-        sx = np.sqrt(_row_sums(_map_values(X, np.square)))
-        sy = np.sqrt(_row_sums(_map_values(Y, np.square)))
-        if name == "correlation":
-            # no features: every row is a zero row (distance 1), and no mean to divide out
-            mx, my = (_row_sums(X) / n, _row_sums(Y) / n) if n else (
-                np.zeros(X.shape[0]), np.zeros(Y.shape[0]))
-            dot -= np.multiply.outer(n * mx, my)
-            sx = np.sqrt(np.maximum(sx * sx - n * mx * mx, 0.0))
-            sy = np.sqrt(np.maximum(sy * sy - n * my * my, 0.0))
-        den = np.multiply.outer(sx, sy)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            dot /= den
-        dot[den <= 0] = 0.0  # a row without length is at distance 1 from every row
-        np.subtract(1.0, dot, out=dot)
-        return np.clip(dot, 0.0, 2.0, out=dot)
-    if name in ("dice", "jaccard", "russellrao"):
-        PX, PY = _pattern(X), _pattern(Y)
-        both = _dot(PX, PY)
-        if name == "russellrao":
-            return (n - both) / n if n else np.zeros_like(both)
-        cx, cy = _row_sums(PX)[:, None], _row_sums(PY)[None, :]
-        if name == "dice":
-            num, den = cx + cy - 2.0 * both, cx + cy
-        else:
-            num, den = cx + cy - 2.0 * both, cx + cy - both
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
-    if name == "hellinger":
-        s = _dot(_map_values(X, np.sqrt), _map_values(Y, np.sqrt))
-        return np.sqrt(np.maximum(1.0 - s, 0.0))
-    if name == "kl_divergence":
-        xlogx = _row_sums(_map_values(X, lambda v: np.where(v > 0, v * np.log(np.where(
-            v > 0, v, 1.0)), 0.0)))
-        logy = _map_values(Y, lambda v: np.where(v > 0, np.log(np.where(v > 0, v, 1.0)), 0.0))
-        cross = _dot(X, logy)
-        # x_i > 0 where y_i == 0 makes the divergence infinite: count the support x shares
-        covered = _dot(_pattern(X), _pattern(Y))
-        d = xlogx[:, None] - cross
-        return np.where(covered < _row_sums(_pattern(X))[:, None], np.inf, d)
-    raise AssertionError(name)
-
-
-def _namm(ring: Semiring, X: Any, Y: Any, p: float) -> np.ndarray:
-    """The union metrics through the backend's merge kernel (rows as CSR)."""
-    Xc, Yc = sp.csr_matrix(X), sp.csr_matrix(Y)
-    if ring.name == "jensenshannon":  # scipy normalises each row to a distribution
-        Xc = sp.csr_matrix(sp.diags(1.0 / _row_sums(Xc)) @ Xc)
-        Yc = sp.csr_matrix(sp.diags(1.0 / _row_sums(Yc)) @ Yc)
-    for Z in (Xc, Yc):
-        Z.sort_indices()
-    return namm_lookup(Xc, Yc, ring.namm_op, p)
-
-
-def _distances(ring: Semiring, X: Any, Y: Any, p: float) -> np.ndarray:
-    return _expanded(ring, X, Y) if ring.kind == "expanded" else _namm(ring, X, Y, p)
-
-
-def _checked_pair(X: Any, Y: Any, ring: Semiring, func: str, names: tuple[str, str]) -> tuple[Any, Any]:
-    X = _check_input(X, names[0], func)
-    Y = X if Y is None else _check_input(Y, names[1], func)
+def check_knn_pair(X: Any, Y: Any, ring: Semiring, func: str, names: tuple[str, str]
+                   ) -> tuple[Any, Any]:
+    """X and Y (X itself when None) checked for ``ring`` on X's device, with as many columns;
+    kinds and finiteness of both first, then their values."""
+    X = check_knn_input(X, names[0], func, on=X)
+    Y = X if Y is None else check_knn_input(Y, names[1], func, on=X)
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"The '{names[0]}' and '{names[1]}' parameters of {func} must have the "
                          f"same number of columns. Got {X.shape[1]} and {Y.shape[1]}.")
-    _check_values(X, names[0], func, ring)
+    check_knn_values(X, names[0], func, ring)
     if Y is not X:
-        _check_values(Y, names[1], func, ring)
+        check_knn_values(Y, names[1], func, ring)
     return X, Y
+
+
+def _check_input(X: Any, name: str, func: str) -> Any:
+    """:func:`check_knn_input` for the host (the name the CLI imports)."""
+    return check_knn_input(X, name, func)
+
+
+_check_values = check_knn_values  # the name the CLI imports
 
 
 def pairwise_distances(X: Any, Y: Any = None, *, metric: str = "euclidean",
@@ -307,80 +227,8 @@ def pairwise_distances(X: Any, Y: Any = None, *, metric: str = "euclidean",
            [5., 0.]])
     """
     ring, p = resolve_metric(metric, p)
+    X, Y = check_knn_pair(X, Y, ring, "pairwise_distances", ("X", "Y"))
     return distances_lookup(X, Y, ring, p)
-
-
-@distances_lookup.register(object)
-def _pairwise_cpu(X: Any, Y: Any, ring: Semiring, p: float) -> np.ndarray:
-    X, Y = _checked_pair(X, Y, ring, "pairwise_distances", ("X", "Y"))
-    return _distances(ring, X, Y, p)
-
-
-_TOP_K_PARTS = 8  # a batch's top k taken in this many slices (knn_checked)
-
-
-def _nbytes(X: Any) -> int:
-    if sp.issparse(X):
-        return int(X.data.nbytes + X.indices.nbytes + X.indptr.nbytes)
-    return int(np.asarray(X).nbytes)
-
-
-def working_memory_rows(n_index: int, budget: Any = None, ring: Semiring | None = None,
-                        index_bytes: int = 0, func: str = "knn") -> int:
-    """Query rows per batch so that what a batch holds fits the working-memory budget: its
-    ``ring.batch_copies`` arrays of distances (8 bytes × rows × ``n_index`` each) and the
-    ``ring.index_copies`` copies of the index (``index_bytes`` each) that it makes.
-
-    Raises
-    ------
-    ValueError
-        If the budget cannot hold one query row beside the index's copies.
-    """
-    nbytes = config.get_bytes("knn.working-memory", budget)
-    copies, index_copies = (1.0, 0.0) if ring is None else (ring.batch_copies,
-                                                            ring.index_copies)
-    free = nbytes - index_copies * index_bytes
-    row = copies * 8 * max(1, n_index)
-    if ring is not None and free < row:
-        need = working_memory_for(1, n_index, ring, index_bytes)
-        raise ValueError(
-            f"The working memory of {func} ({nbytes:,} bytes, mgpu.knn.working-memory or "
-            f"working_memory=) cannot hold one query's work for metric '{ring.name}' against "
-            f"this index: {index_copies:g} cop(ies) of the index ({index_bytes:,} bytes each) "
-            f"and {copies:g} row(s) of {n_index:,} distances need {need:,} bytes. Raise it "
-            "or split the index into tiles (mgpu.from_scipy).")
-    return max(1, int(free // row))
-
-
-def working_memory_for(rows: int, n_index: int, ring: Semiring, index_bytes: int) -> int:
-    """The working memory that gives CPU kNN batches of ``rows`` queries against an index of
-    ``n_index`` rows and ``index_bytes`` bytes (as checked: float64 CSR or dense), for
-    metric ``ring``: what :func:`working_memory_rows` divides, the other way round."""
-    return math.ceil(ring.index_copies * index_bytes + rows * ring.batch_copies * 8
-                     * max(1, n_index))
-
-
-def top_k(D: np.ndarray, k: int, largest: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """The k best entries of each row of D, best first, ties to the lower column index.
-
-    >>> top_k(np.array([[3.0, 1.0, 1.0, 0.5]]), 2)
-    (array([[0.5, 1. ]]), array([[3, 1]]))
-    """
-    key = -D if largest else D
-    nr, n = D.shape
-    k = min(k, n)
-    if k == n or nr == 0:
-        order = np.argsort(key, axis=1, kind="stable")
-    else:
-        # every entry up to the k-th value is a candidate (k of them, more on ties); sort
-        # the candidates by (row, value, column) and keep each row's first k
-        kth = np.partition(key, k - 1, axis=1)[:, k - 1:k]
-        rows, cols = np.nonzero(key <= kth)
-        srt = np.lexsort((cols, key[rows, cols], rows))
-        starts = np.searchsorted(rows, np.arange(nr))
-        take = (starts[:, None] + np.arange(k)[None, :]).ravel()
-        order = cols[srt[take]].reshape(nr, k)
-    return np.take_along_axis(D, order, axis=1), order
 
 
 def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float = 2,
@@ -427,50 +275,18 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
         n = getattr(index, "shape", ("?",))[0]
         raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}]. Got {k!r} "
                          "instead.")
-    return knn_lookup(index, queries, int(k), ring, p, working_memory)
-
-
-@knn_lookup.register(object)
-def _knn_cpu(index: Any, queries: Any, k: int, ring: Semiring, p: float,
-             working_memory: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    index, queries = _checked_pair(index, queries, ring, "knn", ("index", "queries"))
+    index, queries = check_knn_pair(index, queries, ring, "knn", ("index", "queries"))
     n = index.shape[0]
-    if not 1 <= k <= n:
-        raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}] (the index has "
-                         f"{n} rows). Got {k!r} instead.")
-    step = working_memory_rows(n, working_memory, ring, _nbytes(index))
-    return knn_checked(ring, index, queries, k, p, step)
-
-
-def knn_checked(ring: Semiring, index: Any, queries: Any, k: int, p: float,
-                step: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`knn` on input already checked and converted, ``step`` queries at a time; the
-    top k of a batch are taken an eighth of it at a time, so that their sort's copies stay
-    small beside the batch's distances."""
-    nq = queries.shape[0]
-    dist = np.empty((nq, k), dtype=np.float64)
-    ids = np.empty((nq, k), dtype=np.int64)
-    sub = max(1, -(-step // _TOP_K_PARTS))
-    for s in range(0, nq, step):
-        D = _distances(ring, queries[s:s + step], index, p)
-        for r in range(0, D.shape[0], sub):
-            e = min(r + sub, D.shape[0])
-            dist[s + r:s + e], ids[s + r:s + e] = top_k(D[r:e], k, ring.similarity)
-        del D
-    return dist, ids
+    check_param(k, "k", "knn", Interval(Integral, 1, n), f" (the index has {n} rows)")
+    return knn_lookup(index, queries, int(k), ring, p, working_memory)
 
 
 def prepare_index(tile: Any, ring: Semiring, p: float) -> Any:
     """An index (tile) checked and made ready for repeated queries: float64 CSR or dense on
     the CPU, an index prepared on its device for CuPy data."""
+    tile = check_knn_input(tile, "index", "knn", on=tile)
+    check_knn_values(tile, "index", "knn", ring)
     return knn_prepare_lookup(tile, ring, p)
-
-
-@knn_prepare_lookup.register(object)
-def _prepare_cpu(tile: Any, ring: Semiring, p: float) -> Any:
-    tile = _check_input(tile, "index", "knn")
-    _check_values(tile, "index", "knn", ring)
-    return tile
 
 
 def knn_prepared(prepared: Any, queries: Any, k: int, ring: Semiring, p: float,
@@ -478,11 +294,8 @@ def knn_prepared(prepared: Any, queries: Any, k: int, ring: Semiring, p: float,
     """kNN of checked host queries against :func:`prepare_index`'s result, on its device;
     numpy results (k capped at the index's rows)."""
     k = min(k, prepared.shape[0])
-    if hasattr(prepared, "knn"):  # prepared on a GPU
-        d, i = prepared.knn(queries, k, ring, working_memory)
-        return d.get(), i.get()
-    step = working_memory_rows(prepared.shape[0], working_memory, ring, _nbytes(prepared))
-    return knn_checked(ring, prepared, queries, k, p, step)
+    d, i = knn_prepared_lookup(prepared, queries, k, ring, p, working_memory)
+    return to_host(d), to_host(i)
 
 
 def drop_self(dist: np.ndarray, ind: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -494,9 +307,7 @@ def drop_self(dist: np.ndarray, ind: np.ndarray, k: int) -> tuple[np.ndarray, np
     >>> drop_self(np.array([[0.0, 0.0, 1.0]]), np.array([[1, 0, 2]]), 2)[1].tolist()
     [[1, 2]]
     """
-    xp = np
-    if is_gpu_array(ind):
-        import cupy as xp
+    xp = array_module(ind)
     own = ind == xp.arange(ind.shape[0])[:, None]
     own[~own.any(axis=1), -1] = True
     keep = ~own

@@ -14,21 +14,16 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
-from mgpu.backends import is_gpu_array, jaccard_lookup
+from mgpu.backends import array_module, csr_with_values, jaccard_lookup, sparse_module, to_host
 from mgpu.ops._validate import first_nonfinite, float_dtype, is_dask_array
 
 __all__ = ["check_graph", "jaccard_local"]
 
 
 def _xp(G: Any) -> tuple[Any, Any]:
-    if is_gpu_array(G):
-        import cupy
-        import cupyx.scipy.sparse as csp
-
-        return cupy, csp
-    return np, sp
+    """The array and sparse modules of G's device."""
+    return array_module(G), sparse_module(G)
 
 
 def _drop(G: Any, keep: Any) -> Any:
@@ -91,7 +86,7 @@ def check_graph(G: Any, func: str = "jaccard", *, weighted: bool = False,
     if same and weighted:
         same = bool(xp.array_equal(G.data, T.data))
     if not same:
-        H = G.get() if is_gpu_array(G) else G
+        H = to_host(G)
         D = (H - H.T).tocoo()
         nz = np.flatnonzero(D.data)
         where = f" (first: row {int(D.row[nz[0]])}, column {int(D.col[nz[0]])})" if nz.size \
@@ -106,14 +101,4 @@ def check_graph(G: Any, func: str = "jaccard", *, weighted: bool = False,
 def jaccard_local(G: Any, weighted: bool) -> Any:
     """Jaccard weights of a checked graph on its own device: a CSR of G's pattern (scipy
     float64 from scipy input, cupyx in G's dtype from cupyx input)."""
-    _, sparse = _xp(G)
-    n = G.shape[0]
-    if n:
-        vals = jaccard_lookup(G, weighted, 0, n)
-    else:  # no node: no kernel call, but the documented dtype (float64 from scipy input)
-        vals = G.data[:0] if is_gpu_array(G) else np.empty(0)
-    if is_gpu_array(G):
-        from mgpu.backends.cupy import with_values
-
-        return with_values(G, vals)  # cupyx's (data, indices, indptr) form would wait
-    return sparse.csr_matrix((vals, G.indices.copy(), G.indptr.copy()), shape=G.shape)
+    return csr_with_values(G, jaccard_lookup(G, weighted, 0, G.shape[0]))

@@ -1,14 +1,16 @@
 """``NearestNeighbors`` with scikit-learn's estimator API over :func:`mgpu.knn`."""
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import is_gpu_array
+from mgpu.backends import array_module, is_gpu_array, sparse_module
+from mgpu.ops._params import Interval, check_param
 from mgpu.ops._validate import check_option
-from mgpu.ops.distances import _check_input, drop_self, knn, resolve_metric
+from mgpu.ops.distances import check_knn_input, drop_self, knn, resolve_metric
 
 __all__ = ["NearestNeighbors"]
 
@@ -60,15 +62,14 @@ class NearestNeighbors:
         """Keep X (checked and converted once) as the index."""
         resolve_metric(self.metric, self.p, func="NearestNeighbors")
         self._check_k(self.n_neighbors, "n_neighbors", None)
-        # CuPy data stays on its device as given: each kneighbors call checks it there
-        self._fit_X = X if is_gpu_array(X) else _check_input(X, "X", "NearestNeighbors.fit")
+        # CuPy data stays on its device as given (no checked copy held beside it): each
+        # kneighbors call checks it there
+        self._fit_X = X if is_gpu_array(X) else check_knn_input(X, "X", "NearestNeighbors.fit")
         self.n_samples_fit_, self.n_features_in_ = self._fit_X.shape
         return self
 
     def _check_k(self, k: Any, name: str, limit: int | None) -> int:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"The '{name}' parameter of NearestNeighbors must be an int >= 1. "
-                             f"Got {k!r} instead.")
+        check_param(k, name, "NearestNeighbors", Interval(Integral, 1, None))
         if limit is not None and k > limit:
             raise ValueError(f"Expected n_neighbors <= n_samples_fit, but n_neighbors = {k}, "
                              f"n_samples_fit = {self.n_samples_fit_}, n_samples = {limit}")
@@ -104,13 +105,8 @@ class NearestNeighbors:
         check_option("mode", "kneighbors_graph", mode, ("connectivity", "distance"))
         dist, ind = self.kneighbors(X, n_neighbors, return_distance=True)
         n_q, k = ind.shape
-        if is_gpu_array(ind):
-            import cupy as xp
-            from cupyx.scipy.sparse import csr_matrix
-
-            id_type = xp.int32  # cupyx CSR indices are 32-bit
-        else:
-            xp, csr_matrix, id_type = np, sp.csr_matrix, np.int64
+        xp, csr_matrix = array_module(ind), sparse_module(ind).csr_matrix
+        id_type = np.int64 if xp is np else xp.int32  # cupyx CSR indices are 32-bit
         data = xp.ones(n_q * k, dtype=dist.dtype) if mode == "connectivity" else dist.ravel()
         return csr_matrix((data, ind.ravel().astype(id_type),
                            xp.arange(0, n_q * k + 1, k, dtype=id_type)),

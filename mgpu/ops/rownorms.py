@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.backends import is_gpu_array, row_norms_lookup
+from mgpu.backends import array_module, row_norms_lookup
 from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, narrow
 from mgpu.ops._validate import canonical_csr, check_matrix, check_option, float_dtype
 from mgpu.ops._validate import is_dask_array, is_sparse
@@ -75,12 +75,7 @@ def row_norms(X: Any, *, norm: str = "l2") -> Any:
         if X.numblocks[1] != 1:
             X = X.rechunk({1: -1})
         dt = float_dtype(X.dtype)
-        if is_gpu_array(X._meta):
-            import cupy
-
-            meta = cupy.empty(0, dtype=dt)
-        else:
-            meta = np.empty(0, dtype=dt)
+        meta = array_module(X._meta).empty(0, dtype=dt)
         return X.map_blocks(
             _row_norms_block, op, root, drop_axis=1, dtype=dt, meta=meta, name="mgpu-row-norms"
         )

@@ -7,9 +7,16 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
-from mgpu.backends import is_gpu_array, sddmm_lookup, to_host
+from mgpu.backends import (
+    array_module,
+    csr_astype,
+    is_gpu_array,
+    sddmm_lookup,
+    sddmm_plan_lookup,
+    to_host,
+    to_host_all,
+)
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
 from mgpu.ops._validate import all_finite, first_nonfinite, is_dask_array, is_sparse
 
@@ -71,6 +78,7 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
     """:func:`check_dense_factor` for several factors, with one device round trip for all
     (none without ``finite``: kinds only, values not looked at)."""
     for name, X in factors.items():
+        # is_gpu_array: a dense CuPy factor is one of the kinds taken (not a choice of device)
         if is_sparse(X) or not (isinstance(X, np.ndarray) or is_gpu_array(X)):
             raise TypeError(
                 f"The '{name}' parameter of sddmm must be a dense numpy or cupy array. Got "
@@ -81,11 +89,7 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
                 f"The '{name}' parameter of sddmm must hold real numbers. Got {X.dtype}.")
     checked = {n: X for n, X in factors.items()
                if finite and np.dtype(X.dtype).kind == "f" and X.size}
-    flags = [all_finite(X) for X in checked.values()]
-    if flags and any(is_gpu_array(f) for f in flags):
-        import cupy
-
-        flags = cupy.stack([cupy.asarray(f) for f in flags]).get().tolist()
+    flags = to_host_all([all_finite(X) for X in checked.values()])
     for (name, X), ok in zip(checked.items(), flags):
         if not bool(ok):
             r, c = first_nonfinite(X)
@@ -142,18 +146,11 @@ def _first_duplicate(S: Any) -> tuple[int, int, int] | None:
 def sddmm_local(S: Any, A: Any, B: Any, hadamard: bool, plan: SDDMMPlan | None = None) -> Any:
     """The kernel call on already-validated CSR S and dense A, B of one family."""
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
-    if is_gpu_array(S):
-        import cupy
-
-        A = cupy.ascontiguousarray(cupy.asarray(A, dtype=dt))
-        B = cupy.ascontiguousarray(cupy.asarray(B, dtype=dt))
-    else:
-        A = np.ascontiguousarray(A, dtype=dt)
-        B = np.ascontiguousarray(B, dtype=dt)
+    xp = array_module(S)
+    A = xp.ascontiguousarray(xp.asarray(A, dtype=dt))
+    B = xp.ascontiguousarray(xp.asarray(B, dtype=dt))
     if S.dtype != dt:
-        # scipy's astype sorts unsorted indices; P keeps S's own order
-        S = S.astype(dt) if is_gpu_array(S) else sp.csr_matrix(
-            (S.data.astype(dt), S.indices, S.indptr), shape=S.shape)
+        S = csr_astype(S, dt)  # P keeps S's own order of indices
     return sddmm_lookup(S, A, B, bool(hadamard), plan)
 
 
@@ -231,7 +228,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         )
     check_sddmm_shapes(S.shape, getattr(A, "shape", ()), getattr(B, "shape", ()))
     check_dense_factors({"A": A, "B": B}, finite=check_finite)
-    on_gpu = [is_gpu_array(x) for x in (S, A, B)]
+    on_gpu = [is_gpu_array(x) for x in (S, A, B)]  # the refusals name each one's device
     if len(set(on_gpu)) != 1:
         where = ", ".join(
             f"{n} on the {'GPU' if g else 'CPU'} ({type(x).__name__})"
@@ -307,7 +304,7 @@ def check_plan(plan: Any, S: Any, K: int) -> None:
     if not isinstance(plan, SDDMMPlan):
         raise TypeError(f"The 'plan' parameter of sddmm must come from mgpu.sddmm_plan. Got "
                         f"{type(plan).__name__} instead.")
-    if (plan.scheme == "cpu") == is_gpu_array(S):
+    if (plan.scheme == "cpu") == is_gpu_array(S):  # the plan's device against S's
         raise ValueError(f"The 'plan' parameter of sddmm was made for the "
                          f"{'CPU' if plan.scheme == 'cpu' else 'GPU'}, but S is on the "
                          f"{'GPU' if is_gpu_array(S) else 'CPU'}.")
@@ -366,12 +363,4 @@ def sddmm_plan(S: Any, K: int, *, dtype: Any = None, scheme: str | None = None) 
     if scheme is not None and scheme not in SCHEMES or scheme == "cpu":
         raise ValueError(f"The 'scheme' parameter of sddmm_plan must be one of "
                          f"{sorted(set(SCHEMES) - {'cpu'})}. Got {scheme!r} instead.")
-    if is_gpu_array(S):
-        from mgpu.backends.cupy import plan_sddmm
-
-        return plan_sddmm(S, int(K), dtype, reuse=True, force=scheme)
-    if scheme is not None:
-        raise ValueError("The 'scheme' parameter of sddmm_plan applies to GPU input only.")
-    return SDDMMPlan(scheme="cpu", device="cpu", shape=tuple(S.shape), nnz=int(S.nnz),
-                     K=int(K), dtype=dtype.name, Tj=S.shape[1], Tk=int(K), ti=0, lanes=1,
-                     vector=1, n_panels=1, l2_bytes=0, smem_bytes=0, pattern=pattern_key(S))
+    return sddmm_plan_lookup(S, int(K), dtype, scheme)

@@ -11,7 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.backends import is_gpu_array, spmv_lookup
+from mgpu.backends import (
+    array_module,
+    is_gpu_array,
+    spmv_flagged_lookup,
+    spmv_lookup,
+    spmv_plan_lookup,
+    spmv_takes_as_is_lookup,
+)
 from mgpu.backends.sddmm_plan import pattern_key
 from mgpu.backends.spmv_plan import SpMVPlan
 from mgpu.ops._validate import first_nonfinite, is_dask_array, is_sparse
@@ -57,6 +64,7 @@ def check_sparse_shape(A: Any, func: str) -> None:
         raise TypeError(
             f"The 'A' parameter of {func} must be a scipy or cupyx sparse matrix, or a dask "
             f"array of CSR row tiles (mgpu.from_scipy). Got {type(A).__name__} instead"
+            # is_gpu_array: a dense CuPy A, named only in the hint
             + ("; for a dense A use A @ x." if isinstance(A, np.ndarray) or is_gpu_array(A)
                else ".")
         )
@@ -84,6 +92,7 @@ def check_dense_operand(x: Any, n: int, name: str, func: str, ndim: int, *,
                         finite: bool = True) -> None:
     """Refuse an x that is not a dense numpy/cupy array of ``ndim`` dimensions with ``n``
     entries (rows) along its first axis, or (with ``finite``) that holds NaN or infinity."""
+    # is_gpu_array: a dense CuPy x is one of the kinds taken (not a choice of device)
     if is_sparse(x) or is_dask_array(x) or not (isinstance(x, np.ndarray) or is_gpu_array(x)):
         raise TypeError(f"The '{name}' parameter of {func} must be a dense numpy or cupy array. "
                         f"Got {type(x).__name__} instead.")
@@ -118,7 +127,7 @@ def check_dense_finite(x: Any, name: str, func: str, ndim: int) -> None:
 
 def check_same_device(A: Any, x: Any, name: str, func: str) -> None:
     """Refuse operands on different devices (scipy with cupy, cupyx with numpy)."""
-    a_gpu, x_gpu = is_gpu_array(A), is_gpu_array(x)
+    a_gpu, x_gpu = is_gpu_array(A), is_gpu_array(x)  # the refusal names each one's device
     if a_gpu != x_gpu:
         def where(v: Any, gpu: bool) -> str:
             return f"on the {'GPU' if gpu else 'CPU'} ({type(v).__name__})"
@@ -135,26 +144,14 @@ def _promote(A: Any, x: Any) -> tuple[Any, Any]:
     dt = spmv_dtype(A.dtype, x.dtype)
     if A.dtype != dt:
         A = A.astype(dt)
-    if is_gpu_array(A):
-        import cupy
-
-        return A, cupy.ascontiguousarray(x, dtype=dt)
-    return A, np.ascontiguousarray(x, dtype=dt)
+    return A, array_module(A).ascontiguousarray(x, dtype=dt)
 
 
 def spmv_local(A: Any, x: Any, plan: SpMVPlan | None = None) -> Any:
     """The kernel call on already-validated CSR A and dense x (1-D or 2-D) of one device;
     with a ``plan`` (checked against A, x 1-D), the merge-path SpMV with it."""
     A, x = _promote(A, x)
-    if plan is None:
-        return spmv_lookup(A, x)
-    if is_gpu_array(A):
-        from mgpu.backends.cupy_spmv import spmv_merge
-
-        return spmv_merge(A, x, plan=plan)
-    from mgpu.backends.numpy_spmv import spmv_merge
-
-    return spmv_merge(A, x, plan=plan)
+    return spmv_lookup(A, x, plan=plan)
 
 
 def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True,
@@ -171,6 +168,8 @@ def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True
     A = A.tocsr()
     if not check_finite:
         return spmv_local(A, x, plan)
+    # Where the values are checked differs by device (before the product on the CPU, by the
+    # kernels while they work on the GPU), and so does the order of the checks.
     if not is_gpu_array(A):
         check_dense_finite(x, name, func, x.ndim)  # x first, then A, on both devices
         return spmv_local(check_sparse_operand(A, func), x, plan)
@@ -179,9 +178,7 @@ def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True
 
 def _gpu_checked(A: Any, x: Any, name: str, func: str, plan: SpMVPlan | None = None) -> Any:
     """The GPU half of :func:`spmv_checked`, for operands in the result dtype."""
-    from mgpu.backends.cupy_spmv import spmv_flagged
-
-    y, bad = spmv_flagged(A, x, plan)
+    y, bad = spmv_flagged_lookup(A, x, plan)
     flagged = None if bad is None else bool(bad.get()[0])  # the one read back
     if flagged is not False:  # raised, or cuSPARSE ran without looking
         check_dense_finite(x, name, func, x.ndim)
@@ -199,7 +196,7 @@ def check_spmv_plan(plan: Any, A: Any) -> None:
     if not isinstance(plan, SpMVPlan):
         raise TypeError(f"The 'plan' parameter of spmv must come from mgpu.spmv_plan. Got "
                         f"{type(plan).__name__} instead.")
-    gpu = is_gpu_array(A)
+    gpu = is_gpu_array(A)  # the plan's device against A's
     if (plan.device == "gpu") != gpu:
         raise ValueError(f"The 'plan' parameter of spmv was made for the "
                          f"{plan.device.upper()}, but A is on the {'GPU' if gpu else 'CPU'}.")
@@ -267,18 +264,14 @@ def spmv_plan(A: Any) -> SpMVPlan:
         raise ValueError(f"The 'A' parameter of spmv_plan must be in CSR form (the plan is "
                          f"tied to its index arrays). Got {A.format!r}; plan A.tocsr() and "
                          "pass that same matrix to spmv.")
-    if is_gpu_array(A):
-        from mgpu.backends.cupy_spmv import plan_spmv
-    else:
-        from mgpu.backends.numpy_spmv import plan_spmv
-    return dataclasses.replace(plan_spmv(A), pattern=pattern_key(A))
+    return dataclasses.replace(spmv_plan_lookup(A), pattern=pattern_key(A))
 
 
 def _planned_for(plan: Any, A: Any) -> bool:
     """Whether ``plan`` was made by :func:`spmv_plan` for this very CSR A on its device: then
     A passed spmv_plan's checks and its pattern is the plan's, so a call with its own plan
     skips them and the rest of :func:`check_spmv_plan`."""
-    return (type(plan) is SpMVPlan and getattr(A, "format", None) == "csr"
+    return (type(plan) is SpMVPlan and getattr(A, "format", None) == "csr"  # the plan's device
             and (plan.device == "gpu") == is_gpu_array(A) and plan.pattern == pattern_key(A))
 
 
@@ -290,13 +283,10 @@ def _one_device(A: Any, x: Any, name: str, func: str, ndim: int, check_finite: b
                             "a dask A is cut per tile on its worker. Leave plan out.")
         check_sparse_shape(A, func)
         check_spmv_plan(plan, A)
-    if is_gpu_array(A):
-        from mgpu.backends import cupy_spmv
-
-        if cupy_spmv.takes_as_is(A, x, ndim):  # passes every check but the values'
-            if check_finite:
-                return _gpu_checked(A, x, name, func, plan)
-            return cupy_spmv.merge_product(A, x, plan=plan)
+    if spmv_takes_as_is_lookup(A, x, ndim):  # passes every check but the values'
+        if check_finite:
+            return _gpu_checked(A, x, name, func, plan)
+        return spmv_lookup(A, x, plan=plan)
     if is_dask_array(A):
         raise TypeError(f"mgpu.ops.{func} runs on one device; for a dask array A use "
                         f"mgpu.{func}, which runs the distributed version.")

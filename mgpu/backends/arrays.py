@@ -1,0 +1,114 @@
+"""Host and device helpers that decide by the type of the data, importing CuPy only when
+CuPy data is there."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from mgpu.backends.dispatch import array_module_lookup, is_gpu_array
+
+__all__ = ["array_module", "csr_astype", "csr_with_values", "is_sparse", "on_device_of",
+           "sparse_module", "synchronize", "to_device", "to_host", "to_host_all"]
+
+
+def to_host(x: object):
+    """A numpy (or scipy) copy of CuPy (or cupyx) data (``x.get()``); host data as it is."""
+    if is_gpu_array(x):
+        return x.get()
+    return x if sp.issparse(x) else np.asarray(x)
+
+
+def to_device(x: Any) -> Any:
+    """A CuPy copy of host data: cupyx CSR for a sparse matrix, a cupy array otherwise."""
+    if sp.issparse(x):
+        import cupyx.scipy.sparse as csp
+
+        return csp.csr_matrix(x)
+    import cupy
+
+    return cupy.asarray(x)
+
+
+def on_device_of(x: Any, like: Any, to_gpu: Callable[[Any], Any] | None = None) -> Any:
+    """x on the device of ``like``: as it is when it is there already, else copied to the
+    host (:func:`to_host`) or to the GPU (``to_gpu``, by default :func:`to_device`)."""
+    if is_gpu_array(x) == is_gpu_array(like):
+        return x
+    if is_gpu_array(like):
+        return (to_gpu or to_device)(x)
+    return to_host(x)
+
+
+def to_host_all(values: list[Any]) -> list[Any]:
+    """Several results (flags, 0-d arrays) as host values, with one device round trip for all
+    when any is on the GPU."""
+    if any(is_gpu_array(v) for v in values):
+        import cupy
+
+        return cupy.stack([cupy.asarray(v) for v in values]).get().tolist()
+    return list(values)
+
+
+def sparse_module(x: Any) -> Any:
+    """scipy.sparse for host data, cupyx.scipy.sparse for CuPy data."""
+    if is_gpu_array(x):
+        import cupyx.scipy.sparse as csp
+
+        return csp
+    return sp
+
+
+def csr_with_values(S: Any, values: Any) -> Any:
+    """A CSR matrix of S's pattern, with its own copies of S's index arrays, holding
+    ``values`` (on the GPU without reading S's row pointers back: see
+    :func:`mgpu.backends.cupy.with_values`)."""
+    if is_gpu_array(S):
+        from mgpu.backends.cupy import with_values
+
+        return with_values(S, values)
+    return sp.csr_matrix((values, S.indices.copy(), S.indptr.copy()), shape=S.shape)
+
+
+def csr_astype(S: Any, dtype: Any) -> Any:
+    """CSR S with its values in ``dtype``, its index arrays and their order kept (scipy's
+    astype would sort unsorted indices)."""
+    if is_gpu_array(S):
+        return S.astype(dtype)
+    return sp.csr_matrix((S.data.astype(dtype), S.indices, S.indptr), shape=S.shape)
+
+
+def synchronize(x: object) -> object:
+    """Wait for the device work that produced CuPy data ``x``; ``x`` itself, either way.
+
+    A distributed task on a GPU ends here, so that it ends when its kernels do: otherwise
+    Dask would time (and schedule by) launches rather than work.
+    """
+    if is_gpu_array(x):
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+    return x
+
+
+def array_module(x: Any) -> Any:
+    """numpy for host data, cupy for CuPy data (dense or sparse; a dask array's ``_meta``)."""
+    return array_module_lookup(x)
+
+
+def is_sparse(x: Any) -> bool:
+    """Whether x is a scipy or cupyx sparse matrix."""
+    if sp.issparse(x):
+        return True
+    if is_gpu_array(x):
+        import cupyx.scipy.sparse as csp
+
+        return csp.issparse(x)
+    return False
+
+
+@array_module_lookup.register(object)
+def _numpy_module(x: Any) -> Any:
+    return np

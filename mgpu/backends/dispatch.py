@@ -1,0 +1,73 @@
+"""The dispatch tables: one :class:`dask.utils.Dispatch` per primitive, keyed by the type of
+its data (as ``dask/array/dispatch.py``).
+
+Only the tables live here. The implementations are registered by the backend modules: the
+numpy side when :mod:`mgpu.backends` is imported, the CuPy side lazily, the first time CuPy
+data reaches a table (:mod:`mgpu.backends.register`), so ``import mgpu`` never imports CuPy.
+A Dask task calls the lookup on its chunk, so one graph runs on CPU and GPU workers alike.
+"""
+from __future__ import annotations
+
+from dask.utils import Dispatch
+
+__all__ = [
+    "all_finite_lookup",
+    "array_module_lookup",
+    "distances_lookup",
+    "is_gpu_array",
+    "jaccard_lookup",
+    "knn_input_lookup",
+    "knn_lookup",
+    "knn_prepare_lookup",
+    "knn_prepared_lookup",
+    "namm_lookup",
+    "nonfinite_lookup",
+    "row_norms_lookup",
+    "sddmm_lookup",
+    "sddmm_plan_lookup",
+    "sgd_lookup",
+    "spmv_flagged_lookup",
+    "spmv_lookup",
+    "spmv_plan_lookup",
+    "spmv_takes_as_is_lookup",
+]
+
+# (X, op) -> per-row reduction in X's float dtype
+row_norms_lookup = Dispatch("row_norms")
+# (S CSR, A, B, hadamard, plan) -> S ∘ (A Bᵀ) on S's pattern
+sddmm_lookup = Dispatch("sddmm")
+# (S CSR, K, dtype, scheme) -> the SDDMMPlan of S on its device
+sddmm_plan_lookup = Dispatch("sddmm_plan")
+namm_lookup = Dispatch("namm")  # union (merge) distances between the rows of two CSR matrices
+knn_lookup = Dispatch("knn")  # (index, queries, k, ring, p, working_memory) -> (dist, ids)
+distances_lookup = Dispatch("distances")  # (X, Y, ring, p) -> dense distance matrix
+knn_prepare_lookup = Dispatch("knn_prepare")  # (tile, ring, p) -> an index ready for queries
+# (prepared index, checked host queries, k, ring, p, working_memory) -> (dist, ids)
+knn_prepared_lookup = Dispatch("knn_prepared")
+# (on, X) -> X as the kNN kernels of on's device take it (X's kind and shape checked)
+knn_input_lookup = Dispatch("knn_input")
+# (A CSR, x 1-D or X 2-D dense, plan=None) -> A @ x, merge path (with the plan's cuts)
+spmv_lookup = Dispatch("spmv")
+spmv_plan_lookup = Dispatch("spmv_plan")  # (A CSR) -> SpMVPlan of A on its device
+# (A, x, ndim) -> whether A and x go to the kernels as they are, with no conversion and no
+# check but of their values (False wherever the full checks run first)
+spmv_takes_as_is_lookup = Dispatch("spmv_takes_as_is")
+# (A CSR, x, plan) -> (A @ x, the device flag of NaN/inf or None): the product that checks
+# its operands as it reads them (the GPU's)
+spmv_flagged_lookup = Dispatch("spmv_flagged")
+# (G CSR, weighted, r0, r1) -> Jaccard weights of the edges of rows r0..r1, in G's order
+jaccard_lookup = Dispatch("jaccard")
+# (users, items, ratings, P, Q, lr, reg_p, reg_q) -> None: one SGD pass, P and Q in place
+sgd_lookup = Dispatch("sgd")
+# (values) -> flat (C-order) position of the first NaN or infinity, or None
+nonfinite_lookup = Dispatch("nonfinite")
+# (dense X) -> whether X is all finite: a bool on the host, a 0-d array on the device
+all_finite_lookup = Dispatch("all_finite")
+# (x) -> the array module of x's device: numpy or cupy
+array_module_lookup = Dispatch("array_module")
+
+
+def is_gpu_array(x: object) -> bool:
+    """Whether ``x`` is CuPy data (dense or cupyx sparse), decided without importing CuPy."""
+    mod = type(x).__module__.split(".", 1)[0]
+    return mod in ("cupy", "cupyx")

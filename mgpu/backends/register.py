@@ -1,0 +1,57 @@
+"""Which module registers each primitive (as ``dask/array/backends.py``): the numpy side
+eagerly, the CuPy side lazily, the first time CuPy data reaches a table. Importing
+:mod:`mgpu.backends` runs this, so a lookup is complete wherever it is called."""
+from __future__ import annotations
+
+import importlib
+
+from dask.sizeof import sizeof
+
+import mgpu.backends.arrays  # noqa: F401  (the numpy side of array_module)
+import mgpu.backends.finite  # noqa: F401  (the host finite scan)
+import mgpu.backends.numpy  # noqa: F401  (row norms, SDDMM, NAMM, Jaccard)
+import mgpu.backends.numpy_knn  # noqa: F401  (kNN and distances)
+import mgpu.backends.numpy_spmv  # noqa: F401  (SpMV, SpMM, their plans)
+import mgpu.backends.dispatch as d
+
+# The module that registers the CuPy side of each table.
+CUPY_MODULES: dict[str, tuple] = {
+    "mgpu.backends.cupy": (
+        d.row_norms_lookup, d.sddmm_lookup, d.sddmm_plan_lookup, d.jaccard_lookup,
+        d.nonfinite_lookup, d.all_finite_lookup, d.array_module_lookup,
+    ),
+    "mgpu.backends.cupy_knn": (
+        d.knn_lookup, d.distances_lookup, d.knn_prepare_lookup, d.knn_prepared_lookup,
+        d.knn_input_lookup,
+    ),
+    "mgpu.backends.cupy_spmv": (
+        d.spmv_lookup, d.spmv_plan_lookup, d.spmv_takes_as_is_lookup, d.spmv_flagged_lookup,
+    ),
+    "mgpu.backends.cupy_sgd": (d.sgd_lookup,),
+}
+
+
+def _lazy(module: str):
+    def register() -> None:
+        importlib.import_module(module)
+
+    return register
+
+
+for _module, _lookups in CUPY_MODULES.items():
+    for _lookup in _lookups:
+        _lookup.register_lazy("cupy", _lazy(_module))
+        _lookup.register_lazy("cupyx", _lazy(_module))
+
+
+@sizeof.register_lazy("cupyx")
+def _register_cupyx_sizeof() -> None:
+    # Dask sizes a cupyx sparse matrix by its Python object (a few dozen bytes): the scheduler
+    # would then move a GPU tile of S to wherever a factor is, and dask-cuda's device memory
+    # limit would never count it.
+    import cupyx.scipy.sparse as csp
+
+    @sizeof.register(csp.spmatrix)
+    def _sizeof_cupyx_sparse(x: object) -> int:
+        parts = ("data", "indices", "indptr", "row", "col")
+        return sum(int(getattr(x, name).nbytes) for name in parts if hasattr(x, name))
