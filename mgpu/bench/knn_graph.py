@@ -13,7 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 
 # The private checks of mgpu.ops.distances, imported in this one place.
-from mgpu.ops.distances import _check_input, _check_values, drop_self, resolve_metric
+from mgpu.ops.distances import check_knn_input, check_knn_values, drop_self, resolve_metric
 
 __all__ = ["graph_stats", "knn_graph"]
 
@@ -54,8 +54,8 @@ def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
     from mgpu.distributed import connect, from_scipy
 
     ring, p = resolve_metric(metric, p, func="knn-graph")
-    S = _check_input(sp.csr_matrix(S), "INPUT", "knn-graph")
-    _check_values(S, "INPUT", "knn-graph", ring)
+    S = check_knn_input(sp.csr_matrix(S), "INPUT", "knn-graph")
+    check_knn_values(S, "INPUT", "knn-graph", ring)
     n = S.shape[0]
     if not 1 <= k < n:
         raise ValueError(f"The 'k' parameter of knn-graph must be in [1, {n - 1}] for {n:,} "

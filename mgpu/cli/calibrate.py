@@ -14,11 +14,11 @@ from mgpu.cli._output import plotted
 
 
 def _show() -> None:
-    from mgpu.mf.calibration import _cache_path, cached_all
+    from mgpu.mf.calibration import cache_path, cached_all
 
     entries = cached_all()
     if not entries:
-        raise click.ClickException(f"no calibration cached yet ({_cache_path()}); run "
+        raise click.ClickException(f"no calibration cached yet ({cache_path()}); run "
                                    "mgpu calibrate")
     for cal in entries.values():
         click.echo(cal.describe() + "\n")

@@ -283,13 +283,14 @@ class Calibration:
         return cls(**d)
 
 
-def _cache_path() -> Path:
+def cache_path() -> Path:
+    """Where calibrations are cached (``mgpu.mf.calibration-cache``, ``~`` expanded)."""
     return Path(os.path.expanduser(str(config.get("mf.calibration-cache"))))
 
 
 def cached_all() -> dict[str, Calibration]:
     """Every cached calibration by key (none when the cache is missing or unreadable)."""
-    path = _cache_path()
+    path = cache_path()
     try:
         entries = json.loads(path.read_text())
     except FileNotFoundError:
@@ -307,7 +308,7 @@ def cached(key: str) -> Calibration | None:
 
 def store(cal: Calibration) -> Path:
     """Add ``cal`` to the cache file (written whole, then renamed into place)."""
-    path = _cache_path()
+    path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         entries = json.loads(path.read_text())

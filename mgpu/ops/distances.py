@@ -188,14 +188,6 @@ def check_knn_pair(X: Any, Y: Any, ring: Semiring, func: str, names: tuple[str, 
     return X, Y
 
 
-def _check_input(X: Any, name: str, func: str) -> Any:
-    """:func:`check_knn_input` for the host (the name the CLI imports)."""
-    return check_knn_input(X, name, func)
-
-
-_check_values = check_knn_values  # the name the CLI imports
-
-
 def pairwise_distances(X: Any, Y: Any = None, *, metric: str = "euclidean",
                        p: float = 2) -> np.ndarray:
     """Distances between the rows of X and the rows of Y (or of X).
