@@ -7,6 +7,7 @@ so the test needs neither a GPU nor an import of the package.
 from __future__ import annotations
 
 import ast
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,22 @@ def test_workflows_use_the_public_api_only(script):
             names = [a.name for a in node.names if a.name.startswith("mgpu")]
         private += [n for n in names if any(part.startswith("_") for part in n.split("."))]
     assert private == []
+
+
+def test_outside_the_backends_a_type_branch_says_why():
+    # Ops choose a backend by a dispatch lookup. Where code outside mgpu/backends still asks
+    # whether data is CuPy's (to word a refusal, to place a GPU task), a comment on that line
+    # or on the two lines above it says why.
+    bare = []
+    for module, path in MODULES.items():
+        if module.startswith("mgpu.backends"):
+            continue
+        text = path.read_text()
+        with open(path, "rb") as f:
+            commented = {tok.start[0] for tok in tokenize.tokenize(f.readline)
+                         if tok.type == tokenize.COMMENT}
+        for i, line in enumerate(text.splitlines(), start=1):
+            if "is_gpu_array(" in line and not line.lstrip().startswith(("def ", "#")):
+                if not commented & {i - 2, i - 1, i}:
+                    bare.append(f"{module}:{i}: {line.strip()}")
+    assert not bare, "type branches without a reason:\n" + "\n".join(bare)

@@ -292,7 +292,7 @@ def bench_scaling(index: sp.csr_matrix, queries: sp.csr_matrix, k: int, metric: 
     for n in workers:
         with connect(n_workers=n, gpus=gpus) as client:
             Xd = from_scipy(X, n * tiles_per_worker, axis=0, client=client)
-            kind = "GPU" if is_gpu_array(Xd._meta) else "CPU"
+            kind = "GPU" if is_gpu_array(Xd._meta) else "CPU"  # the report's words only
             mgpu.knn(Xd, Q[: min(nq, 256)], k, metric=metric)
             t, (_, ids) = timed(lambda: mgpu.knn(Xd, Q, k, metric=metric))
             nnz = chunk_nnz(Xd).ravel()

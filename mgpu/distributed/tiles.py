@@ -107,6 +107,7 @@ class RowTiles:
         where = client.who_has(blocks)
         workers = [(list(where.get(f.key, ())) or [None])[0] for f in blocks]
         bounds = np.concatenate([[0], np.cumsum(Sd.chunks[0])]).astype(np.int64)
+        # GPU tiles' tasks ask for a GPU and stay pinned to it (task_placement)
         return cls(client, blocks, bounds, workers, nnz, is_gpu_array(Sd._meta), name)
 
     def __len__(self) -> int:

@@ -137,7 +137,7 @@ def check_knn_input(X: Any, name: str, func: str, on: Any = None) -> Any:
     if is_dask_array(X):
         raise TypeError(f"The '{name}' parameter of {func} is a dask array: a distributed "
                         "index goes to mgpu.knn, and queries are numpy/scipy.")
-    if not (is_sparse(X) or isinstance(X, np.ndarray) or is_gpu_array(X)):
+    if not (is_sparse(X) or isinstance(X, np.ndarray) or is_gpu_array(X)):  # kinds taken
         what = "a 2-D array or a sparse matrix" if on_gpu else \
             "a 2-D numpy array or a scipy sparse matrix"
         raise TypeError(f"The '{name}' parameter of {func} must be {what}. Got "

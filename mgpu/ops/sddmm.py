@@ -307,7 +307,7 @@ def check_plan(plan: Any, S: Any, K: int) -> None:
     if (plan.scheme == "cpu") == is_gpu_array(S):  # the plan's device against S's
         raise ValueError(f"The 'plan' parameter of sddmm was made for the "
                          f"{'CPU' if plan.scheme == 'cpu' else 'GPU'}, but S is on the "
-                         f"{'GPU' if is_gpu_array(S) else 'CPU'}.")
+                         f"{'GPU' if is_gpu_array(S) else 'CPU'}.")  # the words only
     if plan.pattern != pattern_key(S) or plan.K != K:
         raise ValueError(
             f"The 'plan' parameter of sddmm was made for another problem (S {plan.shape} with "
