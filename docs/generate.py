@@ -95,11 +95,12 @@ def _unquote(sig: str) -> str:
 
 
 def _signature(name: str, obj: object) -> str:
+    """``name`` (with its module, ``mgpu.`` or ``mgpu.models.``) and its signature."""
     try:
         sig = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return ""
-    return f"mgpu.{name}{_unquote(sig)}"
+    return f"{name}{_unquote(sig)}"
 
 
 def _methods(cls: type) -> list[tuple[str, object]]:
@@ -108,20 +109,26 @@ def _methods(cls: type) -> list[tuple[str, object]]:
 
 
 def api_page() -> str:
-    """docs/api.md: one section per name of ``mgpu.__all__``, in that order."""
+    """docs/api.md: one section per name of ``mgpu.__all__``, then of ``mgpu.models.__all__``,
+    in that order."""
     import mgpu
+    import mgpu.models
 
-    md = [_GENERATED.format(source="the docstrings of mgpu.__all__"), "", "# API reference", "",
-          "Everything below is importable as `mgpu.<name>`. Data in, same family out: "
+    md = [_GENERATED.format(source="the docstrings of mgpu.__all__ and mgpu.models.__all__"),
+          "", "# API reference", "",
+          "Everything below is importable as `mgpu.<name>`, the estimators built on it as "
+          "`mgpu.models.<name>`. Data in, same family out: "
           "numpy/scipy in gives numpy/scipy out (CPU), cupy/cupyx gives cupy/cupyx (GPU), a "
           "dask array gives a dask array or runs on the cluster that holds it.", ""]
-    md += [f"- [`{n}`](#mgpu{n.lower()})" for n in mgpu.__all__]
-    for name in mgpu.__all__:
-        obj = getattr(mgpu, name)
-        md += ["", f"## mgpu.{name}", ""]
-        sig = _signature(name, obj)
+    names = [("mgpu", mgpu, n) for n in mgpu.__all__]
+    names += [("mgpu.models", mgpu.models, n) for n in mgpu.models.__all__]
+    md += [f"- [`{p}.{n}`](#{p.replace('.', '')}{n.lower()})" for p, _, n in names]
+    for prefix, module, name in names:
+        obj = getattr(module, name)
+        md += ["", f"## {prefix}.{name}", ""]
+        sig = _signature(f"{prefix}.{name}", obj)
         if isinstance(obj, type) and issubclass(obj, BaseException):
-            sig = f"class mgpu.{name}({', '.join(b.__name__ for b in obj.__bases__)})"
+            sig = f"class {prefix}.{name}({', '.join(b.__name__ for b in obj.__bases__)})"
         elif isinstance(obj, type):
             sig = "class " + sig
         if sig:
