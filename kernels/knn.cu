@@ -41,11 +41,14 @@ template <> __device__ __forceinline__ double pos_inf<double>() {
     return __longlong_as_double(0x7ff0000000000000LL);
 }
 
+// The codes of both enums are defined once in mgpu/backends/knn_codes.py;
+// tests/test_knn_codes.py checks that these match them.
+
 // Accumulated operation, the template parameter OP of mgpu_knn_csr
 enum KnnOp { OP_DOT = 0, OP_KL = 1, OP_L1 = 2, OP_LP = 3, OP_CANBERRA = 4, OP_HAMMING = 5,
              OP_JS = 6, OP_LINF = 7 };
 
-// Element-wise finish, the runtime argument fin (mgpu/backends/cupy_knn.py mirrors these)
+// Element-wise finish, the runtime argument fin
 enum KnnFinish { FIN_EUCLIDEAN = 0, FIN_SQEUCLIDEAN = 1, FIN_COSINE = 2, FIN_CORRELATION = 3,
                  FIN_INNER = 4, FIN_DICE = 5, FIN_JACCARD = 6, FIN_RUSSELLRAO = 7,
                  FIN_HELLINGER = 8, FIN_KL = 9, FIN_L1 = 10, FIN_LP = 11, FIN_CANBERRA = 12,

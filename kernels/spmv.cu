@@ -158,7 +158,8 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
 // flags in bad a row sum (or a tile's carry) that is not finite. A NaN or infinity among A's
 // stored values always makes its row's sum so (a NaN or infinite product, inf * 0 included,
 // keeps the double sum NaN or infinite), so R + 1 tests a tile stand for a test of each of
-// its N values on the loads, which cost a tenth of the time on regular matrices. A sum that
+// its N values on the loads, which would show on regular matrices (docs/benchmarks.md has
+// checked against unchecked calls). A sum that
 // overflows raises the flag too; the caller's checks then find no culprit. Without CHECK
 // (the caller's operands are not checked, bad is null) nothing is tested.
 //

@@ -123,8 +123,8 @@ _SDDMM_THREADS = 256
 _GATHER_BYTES = 1 << 28  # working memory of the gather-dot fallback per pass
 _TUNE_REPEATS = 3
 # Most device memory the tiled layout of S takes while it is built, per nonzero: its int64
-# temporaries and the sort's scratch (84 bytes measured on an H100 through CuPy's pool,
-# tests/test_memory.py; 128 leaves room for the pool's rounding). Where it does not fit
+# temporaries and the sort's scratch (as CuPy's pool counts them, tests/test_memory.py;
+# 128 leaves room for the pool's rounding). Where it does not fit
 # beside the product, S runs by the CSR kernel, which needs none.
 LAYOUT_BYTES_PER_NZ = 128
 

@@ -173,7 +173,7 @@ def device_input(X: Any) -> Any:
 
 def _without_zeros(X: csp.csr_matrix) -> csp.csr_matrix:
     """X without stored zeros. (cupyx's eliminate_zeros goes through cuSPARSE's compress,
-    which on the CUDA 13 stack also loses negative values: checked on an H100.)"""
+    which on the CUDA 13 stack also loses negative values.)"""
     keep = X.data != 0
     if bool(keep.all()):
         return X

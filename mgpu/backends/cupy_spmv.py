@@ -40,7 +40,7 @@ _SPMM_PIECES = 8  # SpMM: pieces per block, each a warp over 32 columns of X
 _FULL_WAVES = 4  # below this many items per resident thread, smaller pieces pay off
 # A plan leaves empty rows out of the merge when at least one row in this many is empty: a
 # row's number in A then costs a read per non-empty row, an empty row a read and a write
-# instead of a merge item (about five times as long, measured on graphs with many).
+# instead of a merge item (several times as long, on graphs with many empty rows).
 _COMPACT_SHARE = 16
 _INT32 = np.dtype(np.int32)
 

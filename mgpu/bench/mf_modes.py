@@ -69,8 +69,9 @@ def compare_modes(R: sp.spmatrix, modes: str | Sequence[str], *, k: int, lr: flo
     """Split ``R`` and train every mode of ``modes`` from one start.
 
     Without ``address`` or ``one_cluster``, each mode that needs a cluster gets a fresh
-    embedded one of the same shape: on one cluster the `cpu` mode ran 11.5–14.3 s to the
-    target after GPU modes against 8.7 s first (planted 1e7 ratings, one H100, 12 threads).
+    embedded one of the same shape: on a shared cluster a mode run after others inherits
+    what they left on the workers, and the `cpu` mode after the GPU modes takes markedly
+    longer to the target than it does first.
 
     Parameters
     ----------

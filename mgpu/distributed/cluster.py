@@ -296,9 +296,9 @@ def _low_latency(client: Client) -> Client:
     distributed batches each stream's messages: 10 ms from a client to the scheduler, 5 ms
     from the scheduler to a worker, 2 ms from a worker back and from the scheduler to a
     client. One iterative call after another (an SDDMM, an SpMM, a kNN batch) waits through
-    them however short its tasks are: on one H100 worker, a no-op task took 9.7 ms from
-    submit to result with only the client's batching lowered, against 7.4 ms for a whole
-    54M-nonzero SDDMM tile. The client's interval is an attribute of its stream; the
+    them however short its tasks are: with only the client's batching lowered, a no-op
+    task's round trip on a GPU worker costs about as long as a whole SDDMM tile of tens of
+    millions of nonzeros. The client's interval is an attribute of its stream; the
     scheduler's and the workers' are set by plugins, which also reach workers that join or
     restart later. A null setting leaves the cluster as it is; a scheduler that cannot load
     the plugin (mgpu not installed there) keeps its own batching, with a warning.

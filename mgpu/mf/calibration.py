@@ -9,9 +9,8 @@ is a block as the division cuts them: the ratings of a row stratum of shuffled u
 column stratum, with factor segments of every user of the row and every item of the column.
 A prefix of ratings shuffled over the whole matrix is not: it meets a new user at nearly
 every rating, so its user segment and its working set are several
-times a real block's of as many ratings. On 480,000 × 17,770 planted ratings such a prefix
-took 620 ns a rating on one CPU thread where a block of the division took 290–330 ns, and
-HSGD*'s CPU side had been predicted 27–53% too slow.
+times a real block's of as many ratings, and it runs about twice as slow a rating as the
+division's blocks do, which would price HSGD*'s CPU side far too slow.
 
 Timed on a CPU worker: the whole CPU block (one thread: the shuffle and the numba pass, in
 place on the factor segments as a block host runs it); on a GPU worker: the transfers (the
@@ -21,19 +20,17 @@ between the blocks of a GPU's own rows) apart from the kernel (``kernels/sgd.cu`
 Every call also costs its slot time outside its own run: the round trip from the call to
 its sender hearing it ended (the sender is the host that runs the block scheduler,
 :meth:`mgpu.mf.hosts.BlockHost.drive`), and the copies of segments between workers. Idle,
-that is a few milliseconds; in an epoch, with every slot busy, the workers and the client
-all busy, it was 26 ms a CPU block on the 16-core GPU machine when each block was a Dask
-task, as long as a whole block of 18,000 ratings, and 7–8 ms since blocks are calls to
-block hosts (:mod:`mgpu.mf.hosts`) called from the client, 4–12 ms since the calls come
-from the CPU worker's own host. It is measured as an epoch has it
+that is a few milliseconds; in an epoch, with every slot, the workers and the client all
+busy, it grows to the order of a small block's own run, which is why blocks are calls to
+block hosts (:mod:`mgpu.mf.hosts`) sent from the CPU worker's own host rather than a Dask
+task each. It is measured as an epoch has it
 (:func:`_task_overheads`): every slot runs block calls back to back, as the block
 scheduler runs them, and a call's overhead is the time its slot was busy with it, counted
 as HSGD*'s side times count it, less the call's own run on its worker. The same calls time
 the CPU's runs with the GPU and the calls at work beside them, against the curve's at
-their size (``cpu_load``), which is recorded and not applied: that one size's ratio read
-0.82–1.34 over eight calibrations where the epochs that followed ran their CPU blocks
-0.92–1.26 times the curve, and scaling the curve by it left the CPU side 3–25% off (three
-runs over 15%) against 1–14% unscaled (BENCHMARKS.md history).
+their size (``cpu_load``), which is recorded and not applied: that one size's ratio varies
+more from one calibration to the next than the epochs' CPU blocks vary around the curve,
+so scaling the curve by it predicts the CPU side worse than leaving it unscaled.
 
 :class:`Calibration` keeps the measurements and fits the curves of :mod:`mgpu.sched.cost`
 from them, as HSGD* does (CPU piecewise linear through the sizes measured; GPU transfer
@@ -428,8 +425,8 @@ def _task_overheads(client: Any, block: tuple[np.ndarray, ...], P: np.ndarray, Q
     :func:`mgpu.mf.hosts.share_segments`); ``shared`` in the result is 1.0 where they did,
     and then only the GPU's input crosses (:func:`_probe_calls`).
     Returns, per kind, the mean of busy less run (an epoch's side time is a sum of them,
-    outliers included: the median read 0.4–2.8 ms where epochs' CPU calls had 2.2–6.7 ms a
-    call beyond their runs, BENCHMARKS.md history) and, as ``{kind}_run``, the median run (one slow
+    outliers included, so the mean predicts it where the median falls well short of what
+    epochs' calls spend beyond their runs) and, as ``{kind}_run``, the median run (one slow
     call should not scale every block), over each kind's calls but its slots' first ones (a
     first call may load what later ones find loaded)."""
     from mgpu.mf.hosts import call, share_segments, start_hosts
@@ -568,8 +565,8 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
     got = {kind: f.result() for kind, f in futs.items()}
     probe = sizes[len(sizes) // 2]  # blocks of a middle size, segments as the division's
     pblock = _prefix_block(*sample, probe, k, np.dtype(dtype), window.n_items, window.by_user)
-    # about half a second of calls a slot (8 to 64): a slot's first 8 gave a CPU block's
-    # run anywhere from 0.98 to 1.95 times the curve's where epochs ran it 1.15–1.46 times
+    # about half a second of calls a slot (8 to 64): a slot's first few calls alone scatter
+    # a CPU block's run far more widely around the curve than an epoch's calls do
     cpu_s = got.get("cpu", {}).get("times", [])
     one = cpu_s[sizes.index(probe)] if cpu_s else got["gpu"]["kernel"][sizes.index(probe)]
     tasks = int(np.clip(np.ceil(0.5 / max(one, 1e-6)), 8, 64))
@@ -580,7 +577,7 @@ def calibrate(client: Any, users: np.ndarray, items: np.ndarray, ratings: np.nda
         alone = _task_overheads(client, *pblock, None, 0, gpu_worker, dtype, gpu_kw or {},
                                 tasks)["gpu"]
     # the CPU's runs beside the GPU and the calls of an epoch, against the curve's (recorded:
-    # too noisy a ratio to scale the curve by, BENCHMARKS.md history)
+    # too noisy a ratio to scale the curve by)
     cpu_load = overhead["cpu_run"] / cpu_s[sizes.index(probe)] if cpu_s else 0.0
     cal = Calibration(
         key=cluster_key(client, cpu_worker, gpu_worker, k, dtype, gpu_kw or {}, cpu_threads,

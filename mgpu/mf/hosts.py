@@ -2,18 +2,16 @@
 segments, running the blocks the block scheduler sends it.
 
 Why actors and not a Dask task per block: a task's submission, its dependencies and its end
-travel through the Dask scheduler, and with a worker's threads all running SGD that cost
-40–43 ms a task on a 16-core H100 machine (12 threads, 12-ms blocks), as long as the block
-itself; a call to an actor goes from the client straight to the worker and cost 6.8 ms
-there (BENCHMARKS.md history, "HSGD* with block hosts").
+travel through the Dask scheduler, and with a worker's threads all running SGD that costs
+tens of milliseconds a task, as long as a block of SGD itself; a call to an actor goes from
+the client straight to the worker and costs several times less.
 
 Why the block scheduler runs on a host (:meth:`BlockHost.drive`, the worker with the most
-slots): from the client, a CPU worker's 12 slots ending their blocks together queued their
-next calls behind one another, 3.9 ms out and 1.3 ms back a call beside 12–13 ms of SGD,
-and the calibration's probe of that cost read 7–23 ms. From the CPU worker's own host, a
-call to it needs no message and no serialisation (BENCHMARKS.md history, "HSGD*: the block
-scheduler beside the CPU slots"), and one whose inputs are there goes straight to the
-host's threads, past its event loop (:meth:`BlockHost.run_here`).
+slots): from the client, a CPU worker's slots ending their blocks together queue their
+next calls behind one another, each call's messages out and back a sizeable fraction of
+the block it runs. From the CPU worker's own host, a call to it needs no message and no
+serialisation, and one whose inputs are there goes straight to the host's threads, past its
+event loop (:meth:`BlockHost.run_here`).
 
 Segments are versioned, so the dataflow is the same as with futures: the scheduler numbers
 each segment's updates and tells a call which version of each input it needs and where that
@@ -239,11 +237,12 @@ class BlockHost:
         (float64); on a GPU ``kernels/sgd.cu`` and every CuPy kernel a call uses (staging
         ratings, segments from the host and left on the device, the host copies) compile or
         load. Otherwise the first epoch is the compiler's: a fresh machine's first GPU
-        compile took 6.8 s of a MovieLens epoch, and the first epoch's rates are what rows
-        are handed over by. A GPU block is of a real block's order of size because
-        cupy.bincount (a block's busiest user and item, ``mgpu.mf.gpu-conflicts``) runs
-        another kernel from some thousands of values on, compiled on its first use: 4.2 s on
-        an H100 machine, which a one-rating block left to the first epoch."""
+        compile takes seconds, longer than a small data set's whole epoch, and the first
+        epoch's rates are what rows are handed over by. A GPU block is of a real block's
+        order of size because cupy.bincount (a block's busiest user and item,
+        ``mgpu.mf.gpu-conflicts``) runs another kernel from some thousands of values on,
+        compiled on its first use (seconds again), which a one-rating block would leave to
+        the first epoch."""
         await self._in_pool(self._warm, k)
 
     def _warm(self, k: int) -> None:
@@ -287,9 +286,9 @@ class BlockHost:
         """:meth:`run` from a thread of this host's own process (the driver's), straight
         to its pool, or None where it must go through :meth:`run`: an input not held
         here at its version, or a block not here (not staged, on a GPU). A call on its
-        way through the event loop took 3–4 hops there (in, to a thread, back, out), and
-        with 12 CPU threads and another host's calls on it, a CPU block's call waited
-        about 3 ms on them (BENCHMARKS.md history, "HSGD*: block calls past the event loop")."""
+        way through the event loop takes 3–4 hops there (in, to a thread, back, out), and
+        with every CPU thread busy and another host's calls on the loop, a CPU block's call
+        waits milliseconds on them."""
         arrs = []
         with self._lock:  # against the event loop's _wait and take
             for key, v, holder, keep in (*p_in, q_in):

@@ -30,8 +30,8 @@ Modes so far:
     divided again, and a row a GPU takes is staged on its device once. When fit calibrates
     for itself, it also times one block of the GPUs-alone division on a GPU: that prices
     the option of no CPU slots, and no GPU block of any option is priced faster than that
-    rate per rating (the curves, fitted on smaller prefixes, extrapolate the GPU up to
-    twice too fast).
+    rate per rating (the curves, fitted on smaller prefixes, can extrapolate the GPU
+    faster than it runs).
 ``hsgd-static``
     ``hsgd*`` without stealing: every slot runs exactly its own blocks (rows handed over
     between epochs like ``hsgd*``).

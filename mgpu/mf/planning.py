@@ -233,9 +233,9 @@ def side_times(events: Sequence[Any], kinds: dict[str, str], sizes: dict[int, fl
 
     A steal from another worker is priced as any call: the calibration's overhead already
     holds a segment that crosses between workers in every call (:mod:`mgpu.mf.calibration`),
-    and on H100 machines at 1e7 ratings adding the block scheduler's guess at the move
-    (``mf.steal-bandwidth``, both segments both ways) put the GPU side 8–30% above its
-    measured time (BENCHMARKS.md history).
+    so adding the block scheduler's guess at the move (``mf.steal-bandwidth``, both
+    segments both ways) would count that cost twice and price the GPU side above its
+    measured time.
 
     Parameters
     ----------

@@ -52,8 +52,8 @@ def host_copy(a: Any) -> np.ndarray:
     """A device array's host copy, in pinned memory (CuPy's pinned pool).
 
     The copy is the GPU's DMA, not a staging copy by a CPU core that the CPU slots keep
-    busy (a GPU task's time fell from about 39 to 24 ms on planted ratings, 12 CPU threads
-    beside it).
+    busy: with every CPU thread running SGD beside it, a pageable copy waits for a core and
+    a GPU call takes markedly longer.
 
     Parameters
     ----------
@@ -79,9 +79,9 @@ def time_alone_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, 
     A share of a block costs about the block's time per rating: it touches the same rows,
     drawn as often relative to each other, so the device's caches see the same footprint.
     The curves of :func:`mgpu.mf.calibration.calibrate`, fitted on prefixes of one stratum
-    of the division with CPU slots, priced this block about 1.5 times too fast on an H100 at
-    16 warps; the kernel ran the division's own smaller blocks no faster per rating than
-    this one (BENCHMARKS.md history), so the rate measured here also bounds theirs
+    of the division with CPU slots, can price this larger block too fast (they extrapolate
+    past the sizes measured); the kernel runs the division's own smaller blocks no faster
+    per rating than this one, so the rate measured here also bounds theirs
     (:meth:`mgpu.mf.calibration.Calibration.predictor`'s ``floor``).
 
     Parameters

@@ -6,11 +6,10 @@ repeats each, averaged (:func:`calibrate`). Then:
 
 - CPU: time piecewise linear in the number of ratings, through the sizes measured
   (:func:`fit_piecewise`). The thesis fits one line, ``t = a·n + b`` (:func:`fit_linear`,
-  still Qilin's model here), but a CPU block's cost per rating is not constant: with k=128,
-  on a 2-core AMD EPYC, it fell from 450 to 250 ns between 1,024 and 16,384 ratings (fixed
-  costs amortised; a block then also copied its segments) and rose to 650 ns from 131,072
-  on (the user segment out of cache), so the best line missed blocks by 20–50% at both ends
-  of the sizes HSGD* uses.
+  still Qilin's model here), but a CPU block's cost per rating is not constant: it falls
+  as blocks grow (fixed costs amortised) and rises again once the user segment no longer
+  fits in cache, so the best single line misses blocks by tens of percent at both ends of
+  the sizes HSGD* uses.
 - GPU, below a threshold τ where the speed still grows: transfer ``t = n / (a·sqrt(ln n) + b)``
   and kernel ``t = n / (a·ln n + b)``; above τ both are linear. The GPU's time is the larger
   of the two, because copies and kernels overlap on streams (:func:`fit_gpu_curve`).
