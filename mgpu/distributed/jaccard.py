@@ -20,7 +20,7 @@ import scipy.sparse as sp
 from mgpu.backends import is_gpu_array, jaccard_lookup, to_device, to_host
 from mgpu.distributed.cluster import completed, current_client
 from mgpu.distributed.collection import device_copy, place_as
-from mgpu.ops._params import Interval, check_param
+from mgpu.ops.validation import Interval, check_param
 from mgpu.ops.jaccard import check_graph, jaccard_local
 
 logger = logging.getLogger(__name__)

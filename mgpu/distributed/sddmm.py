@@ -28,7 +28,7 @@ from mgpu.ops.sddmm import (
     sddmm_dtype,
     sddmm_local,
 )
-from mgpu.ops._validate import is_dask_array
+from mgpu.ops.validation import is_dask_array
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dask.base import tokenize
 from mgpu.backends import array_module, on_device_of
 from mgpu.distributed.cluster import current_client
 from mgpu.distributed.collection import place_as
-from mgpu.ops._validate import is_dask_array
+from mgpu.ops.validation import is_dask_array
 from mgpu.ops.spmv import (
     check_dense_operand,
     check_sparse_shape,

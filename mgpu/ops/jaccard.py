@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mgpu.backends import array_module, csr_with_values, jaccard_lookup, sparse_module, to_host
-from mgpu.ops._validate import first_nonfinite, float_dtype, is_dask_array
+from mgpu.ops.validation import first_nonfinite, float_dtype, is_dask_array
 
 __all__ = ["check_graph", "jaccard_local"]
 

@@ -8,8 +8,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends import array_module, is_gpu_array, sparse_module
-from mgpu.ops._params import Interval, check_param
-from mgpu.ops._validate import check_option
+from mgpu.ops.validation import Interval, check_option, check_param
 from mgpu.ops.distances import check_knn_input, drop_self, knn, resolve_metric
 
 __all__ = ["NearestNeighbors"]

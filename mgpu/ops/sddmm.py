@@ -18,7 +18,7 @@ from mgpu.backends import (
     to_host_all,
 )
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
-from mgpu.ops._validate import all_finite, first_nonfinite, is_dask_array, is_sparse
+from mgpu.ops.validation import all_finite, first_nonfinite, is_dask_array, is_sparse
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from mgpu.backends import (
 )
 from mgpu.backends.sddmm_plan import pattern_key
 from mgpu.backends.spmv_plan import SpMVPlan
-from mgpu.ops._validate import first_nonfinite, is_dask_array, is_sparse
+from mgpu.ops.validation import first_nonfinite, is_dask_array, is_sparse
 
 __all__ = [
     "check_dense_finite",
