@@ -25,7 +25,8 @@ import scipy.sparse as sp
 from dask.core import flatten
 
 from mgpu.backends import to_device
-from mgpu.distributed.cluster import current_client, describe_workers
+from mgpu.distributed.cluster import CLIENT, current_client, describe_workers
+from mgpu.ops.validation import IsCallable, check_array, check_param
 from mgpu.partition import axis_counts, part_sums, split_counts
 
 logger = logging.getLogger(__name__)
@@ -254,6 +255,8 @@ def from_scipy(
             f" Got {device!r} instead."
         )
     S = _check_input(S, axis, parts)
+    check_param(client, "client", "from_scipy", [CLIENT, None])
+    check_param(progress, "progress", "from_scipy", [IsCallable(), None])
     if client is None:
         client = current_client()
     workers: list[str] = sorted(client.scheduler_info()["workers"]) if client else []
@@ -378,6 +381,8 @@ def block_futures(x: da.Array, client: Any) -> dict[tuple[int, ...], Any]:
 
 def gather(x: da.Array) -> sp.csr_matrix:
     """Bring a sparse dask array back as one scipy CSR matrix (from CPU or GPU chunks)."""
+    check_array(x, "x", "gather", accept_dense=False, accept_sparse=False, accept_dask=True,
+                kinds="a dask array of sparse chunks (mgpu.from_scipy)")
     return sp.csr_matrix(
         x.map_blocks(_to_host, dtype=x.dtype, meta=sp.csr_matrix((0, 0), dtype=x.dtype),
                      name="mgpu-gather").compute()

@@ -22,7 +22,7 @@ from mgpu.backends import is_gpu_array
 from mgpu.distributed.cluster import completed, current_client, task_placement
 from mgpu.distributed.collection import block_futures, place_as
 from mgpu.ops import distances as dist
-from mgpu.ops.validation import Interval, check_param
+from mgpu.ops.validation import Interval, IsCallable, check_param
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +179,7 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     """
     from mgpu.ops.validation import is_dask_array
 
+    check_param(progress, "progress", "knn", [IsCallable(), None])
     if is_dask_array(index):
         return knn_distributed(index, queries, k, metric=metric, p=p,
                                working_memory=working_memory, progress=progress)

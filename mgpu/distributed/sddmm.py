@@ -23,6 +23,7 @@ from mgpu.distributed.collection import block_futures, chunk_workers, device_cop
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
     check_dense_factor,
+    check_sddmm_options,
     check_sddmm_shapes,
     check_sparse,
     sddmm_dtype,
@@ -209,6 +210,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     >>> np.allclose(P.compute().toarray(), 8 * S.toarray())
     True
     """
+    check_sddmm_options(hadamard, check_finite, working_memory, progress)
     if not is_dask_array(S):
         return sddmm_one_device(S, A, B, hadamard=hadamard, plan=plan,
                                 check_finite=check_finite, device=device,

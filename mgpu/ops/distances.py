@@ -39,7 +39,8 @@ from mgpu.backends.knn_codes import KNN_CODES
 # The CPU computation lives in the backends layer; these names are part of this module's API.
 from mgpu.backends.numpy_knn import knn_checked, top_k, working_memory_for, working_memory_rows
 from mgpu.backends.numpy_knn import nbytes as _nbytes  # noqa: F401  (the tests size with it)
-from mgpu.ops.validation import Interval, StrOptions, check_array, check_param, is_dask_array
+from mgpu.ops.validation import (Bytes, Interval, StrOptions, check_array, check_param,
+                                 is_dask_array)
 
 __all__ = ["SEMIRINGS", "Semiring", "check_knn_input", "check_knn_pair", "check_knn_values",
            "drop_self", "knn", "knn_checked", "knn_prepared", "pairwise_distances",
@@ -247,6 +248,7 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     ([[1, 0]], [[0.1, 0.9]])
     """
     ring, p = resolve_metric(metric, p, func="knn")
+    check_param(working_memory, "working_memory", "knn", [Bytes(), None])
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         n = getattr(index, "shape", ("?",))[0]
         raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}]. Got {k!r} "

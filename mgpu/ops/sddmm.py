@@ -18,13 +18,15 @@ from mgpu.backends import (
     to_host_all,
 )
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
-from mgpu.ops.validation import all_finite, first_nonfinite, is_dask_array, is_sparse
+from mgpu.ops.validation import (Boolean, Bytes, IsCallable, all_finite, check_param,
+                                 first_nonfinite, is_dask_array, is_sparse)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "check_dense_factor",
     "check_dense_factors",
+    "check_sddmm_options",
     "check_sddmm_shapes",
     "check_sparse",
     "sddmm",
@@ -66,6 +68,15 @@ def check_sddmm_shapes(s_shape: tuple[int, ...], a_shape: tuple[int, ...],
             f"The 'A' and 'B' parameters of sddmm must have the same number of columns K. Got "
             f"A with {a_shape[1]} and B with {b_shape[1]}."
         )
+
+
+def check_sddmm_options(hadamard: Any, check_finite: Any, working_memory: Any,
+                        progress: Any) -> None:
+    """Refuse a bad value of sddmm's flags and streaming options, whatever the data."""
+    check_param(hadamard, "hadamard", "sddmm", Boolean())
+    check_param(check_finite, "check_finite", "sddmm", Boolean())
+    check_param(working_memory, "working_memory", "sddmm", [Bytes(), None])
+    check_param(progress, "progress", "sddmm", [IsCallable(), None])
 
 
 def check_dense_factor(X: Any, name: str, finite: bool = True) -> None:
@@ -221,6 +232,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
     array([[3., 0.],
            [0., 7.]])
     """
+    check_sddmm_options(hadamard, check_finite, working_memory, progress)
     if is_dask_array(S):
         raise TypeError(
             "mgpu.ops.sddmm runs on one device; for a dask array S use mgpu.sddmm, which "

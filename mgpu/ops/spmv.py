@@ -21,7 +21,7 @@ from mgpu.backends import (
 )
 from mgpu.backends.sddmm_plan import pattern_key
 from mgpu.backends.spmv_plan import SpMVPlan
-from mgpu.ops.validation import first_nonfinite, is_dask_array, is_sparse
+from mgpu.ops.validation import Boolean, check_param, first_nonfinite, is_dask_array, is_sparse
 
 __all__ = [
     "check_dense_finite",
@@ -343,6 +343,7 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: SpMVPlan | None = N
     >>> spmv(A, np.array([1.0, 2.0, 3.0]))
     array([7., 0., 6.])
     """
+    check_param(check_finite, "check_finite", "spmv", Boolean())
     return _one_device(A, x, "x", "spmv", 1, check_finite, plan)
 
 
@@ -379,4 +380,5 @@ def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     array([[3., 2.],
            [0., 3.]])
     """
+    check_param(check_finite, "check_finite", "spmm", Boolean())
     return _one_device(A, X, "X", "spmm", 2, check_finite)

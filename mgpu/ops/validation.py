@@ -25,7 +25,8 @@ import scipy.sparse as sp
 # the ops take them from here.
 from mgpu.backends import all_finite, first_nonfinite, is_gpu_array, is_sparse, place_of
 
-__all__ = ["Interval", "StrOptions", "all_finite", "canonical_csr", "check_array",
+__all__ = ["Boolean", "Bytes", "InstanceOf", "Interval", "IsCallable",
+           "StrOptions", "all_finite", "canonical_csr", "check_array",
            "check_option", "check_param", "first_nonfinite", "float_dtype",
            "is_dask_array", "is_sparse", "place_of"]
 
@@ -101,19 +102,94 @@ def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
-def check_param(value: Any, name: str, func: str, constraint: StrOptions | Interval,
+class Boolean:
+    """A bool (Python's or numpy's), not a truthy stand-in such as "no" or 0.
+
+    >>> Boolean().is_satisfied_by(np.True_), Boolean().is_satisfied_by("no")
+    (True, False)
+    """
+
+    def is_satisfied_by(self, value: Any) -> bool:
+        return isinstance(value, (bool, np.bool_))
+
+    def __str__(self) -> str:
+        return "a bool"
+
+
+class IsCallable:
+    """A callable (a progress or callback hook)."""
+
+    def is_satisfied_by(self, value: Any) -> bool:
+        return callable(value)
+
+    def __str__(self) -> str:
+        return "a callable"
+
+
+class InstanceOf:
+    """An instance of one of ``types``, named in the refusal as ``words``.
+
+    >>> str(InstanceOf((str,), "a str"))
+    'a str'
+    """
+
+    def __init__(self, types: tuple[type, ...], words: str) -> None:
+        self.types, self.words = types, words
+
+    def is_satisfied_by(self, value: Any) -> bool:
+        return isinstance(value, self.types) and not (
+            isinstance(value, bool) and bool not in self.types)
+
+    def __str__(self) -> str:
+        return self.words
+
+
+class Bytes:
+    """A memory size: an int of bytes >= 1, or a str Dask reads as one ('2GB', '512 MiB').
+
+    >>> Bytes().is_satisfied_by("2GB"), Bytes().is_satisfied_by("lots")
+    (True, False)
+    """
+
+    def is_satisfied_by(self, value: Any) -> bool:
+        if isinstance(value, str):
+            from dask.utils import parse_bytes
+
+            try:
+                return parse_bytes(value) >= 1
+            except (ValueError, TypeError):
+                return False
+        return Interval(Integral, 1, None).is_satisfied_by(value)
+
+    def __str__(self) -> str:
+        return "an int >= 1 (bytes) or a size such as '2GB'"
+
+
+Constraint = Any  # StrOptions | Interval | Boolean | IsCallable | InstanceOf | None
+
+
+def check_param(value: Any, name: str, func: str, constraint: Constraint | list[Constraint],
                 hint: str = "") -> None:
     """Refuse ``value`` for parameter ``name`` of ``func`` unless it satisfies
-    ``constraint``; ``hint`` (" (the index has 6 rows)") follows the requirement.
+    ``constraint`` (or one of a list of them; None in the list takes None); ``hint``
+    (" (the index has 6 rows)") follows the requirement.
 
     >>> check_param(0, "k", "knn", Interval(Integral, 1, 6))
     Traceback (most recent call last):
     ...
     ValueError: The 'k' parameter of knn must be an int in [1, 6]. Got 0 instead.
+    >>> check_param(3, "progress", "knn", [IsCallable(), None])
+    Traceback (most recent call last):
+    ...
+    ValueError: The 'progress' parameter of knn must be a callable or None. Got 3 instead.
     """
-    if not constraint.is_satisfied_by(value):
-        raise ValueError(f"The '{name}' parameter of {func} must be {constraint}{hint}. Got "
-                         f"{value!r} instead.")
+    constraints = constraint if isinstance(constraint, list) else [constraint]
+    if any(value is None if c is None else c.is_satisfied_by(value) for c in constraints):
+        return
+    words = ["None" if c is None else str(c) for c in constraints]
+    need = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+    raise ValueError(f"The '{name}' parameter of {func} must be {need}{hint}. Got {value!r} "
+                     "instead.")
 
 
 def check_option(name: str, func: str, value: Any, options: Iterable[str]) -> None:
