@@ -21,7 +21,8 @@ from mgpu.ops.validation import Boolean, InstanceOf, Interval, check_param
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CLIENT", "Client", "connect", "current_client", "describe_workers", "visible_gpus", "worker_info"]
+__all__ = ["CLIENT", "Client", "connect", "current_client", "describe_workers", "visible_gpus",
+           "worker_info"]
 
 
 # the constraint of a ``client=`` parameter (mgpu.ops.validation.check_param)

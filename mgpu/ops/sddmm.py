@@ -110,23 +110,24 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
             )
 
 
-def check_sparse(S: Any, hadamard: bool) -> Any:
+def check_sparse(S: Any, hadamard: bool, func: str = "sddmm") -> Any:
     """S as CSR (scipy or cupyx) with a float dtype, refusing duplicates and (when its values
-    are used, ``hadamard``) NaN/inf values."""
+    are used, ``hadamard``) NaN/inf values; ``func`` is the function the refusals name."""
     if not is_sparse(S):
         raise TypeError(
-            f"The 'S' parameter of sddmm must be a scipy or cupyx sparse matrix or a dask array "
-            f"of them. Got {type(S).__name__} instead."
+            f"The 'S' parameter of {func} must be a scipy or cupyx sparse matrix"
+            + (" or a dask array of them" if func == "sddmm" else "")
+            + f". Got {type(S).__name__} instead."
         )
     if np.dtype(S.dtype).kind not in "biuf":
-        raise TypeError(f"The 'S' parameter of sddmm must hold real numbers. Got {S.dtype}.")
+        raise TypeError(f"The 'S' parameter of {func} must hold real numbers. Got {S.dtype}.")
     S = S.tocsr()
     if not S.has_canonical_format:
         dup = _first_duplicate(S)
         if dup is not None:
             i, j, times = dup
             raise ValueError(
-                f"The 'S' parameter of sddmm has duplicate entries (row {i}, column {j} is "
+                f"The 'S' parameter of {func} has duplicate entries (row {i}, column {j} is "
                 f"stored {times} times), so its pattern is ambiguous; merge them with "
                 "S.sum_duplicates() first."
             )
@@ -363,7 +364,7 @@ def sddmm_plan(S: Any, K: int, *, dtype: Any = None, scheme: str | None = None) 
     if is_dask_array(S):
         raise TypeError("The 'S' parameter of sddmm_plan must be one scipy or cupyx matrix; a "
                         "distributed S is planned per tile on its worker.")
-    S = check_sparse(S, False)
+    S = check_sparse(S, False, "sddmm_plan")
     if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
         raise ValueError(f"The 'K' parameter of sddmm_plan must be a positive integer. Got {K!r}.")
     if dtype is None:

@@ -198,7 +198,8 @@ def check_option(name: str, func: str, value: Any, options: Iterable[str]) -> No
     >>> check_option("norm", "row_norms", "l3", ["l1", "l2"])
     Traceback (most recent call last):
     ...
-    ValueError: The 'norm' parameter of row_norms must be a str among {'l1', 'l2'}. Got 'l3' instead.
+    ValueError: The 'norm' parameter of row_norms must be a str among {'l1', 'l2'}.
+    Got 'l3' instead.
     """
     check_param(value, name, func, StrOptions(options))
 
@@ -299,7 +300,8 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
     >>> check_array([[1.0]], "X", "knn")
     Traceback (most recent call last):
     ...
-    TypeError: The 'X' parameter of knn must be a 2-D numpy or cupy array or a scipy or cupyx sparse matrix. Got list instead.
+    TypeError: The 'X' parameter of knn must be a 2-D numpy or cupy array or a scipy or
+    cupyx sparse matrix. Got list instead.
     >>> check_array(np.ones(3), "X", "knn")
     Traceback (most recent call last):
     ...
@@ -311,7 +313,8 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
     >>> check_array(np.ones((2, 2), dtype=complex), "X", "knn")
     Traceback (most recent call last):
     ...
-    TypeError: The 'X' parameter of knn must hold real numbers (bool, int or float). Got dtype complex128 instead.
+    TypeError: The 'X' parameter of knn must hold real numbers (bool, int or float). Got
+    dtype complex128 instead.
     """
     devices = tuple(devices)
     families = tuple(
