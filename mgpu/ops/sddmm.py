@@ -18,8 +18,8 @@ from mgpu.backends import (
     to_host_all,
 )
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
-from mgpu.ops.validation import (Boolean, Bytes, IsCallable, all_finite, check_param,
-                                 first_nonfinite, is_dask_array, is_sparse)
+from mgpu.ops.validation import (Boolean, Bytes, IsCallable, all_finite, check_array,
+                                 check_param, first_nonfinite, is_dask_array, is_sparse)
 
 logger = logging.getLogger(__name__)
 
@@ -89,15 +89,9 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
     """:func:`check_dense_factor` for several factors, with one device round trip for all
     (none without ``finite``: kinds only, values not looked at)."""
     for name, X in factors.items():
-        # is_gpu_array: a dense CuPy factor is one of the kinds taken (not a choice of device)
-        if is_sparse(X) or not (isinstance(X, np.ndarray) or is_gpu_array(X)):
-            raise TypeError(
-                f"The '{name}' parameter of sddmm must be a dense numpy or cupy array. Got "
-                f"{type(X).__name__} instead."
-            )
-        if np.dtype(X.dtype).kind not in "biuf":
-            raise TypeError(
-                f"The '{name}' parameter of sddmm must hold real numbers. Got {X.dtype}.")
+        # the shapes are checked before (check_sddmm_shapes), the values below in one trip
+        check_array(X, name, "sddmm", accept_sparse=False, ndim=None,
+                    kinds="a dense numpy or cupy array")
     checked = {n: X for n, X in factors.items()
                if finite and np.dtype(X.dtype).kind == "f" and X.size}
     flags = to_host_all([all_finite(X) for X in checked.values()])

@@ -21,7 +21,8 @@ from mgpu.backends import (
 )
 from mgpu.backends.sddmm_plan import pattern_key
 from mgpu.backends.spmv_plan import SpMVPlan
-from mgpu.ops.validation import Boolean, check_param, first_nonfinite, is_dask_array, is_sparse
+from mgpu.ops.validation import (Boolean, check_array, check_param, first_nonfinite,
+                                 is_dask_array, is_sparse)
 
 __all__ = [
     "check_dense_finite",
@@ -92,19 +93,11 @@ def check_dense_operand(x: Any, n: int, name: str, func: str, ndim: int, *,
                         finite: bool = True) -> None:
     """Refuse an x that is not a dense numpy/cupy array of ``ndim`` dimensions with ``n``
     entries (rows) along its first axis, or (with ``finite``) that holds NaN or infinity."""
-    # is_gpu_array: a dense CuPy x is one of the kinds taken (not a choice of device)
-    if is_sparse(x) or is_dask_array(x) or not (isinstance(x, np.ndarray) or is_gpu_array(x)):
-        raise TypeError(f"The '{name}' parameter of {func} must be a dense numpy or cupy array. "
-                        f"Got {type(x).__name__} instead.")
-    if x.ndim != ndim:
-        other = "spmm" if ndim == 1 else "spmv"
-        raise ValueError(
-            f"The '{name}' parameter of {func} must be {ndim}-D. Got shape {tuple(x.shape)} "
-            f"instead; use mgpu.{other} for a {x.ndim}-D operand." if x.ndim in (1, 2) else
-            f"The '{name}' parameter of {func} must be {ndim}-D. Got shape {tuple(x.shape)} "
-            "instead."
-        )
-    _check_real(x.dtype, name, func)
+    got = getattr(x, "ndim", None)
+    hint = f"; use mgpu.{'spmm' if ndim == 1 else 'spmv'} for a {got}-D operand" \
+        if got in (1, 2) else ""
+    check_array(x, name, func, accept_sparse=False, ndim=ndim,
+                kinds="a dense numpy or cupy array", ndim_hint=hint)
     if x.shape[0] != n:
         what = "length" if ndim == 1 else "number of rows"
         raise ValueError(
