@@ -174,13 +174,10 @@ def _check_input(S: Any, axis: int, parts: int | None) -> sp.csr_matrix:
     if parts is not None and (isinstance(parts, bool) or not isinstance(parts, (int, np.integer))
                               or parts < 1):
         raise ValueError(f"The 'parts' parameter of from_scipy must be an int >= 1. Got {parts!r}.")
-    if not sp.issparse(S):
-        raise TypeError(
-            f"The 'S' parameter of from_scipy must be a scipy sparse matrix. Got "
-            f"{type(S).__name__} instead; convert with scipy.sparse.csr_matrix(S)."
-        )
-    if np.dtype(S.dtype).kind not in "biuf":
-        raise TypeError(f"The 'S' parameter of from_scipy must hold real numbers. Got {S.dtype}.")
+    # cupyx data is refused by its device: the chunks are cut on the host
+    check_array(S, "S", "from_scipy", accept_dense=False, devices=("cpu",),
+                kinds="a scipy sparse matrix",
+                kinds_hint="; convert with scipy.sparse.csr_matrix(S)")
     S = sp.csr_matrix(S)  # a CSR *matrix* (not array): dask's concatenation knows it
     if not S.has_canonical_format:
         S = S.copy()

@@ -53,26 +53,14 @@ def spmv_dtype(a_dtype: Any, x_dtype: Any) -> np.dtype:
     return dt if dt in (np.dtype(np.float32), np.dtype(np.float64)) else np.dtype(np.float64)
 
 
-def _check_real(dtype: Any, name: str, func: str) -> None:
-    if np.dtype(dtype).kind not in "biuf":
-        raise TypeError(f"The '{name}' parameter of {func} must hold real numbers (bool, int or "
-                        f"float). Got dtype {np.dtype(dtype)} instead.")
-
-
 def check_sparse_shape(A: Any, func: str) -> None:
     """Refuse an A that is not a sparse matrix (or dask array of them), not 2-D, or complex."""
-    if not (is_sparse(A) or is_dask_array(A)):
-        raise TypeError(
-            f"The 'A' parameter of {func} must be a scipy or cupyx sparse matrix, or a dask "
-            f"array of CSR row tiles (mgpu.from_scipy). Got {type(A).__name__} instead"
-            # is_gpu_array: a dense CuPy A, named only in the hint
-            + ("; for a dense A use A @ x." if isinstance(A, np.ndarray) or is_gpu_array(A)
-               else ".")
-        )
-    if len(A.shape) != 2:
-        raise ValueError(f"The 'A' parameter of {func} must be 2-D. Got shape {tuple(A.shape)} "
-                         "instead.")
-    _check_real(A.dtype, "A", func)
+    # is_gpu_array: a dense CuPy A, named only in the hint
+    dense = isinstance(A, np.ndarray) or (is_gpu_array(A) and not is_sparse(A))
+    check_array(A, "A", func, accept_dense=False, accept_dask=True,
+                kinds="a scipy or cupyx sparse matrix, or a dask array of CSR row tiles "
+                      "(mgpu.from_scipy)",
+                kinds_hint="; for a dense A use A @ x" if dense else "")
 
 
 def check_sparse_operand(A: Any, func: str) -> Any:

@@ -251,7 +251,8 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
                 devices: Iterable[str] = ("cpu", "gpu"), ndim: int | None = 2,
                 dtype_kinds: str = "biuf", ensure_all_finite: bool = False,
                 ensure_non_empty: bool = False, order: str | None = None,
-                kinds: str | None = None, ndim_hint: str = "", finite_hint: str = "") -> Any:
+                kinds: str | None = None, kinds_hint: str = "", ndim_hint: str = "",
+                finite_hint: str = "") -> Any:
     """Refuse a data argument that is not what ``func`` takes; return it (C-ordered when
     ``order='C'``), scikit-learn's ``check_array`` for the families mgpu takes.
 
@@ -278,8 +279,9 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
         'C': a dense argument is returned C-contiguous (copied if need be).
     kinds : str, optional
         The words for the kinds taken, in place of the ones made from the families.
-    ndim_hint, finite_hint : str
-        What follows the refusal of the dimensions, of NaN ("; use mgpu.spmm ...").
+    kinds_hint, ndim_hint, finite_hint : str
+        What follows the refusal of the kind, of the dimensions, of NaN ("; use mgpu.spmm
+        ...").
 
     Returns
     -------
@@ -335,7 +337,7 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
                             "GPU data here: pass cupy/cupyx.")
         what = kinds or _kinds_taken(families, ndim or 2)
         raise TypeError(f"The '{name}' parameter of {func} must be {what}. Got "
-                        f"{type(X).__name__} instead.")
+                        f"{type(X).__name__} instead{kinds_hint}.")
     if ndim is not None and len(X.shape) != ndim:
         raise ValueError(f"The '{name}' parameter of {func} must be {ndim}-D. Got shape "
                          f"{tuple(X.shape)} instead{ndim_hint}.")
