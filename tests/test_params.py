@@ -365,3 +365,30 @@ def test_the_distributed_paths_refuse_before_any_task(client, tiles, func, param
     with pytest.raises((TypeError, ValueError), match=_refusal(func, param)):
         call(tiles)
     assert set(client.run_on_scheduler(_tasks)) - before == set()
+
+
+# ---------------------------------------------------------------- the data check itself
+
+def test_check_array_words_each_refusal_by_parameter_function_and_device():
+    from mgpu.ops.validation import check_array
+
+    F = np.asfortranarray(X)
+    out = check_array(F, "X", "f", order="C")
+    assert out.flags.c_contiguous and np.array_equal(out, X)
+    assert check_array(X, "X", "f", order="C") is X
+    with pytest.raises(ValueError, match=r"^The 'X' parameter of f must not be empty\. Got "
+                                         r"shape \(0, 4\) instead\.$"):
+        check_array(X[:0], "X", "f", ensure_non_empty=True)
+    with pytest.raises(TypeError, match=r"^The 'X' parameter of f is on the host, and f takes "
+                                        r"GPU data here: pass cupy/cupyx\.$"):
+        check_array(X, "X", "f", devices=("gpu",))
+    with pytest.raises(TypeError, match=r"^The 'S' parameter of f must be a 2-D numpy array\. "
+                                        r"Got csr_matrix instead\.$"):
+        check_array(S, "S", "f", accept_sparse=False, devices=("cpu",))
+    with pytest.raises(ValueError, match=r"^The 'x' parameter of f must be 1-D\. Got shape "
+                                         r"\(6, 4\) instead; a hint\.$"):
+        check_array(X, "x", "f", ndim=1, ndim_hint="; a hint")
+    with pytest.raises(ValueError, match=r"^The 'S' parameter of f holds NaN or infinity "
+                                         r"\(first at row 0, column \d\)\.$"):
+        check_array(_nan(S), "S", "f", ensure_all_finite=True)
+    assert check_array(XNAN, "X", "f") is XNAN  # values are looked at only when asked
