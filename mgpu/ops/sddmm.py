@@ -107,14 +107,9 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
 def check_sparse(S: Any, hadamard: bool, func: str = "sddmm") -> Any:
     """S as CSR (scipy or cupyx) with a float dtype, refusing duplicates and (when its values
     are used, ``hadamard``) NaN/inf values; ``func`` is the function the refusals name."""
-    if not is_sparse(S):
-        raise TypeError(
-            f"The 'S' parameter of {func} must be a scipy or cupyx sparse matrix"
-            + (" or a dask array of them" if func == "sddmm" else "")
-            + f". Got {type(S).__name__} instead."
-        )
-    if np.dtype(S.dtype).kind not in "biuf":
-        raise TypeError(f"The 'S' parameter of {func} must hold real numbers. Got {S.dtype}.")
+    check_array(S, "S", func, accept_dense=False, ndim=None,
+                kinds="a scipy or cupyx sparse matrix"
+                      + (" or a dask array of them" if func == "sddmm" else ""))
     S = S.tocsr()
     if not S.has_canonical_format:
         dup = _first_duplicate(S)
