@@ -65,8 +65,8 @@ import math
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from numbers import Integral, Real
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -200,7 +200,8 @@ default='sequential'
         check_param(self.epochs, "epochs", func, Interval(Integral, 1, None))
         check_param(self.target_rmse, "target_rmse", func,
                     [Interval(Real, 0, None, closed="neither"), None])
-        check_param(self.seed, "seed", func, Interval(Integral, 0, None), " (numpy's seeds)")
+        check_param(self.seed, "seed", func, [Interval(Integral, 0, None), None],
+                    " (numpy's seeds)")
         check_param(self.checkpoint_dir, "checkpoint_dir", func,
                     [InstanceOf((str, os.PathLike), "a path (str or os.PathLike)"), None])
         check_mode(self.mode)

@@ -286,7 +286,7 @@ def _check_params(topics: int, iters: int, alpha: float, beta: float, seed: int)
     check_param(iters, "iters", "GaP", Interval(Integral, 1, None), _RANGES)
     check_param(alpha, "alpha", "GaP", Interval(Real, 1, None), _RANGES)
     check_param(beta, "beta", "GaP", Interval(Real, 0, None, closed="neither"), _RANGES)
-    check_param(seed, "seed", "GaP", Interval(Integral, 0, None), " (numpy's seeds)")
+    check_param(seed, "seed", "GaP", [Interval(Integral, 0, None), None], " (numpy's seeds)")
 
 
 def _canonical(S: Any) -> Any:

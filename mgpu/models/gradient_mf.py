@@ -144,7 +144,7 @@ class GradientMF:
         check_param(self.lr, "lr", "GradientMF", Interval(Real, 0, None, closed="neither"),
                     ranges)
         check_param(self.iters, "iters", "GradientMF", Interval(Integral, 1, None), ranges)
-        check_param(self.seed, "seed", "GradientMF", Interval(Integral, 0, None),
+        check_param(self.seed, "seed", "GradientMF", [Interval(Integral, 0, None), None],
                     " (numpy's seeds)")
         check_param(self.cuda_graph, "cuda_graph", "GradientMF", Boolean())
         check_param(client, "client", "GradientMF.fit", [CLIENT, None])
