@@ -145,7 +145,8 @@ class InstanceOf:
 
 
 class Bytes:
-    """A memory size: an int of bytes >= 1, or a str Dask reads as one ('2GB', '512 MiB').
+    """A memory size: a finite number of bytes >= 1 (floats are truncated, as int() does), or
+    a str Dask reads as one ('2GB', '512 MiB').
 
     >>> Bytes().is_satisfied_by("2GB"), Bytes().is_satisfied_by("lots")
     (True, False)
@@ -159,10 +160,10 @@ class Bytes:
                 return parse_bytes(value) >= 1
             except (ValueError, TypeError):
                 return False
-        return Interval(Integral, 1, None).is_satisfied_by(value)
+        return Interval(Real, 1, None).is_satisfied_by(value) and math.isfinite(value)
 
     def __str__(self) -> str:
-        return "an int >= 1 (bytes) or a size such as '2GB'"
+        return "a number of bytes >= 1 or a size such as '2GB'"
 
 
 Constraint = Any  # StrOptions | Interval | Boolean | IsCallable | InstanceOf | None
