@@ -10,6 +10,7 @@ MODULES = [
     "mgpu.partition",
     "mgpu.synthetic",
     "mgpu.ops.rownorms",
+    "mgpu.ops.validation",
     "mgpu.ops.sddmm",
     "mgpu.ops.sddmm_stream",
     "mgpu.distributed.sddmm",

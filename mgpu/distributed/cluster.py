@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from numbers import Integral, Real
 from typing import Any
 
 import distributed
@@ -16,10 +17,16 @@ import distributed.diagnostics.plugin
 from dask.utils import parse_timedelta
 
 from mgpu import config
+from mgpu.ops.validation import Boolean, InstanceOf, Interval, check_param
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Client", "connect", "current_client", "describe_workers", "visible_gpus", "worker_info"]
+__all__ = ["CLIENT", "Client", "connect", "current_client", "describe_workers", "visible_gpus",
+           "worker_info"]
+
+
+# the constraint of a ``client=`` parameter (mgpu.ops.validation.check_param)
+CLIENT = InstanceOf((distributed.Client,), "a distributed.Client")
 
 
 class Client(distributed.Client):
@@ -240,6 +247,15 @@ def connect(
     ...     print(len(client.scheduler_info()["workers"]))
     1
     """
+    check_param(address, "address", "connect",
+                [InstanceOf((str,), "a str (the scheduler's address, tcp://host:port)"), None])
+    check_param(gpus, "gpus", "connect", [Boolean(), None])
+    check_param(n_workers, "n_workers", "connect", [Interval(Integral, 1, None), None])
+    check_param(timeout, "timeout", "connect", [Interval(Real, 0, None, closed="neither"), None])
+    check_param(slurm, "slurm", "connect",
+                [InstanceOf((dict,), "a dict of dask-jobqueue SLURMCluster options"), None])
+    # the range of cpu_threads is refused below, in words that say what it adds
+    check_param(cpu_threads, "cpu_threads", "connect", [Interval(Integral, None, None), None])
     if cpu_threads is not None and (cpu_threads < 1 or address is not None or slurm is not None):
         raise ValueError("The 'cpu_threads' parameter of connect adds a CPU worker to an "
                          f"embedded cluster and must be >= 1. Got {cpu_threads!r}"

@@ -25,7 +25,8 @@ import scipy.sparse as sp
 from dask.core import flatten
 
 from mgpu.backends import to_device
-from mgpu.distributed.cluster import current_client, describe_workers
+from mgpu.distributed.cluster import CLIENT, current_client, describe_workers
+from mgpu.ops.validation import IsCallable, check_array, check_param
 from mgpu.partition import axis_counts, part_sums, split_counts
 
 logger = logging.getLogger(__name__)
@@ -173,13 +174,10 @@ def _check_input(S: Any, axis: int, parts: int | None) -> sp.csr_matrix:
     if parts is not None and (isinstance(parts, bool) or not isinstance(parts, (int, np.integer))
                               or parts < 1):
         raise ValueError(f"The 'parts' parameter of from_scipy must be an int >= 1. Got {parts!r}.")
-    if not sp.issparse(S):
-        raise TypeError(
-            f"The 'S' parameter of from_scipy must be a scipy sparse matrix. Got "
-            f"{type(S).__name__} instead; convert with scipy.sparse.csr_matrix(S)."
-        )
-    if np.dtype(S.dtype).kind not in "biuf":
-        raise TypeError(f"The 'S' parameter of from_scipy must hold real numbers. Got {S.dtype}.")
+    # cupyx data is refused by its device: the chunks are cut on the host
+    check_array(S, "S", "from_scipy", accept_dense=False, devices=("cpu",),
+                kinds="a scipy sparse matrix",
+                kinds_hint="; convert with scipy.sparse.csr_matrix(S)")
     S = sp.csr_matrix(S)  # a CSR *matrix* (not array): dask's concatenation knows it
     if not S.has_canonical_format:
         S = S.copy()
@@ -254,6 +252,8 @@ def from_scipy(
             f" Got {device!r} instead."
         )
     S = _check_input(S, axis, parts)
+    check_param(client, "client", "from_scipy", [CLIENT, None])
+    check_param(progress, "progress", "from_scipy", [IsCallable(), None])
     if client is None:
         client = current_client()
     workers: list[str] = sorted(client.scheduler_info()["workers"]) if client else []
@@ -378,6 +378,8 @@ def block_futures(x: da.Array, client: Any) -> dict[tuple[int, ...], Any]:
 
 def gather(x: da.Array) -> sp.csr_matrix:
     """Bring a sparse dask array back as one scipy CSR matrix (from CPU or GPU chunks)."""
+    check_array(x, "x", "gather", accept_dense=False, accept_sparse=False, accept_dask=True,
+                kinds="a dask array of sparse chunks (mgpu.from_scipy)")
     return sp.csr_matrix(
         x.map_blocks(_to_host, dtype=x.dtype, meta=sp.csr_matrix((0, 0), dtype=x.dtype),
                      name="mgpu-gather").compute()

@@ -18,10 +18,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array, jaccard_lookup, to_device, to_host
-from mgpu.distributed.cluster import completed, current_client
+from mgpu.distributed.cluster import CLIENT, completed, current_client
 from mgpu.distributed.collection import device_copy, place_as
-from mgpu.ops._params import Interval, check_param
 from mgpu.ops.jaccard import check_graph, jaccard_local
+from mgpu.ops.validation import Boolean, Interval, IsCallable, check_param
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +90,11 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
     >>> jaccard(tri).toarray()[0].round(3).tolist()
     [0.0, 0.333, 0.333]
     """
-    if parts is not None:
-        check_param(parts, "parts", "jaccard", Interval(Integral, 1, None))
+    check_param(weighted, "weighted", "jaccard", Boolean())
+    check_param(symmetrize, "symmetrize", "jaccard", Boolean())
+    check_param(parts, "parts", "jaccard", [Interval(Integral, 1, None), None])
+    check_param(client, "client", "jaccard", [CLIENT, None])
+    check_param(progress, "progress", "jaccard", [IsCallable(), None])
     if parts is not None and is_gpu_array(G):  # a refusal: parts=N spreads a host graph
         raise TypeError("The 'G' parameter of jaccard is on the GPU: parts=N spreads a scipy "
                         "graph over the cluster's workers; call without parts to run on this "

@@ -22,7 +22,7 @@ from mgpu.backends import is_gpu_array
 from mgpu.distributed.cluster import completed, current_client, task_placement
 from mgpu.distributed.collection import block_futures, place_as
 from mgpu.ops import distances as dist
-from mgpu.ops._params import Interval, check_param
+from mgpu.ops.validation import Interval, IsCallable, check_param
 
 logger = logging.getLogger(__name__)
 
@@ -177,8 +177,9 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     >>> knn(np.array([[0.0], [1.0], [3.0]]), np.array([[2.9]]), 2)[1].tolist()
     [[2, 1]]
     """
-    from mgpu.ops._validate import is_dask_array
+    from mgpu.ops.validation import is_dask_array
 
+    check_param(progress, "progress", "knn", [IsCallable(), None])
     if is_dask_array(index):
         return knn_distributed(index, queries, k, metric=metric, p=p,
                                working_memory=working_memory, progress=progress)

@@ -23,12 +23,14 @@ from mgpu.distributed.collection import block_futures, chunk_workers, device_cop
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
     check_dense_factor,
+    check_dense_factors,
+    check_sddmm_options,
     check_sddmm_shapes,
     check_sparse,
     sddmm_dtype,
     sddmm_local,
 )
-from mgpu.ops._validate import is_dask_array
+from mgpu.ops.validation import is_dask_array
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +79,10 @@ def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool
     return synchronize(sddmm_local(check_sparse(S, hadamard and finite), A, B, hadamard))
 
 
-def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any,
-            finite: bool = True) -> da.Array:
+def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any) -> da.Array:
     """A dense factor as a dask array chunked like S's rows (A, ``axis=0``) or columns (B).
 
-    A numpy/cupy factor is checked here, before any task runs, and sent to the workers:
+    A numpy/cupy factor, checked by the caller (both before either is sent), goes to the workers:
     each piece to the workers of its tiles (an unsplit factor to one worker, from which the
     others fetch it), inside a task the scheduler keeps (:func:`mgpu.distributed.collection.place_as`).
     """
@@ -90,7 +91,6 @@ def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any,
     chunks = (row_chunks, (K,))
     if is_dask_array(X):
         return X.rechunk(chunks) if X.chunks != chunks else X
-    check_dense_factor(X, name, finite)
     # Factors change every call of an iterative method: a fresh name instead of hashing
     # hundreds of MB of values for a deterministic one.
     key = f"{_PLACED}{name}-{uuid.uuid4().hex}"
@@ -142,6 +142,7 @@ def place_factors(S: da.Array, A: Any, B: Any, *, client: Any = None) -> tuple[d
     client = client or current_client()
     if client is None:
         raise ValueError("place_factors needs a cluster: call mgpu.connect() first.")
+    check_dense_factors({"A": A, "B": B})  # both, before either is sent
     return _factor(A, "A", S, 0, client), _factor(B, "B", S, 1, client)
 
 
@@ -209,6 +210,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     >>> np.allclose(P.compute().toarray(), 8 * S.toarray())
     True
     """
+    check_sddmm_options(hadamard, check_finite, working_memory, progress)
     if not is_dask_array(S):
         return sddmm_one_device(S, A, B, hadamard=hadamard, plan=plan,
                                 check_finite=check_finite, device=device,
@@ -226,8 +228,11 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
                          "S.compute_chunk_sizes() first.")
     client = current_client()
     finite = bool(check_finite)
-    A_d = _factor(A, "A", S, 0, client, finite)
-    B_d = _factor(B, "B", S, 1, client, finite)
+    # both host/device factors are checked before either is sent
+    check_dense_factors({n: X for n, X in (("A", A), ("B", B)) if not is_dask_array(X)},
+                        finite)
+    A_d = _factor(A, "A", S, 0, client)
+    B_d = _factor(B, "B", S, 1, client)
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
     meta = S._meta.astype(dt) if hasattr(S._meta, "astype") else S._meta
     check = tuple(is_dask_array(X) and not X.name.startswith(_PLACED) for X in (A, B))

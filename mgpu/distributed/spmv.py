@@ -19,7 +19,7 @@ from dask.base import tokenize
 from mgpu.backends import array_module, on_device_of
 from mgpu.distributed.cluster import current_client
 from mgpu.distributed.collection import place_as
-from mgpu.ops._validate import is_dask_array
+from mgpu.ops.validation import Boolean, check_param, is_dask_array
 from mgpu.ops.spmv import (
     check_dense_operand,
     check_sparse_shape,
@@ -149,6 +149,7 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: Any = None) -> Any:
     >>> y.chunks == (tiles.chunks[0],), np.allclose(y.compute(), A @ x)
     (True, True)
     """
+    check_param(check_finite, "check_finite", "spmv", Boolean())
     if not is_dask_array(A) or plan is not None:  # a dask A with a plan: refused there
         return spmv_one_device(A, x, check_finite=check_finite, plan=plan)
     return _distributed(A, x, "x", "spmv", 1, bool(check_finite))
@@ -187,6 +188,7 @@ def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     >>> Y.shape, np.allclose(Y.compute(), A @ X)
     ((200, 3), True)
     """
+    check_param(check_finite, "check_finite", "spmm", Boolean())
     if not is_dask_array(A):
         return spmm_one_device(A, X, check_finite=check_finite)
     return _distributed(A, X, "X", "spmm", 2, bool(check_finite))

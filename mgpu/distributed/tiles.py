@@ -25,11 +25,11 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array
 from mgpu.distributed.cluster import current_client, result, task_placement
 from mgpu.distributed.collection import block_futures, chunk_nnz, from_scipy, place_as
+from mgpu.ops.validation import check_array
 
 __all__ = ["RowTiles", "check_scipy_or_tiles"]
 
@@ -157,7 +157,8 @@ class RowTiles:
 
 
 def check_scipy_or_tiles(S: Any, param: str, func: str) -> None:
-    """Refuse what :meth:`RowTiles.place` cannot place, naming the parameter."""
-    if not (sp.issparse(S) or isinstance(S, da.Array)):
-        raise TypeError(f"The '{param}' parameter of {func} must be a scipy sparse matrix "
-                        f"(or a dask array of row tiles). Got {type(S).__name__} instead.")
+    """Refuse what :meth:`RowTiles.place` cannot place, naming the parameter: cupyx data by
+    its device (the tiles are cut on the host), anything else by its kind."""
+    check_array(S, param, func, accept_dense=False, accept_dask=True, devices=("cpu",),
+                ndim=None, dtype_kinds="biufc",
+                kinds="a scipy sparse matrix (or a dask array of row tiles)")

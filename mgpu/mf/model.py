@@ -65,6 +65,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,7 @@ from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epo
                                job_start, measure_gpus_alone, slots_for)
 from mgpu.mf.segments import SegmentMap
 from mgpu.mf.sgd import rmse, sgd_block
+from mgpu.ops.validation import InstanceOf, Interval, IsCallable, check_param
 
 logger = logging.getLogger(__name__)
 
@@ -191,19 +193,17 @@ default='sequential'
 
     # ------------------------------------------------------------------ input
     def _check_params(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
-            raise ValueError(f"The 'k' parameter of MatrixFactorization must be an int >= 1. "
-                             f"Got {self.k!r} instead.")
-        if not self.lr > 0:
-            raise ValueError(f"The 'lr' parameter of MatrixFactorization must be > 0. Got "
-                             f"{self.lr!r} instead.")
-        if not self.reg >= 0:
-            raise ValueError(f"The 'reg' parameter of MatrixFactorization must be >= 0. Got "
-                             f"{self.reg!r} instead.")
-        if isinstance(self.epochs, bool) or not isinstance(self.epochs, (int, np.integer)) \
-                or self.epochs < 1:
-            raise ValueError(f"The 'epochs' parameter of MatrixFactorization must be an int >= 1."
-                             f" Got {self.epochs!r} instead.")
+        func = "MatrixFactorization"
+        check_param(self.k, "k", func, Interval(Integral, 1, None))
+        check_param(self.lr, "lr", func, Interval(Real, 0, None, closed="neither"))
+        check_param(self.reg, "reg", func, Interval(Real, 0, None))
+        check_param(self.epochs, "epochs", func, Interval(Integral, 1, None))
+        check_param(self.target_rmse, "target_rmse", func,
+                    [Interval(Real, 0, None, closed="neither"), None])
+        check_param(self.seed, "seed", func, [Interval(Integral, 0, None), None],
+                    " (numpy's seeds)")
+        check_param(self.checkpoint_dir, "checkpoint_dir", func,
+                    [InstanceOf((str, os.PathLike), "a path (str or os.PathLike)"), None])
         check_mode(self.mode)
         if self.calibration is not None and not isinstance(self.calibration, Calibration):
             raise TypeError("The 'calibration' parameter of MatrixFactorization must be a "
@@ -258,6 +258,9 @@ default='sequential'
         non-finite factors, or with no epoch left to train.
         """
         self._check_params()
+        check_param(callback, "callback", "MatrixFactorization.fit", [IsCallable(), None])
+        check_param(resume, "resume", "MatrixFactorization.fit",
+                    [InstanceOf((str, os.PathLike), "a path (str or os.PathLike)"), None])
         u, i, r, shape = self._triplets(R, "R")
         if r.size == 0:
             raise ValueError("The 'R' parameter of MatrixFactorization.fit holds no ratings.")
@@ -646,8 +649,19 @@ default='sequential'
         if not hasattr(self, "P_"):
             raise ValueError("This MatrixFactorization instance is not fitted yet. Call 'fit' "
                              "first.")
-        users = np.asarray(users, dtype=np.int64)
-        items = np.asarray(items, dtype=np.int64)
+        try:
+            users = np.asarray(users, dtype=np.int64)
+        except (TypeError, ValueError):
+            raise TypeError(f"The 'users' parameter of predict must hold integer indices. Got "
+                            f"{users!r} instead.") from None
+        try:
+            items = np.asarray(items, dtype=np.int64)
+        except (TypeError, ValueError):
+            raise TypeError(f"The 'items' parameter of predict must hold integer indices. Got "
+                            f"{items!r} instead.") from None
+        if users.shape != items.shape:
+            raise ValueError(f"The 'users' and 'items' parameters of predict must have the same "
+                             f"shape (one pair each). Got {users.shape} and {items.shape}.")
         for name, idx, n in (("users", users, self.P_.shape[0]), ("items", items,
                                                                   self.Q_.shape[0])):
             if idx.size and (idx.min() < 0 or idx.max() >= n):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mgpu.ops._validate import check_option
+from mgpu.ops.validation import check_option
 
 __all__ = ["COST_MODELS", "MODES", "ModeSpec", "check_mode", "modes_help", "parse_modes"]
 

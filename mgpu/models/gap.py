@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from math import lgamma
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,10 @@ import scipy.sparse as sp
 
 import mgpu
 from mgpu.backends import synchronize
+from mgpu.distributed.cluster import CLIENT
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
 from mgpu.models._transpose import Transposer
+from mgpu.ops.validation import Interval, IsCallable, check_array, check_param
 
 __all__ = ["GaP"]
 
@@ -112,15 +115,16 @@ class GaP:
         TypeError
             For a dense matrix, or a cupyx matrix on a cluster.
         """
-        _check_params(self.topics, self.iters, self.alpha, self.beta)
+        _check_params(self.topics, self.iters, self.alpha, self.beta, self.seed)
+        check_param(client, "client", "GaP.fit", [CLIENT, None])
+        check_param(parts, "parts", "GaP.fit", [Interval(Integral, 1, None), None])
+        check_param(progress, "progress", "GaP.fit", [IsCallable(), None])
         if client is not None or parts is not None or _is_dask(S):
             check_scipy_or_tiles(S, "S", "GaP.fit on a cluster")
             self._fit_tiles(S, client, parts, progress)
         else:
-            if not (sp.issparse(S) or _is_cupyx_sparse(S)):
-                raise TypeError(f"The 'S' parameter of GaP.fit must be a scipy or cupyx "
-                                f"sparse matrix, or a dask array of row tiles. Got "
-                                f"{type(S).__name__} instead.")
+            check_array(S, "S", "GaP.fit", accept_dense=False, ensure_all_finite=True,
+                        kinds="a scipy or cupyx sparse matrix, or a dask array of row tiles")
             self._fit_local(S, progress)
         return self
 
@@ -230,14 +234,15 @@ class GaP:
         L = getattr(self, "L_", None)
         if L is None:
             raise ValueError("This GaP is not fitted yet: call fit first.")
-        if not (sp.issparse(S) or _is_cupyx_sparse(S)):
-            raise TypeError(f"The 'S' parameter of GaP.transform must be a scipy or cupyx "
-                            f"sparse matrix. Got {type(S).__name__} instead.")
+        check_array(S, "S", "GaP.transform", accept_dense=False, ensure_all_finite=True)
         if S.shape[1] != L.shape[0]:
             raise ValueError(f"The 'S' parameter of GaP.transform must have the fitted "
                              f"{L.shape[0]} words as columns. Got {S.shape[1]} instead.")
+        if iters is not None:
+            check_param(iters, "iters", "GaP.transform", Interval(Integral, 1, None),
+                        _RANGES)
         iters = self.iters if iters is None else iters
-        _check_params(self.topics, iters, self.alpha, self.beta)
+        _check_params(self.topics, iters, self.alpha, self.beta, self.seed)
         tile = _Tile.of(S)
         xp = _xp(tile.S)
         X, _ = _start(tile.S.shape, tile.S.dtype, float(tile.S.sum()), self.topics, self.seed)
@@ -265,10 +270,6 @@ def _is_dask(S: Any) -> bool:
     return type(S).__module__.startswith("dask.")
 
 
-def _is_cupyx_sparse(S: Any) -> bool:
-    return type(S).__module__.startswith("cupyx.") and hasattr(S, "indptr")
-
-
 def _xp(S: Any) -> Any:
     if hasattr(S, "get"):
         import cupy
@@ -277,10 +278,15 @@ def _xp(S: Any) -> Any:
     return np
 
 
-def _check_params(topics: int, iters: int, alpha: float, beta: float) -> None:
-    if topics < 1 or iters < 1 or alpha < 1 or beta <= 0:
-        raise ValueError(f"topics and iters must be >= 1, alpha >= 1 and beta > 0. Got "
-                         f"topics={topics}, iters={iters}, alpha={alpha}, beta={beta}.")
+_RANGES = " (topics and iters must be >= 1, alpha >= 1 and beta > 0)"
+
+
+def _check_params(topics: int, iters: int, alpha: float, beta: float, seed: int) -> None:
+    check_param(topics, "topics", "GaP", Interval(Integral, 1, None), _RANGES)
+    check_param(iters, "iters", "GaP", Interval(Integral, 1, None), _RANGES)
+    check_param(alpha, "alpha", "GaP", Interval(Real, 1, None), _RANGES)
+    check_param(beta, "beta", "GaP", Interval(Real, 0, None, closed="neither"), _RANGES)
+    check_param(seed, "seed", "GaP", [Interval(Integral, 0, None), None], " (numpy's seeds)")
 
 
 def _canonical(S: Any) -> Any:

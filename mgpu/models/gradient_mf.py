@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,10 @@ import scipy.sparse as sp
 
 import mgpu
 from mgpu.backends import synchronize
+from mgpu.distributed.cluster import CLIENT
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
 from mgpu.models._transpose import Transposer
+from mgpu.ops.validation import Boolean, Interval, IsCallable, check_array, check_param
 
 __all__ = ["GradientMF"]
 
@@ -135,13 +138,27 @@ class GradientMF:
         stay on its worker and only V moves; the result equals one device's up to rounding
         (V's gradient is summed tile by tile).
         """
-        k, iters, lr, reg = self.k, self.iters, self.lr, self.reg
-        if k < 1 or iters < 1 or lr <= 0 or reg < 0:
-            raise ValueError(f"k and iters must be >= 1, lr > 0 and reg >= 0. Got k={k}, "
-                             f"iters={iters}, lr={lr}, reg={reg}.")
+        ranges = " (k and iters must be >= 1, lr > 0 and reg >= 0)"
+        check_param(self.k, "k", "GradientMF", Interval(Integral, 1, None), ranges)
+        check_param(self.reg, "reg", "GradientMF", Interval(Real, 0, None), ranges)
+        check_param(self.lr, "lr", "GradientMF", Interval(Real, 0, None, closed="neither"),
+                    ranges)
+        check_param(self.iters, "iters", "GradientMF", Interval(Integral, 1, None), ranges)
+        check_param(self.seed, "seed", "GradientMF", [Interval(Integral, 0, None), None],
+                    " (numpy's seeds)")
+        check_param(self.cuda_graph, "cuda_graph", "GradientMF", Boolean())
+        check_param(client, "client", "GradientMF.fit", [CLIENT, None])
+        check_param(parts, "parts", "GradientMF.fit", [Interval(Integral, 1, None), None])
+        check_param(progress, "progress", "GradientMF.fit", [IsCallable(), None])
         if client is not None or parts is not None or _is_dask(R):
             self._fit_tiles(R, test, client, parts, progress)
         else:
+            check_array(R, "R", "GradientMF.fit", accept_dense=False)
+            if test is not None:
+                check_array(test, "test", "GradientMF.fit", accept_dense=False)
+                if test.shape != R.shape:
+                    raise ValueError(f"The 'test' parameter of GradientMF.fit must have R's "
+                                     f"shape {R.shape}. Got {test.shape} instead.")
             self._fit_local(R, test, progress)
         return self
 
@@ -152,6 +169,12 @@ class GradientMF:
         """
         if getattr(self, "U_", None) is None:
             raise ValueError("This GradientMF is not fitted yet: call fit first.")
+        check_param(check_finite, "check_finite", "GradientMF.predict", Boolean())
+        check_array(S, "S", "GradientMF.predict", accept_dense=False, accept_dask=True)
+        shape = (self.U_.shape[0], self.V_.shape[0])
+        if tuple(S.shape) != shape:
+            raise ValueError(f"The 'S' parameter of GradientMF.predict must have the fitted "
+                             f"shape {shape} (users × items). Got {tuple(S.shape)} instead.")
         P = mgpu.sddmm(S, self.U_, self.V_, hadamard=False, check_finite=check_finite)
         P.data += self.mean_
         return P

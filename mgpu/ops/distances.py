@@ -26,7 +26,6 @@ import numpy as np
 from mgpu.backends import (
     array_module,
     distances_lookup,
-    first_nonfinite,
     is_gpu_array,
     is_sparse,
     knn_input_lookup,
@@ -40,8 +39,8 @@ from mgpu.backends.knn_codes import KNN_CODES
 # The CPU computation lives in the backends layer; these names are part of this module's API.
 from mgpu.backends.numpy_knn import knn_checked, top_k, working_memory_for, working_memory_rows
 from mgpu.backends.numpy_knn import nbytes as _nbytes  # noqa: F401  (the tests size with it)
-from mgpu.ops._params import Interval, StrOptions, check_param
-from mgpu.ops._validate import is_dask_array
+from mgpu.ops.validation import (Bytes, Interval, StrOptions, check_array, check_param,
+                                 is_dask_array)
 
 __all__ = ["SEMIRINGS", "Semiring", "check_knn_input", "check_knn_pair", "check_knn_values",
            "drop_self", "knn", "knn_checked", "knn_prepared", "pairwise_distances",
@@ -137,24 +136,10 @@ def check_knn_input(X: Any, name: str, func: str, on: Any = None) -> Any:
     if is_dask_array(X):
         raise TypeError(f"The '{name}' parameter of {func} is a dask array: a distributed "
                         "index goes to mgpu.knn, and queries are numpy/scipy.")
-    if not (is_sparse(X) or isinstance(X, np.ndarray) or is_gpu_array(X)):  # kinds taken
-        what = "a 2-D array or a sparse matrix" if on_gpu else \
-            "a 2-D numpy array or a scipy sparse matrix"
-        raise TypeError(f"The '{name}' parameter of {func} must be {what}. Got "
-                        f"{type(X).__name__} instead.")
-    if X.ndim != 2:
-        raise ValueError(f"The '{name}' parameter of {func} must be 2-D. Got shape "
-                         f"{tuple(X.shape)} instead.")
-    if np.dtype(X.dtype).kind not in "biuf":
-        raise TypeError(f"The '{name}' parameter of {func} must hold real numbers. Got "
-                        f"{X.dtype}.")
-    X = knn_input_lookup(on, X)
-    at = first_nonfinite(X)
-    if at is not None:
-        r, c = at
-        raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at row "
-                         f"{r}, column {c}).")
-    return X
+    # host data goes to the GPU when the other input is there, never the other way
+    check_array(X, name, func, devices=("cpu", "gpu") if on_gpu else ("cpu",))
+    # the values are scanned as the kernels will read them (after the conversion)
+    return check_array(knn_input_lookup(on, X), name, func, ensure_all_finite=True)
 
 
 def check_knn_values(X: Any, name: str, func: str, ring: Semiring) -> None:
@@ -263,6 +248,7 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     ([[1, 0]], [[0.1, 0.9]])
     """
     ring, p = resolve_metric(metric, p, func="knn")
+    check_param(working_memory, "working_memory", "knn", [Bytes(), None])
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         n = getattr(index, "shape", ("?",))[0]
         raise ValueError(f"The 'k' parameter of knn must be an int in [1, {n}]. Got {k!r} "

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mgpu.backends import array_module, csr_with_values, jaccard_lookup, sparse_module, to_host
-from mgpu.ops._validate import first_nonfinite, float_dtype, is_dask_array
+from mgpu.ops.validation import check_array, first_nonfinite, float_dtype, is_dask_array
 
 __all__ = ["check_graph", "jaccard_local"]
 
@@ -44,16 +44,13 @@ def check_graph(G: Any, func: str = "jaccard", *, weighted: bool = False,
     if is_dask_array(G):
         raise TypeError(f"The 'G' parameter of {func} is a dask array: pass the scipy graph "
                         "and parts=N to spread the work over the cluster.")
+    check_array(G, "G", func, accept_dense=False, ndim=None,
+                kinds="a sparse adjacency matrix (scipy or cupyx)",
+                kinds_hint="; dense input: pass scipy.sparse.csr_matrix(G)")
     xp, sparse = _xp(G)
-    if not sparse.issparse(G):
-        raise TypeError(f"The 'G' parameter of {func} must be a sparse adjacency matrix "
-                        f"(scipy or cupyx). Got {type(G).__name__} instead; dense input: "
-                        "pass scipy.sparse.csr_matrix(G).")
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
         raise ValueError(f"The 'G' parameter of {func} must be a square adjacency matrix. Got "
                          f"shape {tuple(G.shape)} instead.")
-    if np.dtype(G.dtype).kind not in "biuf":
-        raise TypeError(f"The 'G' parameter of {func} must hold real numbers. Got {G.dtype}.")
     G = sparse.csr_matrix(G, dtype=float_dtype(G.dtype), copy=True)
     G.sum_duplicates()
     G.sort_indices()

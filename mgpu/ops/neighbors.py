@@ -7,10 +7,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import array_module, is_gpu_array, sparse_module
-from mgpu.ops._params import Interval, check_param
-from mgpu.ops._validate import check_option
-from mgpu.ops.distances import check_knn_input, drop_self, knn, resolve_metric
+from mgpu.backends import array_module, is_gpu_array, knn_lookup, sparse_module
+from mgpu.ops.distances import check_knn_input, check_knn_pair, drop_self, resolve_metric
+from mgpu.ops.validation import Boolean, Interval, check_option, check_param
 
 __all__ = ["NearestNeighbors"]
 
@@ -87,13 +86,22 @@ class NearestNeighbors:
         """
         if not hasattr(self, "_fit_X"):
             raise ValueError("This NearestNeighbors instance is not fitted yet. Call 'fit' first.")
+        check_param(return_distance, "return_distance", "NearestNeighbors.kneighbors",
+                    Boolean())
         k = self.n_neighbors if n_neighbors is None else n_neighbors
         self_query = X is None
         limit = self.n_samples_fit_ - 1 if self_query else self.n_samples_fit_
         k = self._check_k(k, "n_neighbors", limit)
-        Q = self._fit_X if self_query else X
-        dist, ind = knn(self._fit_X, Q, k + 1 if self_query else k, metric=self.metric,
-                        p=self.p)
+        # mgpu.knn's checks, with the refusals naming this method's X
+        shape = getattr(X, "shape", ())
+        if len(shape) == 2 and shape[1] != self.n_features_in_:
+            raise ValueError(f"The 'X' parameter of NearestNeighbors.kneighbors must have the "
+                             f"{self.n_features_in_} columns of the fitted X. Got {shape[1]} "
+                             "instead.")
+        ring, p = resolve_metric(self.metric, self.p, func="NearestNeighbors")
+        index, Q = check_knn_pair(self._fit_X, None if self_query else X, ring,
+                                  "NearestNeighbors.kneighbors", ("X", "X"))
+        dist, ind = knn_lookup(index, Q, k + 1 if self_query else k, ring, p, None)
         if self_query:
             dist, ind = drop_self(dist, ind, k)
         return (dist, ind) if return_distance else ind

@@ -7,8 +7,8 @@ import numpy as np
 
 from mgpu.backends import array_module, row_norms_lookup
 from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, narrow
-from mgpu.ops._validate import canonical_csr, check_matrix, check_option, float_dtype
-from mgpu.ops._validate import is_dask_array, is_sparse
+from mgpu.ops.validation import (canonical_csr, check_array, check_option, float_dtype,
+                                 is_dask_array, is_sparse)
 
 # norm name -> (row reduction, whether the result is square-rooted)
 NORMS: dict[str, tuple[int, bool]] = {
@@ -69,7 +69,7 @@ def row_norms(X: Any, *, norm: str = "l2") -> Any:
     array([7.])
     """
     check_option("norm", "row_norms", norm, NORMS)
-    check_matrix(X, "X", "row_norms")
+    check_array(X, "X", "row_norms", accept_dask=True)
     op, root = NORMS[norm]
     if is_dask_array(X):
         if X.numblocks[1] != 1:

@@ -18,13 +18,15 @@ from mgpu.backends import (
     to_host_all,
 )
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
-from mgpu.ops._validate import all_finite, first_nonfinite, is_dask_array, is_sparse
+from mgpu.ops.validation import (Boolean, Bytes, IsCallable, all_finite, check_array,
+                                 check_param, first_nonfinite, is_dask_array, is_sparse)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "check_dense_factor",
     "check_dense_factors",
+    "check_sddmm_options",
     "check_sddmm_shapes",
     "check_sparse",
     "sddmm",
@@ -68,6 +70,15 @@ def check_sddmm_shapes(s_shape: tuple[int, ...], a_shape: tuple[int, ...],
         )
 
 
+def check_sddmm_options(hadamard: Any, check_finite: Any, working_memory: Any,
+                        progress: Any) -> None:
+    """Refuse a bad value of sddmm's flags and streaming options, whatever the data."""
+    check_param(hadamard, "hadamard", "sddmm", Boolean())
+    check_param(check_finite, "check_finite", "sddmm", Boolean())
+    check_param(working_memory, "working_memory", "sddmm", [Bytes(), None])
+    check_param(progress, "progress", "sddmm", [IsCallable(), None])
+
+
 def check_dense_factor(X: Any, name: str, finite: bool = True) -> None:
     """Refuse a dense factor that is not a real numpy/cupy matrix or (with ``finite``) holds
     NaN/inf."""
@@ -78,15 +89,9 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
     """:func:`check_dense_factor` for several factors, with one device round trip for all
     (none without ``finite``: kinds only, values not looked at)."""
     for name, X in factors.items():
-        # is_gpu_array: a dense CuPy factor is one of the kinds taken (not a choice of device)
-        if is_sparse(X) or not (isinstance(X, np.ndarray) or is_gpu_array(X)):
-            raise TypeError(
-                f"The '{name}' parameter of sddmm must be a dense numpy or cupy array. Got "
-                f"{type(X).__name__} instead."
-            )
-        if np.dtype(X.dtype).kind not in "biuf":
-            raise TypeError(
-                f"The '{name}' parameter of sddmm must hold real numbers. Got {X.dtype}.")
+        # the shapes are checked before (check_sddmm_shapes), the values below in one trip
+        check_array(X, name, "sddmm", accept_sparse=False, ndim=None,
+                    kinds="a dense numpy or cupy array")
     checked = {n: X for n, X in factors.items()
                if finite and np.dtype(X.dtype).kind == "f" and X.size}
     flags = to_host_all([all_finite(X) for X in checked.values()])
@@ -99,23 +104,19 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
             )
 
 
-def check_sparse(S: Any, hadamard: bool) -> Any:
+def check_sparse(S: Any, hadamard: bool, func: str = "sddmm") -> Any:
     """S as CSR (scipy or cupyx) with a float dtype, refusing duplicates and (when its values
-    are used, ``hadamard``) NaN/inf values."""
-    if not is_sparse(S):
-        raise TypeError(
-            f"The 'S' parameter of sddmm must be a scipy or cupyx sparse matrix or a dask array "
-            f"of them. Got {type(S).__name__} instead."
-        )
-    if np.dtype(S.dtype).kind not in "biuf":
-        raise TypeError(f"The 'S' parameter of sddmm must hold real numbers. Got {S.dtype}.")
+    are used, ``hadamard``) NaN/inf values; ``func`` is the function the refusals name."""
+    check_array(S, "S", func, accept_dense=False, ndim=None,
+                kinds="a scipy or cupyx sparse matrix"
+                      + (" or a dask array of them" if func == "sddmm" else ""))
     S = S.tocsr()
     if not S.has_canonical_format:
         dup = _first_duplicate(S)
         if dup is not None:
             i, j, times = dup
             raise ValueError(
-                f"The 'S' parameter of sddmm has duplicate entries (row {i}, column {j} is "
+                f"The 'S' parameter of {func} has duplicate entries (row {i}, column {j} is "
                 f"stored {times} times), so its pattern is ambiguous; merge them with "
                 "S.sum_duplicates() first."
             )
@@ -221,6 +222,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
     array([[3., 0.],
            [0., 7.]])
     """
+    check_sddmm_options(hadamard, check_finite, working_memory, progress)
     if is_dask_array(S):
         raise TypeError(
             "mgpu.ops.sddmm runs on one device; for a dask array S use mgpu.sddmm, which "
@@ -351,7 +353,7 @@ def sddmm_plan(S: Any, K: int, *, dtype: Any = None, scheme: str | None = None) 
     if is_dask_array(S):
         raise TypeError("The 'S' parameter of sddmm_plan must be one scipy or cupyx matrix; a "
                         "distributed S is planned per tile on its worker.")
-    S = check_sparse(S, False)
+    S = check_sparse(S, False, "sddmm_plan")
     if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
         raise ValueError(f"The 'K' parameter of sddmm_plan must be a positive integer. Got {K!r}.")
     if dtype is None:

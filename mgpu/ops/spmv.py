@@ -21,7 +21,8 @@ from mgpu.backends import (
 )
 from mgpu.backends.sddmm_plan import pattern_key
 from mgpu.backends.spmv_plan import SpMVPlan
-from mgpu.ops._validate import first_nonfinite, is_dask_array, is_sparse
+from mgpu.ops.validation import (Boolean, check_array, check_param, first_nonfinite,
+                                 is_dask_array, is_sparse)
 
 __all__ = [
     "check_dense_finite",
@@ -52,26 +53,14 @@ def spmv_dtype(a_dtype: Any, x_dtype: Any) -> np.dtype:
     return dt if dt in (np.dtype(np.float32), np.dtype(np.float64)) else np.dtype(np.float64)
 
 
-def _check_real(dtype: Any, name: str, func: str) -> None:
-    if np.dtype(dtype).kind not in "biuf":
-        raise TypeError(f"The '{name}' parameter of {func} must hold real numbers (bool, int or "
-                        f"float). Got dtype {np.dtype(dtype)} instead.")
-
-
 def check_sparse_shape(A: Any, func: str) -> None:
     """Refuse an A that is not a sparse matrix (or dask array of them), not 2-D, or complex."""
-    if not (is_sparse(A) or is_dask_array(A)):
-        raise TypeError(
-            f"The 'A' parameter of {func} must be a scipy or cupyx sparse matrix, or a dask "
-            f"array of CSR row tiles (mgpu.from_scipy). Got {type(A).__name__} instead"
-            # is_gpu_array: a dense CuPy A, named only in the hint
-            + ("; for a dense A use A @ x." if isinstance(A, np.ndarray) or is_gpu_array(A)
-               else ".")
-        )
-    if len(A.shape) != 2:
-        raise ValueError(f"The 'A' parameter of {func} must be 2-D. Got shape {tuple(A.shape)} "
-                         "instead.")
-    _check_real(A.dtype, "A", func)
+    # is_gpu_array: a dense CuPy A, named only in the hint
+    dense = isinstance(A, np.ndarray) or (is_gpu_array(A) and not is_sparse(A))
+    check_array(A, "A", func, accept_dense=False, accept_dask=True,
+                kinds="a scipy or cupyx sparse matrix, or a dask array of CSR row tiles "
+                      "(mgpu.from_scipy)",
+                kinds_hint="; for a dense A use A @ x" if dense else "")
 
 
 def check_sparse_operand(A: Any, func: str) -> Any:
@@ -92,19 +81,11 @@ def check_dense_operand(x: Any, n: int, name: str, func: str, ndim: int, *,
                         finite: bool = True) -> None:
     """Refuse an x that is not a dense numpy/cupy array of ``ndim`` dimensions with ``n``
     entries (rows) along its first axis, or (with ``finite``) that holds NaN or infinity."""
-    # is_gpu_array: a dense CuPy x is one of the kinds taken (not a choice of device)
-    if is_sparse(x) or is_dask_array(x) or not (isinstance(x, np.ndarray) or is_gpu_array(x)):
-        raise TypeError(f"The '{name}' parameter of {func} must be a dense numpy or cupy array. "
-                        f"Got {type(x).__name__} instead.")
-    if x.ndim != ndim:
-        other = "spmm" if ndim == 1 else "spmv"
-        raise ValueError(
-            f"The '{name}' parameter of {func} must be {ndim}-D. Got shape {tuple(x.shape)} "
-            f"instead; use mgpu.{other} for a {x.ndim}-D operand." if x.ndim in (1, 2) else
-            f"The '{name}' parameter of {func} must be {ndim}-D. Got shape {tuple(x.shape)} "
-            "instead."
-        )
-    _check_real(x.dtype, name, func)
+    got = getattr(x, "ndim", None)
+    hint = f"; use mgpu.{'spmm' if ndim == 1 else 'spmv'} for a {got}-D operand" \
+        if got in (1, 2) else ""
+    check_array(x, name, func, accept_sparse=False, ndim=ndim,
+                kinds="a dense numpy or cupy array", ndim_hint=hint)
     if x.shape[0] != n:
         what = "length" if ndim == 1 else "number of rows"
         raise ValueError(
@@ -343,6 +324,7 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: SpMVPlan | None = N
     >>> spmv(A, np.array([1.0, 2.0, 3.0]))
     array([7., 0., 6.])
     """
+    check_param(check_finite, "check_finite", "spmv", Boolean())
     return _one_device(A, x, "x", "spmv", 1, check_finite, plan)
 
 
@@ -379,4 +361,5 @@ def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     array([[3., 2.],
            [0., 3.]])
     """
+    check_param(check_finite, "check_finite", "spmm", Boolean())
     return _one_device(A, X, "X", "spmm", 2, check_finite)
