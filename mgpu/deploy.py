@@ -41,9 +41,9 @@ def slurm_script(workflow: list[str], *, jobs: Collection[str] | None = None, no
         The mgpu command line without ``mgpu`` and without ``--address``, e.g.
         ``["run", "jaccard", "graph.txt.gz", "--out", "j.npz"]``: an ``mgpu run`` job.
     jobs : collection of str, optional
-        The ``mgpu run`` jobs that run on a cluster (those that take ``--address``); a job
-        not among them is refused. The ``mgpu`` command passes the list it reads from its
-        own commands (``mgpu.cli.cluster_jobs()``); default: any ``mgpu run`` job.
+        The ``mgpu run`` jobs that run on a cluster; a job not among them is refused.
+        Default: those of the ``mgpu`` command, read from its commands (the ``run`` jobs that
+        take ``--address``, :func:`mgpu.cli.cluster_jobs`).
     nodes, gpus_per_node
         Nodes, and GPUs asked for on each (``--gres=gpu:N``); 0 starts CPU workers.
     workers_per_node : int, optional
@@ -114,9 +114,13 @@ def slurm_script(workflow: list[str], *, jobs: Collection[str] | None = None, no
 
 def _check(workflow: list[str], jobs: Collection[str] | None, nodes: int, gpus: int,
            per_node: int | None, cpus: int, mem: str, time: str, wait: int) -> None:
-    if (len(workflow) < 2 or workflow[0] != "run"
-            or (jobs is not None and workflow[1] not in jobs)):
-        among = f", one of {', '.join(sorted(jobs))}" if jobs is not None else ""
+    if jobs is None:
+        # the jobs are the command line's: this module belongs to its layer (DESIGN.md)
+        from mgpu.cli.run import cluster_jobs
+
+        jobs = cluster_jobs()
+    if len(workflow) < 2 or workflow[0] != "run" or workflow[1] not in jobs:
+        among = f", one of {', '.join(sorted(jobs))}"
         raise ValueError(f"The workflow must be an 'mgpu run' job that runs on a cluster{among} "
                          f"(e.g. run partition --powerlaw 100000x5000). Got "
                          f"{' '.join(workflow) or 'nothing'!r}.")

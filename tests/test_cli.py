@@ -396,7 +396,7 @@ def test_run_gradient_mf_cpu(runner, tmp_path):
     # the old name still runs the job, says it is deprecated, and is not listed
     r = runner.invoke(main, ["run", "als", str(path), "--device", "cpu", "--iters", "2",
                              "-k", "3", "--out", str(tmp_path / "old")])
-    assert r.exit_code == 0 and "deprecated" in r.output, r.output
+    assert r.exit_code == 0 and "'als' is deprecated" in r.output, r.output
     assert json.loads((tmp_path / "old" / "history.json").read_text())["cpu"][-1]["iteration"] == 2
     listing = runner.invoke(main, ["run", "--help"]).output
     assert "gradient-mf" in listing and " als " not in listing

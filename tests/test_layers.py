@@ -19,9 +19,10 @@ PACKAGE = ROOT / "mgpu"
 # it, never one above. The package itself (``mgpu/__init__.py``, the public functions) sits
 # below the models, which are built on those functions, and above what it re-exports. The
 # benchmarks, the loaders and the deploy helpers are not in DESIGN's list: the benchmarks (and
-# the drivers of ``mgpu run``) sit just below the command line, the rest beside partition.
+# the drivers of ``mgpu run``) sit just below the command line, the loaders beside partition,
+# and the deploy helpers (the batch script of an ``mgpu run`` job) with the command line.
 LAYERS: list[tuple[str, ...]] = [
-    ("mgpu.cli", "mgpu.__main__"),
+    ("mgpu.cli", "mgpu.__main__", "mgpu.deploy"),
     ("mgpu.bench",),
     ("mgpu.models",),
     ("mgpu",),
@@ -29,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("mgpu.sched",),
     ("mgpu.distributed",),
     ("mgpu.ops",),
-    ("mgpu.partition", "mgpu.io", "mgpu.synthetic", "mgpu.deploy"),
+    ("mgpu.partition", "mgpu.io", "mgpu.synthetic"),
     ("mgpu.backends",),
     ("mgpu.config",),
 ]

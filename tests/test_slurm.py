@@ -228,10 +228,14 @@ def test_cpu_and_gpu_scripts_are_filled_and_valid_bash(tmp_path):
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(workflow=["run", "als", "r.csv"], jobs=("jaccard", "knn-graph", "mf", "partition")),
+    (dict(workflow=["run", "gap", "c.txt"], jobs=("jaccard", "knn-graph", "mf", "partition")),
      "one of jaccard, knn-graph, mf, partition"),
     (dict(workflow=["run", "nope", "r.csv"], jobs=cluster_jobs()),
      "one of gap, gradient-mf, jaccard, knn-graph, mf, partition"),
+    # by default, the jobs of the mgpu command
+    (dict(workflow=["run", "nope", "r.csv"]),
+     "one of gap, gradient-mf, jaccard, knn-graph, mf, partition"),
+    (dict(workflow=["run", "als", "r.csv"]), "one of gap, gradient-mf, jaccard"),
     (dict(workflow=["info"]), "must be an 'mgpu run' job"),
     (dict(workflow=["run", "mf", "r.csv", "--address", "x"]), "must not give --address"),
     (dict(mem="lots"), "mem must be a SLURM size"),

@@ -1,7 +1,7 @@
 """``mgpu run``: end-to-end jobs on real data.
 
 Every job here that takes ``--address`` runs on a cluster and is one a SLURM batch script can
-run (:func:`mgpu.cli.slurm.cluster_jobs` reads them from these commands).
+run (:func:`cluster_jobs` reads them from these commands).
 """
 from __future__ import annotations
 
@@ -358,8 +358,8 @@ def run_gradient_mf(ratings: str, device: str, parts: int | None, n_workers: int
 
 # The command's name until it was named for what it does (it is not alternating least squares).
 _als = copy.copy(run_gradient_mf)
-_als.hidden, _als.deprecated = True, True
-_als.help = "Renamed: mgpu run gradient-mf."
+_als.name, _als.hidden, _als.deprecated = "als", True, True
+_als.help = "Renamed: mgpu run gradient-mf (this name goes in a later release)."
 run.add_command(_als, "als")
 
 
@@ -426,3 +426,11 @@ def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
     if plot is not None:
         plot_gap_history(histories, plot, f"GaP topic model, {Path(corpus).name}")
     plotted(plot)
+
+
+def cluster_jobs(group: click.Group = run) -> tuple[str, ...]:
+    """The ``mgpu run`` jobs a batch script can run: those that take ``--address`` (the
+    script passes its own scheduler), read from the commands themselves (hidden ones, old
+    names kept for a while, left out)."""
+    return tuple(sorted(name for name, cmd in group.commands.items() if not cmd.hidden
+                        and any(p.name == "address" for p in cmd.params)))

@@ -7,15 +7,7 @@ from pathlib import Path
 import click
 
 from mgpu.cli._errors import Group
-from mgpu.cli.run import run
-
-
-def cluster_jobs(group: click.Group = run) -> tuple[str, ...]:
-    """The ``mgpu run`` jobs a batch script can run: those that take ``--address`` (the
-    script passes its own scheduler), read from the commands themselves (hidden ones, old
-    names kept for a while, left out)."""
-    return tuple(sorted(name for name, cmd in group.commands.items() if not cmd.hidden
-                        and any(p.name == "address" for p in cmd.params)))
+from mgpu.cli.run import cluster_jobs
 
 
 @click.group(cls=Group)
