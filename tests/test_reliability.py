@@ -195,7 +195,7 @@ def _killer_at_iteration(client, iteration: int):
 
 @pytest.mark.timeout(4 * WAIT)
 def test_gradient_mf_training_survives_a_killed_worker(client3):
-    """ALS across the cluster: a worker is killed after the second step; the tiles it held
+    """GradientMF across the cluster: a worker is killed after the second step; the tiles it held
     (ratings, rows of U and their Adam moments, made step by step) are made again from
     their tasks elsewhere, and every RMSE and both factors equal an undisturbed run's."""
     from mgpu.mf import split_ratings

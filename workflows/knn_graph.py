@@ -22,16 +22,15 @@ import scipy.sparse as sp
 
 import mgpu
 from mgpu import io
+from mgpu.ops.distances import drop_self
 
 
 def knn_graph(distances: np.ndarray, indices: np.ndarray, k: int) -> sp.csr_matrix:
-    """Row i's k nearest rows other than itself (queries are the index rows themselves)."""
+    """Row i's k nearest rows other than itself, from its k + 1 nearest (the queries are the
+    index rows themselves; a row missing from its own list, an exact duplicate tied ahead of
+    it, loses its farthest instead, as scikit-learn does)."""
+    vals, cols = drop_self(distances, indices, k)
     n = indices.shape[0]
-    keep = indices != np.arange(n)[:, None]
-    # a row that is not among its own neighbours (duplicates tied ahead of it) keeps k
-    keep &= np.cumsum(keep, axis=1) <= k
-    cols = indices[keep].reshape(n, k)
-    vals = distances[keep].reshape(n, k)
     return sp.csr_matrix((vals.ravel(), cols.ravel(), np.arange(0, n * k + 1, k)),
                          shape=(n, n))
 

@@ -66,7 +66,10 @@ def load_corpus(input: str | None, shape: tuple[int, int], density: float,
     if input is not None:
         from mgpu import io
 
-        data = io.load(input)
+        try:
+            data = io.load(input)
+        except (ValueError, FileNotFoundError, TypeError) as exc:  # a file it cannot read
+            raise data_error(exc) from exc
         if hasattr(data, "matrix"):  # 10x: features × barcodes
             data = data.matrix.T
         X = data.reshape(data.shape[0], -1) if isinstance(data, np.ndarray) else data

@@ -12,7 +12,7 @@ import numpy as np
 
 from mgpu.cli import _options as opt
 from mgpu.cli import _plots
-from mgpu.cli._errors import Group
+from mgpu.cli._errors import Group, data_error
 from mgpu.cli._inputs import data_root, load_corpus, load_input, load_matrix, load_ratings
 from mgpu.cli._mf import mf_options, train
 from mgpu.cli._output import bar, plotted, write_json
@@ -444,8 +444,11 @@ def bench_jaccard(inputs: tuple[str, ...], device: str, repeats: int,
 
     rows = []
     for path in inputs:
-        G = io.load_snap(path, symmetric=True, dtype=np.float64) \
-            if io.detect_format(path) == "snap" else io.load(path)
+        try:
+            G = io.load_snap(path, symmetric=True, dtype=np.float64) \
+                if io.detect_format(path) == "snap" else io.load(path)
+        except (ValueError, FileNotFoundError, TypeError) as exc:  # a file it cannot read
+            raise data_error(exc) from exc
         r = b.bench_graph(G, device, repeats)
         r["graph"] = Path(path).name
         rows.append(r)

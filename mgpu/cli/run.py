@@ -6,7 +6,6 @@ run (:func:`cluster_jobs` reads them from these commands).
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -165,7 +164,6 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out: Pat
     mgpu.io.load reads. Prints the distribution and the strongest edges (original node ids).
     """
     import mgpu
-    from mgpu.bench.plots import plot_jaccard_weights
     from mgpu.distributed import connect
     from mgpu.models.jaccard import histogram, top_edges
     from mgpu.ops.jaccard import check_graph
@@ -191,7 +189,8 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out: Pat
     for u, v, w in top_edges(J, top):
         click.echo(f"  {int(ids[u])} -- {int(ids[v])}: {w:.4f}")
     if plot is not None:
-        plot_jaccard_weights(J, plot, f"Jaccard weights, {Path(input).name} ({h['edges']:,} edges)")
+        _plots.jaccard_weights(J, plot,
+                               f"Jaccard weights, {Path(input).name} ({h['edges']:,} edges)")
     plotted(plot)
 
 
@@ -230,8 +229,7 @@ def run_mf(ratings: str, out_dir: str, target_rmse: float | None, **kw: Any) -> 
         save_npz(out / f"{mode}-factors.npz", P=mf.P_, Q=mf.Q_, user_ids=data.user_ids,
                  item_ids=data.item_ids, mean=mf.mean_, rated_users=mf.rated_users_,
                  rated_items=mf.rated_items_)
-    (out / "history.json").write_text(json.dumps({m: mf.history_ for m, mf in mfs.items()},
-                                                 indent=1))
+    replace_json(out / "history.json", {m: mf.history_ for m, mf in mfs.items()})
     click.echo(f"factors and history written to {out}")
 
 
@@ -303,16 +301,15 @@ def _median_step(hist: list[dict[str, float]]) -> float:
 @opt.out_dir("Folder for <device>-factors.npz and history.json.")
 @opt.plot("test RMSE against the step")
 def run_gradient_mf(ratings: str, device: str, parts: int | None, n_workers: int | None,
-            address: str | None, k: int, iters: int, lr: float, reg: float,
-            test_fraction: float, seed: int, out_dir: str, plot: str | None) -> None:
+                    address: str | None, k: int, iters: int, lr: float, reg: float,
+                    test_fraction: float, seed: int, out_dir: str, plot: str | None) -> None:
     """Matrix factorisation of a ratings file by full-batch gradient steps of SDDMM + SpMM.
 
-    mgpu.models.GradientMF: every step computes the predictions at the training ratings (mgpu.sddmm) and the two
-    gradients (mgpu.spmm of the residual with V, of its transpose with U); the step's time and
-    the test RMSE are reported, per device. On a cluster (the default) each worker keeps its
-    users' ratings and rows of U, and only V moves.
+    mgpu.models.GradientMF (formerly `mgpu run als`): every step computes the predictions at
+    the training ratings (mgpu.sddmm) and the two gradients (mgpu.spmm of the residual with V,
+    of its transpose with U); the step's time and the test RMSE are reported, per device. On a
+    cluster (the default) each worker keeps its users' ratings and rows of U, and only V moves.
     """
-    from mgpu.bench.plots import plot_mf_history
     from mgpu.distributed import connect
     from mgpu.mf import split_ratings
     from mgpu.models import GradientMF
@@ -352,7 +349,8 @@ def run_gradient_mf(ratings: str, device: str, parts: int | None, n_workers: int
         click.echo(f"GPU step {med['cpu'] / med['gpu']:.1f}x faster than the CPU backend")
     replace_json(out / "history.json", histories)
     if plot is not None:
-        plot_mf_history(histories, plot, f"SDDMM + SpMM matrix factorisation, {Path(ratings).name}")
+        _plots.mf_history(histories, plot,
+                          f"SDDMM + SpMM matrix factorisation, {Path(ratings).name}")
     plotted(plot)
 
 
@@ -387,7 +385,6 @@ def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
     an SDDMM (the Poisson rates at the nonzero counts) followed by an SpMM; on a cluster the
     documents stay on the workers and only the topics move.
     """
-    from mgpu.bench.plots import plot_gap_history
     from mgpu.distributed import connect
     from mgpu.models import GaP
 
@@ -424,7 +421,7 @@ def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
     replace_json(out / "history.json", histories)
     replace_json(out / "topics.json", listing)
     if plot is not None:
-        plot_gap_history(histories, plot, f"GaP topic model, {Path(corpus).name}")
+        _plots.gap_history(histories, plot, f"GaP topic model, {Path(corpus).name}")
     plotted(plot)
 
 
