@@ -52,6 +52,27 @@ def test_cluster_fit_refuses_bad_input(client):
         GaP(2).fit(sp.csr_matrix(-np.ones((3, 3))), client=client)
 
 
+def test_cluster_fit_refuses_nan_and_complex_counts_as_one_device_does(client):
+    """NaN and complex counts are refused by name before any tile is placed (scipy input)
+    or once the tiles' sums arrive (dask input), never inside a worker."""
+    import mgpu
+
+    nan = _corpus()
+    nan.data[3] = np.nan
+    with pytest.raises(ValueError, match="'S' parameter of GaP.fit holds NaN"):
+        GaP(2).fit(nan)
+    with pytest.raises(ValueError, match="'S' parameter of GaP.fit on a cluster holds NaN"):
+        GaP(2).fit(nan, parts=2, client=client)
+    with pytest.raises(ValueError, match="'S' parameter of GaP.fit on a cluster holds NaN"):
+        GaP(2).fit(mgpu.from_scipy(nan, 2, client=client))
+    cplx = _corpus().astype(np.complex128)
+    with pytest.raises(TypeError, match="'S' parameter of GaP.fit must hold real numbers"):
+        GaP(2).fit(cplx)
+    with pytest.raises(TypeError, match="'S' parameter of GaP.fit on a cluster must hold real "
+                                        "numbers"):
+        GaP(2).fit(cplx, parts=2, client=client)
+
+
 def test_cluster_fit_of_a_dask_array_keeps_its_tiles(client):
     """A dask array of row tiles fits where its tiles are, as the scipy matrix it holds."""
     import mgpu

@@ -156,9 +156,12 @@ class RowTiles:
                 for i, (w, z) in enumerate(zip(self.workers, self.nnz))]
 
 
-def check_scipy_or_tiles(S: Any, param: str, func: str) -> None:
+def check_scipy_or_tiles(S: Any, param: str, func: str, *,
+                         ensure_all_finite: bool = False) -> None:
     """Refuse what :meth:`RowTiles.place` cannot place, naming the parameter: cupyx data by
-    its device (the tiles are cut on the host), anything else by its kind."""
+    its device (the tiles are cut on the host), anything else by its kind or dtype (real
+    numbers only, as on one device). ``ensure_all_finite`` refuses NaN and infinity in a
+    scipy matrix; a dask array's values are the caller's to check, tile by tile."""
     check_array(S, param, func, accept_dense=False, accept_dask=True, devices=("cpu",),
-                ndim=None, dtype_kinds="biufc",
+                ndim=None, ensure_all_finite=ensure_all_finite,
                 kinds="a scipy sparse matrix (or a dask array of row tiles)")

@@ -120,7 +120,7 @@ class GaP:
         check_param(parts, "parts", "GaP.fit", [Interval(Integral, 1, None), None])
         check_param(progress, "progress", "GaP.fit", [IsCallable(), None])
         if client is not None or parts is not None or _is_dask(S):
-            check_scipy_or_tiles(S, "S", "GaP.fit on a cluster")
+            check_scipy_or_tiles(S, "S", "GaP.fit on a cluster", ensure_all_finite=True)
             self._fit_tiles(S, client, parts, progress)
         else:
             check_array(S, "S", "GaP.fit", accept_dense=False, ensure_all_finite=True,
@@ -171,6 +171,9 @@ class GaP:
             tiles = RowTiles.place(S, name="gap", client=client)
             stats = [tiles.result(f, "GaP's corpus sums")
                      for f in tiles.map(_stats_task, tiles.blocks)]
+            if not all(st["finite"] for st in stats):
+                raise ValueError("The 'S' parameter of GaP.fit on a cluster holds NaN or "
+                                 "infinity.")
             if any(st["min"] < 0 for st in stats):
                 raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
             dtype = np.dtype(stats[0]["dtype"]) if stats else np.dtype(np.float64)
@@ -367,13 +370,15 @@ class _Tile:
 
 def _stats_task(S: Any) -> dict[str, Any]:
     """What the start needs of a tile of a dask corpus: its total, Σ log s!, its tokens,
-    its smallest count and the dtype the fit uses."""
+    whether its counts are finite, its smallest count and the dtype the fit uses."""
     tile = _canonical_unchecked(S)
     host = _host(tile.data)
-    low = float(host.min()) if host.size else 0.0
-    log_fact, tokens = _constants(tile) if low >= 0 else (0.0, 0.0)  # refused by the client
-    return {"sum": float(host.sum()), "log_fact": log_fact, "tokens": tokens, "min": low,
-            "dtype": tile.dtype.str}
+    finite = bool(np.isfinite(host).all())
+    low = float(host.min()) if host.size and finite else 0.0
+    # NaN or negative counts are refused by the client, which reads "finite" and "min"
+    log_fact, tokens = _constants(tile) if finite and low >= 0 else (0.0, 0.0)
+    return {"sum": float(host.sum()), "log_fact": log_fact, "tokens": tokens,
+            "finite": finite, "min": low, "dtype": tile.dtype.str}
 
 
 def _canonical_unchecked(S: Any) -> Any:
