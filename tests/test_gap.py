@@ -73,6 +73,31 @@ def test_cluster_fit_refuses_nan_and_complex_counts_as_one_device_does(client):
         GaP(2).fit(cplx, parts=2, client=client)
 
 
+def _unsorted_with_duplicates() -> sp.csr_matrix:
+    """A corpus whose rows are stored backwards, with one count split in two entries."""
+    S = _corpus()
+    indptr, indices, data = S.indptr.copy(), S.indices.copy(), S.data.copy()
+    for r in range(S.shape[0]):
+        a, b = indptr[r], indptr[r + 1]
+        indices[a:b], data[a:b] = indices[a:b][::-1].copy(), data[a:b][::-1].copy()
+    r = int(np.flatnonzero(np.diff(indptr) >= 1)[0])
+    at = indptr[r]
+    indices = np.insert(indices, at, indices[at])
+    data = np.insert(data, at, 1.0)
+    indptr[r + 1:] += 1
+    return sp.csr_matrix((data, indices, indptr), shape=S.shape)
+
+
+def test_fit_leaves_the_callers_matrix_as_it_was(client):
+    """Sorting and summing the duplicates of the corpus happen on a copy."""
+    S = _unsorted_with_duplicates()
+    indices, data = S.indices.copy(), S.data.copy()
+    GaP(2, iters=2).fit(S)
+    GaP(2, iters=2).fit(S, parts=2, client=client)
+    np.testing.assert_array_equal(S.indices, indices)
+    np.testing.assert_array_equal(S.data, data)
+
+
 def test_cluster_fit_of_a_dask_array_keeps_its_tiles(client):
     """A dask array of row tiles fits where its tiles are, as the scipy matrix it holds."""
     import mgpu

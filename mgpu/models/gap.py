@@ -29,7 +29,13 @@ from mgpu.backends import synchronize
 from mgpu.distributed.cluster import CLIENT
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
 from mgpu.models._transpose import Transposer
-from mgpu.ops.validation import Interval, IsCallable, check_array, check_param
+from mgpu.ops.validation import (
+    Interval,
+    IsCallable,
+    canonical_csr,
+    check_array,
+    check_param,
+)
 
 __all__ = ["GaP"]
 
@@ -293,14 +299,12 @@ def _check_params(topics: int, iters: int, alpha: float, beta: float, seed: int)
 
 
 def _canonical(S: Any) -> Any:
-    """S as float CSR with sorted, summed entries, refusing negative counts."""
-    S = S.tocsr()
-    S.sum_duplicates()
-    S.sort_indices()
+    """S as float CSR with sorted, summed entries (a copy where that changes anything: the
+    caller's matrix is never sorted in place), refusing negative counts."""
+    S = canonical_csr(S)
     if S.nnz and float(S.data.min()) < 0:
         raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
-    dtype = S.dtype if S.dtype in (np.float32, np.float64) else np.float64
-    return S.astype(dtype)
+    return S
 
 
 def _start(shape: tuple[int, int], dtype: Any, total: float, topics: int, seed: int
