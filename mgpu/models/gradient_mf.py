@@ -155,7 +155,8 @@ class GradientMF:
         else:
             check_array(R, "R", "GradientMF.fit", accept_dense=False)
             if test is not None:
-                check_array(test, "test", "GradientMF.fit", accept_dense=False)
+                check_array(test, "test", "GradientMF.fit", accept_dense=False,
+                            ensure_all_finite=True)
                 if test.shape != R.shape:
                     raise ValueError(f"The 'test' parameter of GradientMF.fit must have R's "
                                      f"shape {R.shape}. Got {test.shape} instead.")
@@ -196,8 +197,7 @@ class GradientMF:
 
             def sync() -> None:
                 pass
-        R = R.tocsr()
-        R.sort_indices()
+        R = _sorted_ratings(R)
         if R.nnz and not bool(xp.isfinite(R.data).all()):
             raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity among "
                              "its ratings. Clean them first.")
@@ -278,6 +278,9 @@ class GradientMF:
         if test is not None and test.shape != R.shape:
             raise ValueError(f"The 'test' parameter of GradientMF.fit must have R's shape "
                              f"{R.shape}. Got {test.shape} instead.")
+        if test is not None:
+            check_array(test, "test", "GradientMF.fit on a cluster", accept_dense=False,
+                        ensure_all_finite=True)
         if _is_dask(R):
             tiles = RowTiles.place(R, name="gradient-mf", client=client)
             stats = [tiles.result(f, "GradientMF's rating sums")
@@ -285,14 +288,14 @@ class GradientMF:
             if not all(st["finite"] for st in stats):
                 raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
                                  "among its ratings. Clean them first.")
+            if any(st["duplicates"] for st in stats):
+                raise ValueError(_DUPLICATES)
             dtype = np.dtype(stats[0]["dtype"])
             n_train = sum(st["nnz"] for st in stats)
             mean = float(sum(st["sum"] for st in stats) / max(n_train, 1))
             per_item = sum(st["per_item"] for st in stats)
         else:
-            R = sp.csr_matrix(R)
-            R.sum_duplicates()
-            R.sort_indices()
+            R = sp.csr_matrix(_sorted_ratings(R))
             if not np.isfinite(R.data).all():
                 raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
                                  "among its ratings. Clean them first.")
@@ -421,14 +424,44 @@ def _xp(S: Any) -> Any:
     return np
 
 
+_DUPLICATES = ("The 'R' parameter of GradientMF.fit rates an item more than once for a user "
+               "(duplicate entries). Keep one rating of each, or call R.sum_duplicates() "
+               "first if their sum is what you mean.")
+
+
+def _sorted_ratings(R: Any) -> Any:
+    """R as CSR with sorted indices, a copy wherever that changes anything (the caller's
+    matrix is never sorted in place), refusing duplicate entries (:data:`_DUPLICATES`):
+    whether two ratings of an item should be summed, averaged or one kept is the
+    caller's choice."""
+    nnz = R.nnz
+    R = R.tocsr()
+    if R.nnz != nnz:  # converting from COO summed the duplicates
+        raise ValueError(_DUPLICATES)
+    if not R.has_sorted_indices:
+        R = R.copy()
+        R.sort_indices()
+    indices = R.indices
+    same = indices[1:] == indices[:-1]
+    # a pair that straddles two rows is not a duplicate
+    starts = R.indptr[1:-1] - 1
+    same[starts[(starts >= 0) & (starts < same.size)]] = False
+    if bool(same.any()):
+        raise ValueError(_DUPLICATES)
+    return R
+
+
 def _stats_task(R: Any, n: int) -> dict[str, Any]:
     """What the start needs of a tile of dask ratings: its sum and count, whether its values
-    are finite, its ratings per item and its dtype."""
+    are finite, whether it rates an item twice for a user, its ratings per item and its
+    dtype. The tile itself is left as it is."""
     host = R.get() if hasattr(R, "get") else R
     host = sp.csr_matrix(host)
-    host.sum_duplicates()
+    summed = host.copy()
+    summed.sum_duplicates()
     return {"sum": float(host.data.astype(np.float64).sum()), "nnz": int(host.nnz),
             "finite": bool(np.isfinite(host.data).all()), "dtype": host.dtype.str,
+            "duplicates": summed.nnz != host.nnz,
             "per_item": np.bincount(host.indices, minlength=n)}
 
 
@@ -440,7 +473,9 @@ def _tile_task(R: Any, test: Any, U: np.ndarray) -> _Tile:
 
         test = csp.csr_matrix(test)
     R = R.tocsr()
-    R.sort_indices()
+    if not R.has_sorted_indices:  # the block is the dask array's: sort a copy
+        R = R.copy()
+        R.sort_indices()
     U = xp.asarray(U)
     cnt = xp.maximum(xp.diff(R.indptr), 1).astype(R.dtype)[:, None]
     return _Tile(R, Transposer.of(R), cnt, test, U,
