@@ -98,6 +98,13 @@ def test_fit_leaves_the_callers_matrix_as_it_was(client):
     np.testing.assert_array_equal(S.data, data)
 
 
+def test_seed_none_fits_on_one_device_and_on_a_cluster(client):
+    S = _corpus()
+    for fit in (lambda m: m.fit(S), lambda m: m.fit(S, parts=2, client=client)):
+        model = fit(GaP(2, iters=2, seed=None))
+        assert model.X_.shape == (S.shape[0], 2) and np.isfinite(model.X_).all()
+
+
 def test_cluster_fit_of_a_dask_array_keeps_its_tiles(client):
     """A dask array of row tiles fits where its tiles are, as the scipy matrix it holds."""
     import mgpu

@@ -135,6 +135,13 @@ def test_duplicate_ratings_are_refused_on_one_device_and_on_a_cluster(client):
     GradientMF(iters=1).fit(R)  # R itself is taken
 
 
+def test_seed_none_fits_on_one_device_and_on_a_cluster(client):
+    R = _ratings()
+    for fit in (lambda m: m.fit(R), lambda m: m.fit(R, parts=2, client=client)):
+        model = fit(GradientMF(k=2, iters=2, seed=None))
+        assert model.U_.shape == (R.shape[0], 2) and np.isfinite(model.U_).all()
+
+
 def test_nan_in_test_is_refused_by_name(client):
     R = _ratings()
     test = R.copy()
