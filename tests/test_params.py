@@ -336,6 +336,8 @@ DISTRIBUTED = [  # (function, parameter, call on the tiles)
     ("knn", "queries", lambda t: mgpu.knn(t["index"], XNAN, 2)),
     ("knn", "metric", lambda t: mgpu.knn(t["index"], X, 2, metric="nope")),
     ("knn", "progress", lambda t: mgpu.knn(t["index"], X, 2, progress=3)),
+    ("knn", "working_memory", lambda t: mgpu.knn(t["index"], X, 2, working_memory="lots")),
+    ("knn", "working_memory", lambda t: mgpu.knn(t["index"], X, 2, working_memory=-5)),
     ("sddmm", "A", lambda t: mgpu.sddmm(t["cols"], A[:4], B)),
     ("sddmm", "B", lambda t: mgpu.sddmm(t["cols"], A, _nan(B))),
     ("sddmm", "hadamard", lambda t: mgpu.sddmm(t["cols"], A, B, hadamard="no")),
