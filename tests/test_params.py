@@ -122,6 +122,8 @@ CASES = [
     ("sddmm", "sddmm", "check_finite", None, lambda v: mgpu.sddmm(S, A, B, check_finite=v)),
     ("sddmm", "sddmm", "plan", "p", lambda v: mgpu.sddmm(S, A, B, plan=v)),
     ("sddmm", "sddmm", "device", "tpu", lambda v: mgpu.sddmm(S, A, B, device=v)),
+    # the option before the factors' NaN scan
+    ("sddmm", "sddmm", "device", "tpu", lambda v: mgpu.sddmm(S, _nan(A), B, device=v)),
     ("sddmm", "sddmm", "working_memory", "lots",
      lambda v: mgpu.sddmm(S, A, B, working_memory=v)),
     ("sddmm", "sddmm", "progress", 3, lambda v: mgpu.sddmm(S, A, B, progress=v)),
