@@ -79,8 +79,7 @@ from mgpu import config
 from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
 from mgpu.mf.hosts import HostLost, call, share_segments, start_hosts
-# GPU_MODES and MIXED_MODES: the command line imports them from here
-from mgpu.mf.modes import GPU_MODES, MIXED_MODES, MODES, check_mode  # noqa: F401
+from mgpu.mf.modes import MODES, check_mode
 from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epoch, job_reown,
                                job_start, measure_gpus_alone, slots_for)
 from mgpu.mf.segments import SegmentMap

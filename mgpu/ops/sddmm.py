@@ -284,7 +284,8 @@ def stream_budget(working_memory: Any = None) -> int:
 def _streamed(S: Any, A: Any, B: Any, hadamard: bool, working_memory: Any,
               progress: Callable[[int], None] | None) -> Any:
     """Checked host operands through the current GPU (:mod:`mgpu.ops.sddmm_stream`)."""
-    from mgpu.ops.sddmm_stream import GpuDevice, plan_stream, sddmm_streamed
+    from mgpu.backends.stream import GpuDevice
+    from mgpu.ops.sddmm_stream import plan_stream, sddmm_streamed
 
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
     budget = stream_budget(working_memory)
