@@ -56,6 +56,7 @@ __all__ = ["BlockHost", "Driver", "HostLost", "SegmentMap", "SegmentStore", "cal
 
 logger = logging.getLogger(__name__)
 
+
 class BlockHost:
     """Blocks and factor segments on one worker (an actor: create it with
     :func:`start_hosts`)."""

@@ -552,12 +552,12 @@ default='sequential'
         segmap = SegmentMap({**{("p", a): w for a, w in home_p.items()},
                              **{("q", b): w for b, w in home_q.items()}})
         job = Job(slots=list(slots), segmap=segmap, origin=origin, where=where,
-                   row_sizes=[int(m.size) for m in rows], col_sizes=[int(m.size) for m in cols],
-                   predict=predict, per_task=per_task, ahead=ahead,
-                   deterministic=not MODES[self.mode].stealing, lr=self.lr, reg=self.reg,
-                   k=self.k, itemsize=P.dtype.itemsize, dtype=dtype,
-                   bandwidth=float(parse_bytes(config.get("mf.steal-bandwidth"))),
-                   latency=latency, seed=int(rng.integers(1 << 31)))
+                  row_sizes=[int(m.size) for m in rows], col_sizes=[int(m.size) for m in cols],
+                  predict=predict, per_task=per_task, ahead=ahead,
+                  deterministic=not MODES[self.mode].stealing, lr=self.lr, reg=self.reg,
+                  k=self.k, itemsize=P.dtype.itemsize, dtype=dtype,
+                  bandwidth=float(parse_bytes(config.get("mf.steal-bandwidth"))),
+                  latency=latency, seed=int(rng.integers(1 << 31)))
         driving = driving_worker(slots)
         drive = functools.partial(call, client, hosts[driving], "drive")
         drive(job_start, job, tuple(div.blocks)).result()
