@@ -5,6 +5,13 @@ loaded lazily, the first time an operation receives CuPy data.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+import warnings
+
 from mgpu import config as _config  # noqa: F401  (registers the mgpu.* defaults)
 
 __version__ = "0.1.0"
@@ -39,14 +46,46 @@ __all__ = [
 ]
 
 
+_OLD_DIST = "mgpu.dist"
+_DIST_MOVED = ("mgpu.dist is now mgpu.distributed (mgpu.from_scipy and mgpu.gather are at the "
+               "top level too)")
+
+
+class _OldDistributedName(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import mgpu.dist`` and ``from mgpu.dist[.<module>] import ...``: the distributed
+    layer's old name gives its modules under the new one (``mgpu.distributed[.<module>]``,
+    the same module objects), with a DeprecationWarning. First on ``sys.meta_path``, so
+    that no second copy of a module is loaded under the old name."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == _OLD_DIST or fullname.startswith(_OLD_DIST + "."):
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        new = "mgpu.distributed" + spec.name[len(_OLD_DIST):]
+        warnings.warn(_DIST_MOVED if spec.name == _OLD_DIST
+                      else f"{spec.name} is now {new}", DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(new)
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        # the module is loaded under its new name already; the import system has just set
+        # its __spec__ to the old name's: give it back its own
+        module.__spec__ = self._spec
+
+
+if not any(isinstance(f, _OldDistributedName) for f in sys.meta_path):
+    sys.meta_path.insert(0, _OldDistributedName())
+
+
 def __getattr__(name: str):
     # ``mgpu.dist`` was the distributed layer's name before ``mgpu.distributed``.
     if name == "dist":
-        import warnings
-
         import mgpu.distributed
 
-        warnings.warn("mgpu.dist is now mgpu.distributed (mgpu.from_scipy and mgpu.gather are "
-                      "at the top level too)", DeprecationWarning, stacklevel=2)
+        warnings.warn(_DIST_MOVED, DeprecationWarning, stacklevel=2)
         return mgpu.distributed
     raise AttributeError(f"module 'mgpu' has no attribute {name!r}")

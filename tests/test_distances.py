@@ -10,7 +10,8 @@ from scipy.spatial.distance import cdist
 from scipy.special import rel_entr
 
 import mgpu
-from mgpu.ops.distances import SEMIRINGS, _nbytes, top_k, working_memory_for
+from mgpu.backends.numpy_knn import nbytes
+from mgpu.ops.distances import SEMIRINGS, top_k, working_memory_for
 
 # scipy's name of each metric, and the input it is defined on
 _SCIPY = {"euclidean": "euclidean", "sqeuclidean": "sqeuclidean", "cosine": "cosine",
@@ -113,7 +114,7 @@ def test_knn_equals_scikit_learn_brute_force(metric):
         index, queries = _rows_with_mass(index), _rows_with_mass(queries)
     # a tiny budget: query batches of 10 (the metric's copies of the index and of a batch's
     # distances, as the semiring table counts them)
-    budget = working_memory_for(10, 300, SEMIRINGS[metric], _nbytes(index))
+    budget = working_memory_for(10, 300, SEMIRINGS[metric], nbytes(index))
     d, i = mgpu.knn(index, queries, 7, metric=metric, working_memory=budget)
     sk_metric = "cityblock" if metric == "manhattan" else metric
     sk_X, sk_Q = (index.toarray() != 0, queries.toarray() != 0) if metric == "jaccard" else \

@@ -52,6 +52,59 @@ def test_cluster_fit_refuses_bad_input(client):
         GaP(2).fit(sp.csr_matrix(-np.ones((3, 3))), client=client)
 
 
+def test_cluster_fit_refuses_nan_and_complex_counts_as_one_device_does(client):
+    """NaN and complex counts are refused by name before any tile is placed (scipy input)
+    or once the tiles' sums arrive (dask input), never inside a worker."""
+    import mgpu
+
+    nan = _corpus()
+    nan.data[3] = np.nan
+    with pytest.raises(ValueError, match="'S' parameter of GaP.fit holds NaN"):
+        GaP(2).fit(nan)
+    with pytest.raises(ValueError, match="'S' parameter of GaP.fit on a cluster holds NaN"):
+        GaP(2).fit(nan, parts=2, client=client)
+    with pytest.raises(ValueError, match="'S' parameter of GaP.fit on a cluster holds NaN"):
+        GaP(2).fit(mgpu.from_scipy(nan, 2, client=client))
+    cplx = _corpus().astype(np.complex128)
+    with pytest.raises(TypeError, match="'S' parameter of GaP.fit must hold real numbers"):
+        GaP(2).fit(cplx)
+    with pytest.raises(TypeError, match="'S' parameter of GaP.fit on a cluster must hold real "
+                                        "numbers"):
+        GaP(2).fit(cplx, parts=2, client=client)
+
+
+def _unsorted_with_duplicates() -> sp.csr_matrix:
+    """A corpus whose rows are stored backwards, with one count split in two entries."""
+    S = _corpus()
+    indptr, indices, data = S.indptr.copy(), S.indices.copy(), S.data.copy()
+    for r in range(S.shape[0]):
+        a, b = indptr[r], indptr[r + 1]
+        indices[a:b], data[a:b] = indices[a:b][::-1].copy(), data[a:b][::-1].copy()
+    r = int(np.flatnonzero(np.diff(indptr) >= 1)[0])
+    at = indptr[r]
+    indices = np.insert(indices, at, indices[at])
+    data = np.insert(data, at, 1.0)
+    indptr[r + 1:] += 1
+    return sp.csr_matrix((data, indices, indptr), shape=S.shape)
+
+
+def test_fit_leaves_the_callers_matrix_as_it_was(client):
+    """Sorting and summing the duplicates of the corpus happen on a copy."""
+    S = _unsorted_with_duplicates()
+    indices, data = S.indices.copy(), S.data.copy()
+    GaP(2, iters=2).fit(S)
+    GaP(2, iters=2).fit(S, parts=2, client=client)
+    np.testing.assert_array_equal(S.indices, indices)
+    np.testing.assert_array_equal(S.data, data)
+
+
+def test_seed_none_fits_on_one_device_and_on_a_cluster(client):
+    S = _corpus()
+    for fit in (lambda m: m.fit(S), lambda m: m.fit(S, parts=2, client=client)):
+        model = fit(GaP(2, iters=2, seed=None))
+        assert model.X_.shape == (S.shape[0], 2) and np.isfinite(model.X_).all()
+
+
 def test_cluster_fit_of_a_dask_array_keeps_its_tiles(client):
     """A dask array of row tiles fits where its tiles are, as the scipy matrix it holds."""
     import mgpu

@@ -86,6 +86,73 @@ def test_cluster_train_refuses_bad_input(client):
         GradientMF().fit(R, sp.csr_matrix(np.ones((3, 4))), client=client)
 
 
+def _ratings() -> sp.csr_matrix:
+    rng = np.random.default_rng(5)
+    return sp.random(40, 30, density=0.2, format="csr", random_state=rng,
+                     data_rvs=lambda n: rng.uniform(1, 5, n))
+
+
+def _backwards(R: sp.csr_matrix) -> sp.csr_matrix:
+    """R with every row's entries stored in reverse (unsorted indices)."""
+    indices, data = R.indices.copy(), R.data.copy()
+    for r in range(R.shape[0]):
+        a, b = R.indptr[r], R.indptr[r + 1]
+        indices[a:b], data[a:b] = indices[a:b][::-1].copy(), data[a:b][::-1].copy()
+    return sp.csr_matrix((data, indices, R.indptr.copy()), shape=R.shape)
+
+
+def test_fit_leaves_the_callers_ratings_as_they_were(client):
+    R = _backwards(_ratings())
+    indices, data = R.indices.copy(), R.data.copy()
+    one = GradientMF(k=2, iters=2).fit(R)
+    spread = GradientMF(k=2, iters=2).fit(R, parts=2, client=client)
+    np.testing.assert_array_equal(R.indices, indices)
+    np.testing.assert_array_equal(R.data, data)
+    np.testing.assert_allclose(spread.U_, one.U_, rtol=1e-10, atol=1e-13)
+
+
+def test_duplicate_ratings_are_refused_on_one_device_and_on_a_cluster(client):
+    """Two ratings of one item by one user: refused the same way everywhere, not summed."""
+    R = _ratings()
+    r = int(np.flatnonzero(np.diff(R.indptr))[0])
+    at = R.indptr[r]
+    dup = sp.csr_matrix((np.insert(R.data, at, 3.0), np.insert(R.indices, at, R.indices[at]),
+                         np.concatenate([R.indptr[:r + 1], R.indptr[r + 1:] + 1])),
+                        shape=R.shape)
+    words = r"'R' parameter of GradientMF.fit rates an item more than once .*R.sum_duplicates"
+    for fit in (lambda M: GradientMF(iters=1).fit(M),
+                lambda M: GradientMF(iters=1).fit(M, parts=2, client=client)):
+        with pytest.raises(ValueError, match=words):
+            fit(dup)
+        with pytest.raises(ValueError, match=words):
+            fit(dup.tocoo())
+    # from_scipy sums duplicates: a dask array of row tiles that keeps them
+    import dask.array as da
+
+    tiles = da.from_array(dup, chunks=(20, R.shape[1]), asarray=False)
+    with pytest.raises(ValueError, match=words):
+        GradientMF(iters=1).fit(tiles, client=client)
+    GradientMF(iters=1).fit(R)  # R itself is taken
+
+
+def test_seed_none_fits_on_one_device_and_on_a_cluster(client):
+    R = _ratings()
+    for fit in (lambda m: m.fit(R), lambda m: m.fit(R, parts=2, client=client)):
+        model = fit(GradientMF(k=2, iters=2, seed=None))
+        assert model.U_.shape == (R.shape[0], 2) and np.isfinite(model.U_).all()
+
+
+def test_nan_in_test_is_refused_by_name(client):
+    R = _ratings()
+    test = R.copy()
+    test.data[2] = np.nan
+    with pytest.raises(ValueError, match="'test' parameter of GradientMF.fit holds NaN"):
+        GradientMF(iters=2).fit(R, test)
+    with pytest.raises(ValueError, match="'test' parameter of GradientMF.fit on a cluster "
+                                         "holds NaN"):
+        GradientMF(iters=2).fit(R, test, parts=2, client=client)
+
+
 def _dense_reference(R: sp.csr_matrix, k: int, reg: float, lr: float, iters: int, seed: int):
     """The same steps on dense float64 arrays: the residual at the ratings, its products
     with the factors, and Adam with per-row means of the gradient."""

@@ -51,3 +51,31 @@ def test_public_names_and_the_old_distributed_name():
     assert any("mgpu.distributed" in str(w.message) for w in caught)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         mgpu.nope  # noqa: B018
+
+
+def test_the_old_distributed_name_imports_as_a_module_with_a_warning():
+    """``from mgpu.dist import ...`` and ``import mgpu.dist[.<module>]`` give the modules of
+    mgpu.distributed themselves (no second copy), each with a DeprecationWarning."""
+    code = (
+        "import sys, warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from mgpu.dist import from_scipy\n"
+        "    import mgpu.dist.cluster as cluster\n"
+        "    from mgpu.dist.knn import knn_distributed\n"
+        "import mgpu.distributed, mgpu.distributed.cluster, mgpu.distributed.knn\n"
+        "assert from_scipy is mgpu.distributed.from_scipy\n"
+        "assert cluster is mgpu.distributed.cluster\n"
+        "assert knn_distributed is mgpu.distributed.knn.knn_distributed\n"
+        "assert mgpu.distributed.cluster.__spec__.name == 'mgpu.distributed.cluster'\n"
+        "words = [str(w.message) for w in caught if w.category is DeprecationWarning]\n"
+        "assert words == ['mgpu.dist is now mgpu.distributed (mgpu.from_scipy and mgpu.gather "
+        "are at the top level too)', 'mgpu.dist.cluster is now mgpu.distributed.cluster', "
+        "'mgpu.dist.knn is now mgpu.distributed.knn'], words\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupyx'))\n"
+        "assert not bad, bad\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

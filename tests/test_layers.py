@@ -7,6 +7,7 @@ so the test needs neither a GPU nor an import of the package.
 from __future__ import annotations
 
 import ast
+import re
 import tokenize
 from pathlib import Path
 
@@ -188,20 +189,36 @@ def test_workflows_use_the_public_api_only(script):
     assert private == []
 
 
+# ``hasattr(x, "get")``: a device test written by hand (CuPy data has .get())
+_HAND_DEVICE_TEST = re.compile(r"""hasattr\([^,()]+,\s*["']get["']\)""")
+
+
 def test_outside_the_backends_a_type_branch_says_why():
     # Ops choose a backend by a dispatch lookup. Where code outside mgpu/backends still asks
     # whether data is CuPy's (to word a refusal, to place a GPU task), a comment on that line
-    # or on the two lines above it says why.
+    # or on the two lines above it says why. Asking by hand (hasattr(x, "get")) counts too:
+    # the library layers use mgpu.backends (is_gpu_array, to_host, on_device_of) instead.
+    # The front ends (mgpu.cli, mgpu.bench) still convert their printed results by hand and
+    # are not held to that part yet.
     bare = []
     for module, path in MODULES.items():
         if module.startswith("mgpu.backends"):
             continue
+        by_hand = not module.startswith(("mgpu.cli", "mgpu.bench"))
         text = path.read_text()
         with open(path, "rb") as f:
             commented = {tok.start[0] for tok in tokenize.tokenize(f.readline)
                          if tok.type == tokenize.COMMENT}
         for i, line in enumerate(text.splitlines(), start=1):
-            if "is_gpu_array(" in line and not line.lstrip().startswith(("def ", "#")):
+            if line.lstrip().startswith(("def ", "#")):
+                continue
+            if "is_gpu_array(" in line or by_hand and _HAND_DEVICE_TEST.search(line):
                 if not commented & {i - 2, i - 1, i}:
                     bare.append(f"{module}:{i}: {line.strip()}")
     assert not bare, "type branches without a reason:\n" + "\n".join(bare)
+
+
+def test_a_device_test_by_hand_is_caught():
+    assert _HAND_DEVICE_TEST.search('gpu = hasattr(R, "get")')
+    assert _HAND_DEVICE_TEST.search("host = S.get() if hasattr(S, 'get') else S")
+    assert not _HAND_DEVICE_TEST.search('getattr(self, "get_x", None)')

@@ -178,6 +178,19 @@ def test_unrated_users_and_items_are_predicted_the_training_mean():
         np.sqrt(np.mean((mf.predict(R.row, R.col) - R.data) ** 2)))
 
 
+def test_seed_none_draws_one_int_seed_that_repeats_the_fit():
+    """seed=None is resolved once in fit (the GPU hosts add block ids to it): the drawn
+    seed is kept in seed_, and a model given it repeats the fit."""
+    rng = np.random.default_rng(1)
+    R = sp.random(30, 20, density=0.3, format="coo", random_state=rng,
+                  data_rvs=lambda n: rng.uniform(1, 5, n))
+    first = mgpu.MatrixFactorization(k=4, lr=0.05, epochs=2, seed=None).fit(R)
+    assert isinstance(first.seed_, int) and first.seed_ >= 0
+    again = mgpu.MatrixFactorization(k=4, lr=0.05, epochs=2, seed=first.seed_).fit(R)
+    np.testing.assert_array_equal(again.P_, first.P_)
+    assert mgpu.MatrixFactorization(k=4, epochs=1, seed=7).fit(R).seed_ == 7
+
+
 def test_sequential_reaches_the_movielens_target(data_dir):
     R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
     train, test = _split(R.tocoo())

@@ -122,6 +122,8 @@ CASES = [
     ("sddmm", "sddmm", "check_finite", None, lambda v: mgpu.sddmm(S, A, B, check_finite=v)),
     ("sddmm", "sddmm", "plan", "p", lambda v: mgpu.sddmm(S, A, B, plan=v)),
     ("sddmm", "sddmm", "device", "tpu", lambda v: mgpu.sddmm(S, A, B, device=v)),
+    # the option before the factors' NaN scan
+    ("sddmm", "sddmm", "device", "tpu", lambda v: mgpu.sddmm(S, _nan(A), B, device=v)),
     ("sddmm", "sddmm", "working_memory", "lots",
      lambda v: mgpu.sddmm(S, A, B, working_memory=v)),
     ("sddmm", "sddmm", "progress", 3, lambda v: mgpu.sddmm(S, A, B, progress=v)),
@@ -336,6 +338,8 @@ DISTRIBUTED = [  # (function, parameter, call on the tiles)
     ("knn", "queries", lambda t: mgpu.knn(t["index"], XNAN, 2)),
     ("knn", "metric", lambda t: mgpu.knn(t["index"], X, 2, metric="nope")),
     ("knn", "progress", lambda t: mgpu.knn(t["index"], X, 2, progress=3)),
+    ("knn", "working_memory", lambda t: mgpu.knn(t["index"], X, 2, working_memory="lots")),
+    ("knn", "working_memory", lambda t: mgpu.knn(t["index"], X, 2, working_memory=-5)),
     ("sddmm", "A", lambda t: mgpu.sddmm(t["cols"], A[:4], B)),
     ("sddmm", "B", lambda t: mgpu.sddmm(t["cols"], A, _nan(B))),
     ("sddmm", "hadamard", lambda t: mgpu.sddmm(t["cols"], A, B, hadamard="no")),

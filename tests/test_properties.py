@@ -43,7 +43,8 @@ from scipy.special import rel_entr
 
 import mgpu
 from mgpu.ops import NORMS, SEMIRINGS
-from mgpu.ops.distances import _nbytes, working_memory_for
+from mgpu.backends.numpy_knn import nbytes
+from mgpu.ops.distances import working_memory_for
 
 EPS = np.finfo(np.float64).eps
 C = 4.0
@@ -470,7 +471,7 @@ def test_knn_is_right_or_refused(problem):
     if one:  # as the index is checked: float64 CSR, duplicates summed
         X = sp.csr_matrix(index.A, dtype=np.float64, copy=True)
         X.sum_duplicates()
-        budget = working_memory_for(1, X.shape[0], SEMIRINGS[metric], _nbytes(X))
+        budget = working_memory_for(1, X.shape[0], SEMIRINGS[metric], nbytes(X))
     call = lambda: mgpu.knn(index.A, queries.A, k, metric=metric, p=p,  # noqa: E731
                             working_memory=budget)
     why = _refusal(metric, [("index", index), ("queries", queries)], "knn")

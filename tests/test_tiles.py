@@ -47,6 +47,22 @@ def test_a_dask_array_of_row_tiles_is_taken_as_it_is(client):
     assert sum(tiles.nnz) == S.nnz
 
 
+def test_a_coo_matrix_is_placed_as_its_csr(client):
+    """Any scipy format is taken; duplicates count once, as from_scipy places them."""
+    S = powerlaw_csr(900, 200, 9_000, seed=5)
+    C = S.tocoo()
+    dup = sp.coo_matrix((np.append(C.data, 1.0), (np.append(C.row, C.row[0]),
+                                                  np.append(C.col, C.col[0]))), shape=S.shape)
+    for M in (C, dup):
+        tiles = RowTiles.place(M, name="test", parts=2, client=client)
+        assert tiles.nnz == [S[tiles.rows(i)].nnz for i in range(2)]
+        assert sum(tiles.nnz) == S.nnz
+        zeros = [np.zeros((int(np.diff(tiles.bounds)[i]), 1)) for i in range(2)]
+        parts = tiles.map(_row_sums, tiles.blocks, zeros, args=(1.0,))
+        got = np.concatenate([tiles.result(f, "row sums") for f in parts])
+        np.testing.assert_allclose(got, np.asarray(M.tocsr().sum(axis=1)).ravel())
+
+
 def test_refusals(client):
     S = sp.random(50, 40, density=0.1, format="csr", random_state=0)
     with pytest.raises(ValueError, match=r"takes a dask array of row tiles .*axis=0"):

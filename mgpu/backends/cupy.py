@@ -41,6 +41,7 @@ from mgpu.backends.timing import time_gpu
 
 logger = logging.getLogger(__name__)
 
+
 @array_module_lookup.register((cupy.ndarray, csp.spmatrix))
 def _cupy_module(x: Any) -> Any:
     return cupy

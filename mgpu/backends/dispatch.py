@@ -1,7 +1,8 @@
 """The dispatch tables: one :class:`dask.utils.Dispatch` per primitive, keyed by the type of
 its data (as ``dask/array/dispatch.py``).
 
-Only the tables live here. The implementations are registered by the backend modules: the
+The tables live here, with :func:`is_gpu_array` (the one type test they are chosen by, made
+without importing CuPy). The implementations are registered by the backend modules: the
 numpy side when :mod:`mgpu.backends` is imported, the CuPy side lazily, the first time CuPy
 data reaches a table (:mod:`mgpu.backends.register`), so ``import mgpu`` never imports CuPy.
 A Dask task calls the lookup on its chunk, so one graph runs on CPU and GPU workers alike.

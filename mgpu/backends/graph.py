@@ -1,6 +1,6 @@
 """A fixed sequence of GPU launches captured once as a CUDA graph and replayed.
 
-An iterative method on a small problem (ALS on a ratings file of 10⁵ entries) spends its GPU
+An iterative method on a small problem (GradientMF on a ratings file of 10⁵ entries) spends its GPU
 step launching kernels, not running them: a dozen launches from Python cost more than their
 work. Captured as one CUDA graph, the step is one launch. Imported only with CuPy.
 """

@@ -212,7 +212,6 @@ def top_k(D: np.ndarray, k: int, largest: bool = False) -> tuple[np.ndarray, np.
     return np.take_along_axis(D, order, axis=1), order
 
 
-
 def knn_checked(ring: Any, index: Any, queries: Any, k: int, p: float,
                 step: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`knn` on input already checked and converted, ``step`` queries at a time; the
@@ -229,7 +228,6 @@ def knn_checked(ring: Any, index: Any, queries: Any, k: int, p: float,
             dist[s + r:s + e], ids[s + r:s + e] = top_k(D[r:e], k, ring.similarity)
         del D
     return dist, ids
-
 
 
 @distances_lookup.register(_HOST)

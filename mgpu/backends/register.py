@@ -14,15 +14,18 @@ import mgpu.backends.numpy_knn  # noqa: F401  (kNN and distances)
 import mgpu.backends.numpy_spmv  # noqa: F401  (SpMV, SpMM, their plans)
 import mgpu.backends.dispatch as d
 
-# The module that registers the CuPy side of each table.
+# The module that registers the CuPy side of each table, when CuPy data first reaches it.
+# knn_prepared_lookup is not among them: it dispatches on the index knn_prepare_lookup
+# returns, whose GPU type (GpuIndex, of module mgpu.backends.cupy_knn, not cupy's) is
+# registered where it is defined; a GpuIndex cannot exist, nor be unpickled on a worker,
+# without importing that module, and so its registration.
 CUPY_MODULES: dict[str, tuple] = {
     "mgpu.backends.cupy": (
         d.row_norms_lookup, d.sddmm_lookup, d.sddmm_plan_lookup, d.jaccard_lookup,
         d.nonfinite_lookup, d.all_finite_lookup, d.array_module_lookup,
     ),
     "mgpu.backends.cupy_knn": (
-        d.knn_lookup, d.distances_lookup, d.knn_prepare_lookup, d.knn_prepared_lookup,
-        d.knn_input_lookup,
+        d.knn_lookup, d.distances_lookup, d.knn_prepare_lookup, d.knn_input_lookup,
     ),
     "mgpu.backends.cupy_spmv": (
         d.spmv_lookup, d.spmv_plan_lookup, d.spmv_takes_as_is_lookup, d.spmv_flagged_lookup,

@@ -17,7 +17,7 @@ import scipy.sparse as sp
 import mgpu.distributed.cluster as _cluster
 from mgpu.bench.mf import train_modes
 from mgpu.mf import MODES, split_ratings
-from mgpu.mf.model import GPU_MODES, MIXED_MODES
+from mgpu.mf.modes import GPU_MODES, MIXED_MODES
 
 __all__ = ["compare_modes", "parse_modes"]
 

@@ -360,8 +360,6 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
              timeout: float | None, slurm: dict[str, Any] | None,
              cpu_threads: int | None = None) -> Client:
     timeout = float(timeout if timeout is not None else config.get("connect.timeout"))
-    if n_workers is not None and n_workers < 1:
-        raise ValueError(f"The 'n_workers' parameter of connect must be >= 1. Got {n_workers}.")
     if address is not None:
         kw: dict[str, Any] = {"timeout": timeout}
         if os.path.isfile(address):

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["jaccard"]
 
+
 def _graph_here(G: sp.csr_matrix, gpu: bool) -> Any:
     """G on this worker's GPU (copied once per graph object) for GPU workers, else G."""
     if not gpu:

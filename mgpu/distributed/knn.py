@@ -22,7 +22,7 @@ from mgpu.backends import is_gpu_array
 from mgpu.distributed.cluster import completed, current_client, task_placement
 from mgpu.distributed.collection import block_futures, place_as
 from mgpu.ops import distances as dist
-from mgpu.ops.validation import Interval, IsCallable, check_param
+from mgpu.ops.validation import Bytes, Interval, IsCallable, check_param, is_dask_array
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
     the number of queries finished after each batch.
     """
     ring, p = dist.resolve_metric(metric, p, func="knn")
+    check_param(working_memory, "working_memory", "knn", [Bytes(), None])
     if index.numblocks[1] != 1:
         raise ValueError("The 'index' parameter of knn must be cut into row tiles (from_scipy "
                          f"with axis=0). Got {index.numblocks[1]} column tiles.")
@@ -177,8 +178,6 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     >>> knn(np.array([[0.0], [1.0], [3.0]]), np.array([[2.9]]), 2)[1].tolist()
     [[2, 1]]
     """
-    from mgpu.ops.validation import is_dask_array
-
     check_param(progress, "progress", "knn", [IsCallable(), None])
     if is_dask_array(index):
         return knn_distributed(index, queries, k, metric=metric, p=p,

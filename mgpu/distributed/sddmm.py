@@ -210,7 +210,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     >>> np.allclose(P.compute().toarray(), 8 * S.toarray())
     True
     """
-    check_sddmm_options(hadamard, check_finite, working_memory, progress)
+    check_sddmm_options(hadamard, check_finite, working_memory, progress, device)
     if not is_dask_array(S):
         return sddmm_one_device(S, A, B, hadamard=hadamard, plan=plan,
                                 check_finite=check_finite, device=device,

@@ -25,6 +25,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
 
 from mgpu.backends import is_gpu_array
 from mgpu.distributed.cluster import current_client, result, task_placement
@@ -96,17 +97,23 @@ class RowTiles:
                                  f"the columns). Got blocks {S.numblocks} instead; cut it "
                                  "with mgpu.from_scipy(S, axis=0).")
             Sd = S
-            nnz = [int(z) for z in np.asarray(chunk_nnz(Sd)).ravel()]
         else:
+            if sp.issparse(S):  # the CSR from_scipy places (any format; duplicates summed)
+                S = sp.csr_matrix(S)
+                if not S.has_canonical_format:
+                    S = S.copy()
+                    S.sum_duplicates()
             Sd = from_scipy(S, parts, axis=0, client=client)
-            bounds = np.concatenate([[0], np.cumsum(Sd.chunks[0])]).astype(np.int64)
+        bounds = np.concatenate([[0], np.cumsum(Sd.chunks[0])]).astype(np.int64)
+        if Sd is S:
+            nnz = [int(z) for z in np.asarray(chunk_nnz(Sd)).ravel()]
+        else:  # counted from the placed CSR's row pointers, without a round trip
             nnz = [int(S.indptr[bounds[i + 1]] - S.indptr[bounds[i]])
                    for i in range(Sd.numblocks[0])]
         futures = block_futures(Sd, client)
         blocks = [futures[(i, 0)] for i in range(Sd.numblocks[0])]
         where = client.who_has(blocks)
         workers = [(list(where.get(f.key, ())) or [None])[0] for f in blocks]
-        bounds = np.concatenate([[0], np.cumsum(Sd.chunks[0])]).astype(np.int64)
         # GPU tiles' tasks ask for a GPU and stay pinned to it (task_placement)
         return cls(client, blocks, bounds, workers, nnz, is_gpu_array(Sd._meta), name)
 
@@ -156,9 +163,12 @@ class RowTiles:
                 for i, (w, z) in enumerate(zip(self.workers, self.nnz))]
 
 
-def check_scipy_or_tiles(S: Any, param: str, func: str) -> None:
+def check_scipy_or_tiles(S: Any, param: str, func: str, *,
+                         ensure_all_finite: bool = False) -> None:
     """Refuse what :meth:`RowTiles.place` cannot place, naming the parameter: cupyx data by
-    its device (the tiles are cut on the host), anything else by its kind."""
+    its device (the tiles are cut on the host), anything else by its kind or dtype (real
+    numbers only, as on one device). ``ensure_all_finite`` refuses NaN and infinity in a
+    scipy matrix; a dask array's values are the caller's to check, tile by tile."""
     check_array(S, param, func, accept_dense=False, accept_dask=True, devices=("cpu",),
-                ndim=None, dtype_kinds="biufc",
+                ndim=None, ensure_all_finite=ensure_all_finite,
                 kinds="a scipy sparse matrix (or a dask array of row tiles)")

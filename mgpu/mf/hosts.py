@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from mgpu.backends import is_gpu_array, to_device
 from mgpu.mf.segments import Key, SegmentMap, SegmentStore, store_supported
 from mgpu.mf.staging import host_copy, stage_block
 
@@ -55,6 +56,7 @@ __all__ = ["BlockHost", "Driver", "HostLost", "SegmentMap", "SegmentStore", "cal
            "share_segments", "start_hosts", "store_supported"]
 
 logger = logging.getLogger(__name__)
+
 
 class BlockHost:
     """Blocks and factor segments on one worker (an actor: create it with
@@ -392,12 +394,9 @@ class BlockHost:
 
     @staticmethod
     def _on_device(a: Any) -> Any:
-        import cupy
-
-        # a type branch, not a backend choice: this host is a GPU's, and an input is either
-        # the segment it left on the device or a host array that arrived; no dispatch lookup
-        # moves data to a device
-        return a if isinstance(a, cupy.ndarray) else cupy.asarray(a)
+        # this host is a GPU's: an input is either the segment it left on the device (taken
+        # as it is) or a host array that arrived (copied there by to_device)
+        return a if is_gpu_array(a) else to_device(a)
 
     def _set(self, key: Key, version: int, arr: Any, host: Any) -> None:
         """A segment's new version, and whoever waits for it woken (on the event loop, from

@@ -79,8 +79,7 @@ from mgpu import config
 from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
 from mgpu.mf.hosts import HostLost, call, share_segments, start_hosts
-# GPU_MODES and MIXED_MODES: the command line imports them from here
-from mgpu.mf.modes import GPU_MODES, MIXED_MODES, MODES, check_mode  # noqa: F401
+from mgpu.mf.modes import MODES, check_mode
 from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epoch, job_reown,
                                job_start, measure_gpus_alone, slots_for)
 from mgpu.mf.segments import SegmentMap
@@ -90,6 +89,12 @@ from mgpu.ops.validation import InstanceOf, Interval, IsCallable, check_param
 logger = logging.getLogger(__name__)
 
 __all__ = ["MODES", "MatrixFactorization"]
+
+
+def _fresh_seed() -> int:
+    """A seed from numpy's fresh entropy (what ``seed=None`` means), as an int >= 0 that
+    per-block seeds may be added to."""
+    return int(np.random.default_rng().integers(1 << 31))
 
 
 def gpu_options() -> dict[str, Any]:
@@ -113,7 +118,9 @@ class MatrixFactorization:
         Stop once the test RMSE reaches it.
     mode : {'sequential', 'cpu', 'gpu', 'hsgd', 'hsgd-linear', 'hsgd-static', 'hsgd*'}, \
 default='sequential'
-    seed : int, default=0
+    seed : int or None, default=0
+        The starting factors, the order of the ratings staged on a GPU and the scheduler's
+        draws. None: a fresh seed drawn by numpy at the start of ``fit`` (``seed_``).
     checkpoint_dir : str, optional
         Write ``P`` and ``Q`` after every epoch to ``<dir>/mf-epoch-<n>.npz`` (with the
         epoch); ``fit(..., resume=path)`` goes on from one.
@@ -137,6 +144,9 @@ default='sequential'
         random start), as LIBMF predicts its average rating there.
     rated_users_, rated_items_ : ndarray of bool
         Which users and items the training ratings name.
+    seed_ : int
+        The seed the last fit used: ``seed``, or the one drawn for ``seed=None``; a model
+        made with ``seed=seed_`` repeats that fit.
     history_ : list of dict
         Per epoch: ``epoch``, ``seconds`` (training time so far: the epochs' own work; the
         setup before the first epoch and the evaluation after each, that is gathering the
@@ -274,7 +284,10 @@ default='sequential'
         self.rated_users_ = np.bincount(u, minlength=shape[0]) > 0
         self.rated_items_ = np.bincount(i, minlength=shape[1]) > 0
         rated = (self.rated_users_, self.rated_items_)
-        rng = np.random.default_rng(self.seed)
+        # one int for every use (starting factors, GPU staging, calibration windows):
+        # None draws it here, once, so the workers never see None
+        self.seed_ = _fresh_seed() if self.seed is None else int(self.seed)
+        rng = np.random.default_rng(self.seed_)
         scale = 1.0 / np.sqrt(self.k)
         P = rng.random((shape[0], self.k)) * scale
         Q = rng.random((shape[1], self.k)) * scale
@@ -533,18 +546,18 @@ default='sequential'
                 sel = order[bounds[blk.id]:bounds[blk.id + 1]]
                 puts.append(call(client, host, "put",
                                  {blk.id: (local_u[u[sel]], local_i[i[sel]], r[sel])}, {},
-                                 [blk.id] if blk.id in stage else [], dtype, self.seed))
+                                 [blk.id] if blk.id in stage else [], dtype, self.seed_))
         for f in puts:
             f.result()
         segmap = SegmentMap({**{("p", a): w for a, w in home_p.items()},
                              **{("q", b): w for b, w in home_q.items()}})
         job = Job(slots=list(slots), segmap=segmap, origin=origin, where=where,
-                   row_sizes=[int(m.size) for m in rows], col_sizes=[int(m.size) for m in cols],
-                   predict=predict, per_task=per_task, ahead=ahead,
-                   deterministic=not MODES[self.mode].stealing, lr=self.lr, reg=self.reg,
-                   k=self.k, itemsize=P.dtype.itemsize, dtype=dtype,
-                   bandwidth=float(parse_bytes(config.get("mf.steal-bandwidth"))),
-                   latency=latency, seed=int(rng.integers(1 << 31)))
+                  row_sizes=[int(m.size) for m in rows], col_sizes=[int(m.size) for m in cols],
+                  predict=predict, per_task=per_task, ahead=ahead,
+                  deterministic=not MODES[self.mode].stealing, lr=self.lr, reg=self.reg,
+                  k=self.k, itemsize=P.dtype.itemsize, dtype=dtype,
+                  bandwidth=float(parse_bytes(config.get("mf.steal-bandwidth"))),
+                  latency=latency, seed=int(rng.integers(1 << 31)))
         driving = driving_worker(slots)
         drive = functools.partial(call, client, hosts[driving], "drive")
         drive(job_start, job, tuple(div.blocks)).result()
@@ -561,7 +574,7 @@ default='sequential'
                     where[blk.id] = worker
                     fetch.setdefault(worker, []).append(blk.id)
             for f in [call(client, hosts[w], "prefetch", ids,
-                           {b: origin[b] for b in ids if origin[b] != w}, dtype, self.seed)
+                           {b: origin[b] for b in ids if origin[b] != w}, dtype, self.seed_)
                       for w, ids in fetch.items()]:
                 f.result()
             gpu_rows: dict[int, set[int]] = {}
@@ -625,7 +638,7 @@ default='sequential'
         most = int(config.get("mf.calibration-ratings"))
         # one column stratum of the division these slots will get, its ratings by user
         window = block_window(u, i, shape, columns(n_g, len(slots) - n_g),
-                              want=min(most, 1 << 16), seed=self.seed)
+                              want=min(most, 1 << 16), seed=self.seed_)
         key = cluster_key(client, cpu, gpu, self.k, "float64", gpu_kw, threads, window.block)
         cal = cached(key)
         # (one without ``probe`` priced calls at an idle round trip, one of other ``calls``
@@ -639,7 +652,7 @@ default='sequential'
             logger.info("no cached calibration for %s: measuring on the training ratings", key)
             cal = calibrate(client, u, i, r, self.k, cpu_worker=cpu, gpu_worker=gpu,
                             dtype="float64", gpu_kw=gpu_kw, cpu_threads=max(threads, 1),
-                            max_ratings=most, seed=self.seed, window=window)
+                            max_ratings=most, seed=self.seed_, window=window)
             logger.info("calibration cached in %s", store(cal))
         return cal
 

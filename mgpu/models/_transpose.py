@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from mgpu.backends import is_gpu_array, to_device, to_host
+
 
 @dataclass(frozen=True)
 class Transposer:
@@ -19,18 +21,16 @@ class Transposer:
     @classmethod
     def of(cls, S: Any) -> Transposer:
         """For S (scipy or cupyx CSR with sorted indices); arrays on S's device."""
-        host = S.get() if hasattr(S, "get") else S
+        host = to_host(S)
         pos = sp.csr_matrix((np.arange(host.nnz, dtype=np.float64) + 1, host.indices,
                              host.indptr), shape=host.shape)
         T = pos.T.tocsr()
         T.sort_indices()
         perm = T.data.astype(np.int64) - 1
         T.data = np.zeros(T.nnz, dtype=S.dtype)
-        if hasattr(S, "get"):
-            import cupy
-            import cupyx.scipy.sparse as csp
-
-            return cls(csp.csr_matrix(T), cupy.asarray(perm))
+        # the map is built on the host once; a GPU pattern gets it back on its device
+        if is_gpu_array(S):
+            return cls(to_device(T), to_device(perm))
         return cls(T, perm)
 
     def counts(self) -> Any:

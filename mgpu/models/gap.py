@@ -17,19 +17,26 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from math import lgamma
 from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.special import gammaln
 
 import mgpu
-from mgpu.backends import synchronize
+from mgpu.backends import array_module, on_device_of, synchronize, to_host
 from mgpu.distributed.cluster import CLIENT
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
 from mgpu.models._transpose import Transposer
-from mgpu.ops.validation import Interval, IsCallable, check_array, check_param
+from mgpu.ops.validation import (
+    Interval,
+    IsCallable,
+    canonical_csr,
+    check_array,
+    check_param,
+    is_dask_array,
+)
 
 __all__ = ["GaP"]
 
@@ -119,8 +126,8 @@ class GaP:
         check_param(client, "client", "GaP.fit", [CLIENT, None])
         check_param(parts, "parts", "GaP.fit", [Interval(Integral, 1, None), None])
         check_param(progress, "progress", "GaP.fit", [IsCallable(), None])
-        if client is not None or parts is not None or _is_dask(S):
-            check_scipy_or_tiles(S, "S", "GaP.fit on a cluster")
+        if client is not None or parts is not None or is_dask_array(S):
+            check_scipy_or_tiles(S, "S", "GaP.fit on a cluster", ensure_all_finite=True)
             self._fit_tiles(S, client, parts, progress)
         else:
             check_array(S, "S", "GaP.fit", accept_dense=False, ensure_all_finite=True,
@@ -132,7 +139,7 @@ class GaP:
         topics, iters, alpha, beta = self.topics, self.iters, self.alpha, self.beta
         tile = _Tile.of(S)
         X, L = _start(tile.S.shape, tile.S.dtype, float(tile.S.sum()), topics, self.seed)
-        xp = _xp(tile.S)
+        xp = array_module(tile.S)
         X, L = xp.asarray(X), xp.asarray(L)
         log_fact, tokens = _constants(tile.S)
         tiny = np.finfo(tile.S.dtype).tiny
@@ -167,10 +174,13 @@ class GaP:
         sees them finish. X_ and L_ are numpy.
         """
         topics, iters, alpha, beta = self.topics, self.iters, self.alpha, self.beta
-        if _is_dask(S):
+        if is_dask_array(S):
             tiles = RowTiles.place(S, name="gap", client=client)
             stats = [tiles.result(f, "GaP's corpus sums")
                      for f in tiles.map(_stats_task, tiles.blocks)]
+            if not all(st["finite"] for st in stats):
+                raise ValueError("The 'S' parameter of GaP.fit on a cluster holds NaN or "
+                                 "infinity.")
             if any(st["min"] < 0 for st in stats):
                 raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
             dtype = np.dtype(stats[0]["dtype"]) if stats else np.dtype(np.float64)
@@ -180,9 +190,10 @@ class GaP:
             shape = S.shape
         else:
             S = _canonical(S)
+            # the tiles first: without a cluster, nothing is computed on the client
+            tiles = RowTiles.place(S, name="gap", parts=parts, client=client)
             log_fact, tokens = _constants(S)
             dtype, total, shape = S.dtype, float(S.sum()), S.shape
-            tiles = RowTiles.place(S, name="gap", parts=parts, client=client)
         X0, L0 = _start(shape, dtype, total, topics, self.seed)
         tiny = float(np.finfo(dtype).tiny)
         history: list[dict[str, float]] = []
@@ -211,8 +222,8 @@ class GaP:
                 history.append(rec)
                 if progress is not None:
                     progress(rec)
-        self.X_ = np.vstack([_host(tiles.result(x, "GaP's final factors")) for x in X])
-        self.L_ = _host(tiles.result(L, "GaP's final factors"))
+        self.X_ = np.vstack([to_host(tiles.result(x, "GaP's final factors")) for x in X])
+        self.L_ = to_host(tiles.result(L, "GaP's final factors"))
         self.history_, self.tiles_ = history, tiles.describe()
 
     def transform(self, S: Any, *, iters: int | None = None) -> Any:
@@ -244,9 +255,9 @@ class GaP:
         iters = self.iters if iters is None else iters
         _check_params(self.topics, iters, self.alpha, self.beta, self.seed)
         tile = _Tile.of(S)
-        xp = _xp(tile.S)
+        xp = array_module(tile.S)
         X, _ = _start(tile.S.shape, tile.S.dtype, float(tile.S.sum()), self.topics, self.seed)
-        X, L = xp.asarray(X), xp.asarray(_host(L) if xp is np else L, dtype=tile.S.dtype)
+        X, L = xp.asarray(X), xp.asarray(to_host(L) if xp is np else L, dtype=tile.S.dtype)
         tiny = np.finfo(tile.S.dtype).tiny
         for _ in range(iters):
             X = tile.update_loadings(X, L, self.alpha, self.beta, tiny, tile.rates(X, L))
@@ -260,22 +271,10 @@ class GaP:
         >>> model.top_words(["a", "b"], 1)
         [['b'], ['a']]
         """
-        L = _host(self.L_)
+        L = to_host(self.L_)
         order = np.argsort(-L, axis=0, kind="stable")[:n].T
         return [[vocab[w] if vocab is not None and w < len(vocab) else str(w) for w in row]
                 for row in order]
-
-
-def _is_dask(S: Any) -> bool:
-    return type(S).__module__.startswith("dask.")
-
-
-def _xp(S: Any) -> Any:
-    if hasattr(S, "get"):
-        import cupy
-
-        return cupy
-    return np
 
 
 _RANGES = " (topics and iters must be >= 1, alpha >= 1 and beta > 0)"
@@ -290,14 +289,12 @@ def _check_params(topics: int, iters: int, alpha: float, beta: float, seed: int)
 
 
 def _canonical(S: Any) -> Any:
-    """S as float CSR with sorted, summed entries, refusing negative counts."""
-    S = S.tocsr()
-    S.sum_duplicates()
-    S.sort_indices()
+    """S as float CSR with sorted, summed entries (a copy where that changes anything: the
+    caller's matrix is never sorted in place), refusing negative counts."""
+    S = canonical_csr(S)
     if S.nnz and float(S.data.min()) < 0:
         raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
-    dtype = S.dtype if S.dtype in (np.float32, np.float64) else np.float64
-    return S.astype(dtype)
+    return S
 
 
 def _start(shape: tuple[int, int], dtype: Any, total: float, topics: int, seed: int
@@ -315,9 +312,8 @@ def _start(shape: tuple[int, int], dtype: Any, total: float, topics: int, seed: 
 
 def _constants(S: Any) -> tuple[float, float]:
     """Σ log s! over the nonzero counts, and the number of tokens."""
-    host = S.get() if hasattr(S, "get") else S
-    data = np.asarray(host.data, dtype=np.float64)
-    return float(sum(lgamma(v + 1.0) for v in data)), float(data.sum())
+    data = np.asarray(to_host(S.data), dtype=np.float64)
+    return float(gammaln(data + 1.0).sum()), float(data.sum())
 
 
 @dataclass
@@ -338,7 +334,7 @@ class _Tile:
         return mgpu.sddmm(self.S, X, L, hadamard=False)
 
     def _ratio(self, R: Any, tiny: float) -> Any:
-        R.data = self.S.data / _xp(self.S).maximum(R.data, tiny)
+        R.data = self.S.data / array_module(self.S).maximum(R.data, tiny)
         return R
 
     def update_loadings(self, X: Any, L: Any, alpha: float, beta: float, tiny: float,
@@ -356,7 +352,7 @@ class _Tile:
 
     def loglik_parts(self, R: Any, X: Any, tiny: float) -> tuple[float, Any]:
         """Σ s log ŝ over these documents (given ŝ = ``R``) and 1ᵀX, in float64."""
-        xp = _xp(self.S)
+        xp = array_module(self.S)
         ll = float((self.S.data.astype(xp.float64)
                     * xp.log(xp.maximum(R.data.astype(xp.float64), tiny))).sum())
         return ll, X.sum(axis=0).astype(xp.float64)
@@ -367,13 +363,15 @@ class _Tile:
 
 def _stats_task(S: Any) -> dict[str, Any]:
     """What the start needs of a tile of a dask corpus: its total, Σ log s!, its tokens,
-    its smallest count and the dtype the fit uses."""
+    whether its counts are finite, its smallest count and the dtype the fit uses."""
     tile = _canonical_unchecked(S)
-    host = _host(tile.data)
-    low = float(host.min()) if host.size else 0.0
-    log_fact, tokens = _constants(tile) if low >= 0 else (0.0, 0.0)  # refused by the client
-    return {"sum": float(host.sum()), "log_fact": log_fact, "tokens": tokens, "min": low,
-            "dtype": tile.dtype.str}
+    host = to_host(tile.data)
+    finite = bool(np.isfinite(host).all())
+    low = float(host.min()) if host.size and finite else 0.0
+    # NaN or negative counts are refused by the client, which reads "finite" and "min"
+    log_fact, tokens = _constants(tile) if finite and low >= 0 else (0.0, 0.0)
+    return {"sum": float(host.sum()), "log_fact": log_fact, "tokens": tokens,
+            "finite": finite, "min": low, "dtype": tile.dtype.str}
 
 
 def _canonical_unchecked(S: Any) -> Any:
@@ -386,20 +384,12 @@ def _tile_task(S: Any) -> _Tile:
     return _Tile.of(S)
 
 
-def _on_device_of(tile: _Tile, X: Any) -> Any:
-    """X on the tile's device (a host piece sent to a GPU worker crosses once)."""
-    if _xp(tile.S) is np:
-        return X
-    import cupy
-
-    return cupy.asarray(X)
-
-
 def _step_task(tile: _Tile, X: Any, L: Any, update: bool, alpha: float, beta: float,
                tiny: float) -> tuple[Any, tuple]:
     """One round on one tile: the log-likelihood sums of the current state, then (unless this
     is the last round) the loadings' update and this tile's share of the topics' update."""
-    X, L = _on_device_of(tile, X), _on_device_of(tile, L)
+    # a host piece sent to a GPU worker crosses once
+    X, L = on_device_of(X, tile.S.data), on_device_of(L, tile.S.data)
     R = tile.rates(X, L)
     ll, xsum = tile.loglik_parts(R, X, tiny)
     parts: tuple = (ll, xsum)
@@ -413,34 +403,18 @@ def _reduce_task(L: Any, tiny: float, *parts: tuple) -> tuple[Any, float, Any]:
     """Sum the tiles' shares: (Λ updated, or None in the last round; Σ s log ŝ; the
     Σ_k (1ᵀX)_k (1ᵀΛ)_k term of the log-likelihood)."""
     ll = sum(p[0] for p in parts)
-    xsum = sum(_host(p[1]) for p in parts)
-    penalty = float((xsum * _host(L.sum(axis=0)).astype(np.float64)).sum())
+    xsum = sum(to_host(p[1]) for p in parts)
+    penalty = float((xsum * to_host(L.sum(axis=0)).astype(np.float64)).sum())
     L_next = None
     if len(parts[0]) == 4:
         part = parts[0][2]
         xs = parts[0][3]
         for p in parts[1:]:
-            part = part + _on_device_of_array(part, p[2])
-            xs = xs + _on_device_of_array(xs, p[3])
-        L = _on_device_of_array(part, L)
-        L_next = L * part / _xp_of(part).maximum(xs, tiny)
+            part = part + on_device_of(p[2], part)
+            xs = xs + on_device_of(p[3], xs)
+        L = on_device_of(L, part)
+        L_next = L * part / array_module(part).maximum(xs, tiny)
     return L_next, ll, penalty
-
-
-def _host(a: Any) -> np.ndarray:
-    return np.asarray(a.get() if hasattr(a, "get") else a)
-
-
-def _xp_of(a: Any) -> Any:
-    if hasattr(a, "get"):
-        import cupy
-
-        return cupy
-    return np
-
-
-def _on_device_of_array(like: Any, a: Any) -> Any:
-    return _xp_of(like).asarray(a)
 
 
 def _first(pair: tuple) -> Any:

@@ -25,11 +25,18 @@ import numpy as np
 import scipy.sparse as sp
 
 import mgpu
-from mgpu.backends import synchronize
+from mgpu.backends import array_module, is_gpu_array, synchronize, to_device, to_host
 from mgpu.distributed.cluster import CLIENT
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
 from mgpu.models._transpose import Transposer
-from mgpu.ops.validation import Boolean, Interval, IsCallable, check_array, check_param
+from mgpu.ops.validation import (
+    Boolean,
+    Interval,
+    IsCallable,
+    check_array,
+    check_param,
+    is_dask_array,
+)
 
 __all__ = ["GradientMF"]
 
@@ -150,12 +157,13 @@ class GradientMF:
         check_param(client, "client", "GradientMF.fit", [CLIENT, None])
         check_param(parts, "parts", "GradientMF.fit", [Interval(Integral, 1, None), None])
         check_param(progress, "progress", "GradientMF.fit", [IsCallable(), None])
-        if client is not None or parts is not None or _is_dask(R):
+        if client is not None or parts is not None or is_dask_array(R):
             self._fit_tiles(R, test, client, parts, progress)
         else:
             check_array(R, "R", "GradientMF.fit", accept_dense=False)
             if test is not None:
-                check_array(test, "test", "GradientMF.fit", accept_dense=False)
+                check_array(test, "test", "GradientMF.fit", accept_dense=False,
+                            ensure_all_finite=True)
                 if test.shape != R.shape:
                     raise ValueError(f"The 'test' parameter of GradientMF.fit must have R's "
                                      f"shape {R.shape}. Got {test.shape} instead.")
@@ -182,10 +190,10 @@ class GradientMF:
     def _fit_local(self, R: Any, test: Any,
                    progress: Callable[[dict[str, float]], None] | None) -> None:
         k, iters, lr, reg = self.k, self.iters, self.lr, self.reg
-        gpu = hasattr(R, "get")
+        # on a GPU the steps run on a stream of their own, to be captured as a CUDA graph
+        gpu = is_gpu_array(R)
         if gpu:
-            import cupy as xp
-
+            xp = array_module(R)
             stream: Any = xp.cuda.Stream(non_blocking=True)  # the steps' own, for the capture
 
             def sync() -> None:
@@ -196,8 +204,7 @@ class GradientMF:
 
             def sync() -> None:
                 pass
-        R = R.tocsr()
-        R.sort_indices()
+        R = _sorted_ratings(R)
         if R.nnz and not bool(xp.isfinite(R.data).all()):
             raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity among "
                              "its ratings. Clean them first.")
@@ -278,21 +285,24 @@ class GradientMF:
         if test is not None and test.shape != R.shape:
             raise ValueError(f"The 'test' parameter of GradientMF.fit must have R's shape "
                              f"{R.shape}. Got {test.shape} instead.")
-        if _is_dask(R):
+        if test is not None:
+            check_array(test, "test", "GradientMF.fit on a cluster", accept_dense=False,
+                        ensure_all_finite=True)
+        if is_dask_array(R):
             tiles = RowTiles.place(R, name="gradient-mf", client=client)
             stats = [tiles.result(f, "GradientMF's rating sums")
                      for f in tiles.map(_stats_task, tiles.blocks, args=(R.shape[1],))]
             if not all(st["finite"] for st in stats):
                 raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
                                  "among its ratings. Clean them first.")
+            if any(st["duplicates"] for st in stats):
+                raise ValueError(_DUPLICATES)
             dtype = np.dtype(stats[0]["dtype"])
             n_train = sum(st["nnz"] for st in stats)
             mean = float(sum(st["sum"] for st in stats) / max(n_train, 1))
             per_item = sum(st["per_item"] for st in stats)
         else:
-            R = sp.csr_matrix(R)
-            R.sum_duplicates()
-            R.sort_indices()
+            R = sp.csr_matrix(_sorted_ratings(R))
             if not np.isfinite(R.data).all():
                 raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
                                  "among its ratings. Clean them first.")
@@ -349,15 +359,11 @@ class GradientMF:
                     progress(rec)
         final = tiles.map(_tile_factor, state_of_tiles)
         U = np.vstack([tiles.result(f, "GradientMF's final factors") for f in final])
-        V = _host(tiles.result(V, "GradientMF's final factors"))
+        V = to_host(tiles.result(V, "GradientMF's final factors"))
         self.U_, self.V_, self.mean_ = U, V, mean
         self.history_, self.tiles_ = history, tiles.describe()
         if not (np.isfinite(U).all() and np.isfinite(V).all()):
             _finite(math.nan, "last step's factors", iters, lr)
-
-
-def _is_dask(R: Any) -> bool:
-    return type(R).__module__.startswith("dask.")
 
 
 def _capture(step: Callable[[], Any], stream: Any) -> Any:
@@ -413,34 +419,56 @@ class _Tile:
     state: list[Any]
 
 
-def _xp(S: Any) -> Any:
-    if hasattr(S, "get"):
-        import cupy
+_DUPLICATES = ("The 'R' parameter of GradientMF.fit rates an item more than once for a user "
+               "(duplicate entries). Keep one rating of each, or call R.sum_duplicates() "
+               "first if their sum is what you mean.")
 
-        return cupy
-    return np
+
+def _sorted_ratings(R: Any) -> Any:
+    """R as CSR with sorted indices, a copy wherever that changes anything (the caller's
+    matrix is never sorted in place), refusing duplicate entries (:data:`_DUPLICATES`):
+    whether two ratings of an item should be summed, averaged or one kept is the
+    caller's choice."""
+    nnz = R.nnz
+    R = R.tocsr()
+    if R.nnz != nnz:  # converting from COO summed the duplicates
+        raise ValueError(_DUPLICATES)
+    if not R.has_sorted_indices:
+        R = R.copy()
+        R.sort_indices()
+    indices = R.indices
+    same = indices[1:] == indices[:-1]
+    # a pair that straddles two rows is not a duplicate
+    starts = R.indptr[1:-1] - 1
+    same[starts[(starts >= 0) & (starts < same.size)]] = False
+    if bool(same.any()):
+        raise ValueError(_DUPLICATES)
+    return R
 
 
 def _stats_task(R: Any, n: int) -> dict[str, Any]:
     """What the start needs of a tile of dask ratings: its sum and count, whether its values
-    are finite, its ratings per item and its dtype."""
-    host = R.get() if hasattr(R, "get") else R
-    host = sp.csr_matrix(host)
-    host.sum_duplicates()
+    are finite, whether it rates an item twice for a user, its ratings per item and its
+    dtype. The tile itself is left as it is."""
+    host = sp.csr_matrix(to_host(R))
+    summed = host.copy()
+    summed.sum_duplicates()
     return {"sum": float(host.data.astype(np.float64).sum()), "nnz": int(host.nnz),
             "finite": bool(np.isfinite(host.data).all()), "dtype": host.dtype.str,
+            "duplicates": summed.nnz != host.nnz,
             "per_item": np.bincount(host.indices, minlength=n)}
 
 
 def _tile_task(R: Any, test: Any, U: np.ndarray) -> _Tile:
     """Build a tile on the worker holding R's rows (GPU arrays when R is a cupyx tile)."""
-    xp = _xp(R)
-    if xp is not np:
-        import cupyx.scipy.sparse as csp
-
-        test = csp.csr_matrix(test)
+    xp = array_module(R)
+    # the test ratings arrive from the client on the host; a GPU tile holds its on the GPU
+    if is_gpu_array(R):
+        test = to_device(test)
     R = R.tocsr()
-    R.sort_indices()
+    if not R.has_sorted_indices:  # the block is the dask array's: sort a copy
+        R = R.copy()
+        R.sort_indices()
     U = xp.asarray(U)
     cnt = xp.maximum(xp.diff(R.indptr), 1).astype(R.dtype)[:, None]
     return _Tile(R, Transposer.of(R), cnt, test, U,
@@ -454,7 +482,7 @@ def _step_task(tile: _Tile, V: Any, it: int, update: bool, mean: float, lr: floa
     ratings (SDDMM), U's gradient (SpMM) and Adam step, and this tile's share of V's gradient
     (SpMM of the residual's transpose). The values go unchecked (``check_finite=False``): the
     client watches the summed errors instead."""
-    xp = _xp(tile.R)
+    xp = array_module(tile.R)
     V = xp.asarray(V)
     test_sse = 0.0
     if tile.test.nnz:
@@ -481,7 +509,7 @@ def _reduce_task(V: Any, state: list[Any] | None, cnt: Any, it: int, update: boo
     train_sse = sum(p[0] for p in parts)
     test_sse = sum(p[1] for p in parts)
     if update:
-        xp = _xp(parts[0][2])
+        xp = array_module(parts[0][2])
         g = parts[0][2]
         for p in parts[1:]:
             g = g + xp.asarray(p[2])
@@ -497,8 +525,5 @@ def _take(out: tuple, i: int) -> Any:
 
 
 def _tile_factor(tile: _Tile) -> np.ndarray:
-    return _host(tile.U)
+    return to_host(tile.U)
 
-
-def _host(a: Any) -> np.ndarray:
-    return np.asarray(a.get() if hasattr(a, "get") else a)

@@ -38,7 +38,6 @@ from mgpu.backends import (
 from mgpu.backends.knn_codes import KNN_CODES
 # The CPU computation lives in the backends layer; these names are part of this module's API.
 from mgpu.backends.numpy_knn import knn_checked, top_k, working_memory_for, working_memory_rows
-from mgpu.backends.numpy_knn import nbytes as _nbytes  # noqa: F401  (the tests size with it)
 from mgpu.ops.validation import (Bytes, Interval, StrOptions, check_array, check_param,
                                  is_dask_array)
 

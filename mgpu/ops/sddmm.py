@@ -18,8 +18,17 @@ from mgpu.backends import (
     to_host_all,
 )
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
-from mgpu.ops.validation import (Boolean, Bytes, IsCallable, all_finite, check_array,
-                                 check_param, first_nonfinite, is_dask_array, is_sparse)
+from mgpu.ops.validation import (
+    Boolean,
+    Bytes,
+    IsCallable,
+    StrOptions,
+    all_finite,
+    check_array,
+    check_param,
+    first_nonfinite,
+    is_dask_array,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +80,10 @@ def check_sddmm_shapes(s_shape: tuple[int, ...], a_shape: tuple[int, ...],
 
 
 def check_sddmm_options(hadamard: Any, check_finite: Any, working_memory: Any,
-                        progress: Any) -> None:
-    """Refuse a bad value of sddmm's flags and streaming options, whatever the data."""
+                        progress: Any, device: Any = None) -> None:
+    """Refuse a bad value of sddmm's flags, device and streaming options, whatever the data
+    (before any look at the data's values)."""
+    check_param(device, "device", "sddmm", [StrOptions({"cpu", "gpu"}), None])
     check_param(hadamard, "hadamard", "sddmm", Boolean())
     check_param(check_finite, "check_finite", "sddmm", Boolean())
     check_param(working_memory, "working_memory", "sddmm", [Bytes(), None])
@@ -222,7 +233,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
     array([[3., 0.],
            [0., 7.]])
     """
-    check_sddmm_options(hadamard, check_finite, working_memory, progress)
+    check_sddmm_options(hadamard, check_finite, working_memory, progress, device)
     if is_dask_array(S):
         raise TypeError(
             "mgpu.ops.sddmm runs on one device; for a dask array S use mgpu.sddmm, which "
@@ -240,9 +251,6 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
             f"The operands of sddmm must be on one device. Got {where}. Move them with "
             "cupy.asarray / cupyx.scipy.sparse.csr_matrix or cupy.asnumpy / .get()."
         )
-    if device not in (None, "cpu", "gpu"):
-        raise ValueError(f"The 'device' parameter of sddmm must be 'cpu', 'gpu' or None. Got "
-                         f"{device!r} instead.")
     if device == "cpu" and on_gpu[0]:
         raise ValueError("The operands of sddmm are on the GPU, so device='cpu' does not "
                          "apply; move them with cupy.asnumpy / .get() first.")
@@ -276,7 +284,8 @@ def stream_budget(working_memory: Any = None) -> int:
 def _streamed(S: Any, A: Any, B: Any, hadamard: bool, working_memory: Any,
               progress: Callable[[int], None] | None) -> Any:
     """Checked host operands through the current GPU (:mod:`mgpu.ops.sddmm_stream`)."""
-    from mgpu.ops.sddmm_stream import GpuDevice, plan_stream, sddmm_streamed
+    from mgpu.backends.stream import GpuDevice
+    from mgpu.ops.sddmm_stream import plan_stream, sddmm_streamed
 
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
     budget = stream_budget(working_memory)
