@@ -197,14 +197,11 @@ def test_outside_the_backends_a_type_branch_says_why():
     # Ops choose a backend by a dispatch lookup. Where code outside mgpu/backends still asks
     # whether data is CuPy's (to word a refusal, to place a GPU task), a comment on that line
     # or on the two lines above it says why. Asking by hand (hasattr(x, "get")) counts too:
-    # the library layers use mgpu.backends (is_gpu_array, to_host, on_device_of) instead.
-    # The front ends (mgpu.cli, mgpu.bench) still convert their printed results by hand and
-    # are not held to that part yet.
+    # mgpu.backends has the helpers for it (is_gpu_array, to_host, on_device_of).
     bare = []
     for module, path in MODULES.items():
         if module.startswith("mgpu.backends"):
             continue
-        by_hand = not module.startswith(("mgpu.cli", "mgpu.bench"))
         text = path.read_text()
         with open(path, "rb") as f:
             commented = {tok.start[0] for tok in tokenize.tokenize(f.readline)
@@ -212,7 +209,7 @@ def test_outside_the_backends_a_type_branch_says_why():
         for i, line in enumerate(text.splitlines(), start=1):
             if line.lstrip().startswith(("def ", "#")):
                 continue
-            if "is_gpu_array(" in line or by_hand and _HAND_DEVICE_TEST.search(line):
+            if "is_gpu_array(" in line or _HAND_DEVICE_TEST.search(line):
                 if not commented & {i - 2, i - 1, i}:
                     bare.append(f"{module}:{i}: {line.strip()}")
     assert not bare, "type branches without a reason:\n" + "\n".join(bare)

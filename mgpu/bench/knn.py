@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from mgpu.backends import to_host
 from mgpu.backends.timing import time_cpu
 
 # scikit-learn's name where it differs from mgpu's
@@ -285,8 +286,7 @@ def bench_scaling(index: sp.csr_matrix, queries: sp.csr_matrix, k: int, metric: 
     else:
         mgpu.knn(X, Q[: min(nq, 256)], k, metric=metric)
         t, (_, ids) = timed(lambda: mgpu.knn(X, Q, k, metric=metric))
-    out.append(row("one device, no cluster", "GPU" if use_gpus else "CPU", t, np.asarray(
-        ids.get() if hasattr(ids, "get") else ids), 1.0))
+    out.append(row("one device, no cluster", "GPU" if use_gpus else "CPU", t, to_host(ids), 1.0))
     if progress is not None:
         progress(f"one device: {nq / t:,.0f} queries/s")
     for n in workers:

@@ -42,14 +42,13 @@ def spread(S: Any, parts: int | None, axis: int, client: Any,
     ``max_rel_err`` (row norms on the workers against the same done here).
     """
     import mgpu
+    from mgpu.backends import to_host
     from mgpu.distributed import chunk_nnz, chunk_workers, from_scipy
 
     x = from_scipy(S, parts, axis=axis, client=client, progress=progress)
     per_chunk = chunk_nnz(x).ravel()
     where = chunk_workers(x, client)
-    got = mgpu.row_norms(x, norm="l2").compute()
-    if hasattr(got, "get"):
-        got = got.get()
+    got = to_host(mgpu.row_norms(x, norm="l2").compute())
     want = mgpu.row_norms(S.tocsr(), norm="l2")
     err = float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30), initial=0.0))
     owners = [where.get((i, 0) if axis == 0 else (0, i), ("-",))[0]

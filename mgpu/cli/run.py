@@ -280,7 +280,9 @@ def _on_devices(devices: list[str], data: tuple[Any, ...], total: int, unit: str
 
 
 def _host(*arrays: Any) -> list[np.ndarray]:
-    return [np.asarray(A.get() if hasattr(A, "get") else A) for A in arrays]
+    from mgpu.backends import to_host
+
+    return [to_host(A) for A in arrays]
 
 
 def _median_step(hist: list[dict[str, float]]) -> float:
