@@ -1,7 +1,8 @@
 """mgpu: sparse machine-learning primitives across many GPUs and CPUs through Dask.
 
 ``import mgpu`` never imports CuPy and never creates a CUDA context: the GPU backend is
-loaded lazily, the first time an operation receives CuPy data.
+loaded lazily, the first time an operation receives CuPy data. Nor does it import
+scikit-learn: ``mgpu.NearestNeighbors`` is loaded the first time it is asked for.
 """
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ from mgpu.distributed.knn import knn  # noqa: E402
 from mgpu.distributed.sddmm import sddmm  # noqa: E402
 from mgpu.distributed.spmv import spmm, spmv  # noqa: E402
 from mgpu.mf import MatrixFactorization  # noqa: E402
-from mgpu.ops import (NearestNeighbors, pairwise_distances, row_norms, sddmm_plan,  # noqa: E402
-                      spmv_plan)
+from mgpu.ops import pairwise_distances, row_norms, sddmm_plan, spmv_plan  # noqa: E402
 
 __all__ = [
     "DeviceMemoryError",
@@ -82,6 +82,11 @@ if not any(isinstance(f, _OldDistributedName) for f in sys.meta_path):
 
 
 def __getattr__(name: str):
+    # NearestNeighbors imports scikit-learn: loaded when first asked for, not by ``import mgpu``
+    if name == "NearestNeighbors":
+        from mgpu.ops.neighbors import NearestNeighbors
+
+        return NearestNeighbors
     # ``mgpu.dist`` was the distributed layer's name before ``mgpu.distributed``.
     if name == "dist":
         import mgpu.distributed

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -205,6 +206,137 @@ def test_bad_input_is_refused(call, exc, match):
     X[0, 0] = 2.0
     with pytest.raises(exc, match=match):
         call(X)
+
+
+# ------------------------------------------------- input refused at fit, in scikit-learn's words
+
+def _fit(X, metric="euclidean"):
+    return mgpu.NearestNeighbors(n_neighbors=2, metric=metric).fit(X)
+
+
+_ENTRY_POINTS = [  # (function named in the refusal, call on X)
+    ("NearestNeighbors.fit", lambda X: _fit(X).kneighbors()),
+    ("knn", lambda X: mgpu.knn(X, X, 2)),
+    ("pairwise_distances", lambda X: mgpu.pairwise_distances(X)),
+]
+
+
+@pytest.mark.parametrize("func, call", _ENTRY_POINTS, ids=[f for f, _ in _ENTRY_POINTS])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_complex_data_is_a_value_error_as_in_scikit_learn(func, call, sparse):
+    """scikit-learn refuses complex data with ValueError("Complex data not supported"); mgpu
+    refused it with a TypeError only. The refusal is now both (existing handlers of either
+    keep working)."""
+    X = np.random.default_rng(0).uniform(size=(10, 3)) + 1j
+    X = sp.csr_matrix(X) if sparse else X
+    words = (rf"^The '(X|index)' parameter of {func} must hold real numbers \(bool, int or "
+             r"float\)\. Got dtype complex128 instead\. Complex data not supported")
+    with pytest.raises(ValueError, match=words):
+        call(X)
+    with pytest.raises(TypeError, match=words):
+        call(X)
+
+
+@pytest.mark.parametrize("func, call", _ENTRY_POINTS, ids=[f for f, _ in _ENTRY_POINTS])
+def test_numbers_stored_as_objects_are_read_as_floats(func, call):
+    X = np.random.default_rng(1).uniform(size=(10, 3))
+    got, want = call(X.astype(object)), call(X)
+    for g, w in zip(*(((o,) if isinstance(o, np.ndarray) else o) for o in (got, want))):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+    for bad, exc, why in (({"foo": "bar"}, TypeError, r"float\(\) argument must be a string "
+                                                      r"or a (real )?number, not 'dict'"),
+                          ("abc", ValueError, "could not convert string to float: 'abc'")):
+        Xo = X.astype(object)
+        Xo[4, 1] = bad
+        with pytest.raises(exc, match=rf"^The '(X|index)' parameter of {func} must hold real "
+                                      rf"numbers; its values \(dtype object\) do not convert to "
+                                      rf"float: {why}"):
+            call(Xo)
+
+
+def test_nearest_neighbors_from_array_likes():
+    X = np.random.default_rng(2).uniform(size=(8, 3))
+    nn = _fit(X.tolist())
+    assert nn.n_features_in_ == 3 and nn.n_samples_fit_ == 8
+    assert np.array_equal(nn.kneighbors(X[:2].tolist())[1], _fit(X).kneighbors(X[:2])[1])
+    with pytest.raises(ValueError, match=r"^The 'X' parameter of NearestNeighbors.fit must be "
+                                         r"a 2-D array of numbers .*Got list that numpy does "
+                                         r"not read as one"):
+        _fit([[1.0, 2.0], [3.0]])
+    with pytest.raises(ValueError, match=r"^The 'X' parameter of NearestNeighbors.fit must be "
+                                         r"2-D\. Got shape \(3,\) instead"):
+        _fit([1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("shape, what", [((0, 3), "0 sample(s)"), ((12, 0), "0 feature(s)")])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_data_without_rows_or_columns_is_refused_at_fit(shape, what, sparse):
+    """Fitting 12 rows of 0 columns was taken, and every distance came out 0."""
+    X = sp.csr_matrix(shape) if sparse else np.empty(shape)
+    words = (rf"must have at least 1 row\(s\) and 1 column\. Found array with "
+             rf"{re.escape(what)} \(shape={re.escape(str(shape))}\) while a minimum of 1 is "
+             r"required\.$")
+    with pytest.raises(ValueError, match=r"^The 'X' parameter of NearestNeighbors.fit " + words):
+        _fit(X)
+    with pytest.raises(ValueError, match=r"^The 'X' parameter of pairwise_distances " + words):
+        mgpu.pairwise_distances(X)
+    with pytest.raises(ValueError, match=r"^The 'index' parameter of knn " + words):
+        mgpu.knn(X, np.ones((4, shape[1])), 1)
+    if shape[1]:  # queries without rows, against an index with some
+        with pytest.raises(ValueError, match=r"^The 'queries' parameter of knn " + words):
+            mgpu.knn(np.ones((4, shape[1])), X, 1)
+
+
+@pytest.mark.parametrize("metric", ["hellinger", "kl_divergence", "kullback_leibler",
+                                    "jensenshannon"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_negative_data_is_refused_at_fit(metric, sparse):
+    """hellinger, kl_divergence and jensenshannon took negative data at fit and refused it
+    only at kneighbors."""
+    X = np.random.default_rng(3).uniform(0.5, 1.0, size=(8, 3))
+    X[2, 1] = -0.5
+    name = mgpu.ops.distances.resolve_metric(metric)[0].name
+    with pytest.raises(ValueError, match=rf"^The 'X' parameter of NearestNeighbors.fit must be "
+                                         rf"non-negative for metric '{name}'\. Got a negative "
+                                         r"value at row 2, column 1\. Negative values in data"):
+        _fit(sp.csr_matrix(X) if sparse else X, metric)
+    _fit(abs(X), metric)  # and the same data without the sign is taken
+
+
+def test_jensenshannon_rows_without_mass_are_refused_at_fit():
+    X = np.random.default_rng(4).uniform(size=(8, 3))
+    X[5] = 0.0
+    with pytest.raises(ValueError, match=r"^The 'X' parameter of NearestNeighbors.fit has rows "
+                                         r"that sum to 0 \(first: row 5\)"):
+        _fit(X, "jensenshannon")
+
+
+# ------------------------------------------------- what the kNN docs say about scikit-learn
+
+def test_drop_self_keeps_the_k_nearest_other_rows_and_the_docs_say_how_scikit_learn_differs():
+    """A row missing from its own k+1 neighbours loses its farthest (mgpu) where scikit-learn
+    drops its nearest; the docstrings said mgpu did as scikit-learn does, and that tied ids
+    equal scikit-learn's."""
+    from sklearn.neighbors import NearestNeighbors as SkNN
+
+    from mgpu.ops.distances import drop_self
+
+    # inner products: row 0 is the least similar to itself, so not among its 3 nearest
+    X = np.array([[1.0, 0.0], [4.0, 0.0], [3.0, 0.0], [2.0, 0.0]])
+    d, i = mgpu.NearestNeighbors(n_neighbors=2, metric="inner_product").fit(X).kneighbors()
+    assert i[0].tolist() == [1, 2] and d[0].tolist() == [4.0, 3.0]
+    # four equal rows: row 3 is crowded out of its 3 nearest by rows 0, 1, 2 (lower ids)
+    X = np.vstack([np.ones((4, 2)), [[5.0, 5.0], [9.0, 1.0]]])
+    d, i = mgpu.NearestNeighbors(n_neighbors=2).fit(X).kneighbors()
+    assert i[3].tolist() == [0, 1] and d[3].tolist() == [0.0, 0.0]
+    rd, ri = SkNN(n_neighbors=2, algorithm="brute").fit(X).kneighbors()
+    np.testing.assert_array_equal(d, rd)  # the distances agree
+    assert not (ri == np.arange(6)[:, None]).any()
+    # the words
+    assert "scikit-learn" in drop_self.__doc__ and "*first* neighbour" in drop_self.__doc__
+    assert "As scikit-learn does it" not in drop_self.__doc__
+    assert "ids equal scikit-learn's" not in mgpu.ops.distances.knn.__doc__
+    assert "can differ from scikit-learn's" in mgpu.ops.distances.knn.__doc__
 
 
 def test_real_corpus_neighbours(data_dir):

@@ -121,12 +121,16 @@ def resolve_metric(metric: Any, p: Any = 2, *, func: str = "pairwise_distances")
 # kernels of the device take by the backend (knn_input_lookup), then the values.
 
 
-def check_knn_input(X: Any, name: str, func: str, on: Any = None) -> Any:
+def check_knn_input(X: Any, name: str, func: str, on: Any = None, *,
+                    min_samples: int = 1) -> Any:
     """X checked and converted for the device of ``on`` (the data that chooses it; the host
     when None): float64 CSR with summed duplicates or a float64 C-ordered array on the CPU;
     float32/float64 canonical CSR without stored zeros, or a C-ordered array, on the GPU
-    (host data moved there). Refuses what is not a real 2-D matrix, data on the GPU for the
-    host, and NaN or infinity."""
+    (host data moved there). Refuses what is not a real 2-D matrix (complex values with a
+    :class:`~mgpu.ops.validation.ComplexDataError`, a ValueError too), data on the GPU for
+    the host, fewer than ``min_samples`` rows or no column, and NaN or infinity; a numpy
+    array of numbers stored as objects is converted to float64, as scikit-learn's
+    ``check_array`` does."""
     # the device is the data's, as the lookups choose it; this only words the refusals
     on_gpu = is_gpu_array(on)
     if is_gpu_array(X) and not on_gpu:
@@ -135,10 +139,29 @@ def check_knn_input(X: Any, name: str, func: str, on: Any = None) -> Any:
     if is_dask_array(X):
         raise TypeError(f"The '{name}' parameter of {func} is a dask array: a distributed "
                         "index goes to mgpu.knn, and queries are numpy/scipy.")
+    if isinstance(X, np.ndarray) and X.dtype == object:
+        X = _object_to_float(X, name, func)
     # host data goes to the GPU when the other input is there, never the other way
     check_array(X, name, func, devices=("cpu", "gpu") if on_gpu else ("cpu",))
+    n, m = X.shape
+    if n < min_samples or m < 1:
+        # scikit-learn's words (its estimator checks match them) after mgpu's
+        what, least = (f"{n} sample(s)", min_samples) if n < min_samples else \
+            (f"{m} feature(s)", 1)
+        raise ValueError(f"The '{name}' parameter of {func} must have at least {min_samples} "
+                         f"row(s) and 1 column. Found array with {what} (shape={(n, m)}) "
+                         f"while a minimum of {least} is required.")
     # the values are scanned as the kernels will read them (after the conversion)
     return check_array(knn_input_lookup(on, X), name, func, ensure_all_finite=True)
+
+
+def _object_to_float(X: np.ndarray, name: str, func: str) -> np.ndarray:
+    """A numpy object array as float64, or its refusal (numpy's own reason kept)."""
+    try:
+        return X.astype(np.float64)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"The '{name}' parameter of {func} must hold real numbers; its values "
+                      f"(dtype object) do not convert to float: {e}.") from None
 
 
 def check_knn_values(X: Any, name: str, func: str, ring: Semiring) -> None:
@@ -147,8 +170,12 @@ def check_knn_values(X: Any, name: str, func: str, ring: Semiring) -> None:
     vals = X.data if is_sparse(X) else X
     if ring.nonnegative and vals.size and bool(vals.min() < 0):
         r, c = place_of(X, int((vals < 0).ravel().argmax()))
+        # "Negative values in data": scikit-learn's words for a positive-only estimator
         raise ValueError(f"The '{name}' parameter of {func} must be non-negative for metric "
-                         f"'{ring.name}'. Got a negative value at row {r}, column {c}.")
+                         f"'{ring.name}'. Got a negative value at row {r}, column {c}. "
+                         f"Negative values in data are not defined for '{ring.name}', which "
+                         "compares nonnegative vectors (counts, frequencies): use another "
+                         "metric for signed data.")
     if ring.positive_rows:
         empty = array_module(X).asarray(X.sum(axis=1)).ravel() <= 0
         if bool(empty.any()):
@@ -214,7 +241,10 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     No step holds more than ``working_memory`` (default ``mgpu.knn.working-memory``) beyond
     the inputs: on the CPU a batch's distances and the metric's copies of the index, as the
     semiring table counts them (``batch_copies``, ``index_copies``); on the GPU a batch's
-    distances. Ties go to the lower index, so the ids equal scikit-learn's brute force.
+    distances. Among equal distances the lower row of the index comes first (and is the one
+    kept at the k-th place), on the CPU and the GPU alike. scikit-learn's brute force does
+    not order ties by index (it keeps them in ``argpartition``'s order), so where distances
+    tie, mgpu's ids can differ from scikit-learn's; the distances agree.
 
     Parameters
     ----------
@@ -261,7 +291,8 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
 def prepare_index(tile: Any, ring: Semiring, p: float) -> Any:
     """An index (tile) checked and made ready for repeated queries: float64 CSR or dense on
     the CPU, an index prepared on its device for CuPy data."""
-    tile = check_knn_input(tile, "index", "knn", on=tile)
+    # a row tile of a distributed index may be empty; the index as a whole is not
+    tile = check_knn_input(tile, "index", "knn", on=tile, min_samples=0)
     check_knn_values(tile, "index", "knn", ring)
     return knn_prepare_lookup(tile, ring, p)
 
@@ -276,13 +307,25 @@ def knn_prepared(prepared: Any, queries: Any, k: int, ring: Semiring, p: float,
 
 
 def drop_self(dist: np.ndarray, ind: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """From k+1 neighbours of the index's own rows, the k that are not the row itself.
+    """From k+1 neighbours of the index's own rows, the k nearest that are not the row itself.
 
-    As scikit-learn does it: drop each row's own id, or the last neighbour where the row
-    is absent (an exact duplicate with a lower id took its place).
+    Each row's own id is dropped. A row can be missing from its own k+1 neighbours: k+1 or
+    more exact duplicates tie with it at distance 0 and come first by their lower ids, or,
+    under a metric where a row need not be its own nearest (``inner_product``, hellinger
+    and kl_divergence on rows that do not sum to 1), k+1 rows are nearer. Then the last
+    (farthest) neighbour is dropped, so the result is always the k nearest other rows.
+
+    scikit-learn's ``kneighbors(X=None)`` also drops each row's own id, but where the row is
+    missing it drops the *first* neighbour (``sklearn/neighbors/_base.py``: "mask the first
+    duplicate"). With duplicates the distances agree (all 0) and the ids can differ; they
+    can differ anyway among tied distances, which scikit-learn does not order by index.
 
     >>> drop_self(np.array([[0.0, 0.0, 1.0]]), np.array([[1, 0, 2]]), 2)[1].tolist()
     [[1, 2]]
+    >>> # inner products: row 0 is not among its 3 nearest, and the farthest of them goes
+    >>> # (scikit-learn would keep [[1, 3]])
+    >>> drop_self(np.array([[9.0, 8.0, 7.0]]), np.array([[2, 1, 3]]), 2)[1].tolist()
+    [[2, 1]]
     """
     xp = array_module(ind)
     own = ind == xp.arange(ind.shape[0])[:, None]

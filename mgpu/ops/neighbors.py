@@ -1,4 +1,11 @@
-"""``NearestNeighbors`` with scikit-learn's estimator API over :func:`mgpu.knn`."""
+"""``NearestNeighbors``: a scikit-learn estimator (``BaseEstimator``'s parameters and repr,
+tags, the ``KNeighborsMixin`` methods ``kneighbors`` and ``kneighbors_graph``) over
+:func:`mgpu.knn`.
+
+scikit-learn is a dependency of mgpu, imported by this module alone; ``mgpu`` and
+``mgpu.ops`` load this module the first time ``NearestNeighbors`` is asked for, so that
+``import mgpu`` (and every ``mgpu`` command) does not pay scikit-learn's import time.
+"""
 from __future__ import annotations
 
 from numbers import Integral
@@ -6,16 +13,30 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from mgpu.backends import array_module, is_gpu_array, knn_lookup, sparse_module
-from mgpu.ops.distances import check_knn_input, check_knn_pair, drop_self, resolve_metric
-from mgpu.ops.validation import Boolean, Interval, check_option, check_param
+from mgpu.ops.distances import (check_knn_input, check_knn_pair, check_knn_values, drop_self,
+                                resolve_metric)
+from mgpu.ops.validation import Boolean, Interval, check_option, check_param, is_dask_array
 
 __all__ = ["NearestNeighbors"]
 
 
-class NearestNeighbors:
+class NearestNeighbors(BaseEstimator):
     """Exact nearest neighbours, brute force in memory-bounded batches.
+
+    A scikit-learn estimator: ``get_params``/``set_params``, ``clone`` and the repr come
+    from ``sklearn.base.BaseEstimator``, and scikit-learn's estimator checks pass for every
+    metric (tests/test_estimator_checks.py). Its tags say that sparse input is taken and,
+    for hellinger, kl_divergence and jensenshannon, that only nonnegative data is.
+
+    ``fit`` checks X once, whatever its kind (numpy, scipy sparse in any format, CuPy or
+    cupyx on the GPU, or an array-like such as a list of rows, converted with
+    ``np.asarray``): real numbers (numbers stored as objects are converted), at least one
+    row and one column, no NaN or infinity, and the values the metric takes. CuPy data is
+    checked on its device and kept there; queries go to the device of the index.
 
     Parameters
     ----------
@@ -29,12 +50,16 @@ class NearestNeighbors:
     ----------
     n_samples_fit_ : int
     n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Only when X had column names of str (a pandas DataFrame), as in scikit-learn.
 
     Examples
     --------
     >>> import numpy as np
     >>> X = np.array([[0.0], [1.0], [2.5], [10.0]])
     >>> nn = NearestNeighbors(n_neighbors=2).fit(X)
+    >>> nn
+    NearestNeighbors(n_neighbors=2)
     >>> nn.kneighbors(np.array([[2.0]]))[1].tolist()
     [[2, 1]]
     >>> nn.kneighbors(n_neighbors=1)[1].ravel().tolist()  # each point's neighbour but itself
@@ -46,25 +71,50 @@ class NearestNeighbors:
         self.metric = metric
         self.p = p
 
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {"n_neighbors": self.n_neighbors, "metric": self.metric, "p": self.p}
-
-    def set_params(self, **params: Any) -> NearestNeighbors:
-        for key, value in params.items():
-            if key not in self.get_params():
-                raise ValueError(f"Invalid parameter {key!r} for NearestNeighbors; valid ones: "
-                                 f"{sorted(self.get_params())}.")
-            setattr(self, key, value)
-        return self
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        try:
+            tags.input_tags.positive_only = resolve_metric(self.metric, self.p)[0].nonnegative
+        except ValueError:  # an unknown metric or p: fit refuses it, and no data is taken
+            tags.input_tags.positive_only = False
+        return tags
 
     def fit(self, X: Any, y: Any = None) -> NearestNeighbors:
-        """Keep X (checked and converted once) as the index."""
-        resolve_metric(self.metric, self.p, func="NearestNeighbors")
+        """Keep X, checked and converted once, as the index.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            numpy, scipy sparse, CuPy or cupyx data, or what ``np.asarray`` makes a 2-D
+            array of numbers.
+        y : None
+            Ignored (scikit-learn's estimator API).
+
+        Returns
+        -------
+        self : NearestNeighbors
+
+        Raises
+        ------
+        ValueError
+            A bad parameter; X not 2-D, complex (a ValueError and a TypeError), without rows
+            or columns, with NaN or infinity, with negative values for hellinger,
+            kl_divergence or jensenshannon, or rows summing to 0 for jensenshannon.
+        TypeError
+            X of a kind not taken, or of values that are not numbers.
+        """
+        ring, _ = resolve_metric(self.metric, self.p, func="NearestNeighbors")
         self._check_k(self.n_neighbors, "n_neighbors", None)
+        X_in, X = X, _as_array(X, "X", "NearestNeighbors.fit")
+        checked = check_knn_input(X, "X", "NearestNeighbors.fit", on=X)
+        check_knn_values(checked, "X", "NearestNeighbors.fit", ring)
+        # column names and n_features_in_ as scikit-learn records them (X is checked above)
+        validate_data(self, X_in, skip_check_array=True)
         # CuPy data stays on its device as given (no checked copy held beside it): each
-        # kneighbors call checks it there
-        self._fit_X = X if is_gpu_array(X) else check_knn_input(X, "X", "NearestNeighbors.fit")
-        self.n_samples_fit_, self.n_features_in_ = self._fit_X.shape
+        # kneighbors call converts it there again
+        self._fit_X = X if is_gpu_array(X) else checked
+        self.n_samples_fit_ = int(checked.shape[0])
         return self
 
     def _check_k(self, k: Any, name: str, limit: int | None) -> int:
@@ -78,29 +128,47 @@ class NearestNeighbors:
                    return_distance: bool = True) -> Any:
         """Neighbours of X's rows, or of the index's own rows (each without itself) if X is None.
 
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_queries, n_features), optional
+            The queries, of the kinds ``fit`` takes, on the device of the index. None: each
+            row of the index, its own entry left out (see
+            :func:`mgpu.ops.distances.drop_self` for a row crowded out of its own list by
+            duplicates).
+        n_neighbors : int, optional
+            Neighbours per query (default: the ``n_neighbors`` of the estimator).
+        return_distance : bool, default=True
+
         Returns
         -------
         distances : ndarray of shape (n_queries, n_neighbors)
-            Only when ``return_distance``.
+            Best first; only when ``return_distance``.
         indices : ndarray of shape (n_queries, n_neighbors)
+            Rows of the index; among equal distances the lower row first.
         """
-        if not hasattr(self, "_fit_X"):
-            raise ValueError("This NearestNeighbors instance is not fitted yet. Call 'fit' first.")
+        check_is_fitted(self)
         check_param(return_distance, "return_distance", "NearestNeighbors.kneighbors",
                     Boolean())
         k = self.n_neighbors if n_neighbors is None else n_neighbors
         self_query = X is None
         limit = self.n_samples_fit_ - 1 if self_query else self.n_samples_fit_
         k = self._check_k(k, "n_neighbors", limit)
-        # mgpu.knn's checks, with the refusals naming this method's X
-        shape = getattr(X, "shape", ())
-        if len(shape) == 2 and shape[1] != self.n_features_in_:
-            raise ValueError(f"The 'X' parameter of NearestNeighbors.kneighbors must have the "
-                             f"{self.n_features_in_} columns of the fitted X. Got {shape[1]} "
-                             "instead.")
+        X_in = X
+        if not self_query:
+            X = _as_array(X, "X", "NearestNeighbors.kneighbors")
+            # mgpu.knn's checks, with the refusals naming this method's X
+            shape = getattr(X, "shape", ())
+            if len(shape) == 2 and shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"The 'X' parameter of NearestNeighbors.kneighbors must have the "
+                    f"{self.n_features_in_} columns of the fitted X. Got {shape[1]} instead (X "
+                    f"has {shape[1]} features, but NearestNeighbors is expecting "
+                    f"{self.n_features_in_} features as input).")
         ring, p = resolve_metric(self.metric, self.p, func="NearestNeighbors")
-        index, Q = check_knn_pair(self._fit_X, None if self_query else X, ring,
-                                  "NearestNeighbors.kneighbors", ("X", "X"))
+        index, Q = check_knn_pair(self._fit_X, X, ring, "NearestNeighbors.kneighbors",
+                                  ("X", "X"))
+        if not self_query:  # scikit-learn's warnings on column names that differ from fit's
+            validate_data(self, X_in, skip_check_array=True, reset=False)
         dist, ind = knn_lookup(index, Q, k + 1 if self_query else k, ring, p, None)
         if self_query:
             dist, ind = drop_self(dist, ind, k)
@@ -109,7 +177,18 @@ class NearestNeighbors:
     def kneighbors_graph(self, X: Any = None, n_neighbors: int | None = None,
                          mode: str = "connectivity") -> sp.csr_matrix:
         """The kNN graph as CSR of shape (n_queries, n_samples_fit): ones or distances
-        (cupyx CSR when the index is CuPy data)."""
+        (cupyx CSR when the index is CuPy data).
+
+        Parameters
+        ----------
+        X, n_neighbors
+            As :meth:`kneighbors` (X None: the index's rows, each without itself).
+        mode : {'connectivity', 'distance'}, default='connectivity'
+
+        Returns
+        -------
+        A : sparse matrix of shape (n_queries, n_samples_fit_)
+        """
         check_option("mode", "kneighbors_graph", mode, ("connectivity", "distance"))
         dist, ind = self.kneighbors(X, n_neighbors, return_distance=True)
         n_q, k = ind.shape
@@ -119,3 +198,19 @@ class NearestNeighbors:
         return csr_matrix((data, ind.ravel().astype(id_type),
                            xp.arange(0, n_q * k + 1, k, dtype=id_type)),
                           shape=(n_q, self.n_samples_fit_))
+
+
+def _as_array(X: Any, name: str, func: str) -> Any:
+    """X as the kinds mgpu's checks take: numpy, scipy sparse, CuPy, cupyx and dask data as
+    given, any other array-like (a list of rows, a DataFrame) through ``np.asarray``, as
+    scikit-learn's estimators take it."""
+    # mgpu's own kinds (CuPy's included) are checked as they are; only the others convert
+    if (isinstance(X, np.ndarray) or sp.issparse(X) or is_gpu_array(X)
+            or is_dask_array(X) or X is None):
+        return X
+    try:
+        return np.asarray(X)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"The '{name}' parameter of {func} must be a 2-D array of numbers "
+                         f"(a list of rows of equal length, say). Got {type(X).__name__} that "
+                         f"numpy does not read as one: {e}.") from None

@@ -25,10 +25,20 @@ import scipy.sparse as sp
 # the ops take them from here.
 from mgpu.backends import all_finite, first_nonfinite, is_gpu_array, is_sparse, place_of
 
-__all__ = ["Boolean", "Bytes", "InstanceOf", "Interval", "IsCallable",
+__all__ = ["Boolean", "Bytes", "ComplexDataError", "InstanceOf", "Interval", "IsCallable",
            "StrOptions", "all_finite", "canonical_csr", "check_array",
            "check_option", "check_param", "first_nonfinite", "float_dtype",
            "is_dask_array", "is_sparse", "place_of"]
+
+
+class ComplexDataError(TypeError, ValueError):
+    """Complex values where real numbers are needed.
+
+    A TypeError, as mgpu refuses every dtype it does not take, and a ValueError, as
+    scikit-learn's ``check_array`` refuses complex data (its estimator checks expect one):
+    either ``except`` clause catches it. scikit-learn's ``NotFittedError`` is both a
+    ValueError and an AttributeError for the same reason.
+    """
 
 
 class StrOptions:
@@ -292,7 +302,8 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
     Raises
     ------
     TypeError
-        X is of a family or device not taken, or its dtype is not.
+        X is of a family or device not taken, or its dtype is not (complex values: a
+        :class:`ComplexDataError`, a ValueError too, as scikit-learn raises).
     ValueError
         X has the wrong number of dimensions, is empty, or holds NaN or infinity.
 
@@ -316,8 +327,9 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
     >>> check_array(np.ones((2, 2), dtype=complex), "X", "knn")
     Traceback (most recent call last):
     ...
-    TypeError: The 'X' parameter of knn must hold real numbers (bool, int or float). Got
-    dtype complex128 instead.
+    mgpu.ops.validation.ComplexDataError: The 'X' parameter of knn must hold real numbers
+    (bool, int or float). Got dtype complex128 instead. Complex data not supported: pass
+    X.real or abs(X), whichever is meant.
     """
     devices = tuple(devices)
     families = tuple(
@@ -345,8 +357,12 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
     if np.dtype(X.dtype).kind not in dtype_kinds:
         what = "real numbers (bool, int or float)" if dtype_kinds == "biuf" else \
             f"values of dtype kinds {dtype_kinds!r}"
-        raise TypeError(f"The '{name}' parameter of {func} must hold {what}. Got dtype "
-                        f"{np.dtype(X.dtype)} instead.")
+        words = (f"The '{name}' parameter of {func} must hold {what}. Got dtype "
+                 f"{np.dtype(X.dtype)} instead.")
+        if np.dtype(X.dtype).kind == "c":
+            raise ComplexDataError(f"{words} Complex data not supported: pass {name}.real or "
+                                   f"abs({name}), whichever is meant.")
+        raise TypeError(words)
     if ensure_non_empty and 0 in tuple(X.shape):
         raise ValueError(f"The '{name}' parameter of {func} must not be empty. Got shape "
                          f"{tuple(X.shape)} instead.")
