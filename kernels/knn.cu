@@ -17,8 +17,9 @@
 // formula of the dot product and per-row statistics.
 //
 // KMAX > 0: each lane keeps, per query it owns, the k best (key, row) pairs it has seen,
-// ordered by key and then by row id (ties go to the lower row, as in scikit-learn), and
-// writes them out at the end: k candidates per query leave each warp, never the distances.
+// ordered by key and then by row id (ties go to the lower row, as on the CPU; scikit-learn
+// does not order ties by row), and writes them out at the end: k candidates per query leave
+// each warp, never the distances.
 // KMAX == 0: every key is written to a dense (query x index row) tile (pairwise distances,
 // and kNN with k beyond the fused lists).
 //

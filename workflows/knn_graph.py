@@ -28,7 +28,7 @@ from mgpu.ops.distances import drop_self
 def knn_graph(distances: np.ndarray, indices: np.ndarray, k: int) -> sp.csr_matrix:
     """Row i's k nearest rows other than itself, from its k + 1 nearest (the queries are the
     index rows themselves; a row missing from its own list, an exact duplicate tied ahead of
-    it, loses its farthest instead, as scikit-learn does)."""
+    it, loses its farthest instead; scikit-learn drops its nearest: see drop_self)."""
     vals, cols = drop_self(distances, indices, k)
     n = indices.shape[0]
     return sp.csr_matrix((vals.ravel(), cols.ravel(), np.arange(0, n * k + 1, k)),
