@@ -271,20 +271,22 @@ def test_nearest_neighbors_from_array_likes():
 @pytest.mark.parametrize("shape, what", [((0, 3), "0 sample(s)"), ((12, 0), "0 feature(s)")])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_data_without_rows_or_columns_is_refused_at_fit(shape, what, sparse):
-    """Fitting 12 rows of 0 columns was taken, and every distance came out 0."""
+    """Fitting 12 rows of 0 columns was taken, and every distance came out 0. The functions
+    keep their results for such input: empty, or the distances of a space without
+    dimensions (tests/test_properties.py holds them to these)."""
     X = sp.csr_matrix(shape) if sparse else np.empty(shape)
-    words = (rf"must have at least 1 row\(s\) and 1 column\. Found array with "
+    words = (rf"must have at least 1 row\(s\) and 1 column\(s\)\. Found array with "
              rf"{re.escape(what)} \(shape={re.escape(str(shape))}\) while a minimum of 1 is "
              r"required\.$")
     with pytest.raises(ValueError, match=r"^The 'X' parameter of NearestNeighbors.fit " + words):
         _fit(X)
-    with pytest.raises(ValueError, match=r"^The 'X' parameter of pairwise_distances " + words):
-        mgpu.pairwise_distances(X)
-    with pytest.raises(ValueError, match=r"^The 'index' parameter of knn " + words):
-        mgpu.knn(X, np.ones((4, shape[1])), 1)
-    if shape[1]:  # queries without rows, against an index with some
-        with pytest.raises(ValueError, match=r"^The 'queries' parameter of knn " + words):
-            mgpu.knn(np.ones((4, shape[1])), X, 1)
+    fitted = _fit(np.ones((3, shape[1])) if shape[1] else np.ones((3, 2)))
+    if shape[1]:  # queries without rows
+        with pytest.raises(ValueError, match=r"^The 'X' parameter of NearestNeighbors"
+                                             r"\.kneighbors " + words):
+            fitted.kneighbors(X)
+    assert mgpu.pairwise_distances(X, X).shape == (shape[0], shape[0])
+    assert mgpu.knn(np.ones((2, shape[1])), X, 1)[1].shape == (shape[0], 1)
 
 
 @pytest.mark.parametrize("metric", ["hellinger", "kl_divergence", "kullback_leibler",

@@ -122,15 +122,17 @@ def resolve_metric(metric: Any, p: Any = 2, *, func: str = "pairwise_distances")
 
 
 def check_knn_input(X: Any, name: str, func: str, on: Any = None, *,
-                    min_samples: int = 1) -> Any:
+                    min_samples: int = 0, min_features: int = 0) -> Any:
     """X checked and converted for the device of ``on`` (the data that chooses it; the host
     when None): float64 CSR with summed duplicates or a float64 C-ordered array on the CPU;
     float32/float64 canonical CSR without stored zeros, or a C-ordered array, on the GPU
     (host data moved there). Refuses what is not a real 2-D matrix (complex values with a
     :class:`~mgpu.ops.validation.ComplexDataError`, a ValueError too), data on the GPU for
-    the host, fewer than ``min_samples`` rows or no column, and NaN or infinity; a numpy
-    array of numbers stored as objects is converted to float64, as scikit-learn's
-    ``check_array`` does."""
+    the host, fewer than ``min_samples`` rows or ``min_features`` columns (scikit-learn's
+    estimators ask for 1 of each; :func:`knn` and :func:`pairwise_distances` take none, and
+    give empty results or the distances of a space without dimensions), and NaN or
+    infinity; a numpy array of numbers stored as objects is converted to float64, as
+    scikit-learn's ``check_array`` does."""
     # the device is the data's, as the lookups choose it; this only words the refusals
     on_gpu = is_gpu_array(on)
     if is_gpu_array(X) and not on_gpu:
@@ -144,13 +146,13 @@ def check_knn_input(X: Any, name: str, func: str, on: Any = None, *,
     # host data goes to the GPU when the other input is there, never the other way
     check_array(X, name, func, devices=("cpu", "gpu") if on_gpu else ("cpu",))
     n, m = X.shape
-    if n < min_samples or m < 1:
+    if n < min_samples or m < min_features:
         # scikit-learn's words (its estimator checks match them) after mgpu's
         what, least = (f"{n} sample(s)", min_samples) if n < min_samples else \
-            (f"{m} feature(s)", 1)
+            (f"{m} feature(s)", min_features)
         raise ValueError(f"The '{name}' parameter of {func} must have at least {min_samples} "
-                         f"row(s) and 1 column. Found array with {what} (shape={(n, m)}) "
-                         f"while a minimum of {least} is required.")
+                         f"row(s) and {min_features} column(s). Found array with {what} "
+                         f"(shape={(n, m)}) while a minimum of {least} is required.")
     # the values are scanned as the kernels will read them (after the conversion)
     return check_array(knn_input_lookup(on, X), name, func, ensure_all_finite=True)
 
@@ -184,12 +186,13 @@ def check_knn_values(X: Any, name: str, func: str, ring: Semiring) -> None:
                              "compares distributions and needs every row to have mass.")
 
 
-def check_knn_pair(X: Any, Y: Any, ring: Semiring, func: str, names: tuple[str, str]
-                   ) -> tuple[Any, Any]:
+def check_knn_pair(X: Any, Y: Any, ring: Semiring, func: str, names: tuple[str, str], *,
+                   min_samples: int = 0, min_features: int = 0) -> tuple[Any, Any]:
     """X and Y (X itself when None) checked for ``ring`` on X's device, with as many columns;
-    kinds and finiteness of both first, then their values."""
-    X = check_knn_input(X, names[0], func, on=X)
-    Y = X if Y is None else check_knn_input(Y, names[1], func, on=X)
+    kinds, sizes and finiteness of both first, then their values."""
+    least = {"min_samples": min_samples, "min_features": min_features}
+    X = check_knn_input(X, names[0], func, on=X, **least)
+    Y = X if Y is None else check_knn_input(Y, names[1], func, on=X, **least)
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"The '{names[0]}' and '{names[1]}' parameters of {func} must have the "
                          f"same number of columns. Got {X.shape[1]} and {Y.shape[1]}.")
@@ -291,8 +294,7 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
 def prepare_index(tile: Any, ring: Semiring, p: float) -> Any:
     """An index (tile) checked and made ready for repeated queries: float64 CSR or dense on
     the CPU, an index prepared on its device for CuPy data."""
-    # a row tile of a distributed index may be empty; the index as a whole is not
-    tile = check_knn_input(tile, "index", "knn", on=tile, min_samples=0)
+    tile = check_knn_input(tile, "index", "knn", on=tile)
     check_knn_values(tile, "index", "knn", ring)
     return knn_prepare_lookup(tile, ring, p)
 

@@ -23,6 +23,10 @@ from mgpu.ops.validation import Boolean, Interval, check_option, check_param, is
 
 __all__ = ["NearestNeighbors"]
 
+# a row and a column at least, as scikit-learn's estimators ask (12 rows of no column would
+# all be at distance 0)
+_LEAST = {"min_samples": 1, "min_features": 1}
+
 
 class NearestNeighbors(BaseEstimator):
     """Exact nearest neighbours, brute force in memory-bounded batches.
@@ -107,7 +111,7 @@ class NearestNeighbors(BaseEstimator):
         ring, _ = resolve_metric(self.metric, self.p, func="NearestNeighbors")
         self._check_k(self.n_neighbors, "n_neighbors", None)
         X_in, X = X, _as_array(X, "X", "NearestNeighbors.fit")
-        checked = check_knn_input(X, "X", "NearestNeighbors.fit", on=X)
+        checked = check_knn_input(X, "X", "NearestNeighbors.fit", on=X, **_LEAST)
         check_knn_values(checked, "X", "NearestNeighbors.fit", ring)
         # column names and n_features_in_ as scikit-learn records them (X is checked above)
         validate_data(self, X_in, skip_check_array=True)
@@ -166,7 +170,7 @@ class NearestNeighbors(BaseEstimator):
                     f"{self.n_features_in_} features as input).")
         ring, p = resolve_metric(self.metric, self.p, func="NearestNeighbors")
         index, Q = check_knn_pair(self._fit_X, X, ring, "NearestNeighbors.kneighbors",
-                                  ("X", "X"))
+                                  ("X", "X"), **_LEAST)
         if not self_query:  # scikit-learn's warnings on column names that differ from fit's
             validate_data(self, X_in, skip_check_array=True, reset=False)
         dist, ind = knn_lookup(index, Q, k + 1 if self_query else k, ring, p, None)
