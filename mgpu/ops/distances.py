@@ -246,8 +246,9 @@ def knn(index: Any, queries: Any, k: int, *, metric: str = "euclidean", p: float
     semiring table counts them (``batch_copies``, ``index_copies``); on the GPU a batch's
     distances. Among equal distances the lower row of the index comes first (and is the one
     kept at the k-th place), on the CPU and the GPU alike. scikit-learn's brute force does
-    not order ties by index (it keeps them in ``argpartition``'s order), so where distances
-    tie, mgpu's ids can differ from scikit-learn's; the distances agree.
+    not order ties by index (its order among them comes from ``argpartition`` and an
+    unstable sort), so where distances tie, mgpu's ids can differ from scikit-learn's; the
+    distances agree.
 
     Parameters
     ----------
@@ -314,8 +315,9 @@ def drop_self(dist: np.ndarray, ind: np.ndarray, k: int) -> tuple[np.ndarray, np
     Each row's own id is dropped. A row can be missing from its own k+1 neighbours: k+1 or
     more exact duplicates tie with it at distance 0 and come first by their lower ids, or,
     under a metric where a row need not be its own nearest (``inner_product``, hellinger
-    and kl_divergence on rows that do not sum to 1), k+1 rows are nearer. Then the last
-    (farthest) neighbour is dropped, so the result is always the k nearest other rows.
+    and kl_divergence on rows that do not sum to 1), k+1 rows are nearer or tie ahead of
+    it. Then the last (farthest) neighbour is dropped, so the result is always the k
+    nearest other rows.
 
     scikit-learn's ``kneighbors(X=None)`` also drops each row's own id, but where the row is
     missing it drops the *first* neighbour (``sklearn/neighbors/_base.py``: "mask the first
