@@ -15,6 +15,7 @@ they are (:func:`is_placed`).
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import dask.array as da
@@ -71,8 +72,10 @@ def _csr(block: Any) -> Any:
 
 def csr_chunks(x: da.Array) -> da.Array:
     """x with every chunk canonical CSR (:func:`_csr`), lazily; dense chunks included."""
+    # a fresh name per call: Dask fuses these tasks into others differently from graph to
+    # graph, and one key computed with two specs is what its scheduler warns of
     return x.map_blocks(_csr, dtype=x.dtype, meta=_csr(x._meta[:0, :0]),
-                        token="mgpu-csr-chunks")
+                        name=f"mgpu-csr-chunks-{uuid.uuid4().hex}")
 
 
 def _normal(x: da.Array) -> da.Array:
@@ -91,7 +94,8 @@ def row_nnz(x: da.Array) -> np.ndarray:
     """Each row's nonzeros over all its column chunks (computed: one pass over x)."""
     per_block = x.map_blocks(_row_counts, dtype=np.int64,
                              chunks=(x.chunks[0], (1,) * x.numblocks[1]),
-                             meta=np.empty((0, 0), dtype=np.int64), token="mgpu-row-nnz")
+                             meta=np.empty((0, 0), dtype=np.int64),
+                             name=f"mgpu-row-nnz-{uuid.uuid4().hex}")
     return np.asarray(per_block.sum(axis=1).compute(), dtype=np.int64)
 
 

@@ -240,7 +240,7 @@ def _streamed(prepared: list[tuple[Any, int, Any]], queries: da.Array, k: int,
     queries = row_chunks(queries, "knn")
     run = uuid.uuid4().hex
     parts = []
-    for c, q in enumerate(queries.to_delayed().ravel()):
+    for c, q in enumerate(queries.to_delayed(optimize_graph=False).ravel()):
         lists = [delayed(_chunk_knn, pure=True)(
             t, q, k, ring.name, p, o, working_memory,
             dask_key_name=f"mgpu-knn-tile-{run}-{c}-{j}")
@@ -274,7 +274,7 @@ def _local_index(index: Any, queries: da.Array, k: int, metric: str, p: float,
     queries = row_chunks(queries, "knn")
     parts = [delayed(_chunk_knn, pure=True, nout=2)(
         held, q, k, ring.name, p, 0, working_memory, dask_key_name=f"mgpu-knn-chunk-{run}-{c}")
-        for c, q in enumerate(queries.to_delayed().ravel())]
+        for c, q in enumerate(queries.to_delayed(optimize_graph=False).ravel())]
     return _as_dask(parts, queries.chunks[0], k, f"mgpu-knn-{run}")
 
 

@@ -9,9 +9,15 @@ import scipy.sparse as sp
 
 from mgpu.backends import array_module, is_gpu_array, knn_lookup, sparse_module
 from mgpu.ops.distances import check_knn_input, check_knn_pair, drop_self, resolve_metric
-from mgpu.ops.validation import Boolean, Interval, check_option, check_param
+from mgpu.ops.routes import route
+from mgpu.ops.validation import Boolean, Interval, check_option, check_param, is_dask_array
 
 __all__ = ["NearestNeighbors"]
+
+
+def _sparse_array(X: Any) -> bool:
+    """Whether X is a scipy sparse array, or a dask array of them (``csr_array`` out)."""
+    return isinstance(getattr(X, "_meta", X), sp.sparray)
 
 
 class NearestNeighbors:
@@ -61,9 +67,15 @@ class NearestNeighbors:
         """Keep X (checked and converted once) as the index."""
         resolve_metric(self.metric, self.p, func="NearestNeighbors")
         self._check_k(self.n_neighbors, "n_neighbors", None)
+        self._fit_sparray = _sparse_array(X)
+        if is_dask_array(X):  # a resident index: on the cluster's workers (mgpu.distributed)
+            self._fit_X = route("nearest_neighbors.fit")(X, self.metric, self.p)
         # CuPy data stays on its device as given (no checked copy held beside it): each
         # kneighbors call checks it there
-        self._fit_X = X if is_gpu_array(X) else check_knn_input(X, "X", "NearestNeighbors.fit")
+        elif is_gpu_array(X):
+            self._fit_X = X
+        else:
+            self._fit_X = check_knn_input(X, "X", "NearestNeighbors.fit")
         self.n_samples_fit_, self.n_features_in_ = self._fit_X.shape
         return self
 
@@ -98,6 +110,10 @@ class NearestNeighbors:
             raise ValueError(f"The 'X' parameter of NearestNeighbors.kneighbors must have the "
                              f"{self.n_features_in_} columns of the fitted X. Got {shape[1]} "
                              "instead.")
+        if is_dask_array(self._fit_X) or is_dask_array(X):  # mgpu.distributed's kNN
+            dist, ind = route("nearest_neighbors.kneighbors")(self._fit_X, X, k, self.metric,
+                                                              self.p)
+            return (dist, ind) if return_distance else ind
         ring, p = resolve_metric(self.metric, self.p, func="NearestNeighbors")
         index, Q = check_knn_pair(self._fit_X, None if self_query else X, ring,
                                   "NearestNeighbors.kneighbors", ("X", "X"))
@@ -112,10 +128,14 @@ class NearestNeighbors:
         (cupyx CSR when the index is CuPy data)."""
         check_option("mode", "kneighbors_graph", mode, ("connectivity", "distance"))
         dist, ind = self.kneighbors(X, n_neighbors, return_distance=True)
+        if is_dask_array(ind):  # lazy results: a lazy graph (mgpu.distributed)
+            return route("nearest_neighbors.graph")(dist, ind, self.n_samples_fit_,
+                                                    mode == "distance", self._fit_sparray)
         n_q, k = ind.shape
         xp, csr_matrix = array_module(ind), sparse_module(ind).csr_matrix
         id_type = np.int64 if xp is np else xp.int32  # cupyx CSR indices are 32-bit
         data = xp.ones(n_q * k, dtype=dist.dtype) if mode == "connectivity" else dist.ravel()
-        return csr_matrix((data, ind.ravel().astype(id_type),
-                           xp.arange(0, n_q * k + 1, k, dtype=id_type)),
-                          shape=(n_q, self.n_samples_fit_))
+        graph = csr_matrix((data, ind.ravel().astype(id_type),
+                            xp.arange(0, n_q * k + 1, k, dtype=id_type)),
+                           shape=(n_q, self.n_samples_fit_))
+        return sp.csr_array(graph) if self._fit_sparray else graph
