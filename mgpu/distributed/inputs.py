@@ -29,7 +29,7 @@ from mgpu.partition import split_counts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_dask_input", "csr_chunks", "is_placed", "is_sparse_array", "one_chunk", "row_chunks", "row_nnz", "row_tiles",
+__all__ = ["check_dask_input", "csr_chunks", "gather_ratings", "is_placed", "is_sparse_array", "one_chunk", "row_chunks", "row_nnz", "row_tiles",
            "same_kind"]
 
 
@@ -137,3 +137,13 @@ def one_chunk(x: da.Array, func: str) -> da.Array:
                      x.numblocks)
         x = x.rechunk(x.shape)
     return _normal(x)
+
+
+def gather_ratings(R: da.Array, name: str) -> sp.csr_matrix:
+    """A dask array of ratings (sparse or dense chunks, any chunking) as one scipy CSR
+    matrix, for :class:`mgpu.MatrixFactorization`, whose planner divides all the ratings
+    into blocks on the client. Dense chunks rate the pairs of their nonzeros."""
+    check_dask_input(R, name, "MatrixFactorization.fit")
+    logger.debug("MatrixFactorization.fit: computing a dask array of %s chunks of ratings",
+                 R.numblocks)
+    return sp.csr_matrix(to_host(one_chunk(R, "MatrixFactorization.fit").compute()))
