@@ -170,7 +170,9 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     S : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR tiles
         scipy or cupyx (one device), or a dask array made by :func:`mgpu.from_scipy`
         (column tiles, row tiles or a grid), which stays on the workers between calls;
-        ``from_scipy(S, axis=sddmm_axis(S.shape))`` replicates the smaller factor.
+        ``from_scipy(S, axis=sddmm_axis(S.shape))`` replicates the smaller factor. Your own
+        dask array (sparse or dense chunks, any tiling) gives a lazy graph: its chunks are
+        made CSR by the tiles' tasks.
     A : array of shape (n_rows, K)
     B : array of shape (n_cols, K)
         Dense factors: numpy or cupy, or dask arrays. With a dask S, numpy/cupy factors are
@@ -192,7 +194,8 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     Returns
     -------
     P : CSR matrix, or dask array of CSR tiles shaped like S
-        Same pattern as S; float32 when every operand is float32, float64 otherwise.
+        Same pattern as S; float32 when every operand is float32, float64 otherwise; a
+        ``csr_array`` (or chunks of them) from a scipy sparse array.
 
     Raises
     ------

@@ -116,13 +116,15 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: Any = None) -> Any:
 
     Parameters
     ----------
-    A : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR row tiles
-        scipy or cupyx (one device, see :func:`mgpu.ops.spmv`), or a dask array made by
-        ``mgpu.from_scipy(A, parts, axis=0)``, which stays on the workers.
-    x : ndarray of shape (n_cols,)
-        numpy or cupy. With a dask A it is checked here and sent once to the cluster (to one
+    A : sparse matrix of shape (n_rows, n_cols), or a dask array
+        scipy or cupyx (one device, see :func:`mgpu.ops.spmv`), or a dask array: made by
+        ``mgpu.from_scipy(A, parts, axis=0)`` (it stays on the workers), or your own, of
+        sparse or dense chunks; one cut by columns too is re-cut into row tiles at nnz
+        prefix sums (which counts its rows' nonzeros now).
+    x : ndarray of shape (n_cols,), or a dask array
+        numpy or cupy: with a dask A it is checked here and sent once to the cluster (to one
         worker, from which the others fetch it); on a GPU tile a host x is copied to the
-        device.
+        device. A dask x is read whole by every tile and checked by their tasks.
     check_finite : bool, default=True
         Refuse NaN or infinity in A's stored values and in x; ``False`` skips the check (and,
         on a GPU, the wait for it) for operands known to be finite, as in
@@ -143,7 +145,7 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: Any = None) -> Any:
     ------
     TypeError, ValueError
         As :func:`mgpu.ops.spmv`, before any task is submitted, for everything that can be
-        seen without computing: kinds, shapes, column tiles, NaN/inf in x. NaN or infinity
+        seen without computing: kinds, shapes, NaN/inf in a numpy/cupy x. NaN or infinity
         in a tile of a dask A fails that tile's task with the same message. (NaN and
         infinity only with ``check_finite``.)
 
@@ -171,8 +173,8 @@ def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     ----------
     A : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR row tiles
         As in :func:`spmv`.
-    X : ndarray of shape (n_cols, n_vectors)
-        numpy or cupy; with a dask A, sent once to the cluster, as x in :func:`spmv`.
+    X : ndarray of shape (n_cols, n_vectors), or a dask array
+        As x in :func:`spmv`.
     check_finite : bool, default=True
         As in :func:`spmv`.
 
