@@ -6,7 +6,7 @@ grid or in one chunk. An op that works on row tiles (SpMV, kNN, the models) re-c
 that is also cut by columns into row tiles of about equal nonzeros (nnz prefix sums,
 :func:`mgpu.partition.split_counts`); that takes one pass over the array to count each row's
 nonzeros, and says so at DEBUG. Everything else stays lazy: the chunks are converted to
-canonical CSR (sparse chunks only, so that dense input keeps its dense kernels) in the graph,
+CSR (sparse chunks only, so that dense input keeps its dense kernels) in the graph,
 on the workers.
 
 Arrays made by :func:`mgpu.from_scipy` (or persisted) are already placed and are taken as
@@ -24,13 +24,13 @@ import scipy.sparse as sp
 from dask.core import flatten
 
 from mgpu.backends import is_sparse, sparse_module, to_host
-from mgpu.ops.validation import check_array, same_kind
+from mgpu.ops.validation import check_array
 from mgpu.partition import split_counts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_dask_input", "csr_chunks", "gather_ratings", "is_placed", "is_sparse_array", "one_chunk", "row_chunks", "row_nnz", "row_tiles",
-           "same_kind"]
+__all__ = ["check_dask_input", "csr_chunks", "gather_ratings", "is_placed", "is_sparse_array",
+           "one_chunk", "row_chunks", "row_nnz", "row_tiles"]
 
 
 def check_dask_input(x: Any, name: str, func: str) -> None:
@@ -59,19 +59,17 @@ def is_sparse_array(x: da.Array) -> bool:
 
 
 def _csr(block: Any) -> Any:
-    """A chunk as canonical CSR of its device and kind: scipy ``csr_array`` for a scipy
-    sparse array, scipy ``csr_matrix`` for a scipy matrix or a numpy chunk, cupyx CSR for
-    CuPy data. Duplicates are summed, as scipy's arithmetic treats them."""
-    out = sp.csr_array(block) if isinstance(block, sp.sparray) \
-        else sparse_module(block).csr_matrix(block)
-    if not out.has_canonical_format:
-        out = out.copy()
-        out.sum_duplicates()
-    return out
+    """A chunk as CSR of its device and kind: scipy ``csr_array`` for a scipy sparse array,
+    scipy ``csr_matrix`` for a scipy matrix or a numpy chunk, cupyx CSR for CuPy data.
+    Duplicate entries of a CSR chunk are kept, so that each op treats them as it does on one
+    device (SDDMM refuses them, SpMV sums them)."""
+    if isinstance(block, sp.sparray):
+        return sp.csr_array(block)
+    return sparse_module(block).csr_matrix(block)
 
 
 def csr_chunks(x: da.Array) -> da.Array:
-    """x with every chunk canonical CSR (:func:`_csr`), lazily; dense chunks included."""
+    """x with every chunk CSR (:func:`_csr`), lazily; dense chunks included."""
     # a fresh name per call: Dask fuses these tasks into others differently from graph to
     # graph, and one key computed with two specs is what its scheduler warns of
     return x.map_blocks(_csr, dtype=x.dtype, meta=_csr(x._meta[:0, :0]),
@@ -79,7 +77,7 @@ def csr_chunks(x: da.Array) -> da.Array:
 
 
 def _normal(x: da.Array) -> da.Array:
-    """Sparse chunks as canonical CSR, dense chunks as they are."""
+    """Sparse chunks as CSR, dense chunks as they are."""
     return csr_chunks(x) if is_sparse_array(x) else x
 
 
@@ -100,7 +98,7 @@ def row_nnz(x: da.Array) -> np.ndarray:
 
 
 def row_tiles(x: da.Array, func: str, parts: int | None = None) -> da.Array:
-    """x as row tiles (one chunk across the columns), sparse chunks as canonical CSR.
+    """x as row tiles (one chunk across the columns), sparse chunks as CSR.
 
     A placed array already cut by rows (:func:`mgpu.from_scipy`) is taken as it is. An
     array cut by rows only keeps its cut. An array also cut by columns is re-cut into
@@ -122,7 +120,7 @@ def row_tiles(x: da.Array, func: str, parts: int | None = None) -> da.Array:
 
 def row_chunks(x: da.Array, func: str) -> da.Array:
     """x with one chunk across the columns and its own row chunks (queries streamed by
-    rows need no balance), sparse chunks as canonical CSR, lazily."""
+    rows need no balance), sparse chunks as CSR, lazily."""
     if x.numblocks[1] != 1:
         logger.debug("%s: joining the %d column chunks of a dask array", func, x.numblocks[1])
         x = x.rechunk({1: -1})

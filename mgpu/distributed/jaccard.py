@@ -173,7 +173,8 @@ def _jaccard_dask(G: Any, weighted: bool, symmetrize: bool, parts: int | None) -
     like = whole._meta
     run = uuid.uuid4().hex
     checked = delayed(_checked_graph, pure=True)(
-        whole.to_delayed(optimize_graph=False)[0, 0], weighted, symmetrize, dask_key_name=f"mgpu-jaccard-graph-{run}")
+        whole.to_delayed(optimize_graph=False)[0, 0], weighted, symmetrize,
+        dask_key_name=f"mgpu-jaccard-graph-{run}")
     bounds = np.concatenate([[0], np.cumsum(G.chunks[0])]).astype(np.int64)
     n = int(G.shape[1])
     dt = np.dtype(np.float64) if not is_gpu_array(like) else float_dtype(G.dtype)  # as local

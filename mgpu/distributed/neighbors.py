@@ -17,8 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.distributed.cluster import current_client
-from mgpu.distributed.inputs import (check_dask_input, is_placed, is_sparse_array, one_chunk,
-                                     row_chunks, row_tiles)
+from mgpu.distributed.inputs import check_dask_input, is_placed, one_chunk, row_chunks, row_tiles
 from mgpu.distributed.knn import _as_dask, knn
 from mgpu.ops import distances as dist
 from mgpu.ops.routes import register
@@ -107,7 +106,8 @@ def kneighbors(index: Any, X: Any, k: int, metric: str, p: float) -> tuple[Any, 
     d, i = knn(index, index, k + 1, metric=metric, p=p)
     offsets = np.concatenate([[0], np.cumsum(d.chunks[0])[:-1]]).astype(np.int64)
     parts = [delayed(_drop_self, pure=True, nout=2)(dc, ic, int(o), k)
-             for dc, ic, o in zip(d.to_delayed(optimize_graph=False).ravel(), i.to_delayed(optimize_graph=False).ravel(), offsets)]
+             for dc, ic, o in zip(d.to_delayed(optimize_graph=False).ravel(),
+                                  i.to_delayed(optimize_graph=False).ravel(), offsets)]
     return _as_dask(parts, d.chunks[0], k, f"mgpu-knn-self-{uuid.uuid4().hex}")
 
 
@@ -130,7 +130,3 @@ def kneighbors_graph(d: da.Array, i: da.Array, n: int, distance: bool, sparse_ar
     return da.map_blocks(_graph_block, d, i, n, distance, sparse_array, dtype=np.float64,
                          chunks=(d.chunks[0], (n,)), meta=meta, token="mgpu-knn-graph")
 
-
-def sparse_array_chunks(X: Any) -> bool:
-    """Whether a dask array's chunks are scipy sparse arrays (``csr_array`` out)."""
-    return is_sparse_array(X) and isinstance(X._meta, sp.sparray)

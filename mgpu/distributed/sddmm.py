@@ -20,7 +20,7 @@ from dask.base import tokenize
 from mgpu.backends import on_device_of, synchronize, to_device
 from mgpu.distributed.cluster import current_client, task_placement
 from mgpu.distributed.collection import block_futures, chunk_workers, device_copy, place_as
-from mgpu.distributed.inputs import check_dask_input, csr_chunks, is_placed, same_kind
+from mgpu.distributed.inputs import check_dask_input, csr_chunks, is_placed
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
     check_dense_factor,
@@ -31,7 +31,7 @@ from mgpu.ops.sddmm import (
     sddmm_dtype,
     sddmm_local,
 )
-from mgpu.ops.validation import is_dask_array
+from mgpu.ops.validation import is_dask_array, same_kind
 
 logger = logging.getLogger(__name__)
 

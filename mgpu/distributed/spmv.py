@@ -13,7 +13,6 @@ import uuid
 from typing import Any
 
 import dask.array as da
-import numpy as np
 from dask.base import tokenize
 
 from mgpu.backends import array_module, on_device_of

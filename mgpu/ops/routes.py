@@ -26,10 +26,10 @@ def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def route(name: str) -> Callable[..., Any]:
     """The version of op ``name`` for dask arrays.
 
-    >>> route("no such op")
+    >>> route("no such op")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    TypeError: no such op got a dask array; its distributed version comes with mgpu.distributed: import mgpu (or mgpu.distributed) first.
+    TypeError: no such op got a dask array; its distributed version comes with mgpu.distri...
     """
     try:
         return _ROUTES[name]
