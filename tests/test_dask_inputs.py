@@ -292,3 +292,23 @@ def test_distributed_knn_out_of_working_memory_is_refused_before_any_query(clien
                .replace(",", ""))
     d, i = mgpu.knn(index, S[:4], 2, working_memory=need)
     np.testing.assert_array_equal(i, mgpu.knn(S, S[:4], 2)[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunking", ["rows", "columns", "grid"])
+def test_cupyx_and_cupy_chunks(S, chunking):
+    """Chunks on the GPU (no cluster: Dask's threads): cupy/cupyx results equal the host's."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    rng = np.random.default_rng(3)
+    A, B, x = rng.random((N_ROWS, 4)), rng.random((N_COLS, 4)), rng.random(N_COLS)
+    for M in (csp.csr_matrix(S), cupy.asarray(S.toarray())):
+        Sd = da.from_array(M, chunks=CHUNKINGS[chunking], asarray=False)
+        P = mgpu.sddmm(Sd, cupy.asarray(A), cupy.asarray(B)).compute()
+        np.testing.assert_allclose(P.get().toarray(), mgpu.sddmm(S, A, B).toarray(),
+                                   rtol=1e-12)
+        y = mgpu.spmv(Sd, cupy.asarray(x)).compute()
+        np.testing.assert_allclose(cupy.asnumpy(y), S @ x, rtol=1e-12)
+        d, i = mgpu.knn(Sd, da.from_array(S[:10], chunks=(5, N_COLS), asarray=False), 3)
+        np.testing.assert_array_equal(i.compute(), mgpu.knn(S, S[:10], 3)[1])
