@@ -2,6 +2,7 @@
 them, as the models use them, on a CPU LocalCluster."""
 from __future__ import annotations
 
+import dask.array as da
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -63,10 +64,21 @@ def test_a_coo_matrix_is_placed_as_its_csr(client):
         np.testing.assert_allclose(got, np.asarray(M.tocsr().sum(axis=1)).ravel())
 
 
+def test_column_tiles_are_recut_into_row_tiles(client):
+    """Once refused; issue 35 asks for column tiles to be re-cut at nnz prefix sums."""
+    S = sp.random(50, 40, density=0.1, format="csr", random_state=0)
+    tiles = RowTiles.place(from_scipy(S, 2, axis=1, client=client), name="GaP.fit",
+                           client=client)
+    assert len(tiles) == 2 and tiles.bounds[-1] == 50
+    assert tiles.nnz == [S[tiles.rows(i)].nnz for i in range(2)]
+    got = sp.vstack([tiles.result(b, "tile") for b in tiles.blocks])
+    assert (got != S).nnz == 0
+
+
 def test_refusals(client):
     S = sp.random(50, 40, density=0.1, format="csr", random_state=0)
-    with pytest.raises(ValueError, match=r"takes a dask array of row tiles .*axis=0"):
-        RowTiles.place(from_scipy(S, 2, axis=1, client=client), name="GaP.fit", client=client)
+    with pytest.raises(ValueError, match="'S' parameter of GaP.fit must be 2-D"):
+        RowTiles.place(da.ones(5), name="GaP.fit", client=client)
     with pytest.raises(TypeError, match="'S' parameter of GaP.fit must be a scipy sparse"):
         check_scipy_or_tiles(S.toarray(), "S", "GaP.fit")
     check_scipy_or_tiles(S, "S", "GaP.fit")  # taken

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mgpu.distributed.cluster import Client, connect, describe_workers, visible_gpus, worker_info
 from mgpu.distributed.collection import chunk_nnz, chunk_workers, from_scipy, gather
 from mgpu.distributed.knn import knn_distributed, merge_top_k
+from mgpu.distributed.neighbors import pairwise_distances  # registers the ops' dask routes
 from mgpu.distributed.sddmm import place_factors, sddmm, sddmm_axis
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "gather",
     "knn_distributed",
     "merge_top_k",
+    "pairwise_distances",
     "place_factors",
     "sddmm",
     "sddmm_axis",

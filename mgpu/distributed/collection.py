@@ -339,7 +339,7 @@ def chunk_nnz(x: da.Array) -> np.ndarray:
     """nnz of every chunk of a sparse dask array, shaped like its block grid (computed)."""
     return x.map_blocks(
         _nnz_block, dtype=np.int64, chunks=((1,) * x.numblocks[0], (1,) * x.numblocks[1]),
-        meta=np.empty((0, 0), dtype=np.int64), name="mgpu-chunk-nnz",
+        meta=np.empty((0, 0), dtype=np.int64), token="mgpu-chunk-nnz",
     ).compute()
 
 
@@ -382,5 +382,5 @@ def gather(x: da.Array) -> sp.csr_matrix:
                 kinds="a dask array of sparse chunks (mgpu.from_scipy)")
     return sp.csr_matrix(
         x.map_blocks(_to_host, dtype=x.dtype, meta=sp.csr_matrix((0, 0), dtype=x.dtype),
-                     name="mgpu-gather").compute()
+                     token="mgpu-gather").compute()
     )

@@ -14,14 +14,18 @@ from collections.abc import Callable
 from numbers import Integral
 from typing import Any
 
+import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import is_gpu_array, jaccard_lookup, to_device, to_host
+from mgpu.backends import (csr_with_values, is_gpu_array, jaccard_lookup, sparse_module,
+                           to_device, to_host)
 from mgpu.distributed.cluster import CLIENT, completed, current_client
 from mgpu.distributed.collection import device_copy, place_as
+from mgpu.distributed.inputs import check_dask_input, csr_chunks, one_chunk
 from mgpu.ops.jaccard import check_graph, jaccard_local
-from mgpu.ops.validation import Boolean, Interval, IsCallable, check_param
+from mgpu.ops.validation import (Boolean, Interval, IsCallable, check_array, check_param,
+                                 float_dtype, is_dask_array, same_kind)
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +52,13 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
 
     Parameters
     ----------
-    G : {scipy, cupyx} sparse matrix of shape (n_nodes, n_nodes)
+    G : {scipy, cupyx} sparse matrix of shape (n_nodes, n_nodes), or a dask array
         Adjacency of an undirected graph: a symmetric pattern (symmetric weights when
-        ``weighted``). Self-loops are dropped and stored zeros are not edges.
+        ``weighted``). Self-loops are dropped and stored zeros are not edges. A dask array
+        (sparse or dense chunks, any chunking) gives a lazy dask array of weights in G's row
+        chunks: an edge's weight needs both ends' neighbour lists, so the graph is gathered
+        into one task, checked there (a graph that is not undirected fails that task), and
+        read by every row chunk's task.
     weighted : bool, default=False
         Use the edge weights: ``Σ_k min(w_ik, w_jk) / Σ_k max(w_ik, w_jk)`` over the union of
         the two neighbourhoods, instead of ``|N(i) ∩ N(j)| / |N(i) ∪ N(j)|``.
@@ -67,9 +75,9 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
 
     Returns
     -------
-    J : {scipy, cupyx} CSR matrix of shape (n_nodes, n_nodes)
+    J : {scipy, cupyx} CSR matrix of shape (n_nodes, n_nodes), or a dask array of them
         G's pattern (without self-loops) holding the weights: float64 from scipy input,
-        G's float dtype from cupyx input.
+        G's float dtype from cupyx input; a ``csr_array`` from a scipy sparse array.
 
     Raises
     ------
@@ -78,7 +86,7 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
         asymmetric entry and offers ``symmetrize=True``), NaN/inf, negative weights with
         ``weighted``, ``parts < 1``.
     TypeError
-        Dense or non-numeric input, a dask array, cupyx input with ``parts``.
+        Dense or non-numeric input, cupyx input with ``parts``.
 
     Examples
     --------
@@ -100,9 +108,12 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
         raise TypeError("The 'G' parameter of jaccard is on the GPU: parts=N spreads a scipy "
                         "graph over the cluster's workers; call without parts to run on this "
                         "GPU.")
+    if is_dask_array(G):
+        return _jaccard_dask(G, bool(weighted), bool(symmetrize), parts)
+    given = G
     G = check_graph(G, "jaccard", weighted=weighted, symmetrize=symmetrize)
     if parts is None:
-        return jaccard_local(G, weighted)
+        return same_kind(jaccard_local(G, weighted), given)
     from mgpu.partition import split
 
     client = client or current_client()
@@ -127,4 +138,52 @@ def jaccard(G: Any, *, weighted: bool = False, symmetrize: bool = False,
         if progress is not None:
             progress(len(by_key[fut.key]))
     vals = np.concatenate([by_key[f.key] for f in futures]) if futures else np.empty(0)
-    return sp.csr_matrix((vals, G.indices.copy(), G.indptr.copy()), shape=G.shape)
+    return same_kind(sp.csr_matrix((vals, G.indices.copy(), G.indptr.copy()), shape=G.shape),
+                     given)
+
+
+def _checked_graph(G: Any, weighted: bool, symmetrize: bool) -> Any:
+    """The whole graph of a dask G checked as one device checks it, in a task."""
+    return check_graph(G, "jaccard", weighted=weighted, symmetrize=symmetrize)
+
+
+def _rows_of(G: Any, like: Any, weighted: bool, r0: int, r1: int) -> Any:
+    """The weights of rows r0..r1 of a checked graph as a CSR chunk of their pattern, of the
+    kind of the input's chunks (``like``)."""
+    return same_kind(csr_with_values(G[r0:r1], jaccard_lookup(G, weighted, r0, r1)), like)
+
+
+def _jaccard_dask(G: Any, weighted: bool, symmetrize: bool, parts: int | None) -> Any:
+    """Jaccard weights of a dask G, lazily, in G's row chunks. An edge's weight needs the
+    neighbour lists of both ends, so the graph is gathered into one chunk (in the graph:
+    one task, whose result the row chunks' tasks read) and checked there; a graph that is
+    not undirected fails that task with the one-device message."""
+    from dask import delayed
+
+    if parts is not None:
+        raise ValueError("The 'parts' parameter of jaccard cuts a scipy graph for the cluster; "
+                         "a dask G gives weights in its own row chunks. Leave parts out (or "
+                         "rechunk G's rows).")
+    check_array(G, "G", "jaccard", accept_dense=True, accept_dask=True)
+    if G.shape[0] != G.shape[1]:
+        raise ValueError(f"The 'G' parameter of jaccard must be a square adjacency matrix. Got "
+                         f"shape {tuple(G.shape)} instead.")
+    check_dask_input(G, "G", "jaccard")
+    whole = csr_chunks(one_chunk(G, "jaccard"))
+    like = whole._meta
+    run = uuid.uuid4().hex
+    checked = delayed(_checked_graph, pure=True)(
+        whole.to_delayed(optimize_graph=False)[0, 0], weighted, symmetrize,
+        dask_key_name=f"mgpu-jaccard-graph-{run}")
+    bounds = np.concatenate([[0], np.cumsum(G.chunks[0])]).astype(np.int64)
+    n = int(G.shape[1])
+    dt = np.dtype(np.float64) if not is_gpu_array(like) else float_dtype(G.dtype)  # as local
+    meta = same_kind(sparse_module(like).csr_matrix((0, 0), dtype=dt), like)
+    blocks = [da.from_delayed(
+        delayed(_rows_of, pure=True)(checked, like, weighted, int(r0), int(r1),
+                                     dask_key_name=f"mgpu-jaccard-rows-{run}-{i}"),
+        shape=(int(r1 - r0), n), dtype=dt, meta=meta)
+        for i, (r0, r1) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    logger.debug("jaccard: a dask G of %s chunks, weights in %d row chunk(s) (lazy)",
+                 G.numblocks, len(blocks))
+    return da.concatenate(blocks, axis=0)

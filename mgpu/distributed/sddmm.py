@@ -18,8 +18,9 @@ import numpy as np
 from dask.base import tokenize
 
 from mgpu.backends import on_device_of, synchronize, to_device
-from mgpu.distributed.cluster import current_client
+from mgpu.distributed.cluster import current_client, task_placement
 from mgpu.distributed.collection import block_futures, chunk_workers, device_copy, place_as
+from mgpu.distributed.inputs import check_dask_input, csr_chunks, is_placed
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
     check_dense_factor,
@@ -30,7 +31,7 @@ from mgpu.ops.sddmm import (
     sddmm_dtype,
     sddmm_local,
 )
-from mgpu.ops.validation import is_dask_array
+from mgpu.ops.validation import is_dask_array, same_kind
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool
         if needed:
             check_dense_factor(X, name, finite)
     A, B = _on_device_of(A, S), _on_device_of(B, S)
-    return synchronize(sddmm_local(check_sparse(S, hadamard and finite), A, B, hadamard))
+    return same_kind(synchronize(sddmm_local(check_sparse(S, hadamard and finite), A, B,
+                                             hadamard)), S)
 
 
 def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any) -> da.Array:
@@ -168,7 +170,9 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     S : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR tiles
         scipy or cupyx (one device), or a dask array made by :func:`mgpu.from_scipy`
         (column tiles, row tiles or a grid), which stays on the workers between calls;
-        ``from_scipy(S, axis=sddmm_axis(S.shape))`` replicates the smaller factor.
+        ``from_scipy(S, axis=sddmm_axis(S.shape))`` replicates the smaller factor. Your own
+        dask array (sparse or dense chunks, any tiling) gives a lazy graph: its chunks are
+        made CSR by the tiles' tasks.
     A : array of shape (n_rows, K)
     B : array of shape (n_cols, K)
         Dense factors: numpy or cupy, or dask arrays. With a dask S, numpy/cupy factors are
@@ -190,7 +194,8 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     Returns
     -------
     P : CSR matrix, or dask array of CSR tiles shaped like S
-        Same pattern as S; float32 when every operand is float32, float64 otherwise.
+        Same pattern as S; float32 when every operand is float32, float64 otherwise; a
+        ``csr_array`` (or chunks of them) from a scipy sparse array.
 
     Raises
     ------
@@ -223,10 +228,11 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
         raise ValueError("The 'plan' parameter of sddmm is for one matrix on one device; a "
                          "distributed S is planned per tile on its worker. Leave it out.")
     check_sddmm_shapes(S.shape, getattr(A, "shape", ()), getattr(B, "shape", ()))
-    if any(np.isnan(c).any() for c in (np.array(S.chunks[0], float), np.array(S.chunks[1], float))):
-        raise ValueError("The 'S' parameter of sddmm has unknown chunk sizes; call "
-                         "S.compute_chunk_sizes() first.")
+    check_dask_input(S, "S", "sddmm")
     client = current_client()
+    placed = client is not None and is_placed(S)
+    if not placed:  # a user's array: any tiling, CSR made of its chunks in the graph
+        S = csr_chunks(S)
     finite = bool(check_finite)
     # both host/device factors are checked before either is sent
     check_dense_factors({n: X for n, X in (("A", A), ("B", B)) if not is_dask_array(X)},
@@ -237,7 +243,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     meta = S._meta.astype(dt) if hasattr(S._meta, "astype") else S._meta
     check = tuple(is_dask_array(X) and not X.name.startswith(_PLACED) for X in (A, B))
     logger.debug("sddmm: %s tiles of S, K=%d, hadamard=%s", S.numblocks, A.shape[1], hadamard)
-    if client is None:
+    if not placed:  # lazy in, lazy out: the tiles' tasks run where Dask puts them
         return da.blockwise(
             _sddmm_block, "ij", S, "ij", A_d, "ik", B_d, "jk",
             hadamard=bool(hadamard), check=check, finite=finite, concatenate=False, dtype=dt,
@@ -266,6 +272,6 @@ def _submit_tiles(S: da.Array, A_d: da.Array, B_d: da.Array, hadamard: bool,
         key = (name, i, j)
         graph[key] = client.submit(
             _sddmm_block, tile, a[(i, 0)], b[(j, 0)], hadamard, check, finite, key=key,
-            workers=list(where.get(tile.key, ())) or None, allow_other_workers=True,
+            **task_placement(list(where.get(tile.key, ())), False),
         )
     return da.Array(graph, name, chunks=S.chunks, dtype=dt, meta=meta)

@@ -13,13 +13,13 @@ import uuid
 from typing import Any
 
 import dask.array as da
-import numpy as np
 from dask.base import tokenize
 
 from mgpu.backends import array_module, on_device_of
 from mgpu.distributed.cluster import current_client
 from mgpu.distributed.collection import place_as
-from mgpu.ops.validation import Boolean, check_param, is_dask_array
+from mgpu.distributed.inputs import check_dask_input, csr_chunks, is_sparse_array, row_tiles
+from mgpu.ops.validation import Boolean, check_array, check_param, is_dask_array
 from mgpu.ops.spmv import (
     check_dense_operand,
     check_sparse_shape,
@@ -66,26 +66,34 @@ def _broadcast(x: Any, client: Any) -> da.Array:
                     meta=x[:0])
 
 
+def check_dask_operand(x: da.Array, n: int, name: str, func: str, ndim: int) -> None:
+    """Refuse a dask x or X whose kind or shape is wrong, before any task is submitted (its
+    values are checked by the tiles' tasks)."""
+    check_array(x, name, func, accept_sparse=False, accept_dask=True, ndim=ndim,
+                kinds=f"a {ndim}-D numpy or cupy array, or a dask array of them")
+    if x.shape[0] != n:
+        raise ValueError(f"The '{name}' parameter of {func} must have {n} rows, A's number of "
+                         f"columns. Got shape {tuple(x.shape)} instead.")
+
+
+def _one_chunk(x: da.Array) -> da.Array:
+    """A dask x as one chunk (every tile reads all of it), lazily."""
+    return x.rechunk(x.shape) if any(len(c) > 1 for c in x.chunks) else x
+
+
 def _distributed(A: da.Array, x: Any, name: str, func: str, ndim: int,
                  check_finite: bool) -> da.Array:
     check_sparse_shape(A, func)
-    if any(np.isnan(c).any() for c in (np.array(A.chunks[0], float),
-                                       np.array(A.chunks[1], float))):
-        raise ValueError(f"The 'A' parameter of {func} has unknown chunk sizes; call "
-                         "A.compute_chunk_sizes() first.")
-    if A.numblocks[1] != 1:
-        raise ValueError(
-            f"The 'A' parameter of {func} must be cut into row tiles (one tile across all "
-            f"{A.shape[1]} columns). Got {A.numblocks[1]} column tiles; make it with "
-            "mgpu.from_scipy(A, parts, axis=0)."
-        )
-    if is_dask_array(x):
-        raise TypeError(f"The '{name}' parameter of {func} must be a numpy or cupy array with a "
-                        f"dask A (it is sent to every worker). Got a dask array; pass "
-                        f"{name}.compute().")
-    check_dense_operand(x, A.shape[1], name, func, ndim, finite=check_finite)
+    check_dask_input(A, "A", func)
+    A = row_tiles(A, func)  # a user's array re-cut into row tiles if need be
+    if not is_sparse_array(A):  # dense chunks: the product of their CSR (A's nonzeros)
+        A = csr_chunks(A)
+    if is_dask_array(x):  # one chunk every tile reads, made in the graph, checked per tile
+        check_dask_operand(x, A.shape[1], name, func, ndim)
+    else:
+        check_dense_operand(x, A.shape[1], name, func, ndim, finite=check_finite)
     client = current_client()
-    x_d = _broadcast(x, client)
+    x_d = _one_chunk(x) if is_dask_array(x) else _broadcast(x, client)
     dt = spmv_dtype(A.dtype, x.dtype)
     meta = array_module(A._meta).empty((0,) * ndim, dtype=dt)
     logger.debug("%s: %d row tiles of A %s, x %s", func, A.numblocks[0], A.shape, x.shape)
@@ -107,13 +115,15 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: Any = None) -> Any:
 
     Parameters
     ----------
-    A : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR row tiles
-        scipy or cupyx (one device, see :func:`mgpu.ops.spmv`), or a dask array made by
-        ``mgpu.from_scipy(A, parts, axis=0)``, which stays on the workers.
-    x : ndarray of shape (n_cols,)
-        numpy or cupy. With a dask A it is checked here and sent once to the cluster (to one
+    A : sparse matrix of shape (n_rows, n_cols), or a dask array
+        scipy or cupyx (one device, see :func:`mgpu.ops.spmv`), or a dask array: made by
+        ``mgpu.from_scipy(A, parts, axis=0)`` (it stays on the workers), or your own, of
+        sparse or dense chunks; one cut by columns too is re-cut into row tiles at nnz
+        prefix sums (which counts its rows' nonzeros now).
+    x : ndarray of shape (n_cols,), or a dask array
+        numpy or cupy: with a dask A it is checked here and sent once to the cluster (to one
         worker, from which the others fetch it); on a GPU tile a host x is copied to the
-        device.
+        device. A dask x is read whole by every tile and checked by their tasks.
     check_finite : bool, default=True
         Refuse NaN or infinity in A's stored values and in x; ``False`` skips the check (and,
         on a GPU, the wait for it) for operands known to be finite, as in
@@ -134,7 +144,7 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: Any = None) -> Any:
     ------
     TypeError, ValueError
         As :func:`mgpu.ops.spmv`, before any task is submitted, for everything that can be
-        seen without computing: kinds, shapes, column tiles, NaN/inf in x. NaN or infinity
+        seen without computing: kinds, shapes, NaN/inf in a numpy/cupy x. NaN or infinity
         in a tile of a dask A fails that tile's task with the same message. (NaN and
         infinity only with ``check_finite``.)
 
@@ -162,8 +172,8 @@ def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     ----------
     A : sparse matrix of shape (n_rows, n_cols), or a dask array of CSR row tiles
         As in :func:`spmv`.
-    X : ndarray of shape (n_cols, n_vectors)
-        numpy or cupy; with a dask A, sent once to the cluster, as x in :func:`spmv`.
+    X : ndarray of shape (n_cols, n_vectors), or a dask array
+        As x in :func:`spmv`.
     check_finite : bool, default=True
         As in :func:`spmv`.
 

@@ -30,6 +30,7 @@ import scipy.sparse as sp
 from mgpu.backends import is_gpu_array
 from mgpu.distributed.cluster import current_client, result, task_placement
 from mgpu.distributed.collection import block_futures, chunk_nnz, from_scipy, place_as
+from mgpu.distributed.inputs import check_dask_input, csr_chunks, is_sparse_array, row_tiles
 from mgpu.ops.validation import check_array
 
 __all__ = ["RowTiles", "check_scipy_or_tiles"]
@@ -74,7 +75,9 @@ class RowTiles:
         ----------
         S : scipy sparse matrix or dask array of shape (n_rows, n_cols)
             A scipy matrix is cut into ``parts`` tiles of equal nnz (:func:`from_scipy`); a
-            dask array of CSR row tiles (one column of blocks) is taken as it is.
+            dask array cut by rows only is taken in its row chunks, one also cut by columns
+            is re-cut into row tiles at nnz prefix sums
+            (:func:`mgpu.distributed.inputs.row_tiles`); sparse or dense chunks.
         name : str
             The job's name, for the keys of what it places.
         parts : int, optional
@@ -85,18 +88,18 @@ class RowTiles:
         Raises
         ------
         ValueError
-            Without a cluster, or for a dask array cut along its columns.
+            Without a cluster, or for a dask array with unknown chunk sizes.
         """
         client = client or current_client()
         if client is None:
             raise ValueError(f"There is no cluster to place {name}'s row tiles on: call "
                              "mgpu.connect() first, or pass client=.")
         if isinstance(S, da.Array):
-            if S.ndim != 2 or S.numblocks[1] != 1:
-                raise ValueError(f"{name} takes a dask array of row tiles (one block across "
-                                 f"the columns). Got blocks {S.numblocks} instead; cut it "
-                                 "with mgpu.from_scipy(S, axis=0).")
-            Sd = S
+            check_dask_input(S, "S", name)
+            # a user's array, cut by columns too, re-cut into row tiles at nnz prefix sums
+            Sd = S = row_tiles(S, name, parts)
+            if not is_sparse_array(Sd):  # dense chunks: the tiles are their CSR
+                Sd = S = csr_chunks(Sd)
         else:
             if sp.issparse(S):  # the CSR from_scipy places (any format; duplicates summed)
                 S = sp.csr_matrix(S)

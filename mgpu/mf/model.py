@@ -84,7 +84,8 @@ from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epo
                                job_start, measure_gpus_alone, slots_for)
 from mgpu.mf.segments import SegmentMap
 from mgpu.mf.sgd import rmse, sgd_block
-from mgpu.ops.validation import InstanceOf, Interval, IsCallable, check_param
+from mgpu.distributed.inputs import gather_ratings
+from mgpu.ops.validation import InstanceOf, Interval, IsCallable, check_param, is_dask_array
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +231,8 @@ default='sequential'
             from mgpu.io import load_ratings
 
             R = load_ratings(R).matrix
+        if is_dask_array(R):  # HSGD* divides all the ratings on the client: computed here
+            R = gather_ratings(R, name)
         if not sp.issparse(R):
             raise TypeError(f"The '{name}' parameter of MatrixFactorization.fit must be a scipy "
                             f"sparse matrix or a ratings file. Got {type(R).__name__} instead.")

@@ -38,6 +38,7 @@ from mgpu.backends import (
 from mgpu.backends.knn_codes import KNN_CODES
 # The CPU computation lives in the backends layer; these names are part of this module's API.
 from mgpu.backends.numpy_knn import knn_checked, top_k, working_memory_for, working_memory_rows
+from mgpu.ops.routes import route
 from mgpu.ops.validation import (Bytes, Interval, StrOptions, check_array, check_param,
                                  is_dask_array)
 
@@ -139,8 +140,9 @@ def check_knn_input(X: Any, name: str, func: str, on: Any = None, *,
         raise TypeError(f"The '{name}' parameter of {func} is on the GPU while the other input "
                         "is not: pass both as numpy/scipy or both as cupy/cupyx.")
     if is_dask_array(X):
-        raise TypeError(f"The '{name}' parameter of {func} is a dask array: a distributed "
-                        "index goes to mgpu.knn, and queries are numpy/scipy.")
+        raise TypeError(f"The '{name}' parameter of {func} is a dask array, and {func} here "
+                        "runs on one device: pass dask arrays to mgpu.knn, "
+                        "mgpu.pairwise_distances or mgpu.NearestNeighbors.")
     if isinstance(X, np.ndarray) and X.dtype == object:
         X = _object_to_float(X, name, func)
     # host data goes to the GPU when the other input is there, never the other way
@@ -208,8 +210,10 @@ def pairwise_distances(X: Any, Y: Any = None, *, metric: str = "euclidean",
 
     Parameters
     ----------
-    X : {ndarray, sparse matrix} of shape (n_samples_X, n_features)
-    Y : {ndarray, sparse matrix} of shape (n_samples_Y, n_features), optional
+    X : {ndarray, sparse matrix, dask array} of shape (n_samples_X, n_features)
+    Y : {ndarray, sparse matrix, dask array} of shape (n_samples_Y, n_features), optional
+        With a dask array among them, D is a lazy dask array: one task per row chunk of X
+        against all of Y (a dask Y is gathered into one chunk), the values checked there.
     metric : str, default='euclidean'
         A name or alias from :data:`SEMIRINGS` (scipy/scikit-learn names).
     p : float, default=2
@@ -217,7 +221,7 @@ def pairwise_distances(X: Any, Y: Any = None, *, metric: str = "euclidean",
 
     Returns
     -------
-    D : ndarray of shape (n_samples_X, n_samples_Y), float64
+    D : ndarray or dask array of shape (n_samples_X, n_samples_Y), float64
 
     Raises
     ------
@@ -232,6 +236,8 @@ def pairwise_distances(X: Any, Y: Any = None, *, metric: str = "euclidean",
     array([[0., 5.],
            [5., 0.]])
     """
+    if is_dask_array(X) or is_dask_array(Y):  # a lazy dask array, from mgpu.distributed
+        return route("pairwise_distances")(X, Y, metric=metric, p=p)
     ring, p = resolve_metric(metric, p)
     X, Y = check_knn_pair(X, Y, ring, "pairwise_distances", ("X", "Y"))
     return distances_lookup(X, Y, ring, p)

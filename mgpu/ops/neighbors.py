@@ -19,6 +19,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from mgpu.backends import array_module, is_gpu_array, knn_lookup, sparse_module
 from mgpu.ops.distances import (check_knn_input, check_knn_pair, check_knn_values, drop_self,
                                 resolve_metric)
+from mgpu.ops.routes import route
 from mgpu.ops.validation import Boolean, Interval, check_option, check_param, is_dask_array
 
 __all__ = ["NearestNeighbors"]
@@ -26,6 +27,10 @@ __all__ = ["NearestNeighbors"]
 # a row and a column at least, as scikit-learn's estimators ask (12 rows of no column would
 # all be at distance 0)
 _LEAST = {"min_samples": 1, "min_features": 1}
+
+def _sparse_array(X: Any) -> bool:
+    """Whether X is a scipy sparse array, or a dask array of them (``csr_array`` out)."""
+    return isinstance(getattr(X, "_meta", X), sp.sparray)
 
 
 class NearestNeighbors(BaseEstimator):
@@ -110,6 +115,11 @@ class NearestNeighbors(BaseEstimator):
         """
         ring, _ = resolve_metric(self.metric, self.p, func="NearestNeighbors")
         self._check_k(self.n_neighbors, "n_neighbors", None)
+        self._fit_sparray = _sparse_array(X)
+        if is_dask_array(X):  # a resident index: on the cluster's workers (mgpu.distributed)
+            self._fit_X = route("nearest_neighbors.fit")(X, self.metric, self.p)
+            self.n_samples_fit_, self.n_features_in_ = (int(n) for n in self._fit_X.shape)
+            return self
         X_in, X = X, _as_array(X, "X", "NearestNeighbors.fit")
         checked = check_knn_input(X, "X", "NearestNeighbors.fit", on=X, **_LEAST)
         check_knn_values(checked, "X", "NearestNeighbors.fit", ring)
@@ -168,6 +178,10 @@ class NearestNeighbors(BaseEstimator):
                     f"{self.n_features_in_} columns of the fitted X. Got {shape[1]} instead (X "
                     f"has {shape[1]} features, but NearestNeighbors is expecting "
                     f"{self.n_features_in_} features as input).")
+        if is_dask_array(self._fit_X) or is_dask_array(X):  # mgpu.distributed's kNN
+            dist, ind = route("nearest_neighbors.kneighbors")(self._fit_X, X, k, self.metric,
+                                                              self.p)
+            return (dist, ind) if return_distance else ind
         ring, p = resolve_metric(self.metric, self.p, func="NearestNeighbors")
         index, Q = check_knn_pair(self._fit_X, X, ring, "NearestNeighbors.kneighbors",
                                   ("X", "X"), **_LEAST)
@@ -195,13 +209,17 @@ class NearestNeighbors(BaseEstimator):
         """
         check_option("mode", "kneighbors_graph", mode, ("connectivity", "distance"))
         dist, ind = self.kneighbors(X, n_neighbors, return_distance=True)
+        if is_dask_array(ind):  # lazy results: a lazy graph (mgpu.distributed)
+            return route("nearest_neighbors.graph")(dist, ind, self.n_samples_fit_,
+                                                    mode == "distance", self._fit_sparray)
         n_q, k = ind.shape
         xp, csr_matrix = array_module(ind), sparse_module(ind).csr_matrix
         id_type = np.int64 if xp is np else xp.int32  # cupyx CSR indices are 32-bit
         data = xp.ones(n_q * k, dtype=dist.dtype) if mode == "connectivity" else dist.ravel()
-        return csr_matrix((data, ind.ravel().astype(id_type),
-                           xp.arange(0, n_q * k + 1, k, dtype=id_type)),
-                          shape=(n_q, self.n_samples_fit_))
+        graph = csr_matrix((data, ind.ravel().astype(id_type),
+                            xp.arange(0, n_q * k + 1, k, dtype=id_type)),
+                           shape=(n_q, self.n_samples_fit_))
+        return sp.csr_array(graph) if self._fit_sparray else graph
 
 
 def _as_array(X: Any, name: str, func: str) -> Any:

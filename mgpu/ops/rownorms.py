@@ -77,6 +77,6 @@ def row_norms(X: Any, *, norm: str = "l2") -> Any:
         dt = float_dtype(X.dtype)
         meta = array_module(X._meta).empty(0, dtype=dt)
         return X.map_blocks(
-            _row_norms_block, op, root, drop_axis=1, dtype=dt, meta=meta, name="mgpu-row-norms"
+            _row_norms_block, op, root, drop_axis=1, dtype=dt, meta=meta, token="mgpu-row-norms"
         )
     return _row_norms_block(X, op, root)

@@ -28,6 +28,7 @@ from mgpu.ops.validation import (
     check_param,
     first_nonfinite,
     is_dask_array,
+    same_kind,
 )
 
 logger = logging.getLogger(__name__)
@@ -265,8 +266,8 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
                              "streamed through the GPU (device='gpu'); leave it out.")
         check_plan(plan, S, A.shape[1])
     if streamed:
-        return _streamed(S, A, B, hadamard, working_memory, progress)
-    return sddmm_local(S, A, B, hadamard, plan)
+        return same_kind(_streamed(S, A, B, hadamard, working_memory, progress), S)
+    return same_kind(sddmm_local(S, A, B, hadamard, plan), S)
 
 
 def stream_budget(working_memory: Any = None) -> int:

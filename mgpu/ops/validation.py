@@ -28,7 +28,7 @@ from mgpu.backends import all_finite, first_nonfinite, is_gpu_array, is_sparse, 
 __all__ = ["Boolean", "Bytes", "ComplexDataError", "InstanceOf", "Interval", "IsCallable",
            "StrOptions", "all_finite", "canonical_csr", "check_array",
            "check_option", "check_param", "first_nonfinite", "float_dtype",
-           "is_dask_array", "is_sparse", "place_of"]
+           "is_dask_array", "is_sparse", "place_of", "same_kind"]
 
 
 class ComplexDataError(TypeError, ValueError):
@@ -376,6 +376,19 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
     if order == "C" and family in ("numpy", "cupy") and not X.flags.c_contiguous:
         X = X.copy(order="C")
     return X
+
+
+def same_kind(out: Any, like: Any) -> Any:
+    """A scipy sparse result as the kind of its input: a sparse *array* (``csr_array``) for
+    a scipy sparse array, a sparse matrix otherwise (cupyx has matrices only). No copy.
+
+    >>> S = sp.csr_array(np.eye(2))
+    >>> type(same_kind(sp.csr_matrix(S), S)).__name__
+    'csr_array'
+    """
+    if isinstance(like, sp.sparray) and isinstance(out, sp.spmatrix):
+        return sp.csr_array(out)
+    return out
 
 
 def float_dtype(dtype: Any) -> np.dtype:
