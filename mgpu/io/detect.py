@@ -120,6 +120,24 @@ def _mm_body(rows: list[str], complete: bool) -> bool:
     return len(rows) - 1 == nnz if complete else len(rows) - 1 <= nnz
 
 
+def _bow(data: list[str], complete: bool) -> _Guess | None:
+    """UCI docword (three single counts, then 'doc word count' lines) or LDA-C (every line
+    'N id:count ...', an empty document '0'); both where the lines are '0', '0', '0' (an
+    empty docword corpus, or three empty documents)."""
+    first = data[0]
+    if ":" not in first and not _UINT.fullmatch(first):
+        return None
+    docword = len(data) >= 3 and all(_UINT.fullmatch(s) for s in data[:3])
+    ldac = all(s == "0" or ":" in s for s in data)
+    if docword and ldac and complete and data == ["0", "0", "0"]:
+        return _Guess(("docword", "ldac"), "three lines '0'")
+    if docword and not (ldac and len(data) > 3):
+        return _Guess(("docword",), "three header counts")
+    if ldac or ":" in first:
+        return _Guess(("ldac",), "'N id:count' lines")
+    return None
+
+
 def _sniff_text(path: Path, head: bytes) -> _Guess | None:
     text = head.decode("utf-8", "replace").lstrip("\ufeff")
     lines = text.split("\n")
@@ -143,10 +161,9 @@ def _sniff_text(path: Path, head: bytes) -> _Guess | None:
         return None  # '%' comments and no size line: nothing here reads it
     if "::" in first:
         return _Guess(("ratings",), "'::' separated")
-    if ":" in first:
-        return _Guess(("ldac",), "'N id:count' lines")
-    if len(data) >= 3 and all(_UINT.fullmatch(s) for s in data[:3]):
-        return _Guess(("docword",), "three header counts")
+    bow = _bow(data, complete)
+    if bow is not None:
+        return bow
     if len(fields) == 2 and all(_UINT.fullmatch(t) for t in fields):
         return _Guess(("snap",), "'u v' lines")
     header = None
