@@ -70,17 +70,15 @@ def read_matrix(path: str, fmt: str | None = None, expect: str | None = None,
     if fmt in _GRAPHS:  # (adjacency, node ids)
         S, ids = data
         return Input(S, Path(path).name, ids, ids, fmt)
+    S = getattr(data, "matrix", data)  # Ratings and TenX hold theirs with their ids
+    S = S.tocsr() if sp.issparse(S) else sp.csr_matrix(S)  # loaders give 1-D or 2-D arrays
     if isinstance(data, io.Ratings):  # the ids are the file's users and items
         rows, cols = data.user_ids, data.item_ids
     elif isinstance(data, io.TenX):  # features x barcodes
         rows, cols = data.features[:, 0], data.barcodes
     else:
         base = 1 if fmt in _ONE_BASED else 0
-        rows, cols = (np.arange(base, base + n) for n in
-                      (data.shape[0], int(np.prod(data.shape[1:], dtype=np.int64))))
-    S = getattr(data, "matrix", data)
-    S = S.tocsr() if sp.issparse(S) else sp.csr_matrix(S.reshape(S.shape[0], -1)
-                                                       if S.ndim > 2 else S)
+        rows, cols = (np.arange(base, base + n) for n in S.shape)
     return Input(S, Path(path).name, rows, cols, fmt)
 
 

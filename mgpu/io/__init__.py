@@ -38,6 +38,10 @@ and :func:`load_edges` the node ids (``return_ids=True``), :class:`TenX` the fea
 barcodes; Matrix Market and UCI docword indices are the 1-based file indices of the rows and
 columns, LDA-C, IDX and npz rows the 0-based positions in the file.
 
+IDX and ``.npz`` give arrays of three or more dimensions alike, as rows of
+``prod(rest)`` values (images as rows of pixels, what the distance code takes);
+``flatten=False`` keeps the stored shape.
+
 This package imports neither CuPy nor Dask: it produces host data that the caller moves.
 
 One module per family of formats: :mod:`mgpu.io.matrix_market`, :mod:`mgpu.io.graphs`
