@@ -227,14 +227,15 @@ def _weighted(draw):
 
 
 @_SETTINGS
-@given(case=_weighted(), header=st.booleans(), gz=st.booleans())
-def test_weighted_edge_lists_read_as_graphs_or_refused_as_ambiguous(case, header, gz):
+@given(case=_weighted(), header=st.booleans(), comment=st.booleans(), gz=st.booleans())
+def test_weighted_edge_lists_read_as_graphs_or_refused_as_ambiguous(case, header, comment, gz):
     """'u v w [t]' lines: refused without a choice (they read as ratings too), a graph with
     its weights for a graph job (expect='graph') or fmt='weighted-edges', the last weight of
     an edge listed twice kept; a header naming the columns decides alone."""
     edges, ncols, sep = case
     rows = [[str(u), str(v), repr(w)] + ["1700000000"] * (ncols - 3) for u, v, w in edges]
-    text = ("source target weight" + " time" * (ncols == 4) + "\n") * header \
+    text = "# a weighted graph\n" * comment \
+        + ("source target weight" + " time" * (ncols == 4) + "\n") * header \
         + "".join(sep.join(r) + "\n" for r in rows)
     node_ids = sorted({i for u, v, _ in edges for i in (u, v)})
     pos = {i: k for k, i in enumerate(node_ids)}
@@ -257,8 +258,8 @@ def test_weighted_edge_lists_read_as_graphs_or_refused_as_ambiguous(case, header
             A, got_ids = mio.load(path, relabel=True, return_ids=True, dtype=np.float64, **kw)
             np.testing.assert_array_equal(got_ids, node_ids)
             np.testing.assert_array_equal(A.toarray(), ref)
-            # the ratings reading numbers users and items apart: another matrix
-            assert mio.load(path, fmt="ratings").matrix.shape == (
+            # the ratings reading (no '#' comments there) numbers users and items apart
+            assert comment or mio.load(path, fmt="ratings").matrix.shape == (
                 len({u for u, _, _ in edges}), len({v for _, v, _ in edges}))
 
 
@@ -349,6 +350,7 @@ def test_ambiguous_format_error_pickles_and_expect_is_checked(tmp_path):
     ("1 2 3\n1 -2 3\n", r"^g\.txt line 2: expected .*non-negative integer ids.*found u=1, v=-2"),
     ("1 2 nan\n", r"^g\.txt line 1: expected .* a finite weight, found u=1, v=2, weight=nan"),
     ("src dst w\n1 2 3\n1 2 x\n", r"^g\.txt line 3: expected .*found '1 2 x'"),
+    ("# a comment\n\nsrc dst w\n1 2 3\n1 2\n", r"^g\.txt line 5: expected .*found '1 2'"),
 ])
 def test_weighted_edge_list_malformed(tmp_path, text, pattern):
     path = tmp_path / "g.txt"

@@ -23,7 +23,6 @@ from mgpu.io._common import (
     _loadtxt,
     _read_text,
     _show,
-    _split_header,
     _uint_table,
 )
 from mgpu.io.errors import MalformedFileError, StrPath
@@ -211,15 +210,27 @@ def _edges_check(sep: str | None, ncols: int, layout: str) -> _LineCheck:
     return check
 
 
+def _drop_header(text: str) -> str:
+    """``text`` without a header line of column names (the first line that is neither blank
+    nor a comment, if it does not start with a digit); its line end stays, and with it
+    every line's number."""
+    pos = 0
+    while pos < len(text):
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        line = text[pos:end].split("#", 1)[0].strip()
+        if line:
+            return text if line[:1].isdigit() else text[:pos] + text[end:]
+        pos = end + 1
+    return text
+
+
 def _parse_edges(path: StrPath, text: str, values: str
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(u, v, third column)`` of an edge list: ``#`` comments, one header line of words
     allowed, whitespace or comma separated (told from the first data line)."""
-    head, rest = _split_header(text, 1)
+    text = _drop_header(text)
     first_line = 1
-    if head and head[0].strip() and not head[0].lstrip()[:1].isdigit() \
-            and not head[0].lstrip().startswith("#"):
-        text, first_line = rest, 2  # a header line of column names
     first = next((s.split("#", 1)[0] for s in text[: 1 << 16].split("\n")
                   if s.split("#", 1)[0].strip()), "")
     sep = "," if "," in first else None
