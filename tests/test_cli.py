@@ -337,6 +337,8 @@ def test_run_jaccard_on_a_snap_file(runner, tmp_path):
     assert "  10 -- 20: 0.2500\n  20 -- 30: 0.2500\n" in r.output
     assert sorted(np.round(J.data, 4).tolist()) == [0, 0, 0, 0, 0.2, 0.2, 0.25, 0.25, 0.25, 0.25]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(tmp_path.glob("*.partial*"))
+    with np.load(out) as f:  # the matrix's rows and columns map back to the file's node ids
+        np.testing.assert_array_equal(f["node_ids"], [10, 20, 30, 40, 50])
     r = runner.invoke(main, ["run", "jaccard", str(path), "--out", str(tmp_path / "j2.npz"),
                              "--no-gpus", "--strict"])
     assert r.exit_code != 0 and "Pass symmetrize=True" in r.output
@@ -384,6 +386,9 @@ def test_run_gradient_mf_cpu(runner, tmp_path):
     assert hist[-1]["test_rmse"] < 0.3 * spread < hist[0]["test_rmse"]
     with np.load(out / "cpu-factors.npz") as f:
         assert f["U"].shape == (60, 3) and f["V"].shape == (40, 3)
+        # row i of U is the file's user user_ids[i], row j of V its item item_ids[j]
+        np.testing.assert_array_equal(f["user_ids"], sorted({u for u, _ in pairs}))
+        np.testing.assert_array_equal(f["item_ids"], sorted({i for _, i in pairs}))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = runner.invoke(main, ["run", "gradient-mf", str(path), "--test-fraction", "1.5", "--out",
                              str(out)])
@@ -398,6 +403,8 @@ def test_run_gradient_mf_cpu(runner, tmp_path):
                              "-k", "3", "--out", str(tmp_path / "old")])
     assert r.exit_code == 0 and "'als' is deprecated" in r.output, r.output
     assert json.loads((tmp_path / "old" / "history.json").read_text())["cpu"][-1]["iteration"] == 2
+    with np.load(tmp_path / "old" / "cpu-factors.npz") as f:
+        assert f["user_ids"].shape == (60,) and f["item_ids"].shape == (40,)
     listing = runner.invoke(main, ["run", "--help"]).output
     assert "gradient-mf" in listing and " als " not in listing
 
@@ -564,3 +571,86 @@ def test_bench_spmv_synthetic_matrices(runner, tmp_path):
                       (["--banded", "500"], "expected ROWSxCOLS")):
         r = runner.invoke(main, ["bench", "spmv", "--device", "cpu", *bad])
         assert r.exit_code == 2 and hint in r.output, r.output
+
+
+# ------------------------------------------------------------ files read as they were written
+
+WEIGHTED = "1 2 1.0\n2 3 1.0\n3 4 1.0\n1 3 1.0\n"
+
+
+def test_run_jaccard_reads_a_weighted_edge_list_as_a_graph_and_says_so(runner, tmp_path):
+    """'u v w' lines were read as ratings (3 users x 3 items): '3 nodes ... 1 edge'."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    path = tmp_path / "w.txt"
+    path.write_text(WEIGHTED)
+    out = tmp_path / "j.npz"
+    r = runner.invoke(main, ["run", "jaccard", str(path), "--out", str(out), "--no-gpus"])
+    assert r.exit_code == 0, r.output
+    assert "w.txt: read as weighted-edges (an edge list with weights, 3 columns: u v weight) " \
+        "as the job reads graphs" in r.output
+    assert "w.txt: 4 nodes, 4 stored edges" in r.output  # networkx: 4 nodes, 4 edges
+    J = sp.load_npz(out)
+    # networkx.jaccard_coefficient on the undirected graph: 1-2 and 1-3 share one of three
+    # neighbours... every weight below, by hand
+    ref = {(0, 1): 1 / 3, (0, 2): 1 / 4, (1, 2): 1 / 4, (2, 3): 0.0}
+    for (u, v), w in ref.items():
+        assert J[u, v] == pytest.approx(w) and J[v, u] == pytest.approx(w)
+    with np.load(out) as f:
+        np.testing.assert_array_equal(f["node_ids"], [1, 2, 3, 4])
+    # weights used where the job uses them: Σ min / Σ max over the neighbours
+    path.write_text("10 20 2\n20 30 1\n10 30 4\n")
+    r = runner.invoke(main, ["run", "jaccard", str(path), "--weighted", "--out", str(out),
+                             "--no-gpus"])
+    assert r.exit_code == 0, r.output
+    A = sp.csr_matrix((np.array([2.0, 1, 4]), ([0, 1, 0], [1, 2, 2])), shape=(3, 3))
+    assert (abs(sp.load_npz(out) - mgpu.jaccard(A, weighted=True, symmetrize=True)) > 1e-12
+            ).nnz == 0
+    # a time is not a weight
+    r = runner.invoke(main, ["run", "jaccard", str(path), "--weighted", "--format",
+                             "temporal-edges", "--out", str(out), "--no-gpus"])
+    assert r.exit_code != 0 and "third column is a time, not a weight" in r.output
+
+
+def test_run_jobs_refuse_a_file_of_several_formats_and_take_format(runner, tmp_path):
+    """partition and knn-graph read 'u v w' lines as ratings, silently; now refused, and
+    --format chooses. The graph's npz carries the ids of its rows."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    path = tmp_path / "w.txt"
+    path.write_text(WEIGHTED)
+    out = tmp_path / "g.npz"
+    for job in (["partition"], ["knn-graph", "-k", "1", "--out", str(out)]):
+        r = runner.invoke(main, ["run", *job, str(path), "--no-gpus"])
+        assert r.exit_code == 1 and "cannot tell its format" in r.output, r.output
+        assert "fmt='ratings' or 'weighted-edges'" in r.output and "--format" in r.output
+    r = runner.invoke(main, ["run", "partition", str(path), "--format", "weighted-edges",
+                             "--no-gpus"])
+    assert r.exit_code == 0 and "w.txt: 5 x 5, 4 nonzeros" in r.output, r.output
+    r = runner.invoke(main, ["run", "knn-graph", str(path), "--format", "ratings", "-k", "1",
+                             "--metric", "euclidean", "--out", str(out), "--no-gpus"])
+    assert r.exit_code == 0, r.output
+    assert sp.load_npz(out).shape == (3, 3)
+    with np.load(out) as f:  # the users of the ratings reading
+        np.testing.assert_array_equal(f["node_ids"], [1, 2, 3])
+    r = runner.invoke(main, ["run", "partition", "--powerlaw", "10x10", "--format", "snap"])
+    assert r.exit_code != 0 and "--powerlaw reads no file" in r.output
+    r = runner.invoke(main, ["run", "partition", str(path), "--format", "csv"])
+    assert r.exit_code == 2 and "'csv' is not one of" in r.output
+
+
+def test_run_gap_writes_the_ids_of_documents_and_words(runner, tmp_path):
+    import numpy as np
+
+    path, _ = _toy_corpus(tmp_path)
+    out = tmp_path / "gap"
+    r = runner.invoke(main, ["run", "gap", str(path), "--device", "cpu", "--topics", "2",
+                             "--iters", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    with np.load(out / "cpu-topics.npz") as f:
+        assert f["X"].shape == (40, 2) and f["L"].shape == (10, 2)
+        # docword's ids are 1-based: row i is document i + 1, word j is word j + 1
+        np.testing.assert_array_equal(f["row_ids"], np.arange(1, 41))
+        np.testing.assert_array_equal(f["col_ids"], np.arange(1, 11))

@@ -223,9 +223,12 @@ def test_mnist(data_dir):
 
 
 def test_kmnist(data_dir):
-    X = load_npz_array(data_dir / "vectors/kmnist-test-imgs.npz")
+    X = load_npz_array(data_dir / "vectors/kmnist-test-imgs.npz", flatten=False)
     y = load_npz_array(data_dir / "vectors/kmnist-test-labels.npz")
     assert X.shape == (10000, 28, 28) and X.dtype == np.uint8
+    # images as rows by default, as load_idx gives MNIST's
+    np.testing.assert_array_equal(load_npz_array(data_dir / "vectors/kmnist-test-imgs.npz"),
+                                  X.reshape(10000, 784))
     assert y.shape == (10000,) and set(np.unique(y)) == set(range(10))
 
 

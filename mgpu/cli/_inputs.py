@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 import numpy as np
@@ -17,31 +17,99 @@ def data_root(data_dir: str | None) -> Path:
     return Path(data_dir or os.environ.get("MGPU_DATA") or Path.cwd().parent / "shared" / "data")
 
 
-def load_matrix(path: str) -> Any:
-    """The sparse matrix of any file mgpu.io.load reads, as scipy CSR."""
+class Input(NamedTuple):
+    """A matrix read for a job, with the original ids of its rows and columns (what a job
+    writes beside its results, so that they map back to the file)."""
+
+    matrix: Any  # scipy CSR
+    label: str
+    row_ids: np.ndarray
+    col_ids: np.ndarray
+    fmt: str | None  # the format it was read as (None for a generated matrix)
+
+
+# Formats whose rows and columns are the file's 1-based indices; the others' positions are
+# 0-based (LDA-C lines, IDX and npz rows) or carry ids of their own.
+_ONE_BASED = ("matrix-market", "docword")
+_GRAPHS = ("snap", "weighted-edges", "temporal-edges")
+
+
+def _format(path: str, fmt: str | None, expect: str | None) -> str:
+    """``fmt``, or the format told from the content, saying on the output what was assumed
+    where the content alone did not decide."""
+    from mgpu import io
+
+    if fmt is not None:
+        return fmt
+    try:
+        found = io.sniff(path, expect=expect)
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        raise data_error(exc) from exc
+    if found.note:
+        click.echo(f"{Path(path).name}: {found.note}")
+    return found.format
+
+
+def read_matrix(path: str, fmt: str | None = None, expect: str | None = None,
+                relabel: bool = False, dtype: Any = np.float32) -> Input:
+    """The sparse matrix of any file mgpu.io.load reads, as scipy CSR, with the original ids
+    of its rows and columns. ``fmt``: the --format given; ``expect``: what the job reads
+    (decides between formats that read the same lines differently); ``relabel``: number an
+    edge list's node ids present as 0..n-1 (else node i is id i); ``dtype``: an edge list's
+    values."""
     import scipy.sparse as sp
 
     from mgpu import io
 
+    fmt = _format(path, fmt, expect)
+    kw = {"relabel": relabel, "return_ids": True, "dtype": dtype} if fmt in _GRAPHS else {}
     try:
-        data = io.load(path)
+        data = io.load(path, fmt=fmt, **kw)
     except (ValueError, FileNotFoundError, TypeError) as exc:
         raise data_error(exc) from exc
-    S = getattr(data, "matrix", data)
-    return S if sp.issparse(S) else sp.csr_matrix(S)
+    if fmt in _GRAPHS:  # (adjacency, node ids)
+        S, ids = data
+        return Input(S, Path(path).name, ids, ids, fmt)
+    S = getattr(data, "matrix", data)  # Ratings and TenX hold theirs with their ids
+    S = S.tocsr() if sp.issparse(S) else sp.csr_matrix(S)  # loaders give 1-D or 2-D arrays
+    if isinstance(data, io.Ratings):  # the ids are the file's users and items
+        rows, cols = data.user_ids, data.item_ids
+    elif isinstance(data, io.TenX):  # features x barcodes
+        rows, cols = data.features[:, 0], data.barcodes
+    else:
+        base = 1 if fmt in _ONE_BASED else 0
+        rows, cols = (np.arange(base, base + n) for n in S.shape)
+    return Input(S, Path(path).name, rows, cols, fmt)
+
+
+def load_matrix(path: str, fmt: str | None = None) -> Any:
+    """The sparse matrix of any file mgpu.io.load reads, as scipy CSR."""
+    return read_matrix(path, fmt).matrix
+
+
+def read_input(path: str | None, powerlaw: tuple[int, int] | None, nnz: float, seed: int,
+               fmt: str | None = None) -> Input:
+    """INPUT (read as ``fmt``, or told from its content) or a --powerlaw matrix (exactly one
+    of them), with its label and ids."""
+    if (path is None) == (powerlaw is None):
+        raise click.UsageError("give either an input file (INPUT) or --powerlaw ROWSxCOLS")
+    if fmt is not None and path is None:
+        raise click.UsageError("--format says how to read INPUT; --powerlaw reads no file")
+    if powerlaw is not None:
+        from mgpu.synthetic import powerlaw_csr
+
+        m, n = powerlaw
+        S = powerlaw_csr(m, n, int(nnz), seed=seed)
+        return Input(S, f"power-law {m:,} x {n:,} (seed {seed})", np.arange(m), np.arange(n),
+                     None)
+    return read_matrix(path, fmt)
 
 
 def load_input(path: str | None, powerlaw: tuple[int, int] | None, nnz: float,
                seed: int) -> tuple[Any, str]:
     """INPUT or a --powerlaw matrix (exactly one of them), and its label."""
-    if (path is None) == (powerlaw is None):
-        raise click.UsageError("give either an input file (INPUT) or --powerlaw ROWSxCOLS")
-    if powerlaw is not None:
-        from mgpu.synthetic import powerlaw_csr
-
-        m, n = powerlaw
-        return powerlaw_csr(m, n, int(nnz), seed=seed), f"power-law {m:,} x {n:,} (seed {seed})"
-    return load_matrix(path), Path(path).name
+    got = read_input(path, powerlaw, nnz, seed)
+    return got.matrix, got.label
 
 
 def load_ratings(path: str) -> Any:

@@ -233,6 +233,20 @@ def data_dir(exists: bool) -> Decorator:
                                                            "are skipped."))
 
 
+def _input_formats() -> list[str]:
+    from mgpu.io import FORMATS
+
+    return list(FORMATS)
+
+
+input_format = click.option("--format", "fmt", type=click.Choice(_input_formats()),
+                            default=None, help="How to read the input file (a format of "
+                            "mgpu.io.FORMATS). Default: told from the content; a file whose "
+                            "lines read as several formats ('u v w' lines: ratings, or an edge "
+                            "list with weights) is refused without it.")
+"""--format: how to read a job's input file (a key of mgpu.io.FORMATS), as ``fmt``."""
+
+
 ratings = click.argument("ratings", type=click.Path(exists=True, dir_okay=False))
 optional_ratings = click.argument("ratings", required=False,
                                   type=click.Path(exists=True, dir_okay=False))

@@ -50,12 +50,22 @@ def save_npz(path: Path, **arrays: Any) -> None:
     tmp.replace(path)
 
 
-def save_sparse(path: Path, M: Any) -> None:
-    """scipy .npz of a sparse matrix, written whole."""
+def save_sparse(path: Path, M: Any, **ids: Any) -> None:
+    """scipy .npz of a sparse matrix, written whole, with ``ids`` (``node_ids=...``) beside
+    scipy's arrays: ``scipy.sparse.load_npz`` reads the matrix and ignores them, ``np.load``
+    gives them back."""
+    import io
+
+    import numpy as np
     import scipy.sparse as sp
 
+    buf = io.BytesIO()
+    sp.save_npz(buf, M, compressed=True)
+    buf.seek(0)
+    with np.load(buf, allow_pickle=False) as f:
+        arrays = dict(f)
     tmp = path.with_name(path.name + ".partial.npz")
-    sp.save_npz(tmp, M, compressed=True)
+    np.savez_compressed(tmp, **arrays, **{k: np.asarray(v) for k, v in ids.items()})
     tmp.replace(path)
 
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from mgpu.cli import _options as opt
 from mgpu.cli import _plots
-from mgpu.cli._errors import Group, data_error
-from mgpu.cli._inputs import load_input, load_matrix, load_ratings, read_words
+from mgpu.cli._errors import Group
+from mgpu.cli._inputs import Input, load_ratings, read_input, read_matrix, read_words
 from mgpu.cli._mf import mf_options, train
 from mgpu.cli._output import (bar, describe, plotted, replace_json, save_npz, save_sparse,
                               tile_placement)
@@ -30,6 +30,7 @@ def run() -> None:
 
 @run.command("partition")
 @opt.matrix_input
+@opt.input_format
 @opt.parts("Chunks (default: one per worker).")
 @click.option("--axis", type=click.Choice(["0", "1"]), default="0", show_default=True,
               help="0 cuts rows, 1 cuts columns.")
@@ -37,7 +38,7 @@ def run() -> None:
 @opt.gpus
 @opt.plot("a bar chart of nnz per chunk and worker")
 def run_partition(input: str | None, powerlaw: tuple[int, int] | None, nnz: float, seed: int,
-                  parts: int | None, axis: str, address: str | None, gpus: bool | None,
+                  fmt: str | None, parts: int | None, axis: str, address: str | None, gpus: bool | None,
                   plot: str | None) -> None:
     """Spread a sparse matrix over the cluster in nnz-balanced chunks and report the balance.
 
@@ -49,7 +50,7 @@ def run_partition(input: str | None, powerlaw: tuple[int, int] | None, nnz: floa
     from mgpu.distributed import connect, describe_workers
 
     t0 = time.perf_counter()
-    S, label = load_input(input, powerlaw, nnz, seed)
+    S, label = read_input(input, powerlaw, nnz, seed, fmt)[:2]
     click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
                f"(loaded in {time.perf_counter() - t0:.1f} s)")
     ax = int(axis)
@@ -93,32 +94,36 @@ def _report_chunks(placed: dict[str, Any], infos: dict[str, Any], ax: int) -> No
 
 @run.command("knn-graph")
 @opt.matrix_input
+@opt.input_format
 @opt.k(10, "Neighbours per row (the row itself excluded).")
 @click.option("--metric", default="cosine", show_default=True,
               help="Any metric or alias of mgpu.ops.distances.SEMIRINGS.")
 @click.option("--p", "p", default=2.0, show_default=True, type=float,
               help="Minkowski's exponent.")
 @opt.out_npz("the graph", "Where to write the graph (scipy .npz, CSR: row i holds its k "
-             "neighbours, distances as values).")
+             "neighbours, distances as values; node_ids: the original id of every row).")
 @opt.parts("Row tiles of the index (default: one per worker).")
 @opt.address
 @opt.gpus
 @opt.plot("histograms of the distances and of the in-degrees")
 def run_knn_graph(input: str | None, powerlaw: tuple[int, int] | None, nnz: float, seed: int,
-                  k: int, metric: str, p: float, out: Path, parts: int | None,
+                  fmt: str | None, k: int, metric: str, p: float, out: Path, parts: int | None,
                   address: str | None, gpus: bool | None, plot: str | None) -> None:
     """The k-nearest-neighbour graph of a dataset's rows, computed on the cluster.
 
     INPUT is any file mgpu.io.load reads (bag-of-words, a 10x folder, MNIST IDX, ...). The
     index is spread over the workers in nnz-balanced row tiles; every row is queried against
-    it and its own entry dropped, as scikit-learn's kneighbors_graph does.
+    it and its own entry dropped, as scikit-learn's kneighbors_graph does. OUT holds the
+    graph (scipy.sparse.load_npz reads it) and ``node_ids`` (numpy.load): the original id of
+    every row (a ratings file's user ids, an edge list's node ids, the 1-based row numbers of
+    a Matrix Market or docword file, the 0-based ones of LDA-C, IDX and npz).
     """
     from mgpu.bench.knn_graph import graph_stats, knn_graph
     from mgpu.ops.distances import resolve_metric
 
     metric = resolve_metric(metric, p, func="knn-graph")[0].name  # refused before reading
     t0 = time.perf_counter()
-    S, label = load_input(input, powerlaw, nnz, seed)
+    S, label, ids = read_input(input, powerlaw, nnz, seed, fmt)[:3]
     n = S.shape[0]
     click.echo(f"{label}: {n:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
                f"(loaded in {time.perf_counter() - t0:.1f} s); k={k}, metric {metric}")
@@ -126,7 +131,7 @@ def run_knn_graph(input: str | None, powerlaw: tuple[int, int] | None, nnz: floa
     with bar(total=n, unit="row", desc="neighbours") as b:
         G, d, i = knn_graph(S, k, metric=metric, p=p, parts=parts, address=address, gpus=gpus,
                             progress=b.update)
-    save_sparse(out, G)
+    save_sparse(out, G, node_ids=ids)
     st = graph_stats(G, d, i)
     click.echo(f"graph: {n:,} nodes, {G.nnz:,} edges in {time.perf_counter() - t0:.1f} s, "
                f"written to {out}")
@@ -144,24 +149,30 @@ def run_knn_graph(input: str | None, powerlaw: tuple[int, int] | None, nnz: floa
 
 @run.command("jaccard")
 @click.argument("input", type=click.Path(exists=True))
+@opt.input_format
 @click.option("--weighted", is_flag=True, help="Use the edge weights (Σ min / Σ max).")
 @click.option("--directed-ok/--strict", "symmetrize", default=True, show_default=True,
               help="Use G + Gᵀ for a directed edge list (SNAP lists are often one-way), or "
               "refuse it.")
 @click.option("--top", default=10, show_default=True, type=int,
               help="Print this many strongest edges.")
-@opt.out_npz("the weights", "Where to write the weights (scipy .npz, G's pattern).")
+@opt.out_npz("the weights", "Where to write the weights (scipy .npz, G's pattern; "
+             "node_ids: the original id of every node).")
 @opt.parts("Row blocks over the cluster (default: four per worker).")
 @opt.address
 @opt.gpus
 @opt.plot("the histogram of the weights")
-def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out: Path,
+def run_jaccard(input: str, fmt: str | None, weighted: bool, symmetrize: bool, top: int, out: Path,
                 parts: int | None, address: str | None, gpus: bool | None,
                 plot: str | None) -> None:
     """Jaccard weights of every edge of a graph, computed on the cluster.
 
-    INPUT is a SNAP edge list (plain or gzip; read as undirected) or any adjacency matrix
+    INPUT is an edge list (plain or gzip; read as undirected): SNAP's 'u v' lines, or 'u v
+    weight' lines (a file of three numbers a line is read as weights, and says so; --format
+    temporal-edges reads the third column as a time, ignored), or any adjacency matrix
     mgpu.io.load reads. Prints the distribution and the strongest edges (original node ids).
+    OUT holds the weights (scipy.sparse.load_npz reads them) and ``node_ids`` (numpy.load):
+    row and column i are node node_ids[i] of the file.
     """
     import mgpu
     from mgpu.distributed import connect
@@ -169,7 +180,7 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out: Pat
     from mgpu.ops.jaccard import check_graph
 
     t0 = time.perf_counter()
-    G, ids = _load_graph(input)
+    G, ids = _load_graph(input, fmt, weighted)
     click.echo(f"{Path(input).name}: {G.shape[0]:,} nodes, {G.nnz:,} stored edges "
                f"(loaded in {time.perf_counter() - t0:.1f} s)")
     with connect(address, gpus=gpus) as client:
@@ -180,7 +191,7 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out: Pat
             J = mgpu.jaccard(checked, weighted=weighted, symmetrize=False, parts=n_parts,
                              client=client, progress=b.update)
         elapsed = time.perf_counter() - t0
-    save_sparse(out, J)
+    save_sparse(out, J, node_ids=ids)
     h = histogram(J)
     click.echo(f"weights of {h['edges']:,} edges in {elapsed:.1f} s "
                f"({J.nnz / max(elapsed, 1e-9):,.0f} edge entries/s), written to {out}")
@@ -194,17 +205,16 @@ def run_jaccard(input: str, weighted: bool, symmetrize: bool, top: int, out: Pat
     plotted(plot)
 
 
-def _load_graph(path: str) -> tuple[Any, np.ndarray]:
-    """A graph's adjacency (SNAP ids relabelled 0..n-1) and the original ids."""
-    from mgpu import io
-
-    try:
-        if io.detect_format(path) == "snap":
-            return io.load_snap(path, relabel=True, return_ids=True, dtype=np.float64)
-    except (ValueError, FileNotFoundError, TypeError) as exc:
-        raise data_error(exc) from exc
-    G = load_matrix(path).tocsr()
-    return G, np.arange(G.shape[0])
+def _load_graph(path: str, fmt: str | None, weighted: bool) -> tuple[Any, np.ndarray]:
+    """A graph's adjacency (an edge list's ids relabelled 0..n-1) and the original ids; a
+    file whose lines also read as ratings is read as an edge list, and says so."""
+    got: Input = read_matrix(path, fmt, expect="graph", relabel=True, dtype=np.float64)
+    if weighted and got.fmt == "temporal-edges":
+        raise click.BadParameter(
+            f"{got.label} is read as temporal-edges, whose third column is a time, not a "
+            "weight; drop --weighted (the times are ignored), or pass --format weighted-edges "
+            "if that column holds weights", param_hint="--weighted")
+    return got.matrix, got.row_ids
 
 
 @run.command("mf")
@@ -311,12 +321,15 @@ def run_gradient_mf(ratings: str, device: str, parts: int | None, n_workers: int
     the training ratings (mgpu.sddmm) and the two gradients (mgpu.spmm of the residual with V,
     of its transpose with U); the step's time and the test RMSE are reported, per device. On a
     cluster (the default) each worker keeps its users' ratings and rows of U, and only V moves.
+    OUT gets <device>-factors.npz: U, V, mean, and user_ids, item_ids (row i of U is user
+    user_ids[i] of the file, row j of V item item_ids[j]).
     """
     from mgpu.distributed import connect
     from mgpu.mf import split_ratings
     from mgpu.models import GradientMF
 
-    R = load_ratings(ratings).matrix
+    rated = load_ratings(ratings)
+    R = rated.matrix
     train, test = split_ratings(R, test_fraction, seed)
     devices = _devices(device, parts, n_workers, address)
     out = Path(out_dir)
@@ -337,7 +350,8 @@ def run_gradient_mf(ratings: str, device: str, parts: int | None, n_workers: int
             raise click.ClickException(f"{dev}: {exc}") from None
         hist = model.history_
         U, V = _host(model.U_, model.V_)
-        save_npz(out / f"{dev}-factors.npz", U=U, V=V, mean=model.mean_)
+        save_npz(out / f"{dev}-factors.npz", U=U, V=V, mean=model.mean_,
+                 user_ids=rated.user_ids, item_ids=rated.item_ids)
         click.echo(f"{dev}: test RMSE {hist[-1]['test_rmse']:.4f} after {iters} steps "
                    f"(best {min(h['test_rmse'] for h in hist):.4f}); SDDMM + SpMM step median "
                    f"{_median_step(hist) * 1e3:.2f} ms")
@@ -365,6 +379,7 @@ run.add_command(_als, "als")
 
 @run.command("gap")
 @click.argument("corpus", type=click.Path(exists=True, dir_okay=False))
+@opt.input_format
 @click.option("--vocab", type=click.Path(exists=True, dir_okay=False), default=None,
               help="One word per line (plain or gzip), for the topics' top words.")
 @opt.placement("updates", "the documents", "the corpus", "")
@@ -378,19 +393,21 @@ run.add_command(_als, "als")
 @opt.seed
 @opt.out_dir("Folder for <device>-topics.npz, topics.json and history.json.")
 @opt.plot("the log-likelihood per token against the iteration")
-def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
+def run_gap(corpus: str, fmt: str | None, vocab: str | None, device: str, parts: int | None,
             n_workers: int | None, address: str | None, topics: int, iters: int,
             alpha: float, beta: float, seed: int, out_dir: str, plot: str | None) -> None:
     """GaP topic model of a bag-of-words corpus (documents x words counts).
 
     CORPUS is any bag-of-words file mgpu.io.load reads (UCI docword, LDA-C). Every update is
     an SDDMM (the Poisson rates at the nonzero counts) followed by an SpMM; on a cluster the
-    documents stay on the workers and only the topics move.
+    documents stay on the workers and only the topics move. OUT gets <device>-topics.npz: X
+    (documents x topics), L (words x topics), and row_ids, col_ids: the ids in the file of
+    X's rows (documents) and of L's rows (words): 1-based for UCI docword, 0-based for LDA-C.
     """
     from mgpu.distributed import connect
     from mgpu.models import GaP
 
-    S = load_matrix(corpus).tocsr()
+    S, _, doc_ids, word_ids = read_matrix(corpus, fmt)[:4]
     words = read_words(vocab) if vocab is not None else None
     devices = _devices(device, parts, n_workers, address)
     out = Path(out_dir)
@@ -408,7 +425,7 @@ def run_gap(corpus: str, vocab: str | None, device: str, parts: int | None,
                 model.fit(*data, parts=parts, client=client, progress=progress)
                 click.echo(tile_placement(client, model.tiles_))
         X, L = _host(model.X_, model.L_)
-        save_npz(out / f"{dev}-topics.npz", X=X, L=L)
+        save_npz(out / f"{dev}-topics.npz", X=X, L=L, row_ids=doc_ids, col_ids=word_ids)
         click.echo(f"{dev}: log-likelihood per token "
                    f"{model.history_[-1]['loglik_per_token']:.4f}"
                    f"; iteration median {_median_step(model.history_) * 1e3:.2f} ms")

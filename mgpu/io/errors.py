@@ -1,8 +1,10 @@
-"""The error every loader raises on a file that does not follow its format.
+"""The errors of the loaders: a file that does not follow its format, and one whose format
+cannot be told.
 
 :class:`MalformedFileError` names the file, the line (or byte offset) at fault, what the
-format expects there and what the file holds instead, and survives pickling so that it
-crosses from a Dask worker to the client intact.
+format expects there and what the file holds instead; :class:`AmbiguousFormatError` names
+the formats a file's lines read as and how to choose one. Both survive pickling so that they
+cross from a Dask worker to the client intact.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 StrPath = str | os.PathLike[str]
 
-__all__ = ["MalformedFileError", "StrPath"]
+__all__ = ["AmbiguousFormatError", "MalformedFileError", "StrPath"]
 
 
 class MalformedFileError(ValueError):
@@ -70,3 +72,46 @@ class MalformedFileError(ValueError):
             functools.partial(type(self), byte=self.byte),
             (self.path, self.line, self.expected, self.found),
         )
+
+
+class AmbiguousFormatError(ValueError):
+    """A file whose lines read as more than one format, each giving another matrix.
+
+    Raised by :func:`~mgpu.io.detect_format` and :func:`~mgpu.io.load` instead of a guess
+    (``u v w`` lines are a weighted edge list to a graph and user, item, rating to a ratings
+    matrix, whose rows and columns are numbered apart). The message names the candidates and
+    how to choose: ``fmt=`` in :func:`~mgpu.io.load`, ``--format`` on the command line.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file.
+    candidates : sequence of str
+        The keys of ``FORMATS`` its lines read as.
+    why : str
+        What the lines look like, for the message.
+    hint : str, default=""
+        A sentence added to the message.
+
+    Examples
+    --------
+    >>> e = AmbiguousFormatError("g.txt", ["ratings", "weighted-edges"], "3 numbers a line")
+    >>> e.candidates
+    ('ratings', 'weighted-edges')
+    """
+
+    def __init__(self, path: StrPath, candidates: Any, why: str, hint: str = "") -> None:
+        self.path = Path(path)
+        self.candidates = tuple(candidates)
+        self.why = why
+        self.hint = hint
+        choices = " or ".join(repr(c) for c in self.candidates)
+        super().__init__(
+            f"{self.path.name}: cannot tell its format: {why}, which read as "
+            f"{' or '.join(self.candidates)}, each giving another matrix. Choose one with "
+            f"fmt={choices} (mgpu.io.load) or --format on the command line."
+            + (f" {hint}" if hint else "")
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.candidates, self.why, self.hint))

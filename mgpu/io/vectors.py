@@ -41,6 +41,11 @@ def _idx_header_ok(head: bytes) -> bool:
     )
 
 
+def _rows(X: np.ndarray) -> np.ndarray:
+    """An array of three or more dimensions as ``(n, prod(rest))`` rows (``n`` may be 0)."""
+    return X.reshape(X.shape[0], int(np.prod(X.shape[1:]))) if X.ndim > 2 else X
+
+
 def load_idx(path: StrPath, *, flatten: bool = True) -> np.ndarray:
     """Read an IDX file (the MNIST format), plain or gzip.
 
@@ -106,14 +111,17 @@ def load_idx(path: StrPath, *, flatten: bool = True) -> np.ndarray:
         )
     X = np.frombuffer(data, dtype=dt, offset=hdr).reshape(dims)
     X = X.astype(dt.newbyteorder("="), copy=True)  # writable, native order
-    if flatten and X.ndim > 2:
-        X = X.reshape(X.shape[0], -1)
+    if flatten:
+        X = _rows(X)
     logger.debug("read %s: %s %s", path, X.shape, X.dtype)
     return X
 
 
-def load_npz_array(path: StrPath, key: str = "arr_0") -> np.ndarray:
+def load_npz_array(path: StrPath, key: str = "arr_0", *, flatten: bool = True) -> np.ndarray:
     """Read one array from a NumPy ``.npz`` archive (or a ``.npy`` file), never unpickling.
+
+    Arrays of three or more dimensions come back as rows, as :func:`load_idx` gives them, so
+    that the same images read the same from either format.
 
     Parameters
     ----------
@@ -121,11 +129,15 @@ def load_npz_array(path: StrPath, key: str = "arr_0") -> np.ndarray:
         ``.npz`` archive (``np.savez`` / ``np.savez_compressed``) or ``.npy`` file.
     key : str, default="arr_0"
         Name of the array in the archive (ignored for ``.npy``).
+    flatten : bool, default=True
+        Return arrays of three or more dimensions as ``(n, prod(rest))`` (as
+        :func:`load_idx`); ``False`` keeps the stored shape.
 
     Returns
     -------
     X : ndarray
-        The array as stored (KMNIST images: (10000, 28, 28) uint8).
+        The array as stored, flattened to ``(n, prod(rest))`` from three dimensions on
+        (KMNIST images: (10000, 784) uint8; (10000, 28, 28) with ``flatten=False``).
 
     Raises
     ------
@@ -141,8 +153,14 @@ def load_npz_array(path: StrPath, key: str = "arr_0") -> np.ndarray:
     --------
     >>> load_npz_array("vectors/kmnist-test-labels.npz").shape  # doctest: +SKIP
     (10000,)
+    >>> load_npz_array("vectors/kmnist-test-imgs.npz").shape  # doctest: +SKIP
+    (10000, 784)
     """
-    p = Path(path)
+    X = _read_npz(Path(path), key)
+    return _rows(X) if flatten else X
+
+
+def _read_npz(p: Path, key: str) -> np.ndarray:
     expected = "a NumPy .npz/.npy file without object arrays"
     with p.open("rb") as f:  # FileNotFoundError names the path
         try:
