@@ -249,7 +249,7 @@ def _namm_kernels(op: int):
 
 
 _NAMM_KERNELS = {op: _namm_kernels(op) for op in (_L1, _LINF, _LP, _CANBERRA, _HAMMING, _JS)}
-_SCATTER_MAX = 1 << 22  # features up to which a row of x is scattered dense (52 MiB a thread)
+_SCATTER_MAX = 1 << 22  # features up to which a row of x is scattered dense (68 MiB a thread)
 
 
 @namm_lookup.register((sp.spmatrix, sp.sparray))
