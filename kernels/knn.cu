@@ -9,12 +9,22 @@
 // L2. Rows are taken from a global counter in the order given (longest first), which
 // balances warps without a partition.
 //
-// Every semiring is a sum (or, for L-infinity, a max) over the union of the two rows'
-// nonzeros of a term t(q, x) with t(0, 0) = 0. With the query dense, a pair costs only the
-// index row's nonzeros: sum over the union = sum over the query's nonzeros of t(q, 0)
-// (a per-query constant, qs1) + sum over the index row's nonzeros of t(q, x) - t(q, 0).
-// The dot-product ("expanded") metrics are the case t = q * x, finished by an element-wise
-// formula of the dot product and per-row statistics.
+// The dot-product ("expanded") metrics accumulate q * x over the index row's nonzeros (the
+// query's values read from the dense block), finished by an element-wise formula of the dot
+// product and per-row statistics.
+//
+// The union metrics (NAMM sums: L1, Lp, Canberra, Hamming, Jensen-Shannon) and correlation
+// walk the union of the two rows' nonzeros: each lane keeps, per query it owns, a position
+// in that query's nonzeros (the batch's CSR, sorted by feature); as the warp walks the index
+// row in feature order, the lane first adds the terms of its query's features below the
+// current one, then the term of the current feature (the query's value or 0), and after the
+// row the query's remaining features. One accumulator per pair takes t(q_f, x_f) over the
+// union in increasing feature order: nothing cancels (a large shared entry cannot swallow a
+// small unshared one), and as t is symmetric the sum is the same sequence of roundings with
+// the rows swapped, so d(x, y) == d(y, x) to the last bit. Correlation sums the centred
+// product (q - mq)(x - mx) over the union and adds (n - |union|) mq mx for the features
+// neither row holds: the two-pass form, whatever the rows' offsets. L-infinity is a max of
+// the index row's terms and of the query's largest features outside it.
 //
 // KMAX > 0: each lane keeps, per query it owns, the k best (key, row) pairs it has seen,
 // ordered by key and then by row id (ties go to the lower row, as on the CPU; scikit-learn
@@ -47,7 +57,7 @@ template <> __device__ __forceinline__ double pos_inf<double>() {
 
 // Accumulated operation, the template parameter OP of mgpu_knn_csr
 enum KnnOp { OP_DOT = 0, OP_KL = 1, OP_L1 = 2, OP_LP = 3, OP_CANBERRA = 4, OP_HAMMING = 5,
-             OP_JS = 6, OP_LINF = 7 };
+             OP_JS = 6, OP_LINF = 7, OP_CORRELATION = 8 };
 
 // Element-wise finish, the runtime argument fin
 enum KnnFinish { FIN_EUCLIDEAN = 0, FIN_SQEUCLIDEAN = 1, FIN_COSINE = 2, FIN_CORRELATION = 3,
@@ -55,7 +65,10 @@ enum KnnFinish { FIN_EUCLIDEAN = 0, FIN_SQEUCLIDEAN = 1, FIN_COSINE = 2, FIN_COR
                  FIN_HELLINGER = 8, FIN_KL = 9, FIN_L1 = 10, FIN_LP = 11, FIN_CANBERRA = 12,
                  FIN_HAMMING = 13, FIN_JS = 14, FIN_LINF = 15 };
 
-// the union term of the NAMM metrics, as mgpu/backends/numpy.py's _namm_term
+// the union term of the NAMM metrics, as mgpu/backends/numpy.py's _namm_term. Symmetric in
+// (q, x) to the bit: the Jensen-Shannon products and their sum are rounded one by one
+// (__dmul_rn, __dadd_rn are never contracted into an fma, which would round the two halves
+// differently with the arguments swapped).
 template <int OP>
 __device__ __forceinline__ double namm_term(double q, double x, double p) {
     const double d = fabs(q - x);
@@ -68,14 +81,20 @@ __device__ __forceinline__ double namm_term(double q, double x, double p) {
     if (OP == OP_HAMMING) return q != x ? 1.0 : 0.0;
     // Jensen-Shannon on rows normalised to sum 1
     const double m = q + x;
-    double t = 0.0;
-    if (q > 0.0) t += q * log(2.0 * q / m);
-    if (x > 0.0) t += x * log(2.0 * x / m);
-    return t;
+    const double tq = q > 0.0 ? __dmul_rn(q, log(2.0 * q / m)) : 0.0;
+    const double tx = x > 0.0 ? __dmul_rn(x, log(2.0 * x / m)) : 0.0;
+    return __dadd_rn(tq, tx);
 }
 
-// a: dot / cross term / max; b: the query's own term at the row's features (NAMM sums) or
-// the number of query nonzeros the row covers (KL)
+// the operations that walk the union of the two rows (the query's CSR beside the index row)
+template <int OP>
+__device__ __forceinline__ constexpr bool walks_union() {
+    return OP == OP_L1 || OP == OP_LP || OP == OP_CANBERRA || OP == OP_HAMMING ||
+           OP == OP_JS || OP == OP_CORRELATION;
+}
+
+// a: dot product / max (OP_DOT, OP_KL, OP_LINF over the index row's nonzeros); b: the number
+// of query nonzeros the row covers (KL)
 template <int OP>
 __device__ __forceinline__ void accumulate(double& a, double& b, double q, double x, double p) {
     if (OP == OP_DOT) {
@@ -85,9 +104,18 @@ __device__ __forceinline__ void accumulate(double& a, double& b, double q, doubl
         b += (q != 0.0) ? 1.0 : 0.0;
     } else if (OP == OP_LINF) {
         a = fmax(a, fabs(q - x));
+    }
+}
+
+// one feature of the union walk: a the sum of the terms; b the features walked (correlation)
+template <int OP>
+__device__ __forceinline__ void union_add(double& a, double& b, double q, double x, double mq,
+                                          double mx, double p) {
+    if (OP == OP_CORRELATION) {
+        a = fma(q - mq, x - mx, a);
+        b += 1.0;
     } else {
-        a += namm_term<OP>(q, x, p);
-        b += namm_term<OP>(q, 0.0, p);
+        a = __dadd_rn(a, namm_term<OP>(q, x, p));
     }
 }
 
@@ -100,7 +128,9 @@ __device__ __forceinline__ double finish(int fin, double a, double b, double x1,
         case FIN_CORRELATION: {
             double dot = a, den;
             if (fin == FIN_CORRELATION) {
-                dot = a - n * x1 * q1;  // x1, q1: row means; x2, q2: centred norms
+                // a: the centred product over the union of b features; x1, q1: row means
+                // (a constant row's value exactly); x2, q2: centred norms (0: constant)
+                dot = a + ((n - b) * x1) * q1;
                 den = x2 * q2;
             } else {
                 den = x1 * q1;  // norms
@@ -121,8 +151,8 @@ __device__ __forceinline__ double finish(int fin, double a, double b, double x1,
             return b < q2 ? pos_inf<double>() : q1 - a;
         default: break;
     }
-    // NAMM sums: q1 is the sum of t(q, 0) over the query's nonzeros
-    const double s = fmax(a + (q1 - b), 0.0);
+    // NAMM sums: a is the sum of the terms over the union
+    const double s = fmax(a, 0.0);
     switch (fin) {
         case FIN_LP: return pow(s, 1.0 / p);
         case FIN_HAMMING: return n > 0.0 ? s / n : 0.0;
@@ -154,6 +184,10 @@ __device__ __forceinline__ void list_insert(T* keys, int* ids, int& n, int k, T 
 
 }  // namespace mgpu
 
+// q_ptr, q_idx, q_val: the batch's queries as CSR (q_ptr relative to the batch), for the union
+// walk in feature order, or for L-infinity ordered by decreasing |value| (q_val holds |value|);
+// unused by the other operations. qd: the dense block, read by the dot-product operations and
+// L-infinity only.
 template <typename T, typename I, int OP, int M, int KMAX>
 __global__ void __launch_bounds__(MGPU_KNN_THREADS)
 mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
@@ -161,10 +195,12 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
              const T* __restrict__ qd, int n_q,
              const double* __restrict__ xs1, const double* __restrict__ xs2,
              const double* __restrict__ qs1, const double* __restrict__ qs2,
-             const int* __restrict__ lq_ptr, const int* __restrict__ lq_idx,
-             const T* __restrict__ lq_val,
+             const int* __restrict__ q_ptr, const int* __restrict__ q_idx,
+             const T* __restrict__ q_val,
              int fin, double n_features, double p, int k, int* __restrict__ counter,
              T* __restrict__ out_key, int* __restrict__ out_id, long long ld_out) {
+    constexpr bool UNION = mgpu::walks_union<OP>();
+    constexpr int END = 0x7fffffff;  // past every feature
     const int lane = threadIdx.x & 31;
     const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long n_warps = (long long)gridDim.x * (blockDim.x >> 5);
@@ -173,8 +209,16 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
     T keys[M][KMAX > 0 ? KMAX : 1];
     int ids[M][KMAX > 0 ? KMAX : 1];
     int filled[M];
+    // the union walk: per owned query its mean (correlation) and the end of its nonzeros
+    double mq[M];
+    int q_end[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) filled[m] = 0;
+    for (int m = 0; m < M; ++m) {
+        filled[m] = 0;
+        const int c = lane + 32 * m;
+        mq[m] = (OP == mgpu::OP_CORRELATION && c < n_q) ? qs1[c] : 0.0;
+        q_end[m] = (UNION && c < n_q) ? q_ptr[c + 1] : 0;
+    }
 
     for (;;) {
         int r = 0;
@@ -184,10 +228,20 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
         const int row = order[r];
         const I start = indptr[row];
         const I end = indptr[row + 1];
+        const double mx = OP == mgpu::OP_CORRELATION ? xs1[row] : 0.0;
 
         double a[M], b[M];
+        int q_pos[M], q_next[M];  // the union walk: the next query nonzero and its feature
 #pragma unroll
-        for (int m = 0; m < M; ++m) { a[m] = 0.0; b[m] = 0.0; }
+        for (int m = 0; m < M; ++m) {
+            a[m] = 0.0;
+            b[m] = 0.0;
+            if (UNION) {
+                const int c = lane + 32 * m;
+                q_pos[m] = c < n_q ? q_ptr[c] : 0;
+                q_next[m] = q_pos[m] < q_end[m] ? q_idx[q_pos[m]] : END;
+            }
+        }
 
         for (I base = start; base < end; base += 32) {
             const I mine = base + lane;
@@ -202,12 +256,32 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
             for (int t = 0; t < n; ++t) {
                 const int jt = __shfl_sync(MGPU_FULL_MASK, j, t);
                 const double xt = (double)__shfl_sync(MGPU_FULL_MASK, x, t);
-                const T* qrow = qd + (long long)jt * n_q;
+                if (UNION) {
 #pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    const int c = lane + 32 * m;
-                    const double q = c < n_q ? (double)qrow[c] : 0.0;
-                    mgpu::accumulate<OP>(a[m], b[m], q, xt, p);
+                    for (int m = 0; m < M; ++m) {
+                        // the query's features before this one, then this one
+                        while (q_next[m] < jt) {
+                            mgpu::union_add<OP>(a[m], b[m], (double)q_val[q_pos[m]], 0.0,
+                                                mq[m], mx, p);
+                            ++q_pos[m];
+                            q_next[m] = q_pos[m] < q_end[m] ? q_idx[q_pos[m]] : END;
+                        }
+                        double q = 0.0;
+                        if (q_next[m] == jt) {
+                            q = (double)q_val[q_pos[m]];
+                            ++q_pos[m];
+                            q_next[m] = q_pos[m] < q_end[m] ? q_idx[q_pos[m]] : END;
+                        }
+                        mgpu::union_add<OP>(a[m], b[m], q, xt, mq[m], mx, p);
+                    }
+                } else {
+                    const T* qrow = qd + (long long)jt * n_q;
+#pragma unroll
+                    for (int m = 0; m < M; ++m) {
+                        const int c = lane + 32 * m;
+                        const double q = c < n_q ? (double)qrow[c] : 0.0;
+                        mgpu::accumulate<OP>(a[m], b[m], q, xt, p);
+                    }
                 }
             }
         }
@@ -216,15 +290,20 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
         for (int m = 0; m < M; ++m) {
             const int c = lane + 32 * m;
             if (c >= n_q) continue;
+            if (UNION) {  // the query's features after the row's last
+                for (; q_pos[m] < q_end[m]; ++q_pos[m]) {
+                    mgpu::union_add<OP>(a[m], b[m], (double)q_val[q_pos[m]], 0.0, mq[m], mx, p);
+                }
+            }
             double d;
             if (OP == mgpu::OP_LINF) {
                 // the query's features outside the row: walk them by decreasing |q| until
                 // one is absent from the row, or they can no longer beat the max so far
                 d = a[m];
-                for (int s = lq_ptr[c]; s < lq_ptr[c + 1]; ++s) {
-                    const double v = (double)lq_val[s];
+                for (int s = q_ptr[c]; s < q_ptr[c + 1]; ++s) {
+                    const double v = (double)q_val[s];
                     if (v <= d) break;
-                    const int f = lq_idx[s];
+                    const int f = q_idx[s];
                     I lo = start, hi = end;
                     while (lo < hi) {
                         const I mid = lo + (hi - lo) / 2;
@@ -331,7 +410,7 @@ __global__ void mgpu_union_naive(const int* __restrict__ qp, const int* __restri
             x = xv[j++];
         }
         const double t = mgpu::namm_term<OP>(q, x, p);
-        acc = OP == mgpu::OP_LINF ? fmax(acc, t) : acc + t;
+        acc = OP == mgpu::OP_LINF ? fmax(acc, t) : __dadd_rn(acc, t);
     }
     out[pair] = (T)acc;
 }
@@ -352,15 +431,34 @@ __global__ void mgpu_finish_tile(T* __restrict__ g, int n_q, int n_rows, long lo
                           qs1 ? qs1[c] : 0.0, qs2 ? qs2[c] : 0.0, n_features, p);
 }
 
-// The per-query constant of the NAMM sums: the sum of t(q, 0) over a row's nonzeros, one
-// thread per row, in column order as the fused kernel sums t(q, 0) over an index row's
-// features, so that a row equal to the query cancels exactly (distance 0, not rounding).
-template <typename T, int OP>
-__global__ void mgpu_query_base(const int* __restrict__ indptr, const T* __restrict__ data,
-                                int n_rows, double p, double* __restrict__ out) {
+// Correlation's row statistics: the mean (a constant row's value exactly, so that its centred
+// values are exactly 0) and the centred norm over every feature, implicit zeros included
+// (0 for a constant row). A row is constant iff every entry is equal: all its stored values
+// are 0 where it stores fewer than n features, or all equal where it stores n (a canonical
+// CSR without duplicates). One thread per row.
+template <typename T>
+__global__ void mgpu_centred_stats(const int* __restrict__ indptr, const T* __restrict__ data,
+                                   int n_rows, double n, double* __restrict__ mean,
+                                   double* __restrict__ norm) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n_rows) return;
+    const int i0 = indptr[r], i1 = indptr[r + 1];
+    const double stored = (double)(i1 - i0);
+    const double c = (i1 > i0 && stored == n) ? (double)data[i0] : 0.0;
+    bool constant = true;
     double s = 0.0;
-    for (int i = indptr[r]; i < indptr[r + 1]; ++i) s += mgpu::namm_term<OP>((double)data[i], 0.0, p);
-    out[r] = s;
+    for (int i = i0; i < i1; ++i) {
+        const double v = (double)data[i];
+        s += v;
+        constant = constant && v == c;
+    }
+    const double m = constant ? c : s / n;
+    double q = 0.0;
+    for (int i = i0; i < i1; ++i) {
+        const double d = (double)data[i] - m;
+        q = fma(d, d, q);
+    }
+    q += ((n - stored) * m) * m;
+    mean[r] = m;
+    norm[r] = sqrt(q);
 }

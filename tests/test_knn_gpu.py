@@ -228,3 +228,115 @@ def test_gpu_nearest_neighbors_estimator_equals_cpu():
     assert isinstance(G, csp.csr_matrix) and G.shape == (160, 160)
     ref = cpu.kneighbors_graph(mode="distance")
     assert abs(G.get() - ref).max() == 0 and G.nnz == ref.nnz
+
+
+# ------------------------------------------- cancellation and symmetry (union, correlation)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_a_large_shared_entry_keeps_a_small_unshared_one(dense, dtype):
+    """The issue's examples: minkowski p=3 on [1e6, 1] vs [1e6, 0] is 1 both ways (it was 0
+    one way), manhattan on [1e16, 1] vs [1e16, 0] is 1 (it was 0); also through kNN's lists
+    and its key tile."""
+    def g(a):
+        return _gpu(sp.csr_matrix(np.array(a)), dense, dtype)
+
+    a, b = g([[1e6, 1.0]]), g([[1e6, 0.0]])
+    assert float(mgpu.pairwise_distances(a, b, metric="minkowski", p=3)[0, 0]) == 1.0
+    assert float(mgpu.pairwise_distances(b, a, metric="minkowski", p=3)[0, 0]) == 1.0
+    if dtype == np.float64:  # 1e16 + 1 is not a float32
+        a, b = g([[1e16, 1.0]]), g([[1e16, 0.0]])
+        for metric in ("manhattan", "canberra"):
+            assert float(mgpu.pairwise_distances(a, b, metric=metric)[0, 0]) == 1.0
+            assert float(mgpu.pairwise_distances(b, a, metric=metric)[0, 0]) == 1.0
+        index = g([[1e16, 0.0], [1e16, 1.0]] * 100)
+        for k in (2, 150):
+            d, i = mgpu.knn(index, b, k, metric="manhattan")
+            assert d.get()[0, :2].tolist() == [0.0, 0.0] and i.get()[0, :2].tolist() == [0, 2]
+            assert (d.get()[0, 100:] == 1.0).all()
+
+
+def _shared_big(seed, m, n=40):
+    """Rows that share large entries (up to 1e16) and hold small unshared ones."""
+    rng = np.random.default_rng(seed)
+    S = _matrix(rng, m, n, density=0.25, nonnegative=True).toarray()
+    S *= 10.0 ** rng.integers(-8, 2, S.shape)
+    S[:, :3] = np.where(rng.random((m, 3)) < 0.8, [1e16, 3e12, 1e8], 0.0)
+    S[2] = 0.0
+    return S
+
+
+@pytest.mark.parametrize("metric", ["manhattan", "minkowski", "canberra", "hamming",
+                                    "jensenshannon", "chebyshev"])
+@pytest.mark.parametrize("dense", [False, True])
+def test_gpu_union_metrics_are_symmetric_to_the_bit_and_right(metric, dense):
+    """d(x, y) == d(y, x) bitwise (pairwise, both orders), kNN's distances are the pairwise
+    ones, and every distance is scipy's float64 within the sum's rounding (n + 2)·eps·d."""
+    from test_metric_fuzz import reference
+
+    X, Y = _shared_big(1, 50), _shared_big(2, 37)
+    if metric == "jensenshannon":
+        X, Y = X[X.sum(1) > 0], Y[Y.sum(1) > 0]
+    p = 3.0 if metric == "minkowski" else 2
+    Xg, Yg = _gpu(sp.csr_matrix(X), dense), _gpu(sp.csr_matrix(Y), dense)
+    xy = mgpu.pairwise_distances(Xg, Yg, metric=metric, p=p).get()
+    yx = mgpu.pairwise_distances(Yg, Xg, metric=metric, p=p).get()
+    assert np.array_equal(xy, yx.T)
+    ref, tol = reference(metric, X, Y, p)
+    assert (np.abs(xy - ref) <= 4 * tol + 1e-300).all()
+    for k in (5, 37):  # the fused lists, and all of them
+        d, i = mgpu.knn(Yg, Xg, k, metric=metric, p=p)
+        assert np.array_equal(d.get(), np.take_along_axis(xy, i.get(), axis=1))
+
+
+@pytest.mark.parametrize("metric", ["manhattan", "canberra", "hamming"])
+def test_gpu_fused_union_walk_equals_the_naive_merge_to_the_bit(metric):
+    """Both kernels take one accumulator over the union in feature order, of the same
+    IEEE terms (no pow or log): the same bits."""
+    from mgpu.backends.cupy_knn import FORMS, naive_union
+
+    X, Q = sp.csr_matrix(_shared_big(3, 60)), sp.csr_matrix(_shared_big(4, 20))
+    got = mgpu.pairwise_distances(_gpu(Q, False), _gpu(X, False), metric=metric).get()
+    sums = naive_union(_gpu(X, False), _gpu(Q, False), FORMS[metric].op, 2.0).get()
+    if metric == "hamming":
+        sums = sums / X.shape[1]
+    assert np.array_equal(got, sums)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("offset", [1e6, 1e8, 1e12])
+def test_gpu_correlation_of_rows_with_a_large_offset(dense, offset):
+    """standard_normal((4, 20)) + 1e8 gives scipy's 0, 1.23, 0.77, 1.06 (the GPU gave 1
+    everywhere), within the condition-derived bound; also as kNN and against sparse
+    rows that keep some zeros."""
+    from test_metric_fuzz import reference
+
+    X = np.random.default_rng(2).standard_normal((4, 20)) + offset
+    ref, tol = reference("correlation", X, X, 2)
+    got = mgpu.pairwise_distances(_gpu(sp.csr_matrix(X), dense), metric="correlation").get()
+    assert (np.abs(got - ref) <= tol).all(), (got, ref, tol)
+    Z = X.copy()
+    Z[:, ::3] = 0.0  # implicit zeros beside the offset
+    ref, tol = reference("correlation", Z, X, 2)
+    got = mgpu.pairwise_distances(_gpu(sp.csr_matrix(Z), dense), _gpu(sp.csr_matrix(X), dense),
+                                  metric="correlation").get()
+    assert (np.abs(got - ref) <= tol).all(), (got, ref, tol)
+    d, i = mgpu.knn(_gpu(sp.csr_matrix(X), dense), _gpu(sp.csr_matrix(Z), dense), 4,
+                    metric="correlation")
+    assert np.allclose(d.get(), np.take_along_axis(got, i.get(), axis=1), rtol=0, atol=1e-12)
+
+
+def test_gpu_constant_rows_agree_dense_and_sparse():
+    """Constant rows (decided exactly) are at distance 1 from every row, dense or CSR, as on
+    the CPU (dense gave [[0.5, 1], [1, 1]] and CSR [[0.5, 2], [2, 1]] before)."""
+    c = 0.5717852652004325
+    Z = np.array([[c] * 3, [c / 2 + 0.01] * 3, [1.0, 2.0, 4.0], [0.0, 0.0, 0.0]])
+    S = sp.csr_matrix(Z)
+    cpu = mgpu.pairwise_distances(Z, metric="correlation")
+    for dense in (False, True):
+        got = mgpu.pairwise_distances(_gpu(S, dense), metric="correlation").get()
+        off = np.ones((4, 4), dtype=bool)
+        off[2, 2] = False
+        assert (got[off] == 1.0).all() and abs(got[2, 2]) <= 1e-15
+        np.testing.assert_allclose(got, cpu, rtol=0, atol=1e-15)

@@ -8,7 +8,13 @@ memory. Each batch runs one fused kernel (dot/union pass, element-wise finish, p
 lists) and one selection over the k candidates each warp left.
 
 Dense index and queries with an expanded metric go through cuBLAS (``cupy.matmul``) instead:
-dot products per batch, finished in place, then the same selection.
+dot products per batch, finished in place, then the same selection; for correlation, of
+the rows centred first (a cosine of centred rows).
+
+The union metrics and correlation of sparse (or mixed) input walk the union of each pair's
+nonzeros in the fused kernel, with the batch's queries as CSR (see ``kernels/knn.cu``): no
+sum of a query's own terms is subtracted (which cancelled), and the union metrics are
+symmetric to the last bit.
 
 Arithmetic is in float64 (accumulators, statistics, the finish); keys and results are in
 the input's dtype (float32 or float64).
@@ -48,6 +54,10 @@ _LANES_PER_WARP = 32
 _TILE_K = 1 << 30  # a k that no fused list holds: the key-tile form
 
 OP_DOT, OP_LINF = int(KnnOp.DOT), int(KnnOp.LINF)  # the operations with a path of their own
+OP_CORRELATION = int(KnnOp.CORRELATION)
+# the operations that walk the union of the two rows with the queries as CSR (knn.cu)
+UNION_WALK = frozenset(int(op) for op in (KnnOp.L1, KnnOp.LP, KnnOp.CANBERRA, KnnOp.HAMMING,
+                                          KnnOp.JS, KnnOp.CORRELATION))
 
 Stats = Callable[[csp.csr_matrix, float], tuple[Any, Any]]
 
@@ -75,9 +85,16 @@ def _norm(X, p):
 
 
 def _centred(X, p):
-    n = X.shape[1]
-    mean = _row_sum(X, lambda v: v) / n if n else cupy.zeros(X.shape[0])
-    return mean, cupy.sqrt(cupy.maximum(_row_sum(X, cupy.square) - n * mean * mean, 0.0))
+    """Row means and centred norms over every feature, decided exactly for constant rows
+    (mean the value itself, norm 0): the ``mgpu_centred_stats`` kernel, one thread a row."""
+    mean = cupy.zeros(X.shape[0], dtype=cupy.float64)
+    norm = cupy.zeros(X.shape[0], dtype=cupy.float64)
+    if X.shape[0] and X.shape[1]:
+        t = c_type(X.dtype)
+        fn = _kernel(f"op{OP_CORRELATION}-{t}", f"mgpu_centred_stats<{t}>")
+        fn((-(-X.shape[0] // _THREADS),), (_THREADS,),
+           (X.indptr, X.data, np.int32(X.shape[0]), np.float64(X.shape[1]), mean, norm))
+    return mean, norm
 
 
 def _count(X, p):
@@ -86,21 +103,6 @@ def _count(X, p):
 
 def _xlogx(X, p):
     return _row_sum(X, lambda v: v * cupy.log(v)), _nnz(X)
-
-
-def _union_base(op: int) -> Stats:
-    """Σ t(q, 0) over each row's nonzeros for a NAMM sum, summed as the kernel sums it."""
-
-    def stats(X: csp.csr_matrix, p: float) -> tuple[cupy.ndarray, None]:
-        out = cupy.empty(X.shape[0], dtype=cupy.float64)
-        if X.shape[0]:
-            t = c_type(X.dtype)
-            fn = _kernel(f"op{op}-{t}", f"mgpu_query_base<{t}, {op}>")
-            fn((-(-X.shape[0] // _THREADS),), (_THREADS,),
-               (X.indptr, X.data, np.int32(X.shape[0]), np.float64(p), out))
-        return out, None
-
-    return stats
 
 
 def _pattern(v):
@@ -126,11 +128,6 @@ def _form(metric: str, *args: Any, **kwargs: Any) -> Form:
     return Form(int(op), int(fin), *args, **kwargs)
 
 
-def _union(metric: str, **kwargs: Any) -> Form:
-    """A NAMM sum: the query's constant Σ t(q, 0) is its statistic."""
-    return _form(metric, q_stats=_union_base(int(KNN_CODES[metric][0])), **kwargs)
-
-
 FORMS: dict[str, Form] = {
     "euclidean": _form("euclidean", x_stats=_sq, q_stats=_sq),
     "sqeuclidean": _form("sqeuclidean", x_stats=_sq, q_stats=_sq),
@@ -142,11 +139,11 @@ FORMS: dict[str, Form] = {
     "russellrao": _form("russellrao", _pattern, _pattern),
     "hellinger": _form("hellinger", cupy.sqrt, cupy.sqrt),
     "kl_divergence": _form("kl_divergence", x_values=cupy.log, q_stats=_xlogx),
-    "manhattan": _union("manhattan"),
-    "minkowski": _union("minkowski"),
-    "canberra": _union("canberra"),
-    "hamming": _union("hamming"),
-    "jensenshannon": _union("jensenshannon", normalise=True),
+    "manhattan": _form("manhattan"),
+    "minkowski": _form("minkowski"),
+    "canberra": _form("canberra"),
+    "hamming": _form("hamming"),
+    "jensenshannon": _form("jensenshannon", normalise=True),
     "chebyshev": _form("chebyshev"),
 }
 
@@ -246,9 +243,6 @@ def prepare_index(X: Any, metric: str, p: float) -> GpuIndex:
     require_gpu(2 * _csr_bytes(X) + X.shape[0] * (4 + 2 * np.dtype(X.dtype).itemsize),
                 f"A kNN index of {X.shape[0]:,}×{X.shape[1]:,} ({metric})",
                 "Split it into row tiles over several GPUs (mgpu.from_scipy(..., axis=0)).")
-    dense = None
-    if isinstance(X, cupy.ndarray) and form.op == OP_DOT and form.x_values is None:
-        dense = X
     C = _as_csr(X)
     if C.nnz >= 2**31:
         raise ValueError(f"The index has {C.nnz} nonzeros; one GPU tile takes fewer than 2^31. "
@@ -258,7 +252,17 @@ def prepare_index(X: Any, metric: str, p: float) -> GpuIndex:
     s1, s2 = form.x_stats(C, p)
     Xt = _transformed(C, form.x_values)
     order = cupy.argsort(-cupy.diff(Xt.indptr), kind="stable").astype(cupy.int32)
-    return GpuIndex(metric, p, Xt, order, s1, s2, dense)
+    return GpuIndex(metric, p, Xt, order, s1, s2, _dense_rows(X, form, s1))
+
+
+def _dense_rows(X: Any, form: Form, s1: Any) -> cupy.ndarray | None:
+    """Dense rows for the cuBLAS path (a dense X and a dot-product metric without a value
+    transform), centred by their means ``s1`` for correlation; None for the fused kernel."""
+    if not isinstance(X, cupy.ndarray):
+        return None
+    if form.op == OP_CORRELATION:
+        return X - s1.astype(X.dtype)[:, None]  # a constant row: exactly 0
+    return X if form.op == OP_DOT and form.x_values is None else None
 
 
 # ----------------------------------------------------------------------------- batches
@@ -327,27 +331,35 @@ def prepare_queries(index: GpuIndex, Q: Any) -> QuerySet:
         C = _normalised(C)
     s1, s2 = form.q_stats(C, index.p)
     if index.dense is not None and isinstance(Q, cupy.ndarray):
-        return QuerySet(None, None, s1, s2, Q.astype(index.dtype, copy=False))
+        return QuerySet(None, None, s1, s2, _dense_rows(Q.astype(index.dtype, copy=False),
+                                                        form, s1))
     C = _transformed(C, form.q_values)
+    if form.op in UNION_WALK:
+        C.sort_indices()  # the union walk takes each query's nonzeros in feature order
     return QuerySet(C, C.indptr.get(), s1, s2, None)
 
 
 def _query_block(index: GpuIndex, qs: QuerySet, s: int, e: int, form: Form
-                 ) -> tuple[cupy.ndarray, Any, Any, Any]:
-    """Queries s..e as the kernel reads them: dense (features × queries), their statistics,
-    and for L∞ each query's nonzeros ordered by decreasing |value|."""
+                 ) -> tuple[Any, Any, Any, Any]:
+    """Queries s..e as the kernel reads them: dense (features × queries; None for the union
+    walk, which reads the CSR), their statistics, and their nonzeros as CSR relative to the
+    batch, in feature order for the union walk, by decreasing |value| for L∞."""
     a, b = int(qs.host_ptr[s]), int(qs.host_ptr[e])
-    ptr = qs.C.indptr[s:e + 1] - a
+    ptr = (qs.C.indptr[s:e + 1] - a).astype(cupy.int32)
     ind, val = qs.C.indices[a:b], qs.C.data[a:b]
-    qd = cupy.zeros((index.shape[1], e - s), dtype=index.dtype)
-    rows = cupy.searchsorted(ptr, cupy.arange(b - a), side="right") - 1
-    qd[ind, rows] = val
+    qd = None
     lq = (None, None, None)
-    if form.op == OP_LINF:
-        # per row: |value| descending (a stable sort of (row, -|value|) pairs)
-        mag = cupy.abs(val)
-        by = cupy.lexsort(cupy.stack([-mag, rows.astype(mag.dtype)]))
-        lq = (ptr.astype(cupy.int32), ind[by].astype(cupy.int32), mag[by])
+    if form.op in UNION_WALK:
+        lq = (ptr, cupy.ascontiguousarray(ind, dtype=cupy.int32), cupy.ascontiguousarray(val))
+    else:
+        qd = cupy.zeros((index.shape[1], e - s), dtype=index.dtype)
+        rows = cupy.searchsorted(ptr, cupy.arange(b - a), side="right") - 1
+        qd[ind, rows] = val
+        if form.op == OP_LINF:
+            # per row: |value| descending (a stable sort of (row, -|value|) pairs)
+            mag = cupy.abs(val)
+            by = cupy.lexsort(cupy.stack([-mag, rows.astype(mag.dtype)]))
+            lq = (ptr, ind[by].astype(cupy.int32), mag[by])
 
     def part(x):
         return None if x is None else x[s:e]
@@ -355,11 +367,10 @@ def _query_block(index: GpuIndex, qs: QuerySet, s: int, e: int, form: Form
     return qd, part(qs.s1), part(qs.s2), lq
 
 
-def _launch_fused(index: GpuIndex, form: Form, qd: cupy.ndarray, s1: Any, s2: Any, lq: Any,
+def _launch_fused(index: GpuIndex, form: Form, nb: int, qd: Any, s1: Any, s2: Any, lq: Any,
                   kmax: int, k: int, out_key: cupy.ndarray, out_id: Any, ld_out: int) -> None:
     X = index.X
     n_rows, n_features = X.shape
-    nb = qd.shape[1]
     t = c_type(X.dtype)
     lanes = 1 if kmax == 128 else 4
     blocks, _ = _warps(n_rows)
@@ -372,7 +383,7 @@ def _launch_fused(index: GpuIndex, form: Form, qd: cupy.ndarray, s1: Any, s2: An
 
     fn((blocks,), (_THREADS,), (
         X.indptr, X.indices, X.data, index.order, np.int32(n_rows),
-        qd, np.int32(nb),
+        ptr(qd), np.int32(nb),
         ptr(index.s1), ptr(index.s2), ptr(s1), ptr(s2),
         ptr(lq[0]), ptr(lq[1]), ptr(lq[2]),
         np.int32(form.fin), np.float64(n_features), np.float64(index.p), np.int32(k),
@@ -408,13 +419,16 @@ def _dense_dot_keys(index: GpuIndex, form: Form, qs: QuerySet, s: int, e: int,
         def ptr(x):
             return null if x is None else x
 
+        fin, xs, qs_ = form.fin, (index.s1, index.s2), (qs.s1, qs.s2)
+        if form.op == OP_CORRELATION:  # the rows are centred: a cosine with centred norms
+            fin, xs, qs_ = int(KNN_CODES["cosine"][1]), (index.s2, None), (qs.s2, None)
         fn = _kernel("select", f"mgpu_finish_tile<{c_type(out.dtype)}>")
         fn((-(-n // _THREADS),), (_THREADS,), (
             out, np.int32(nb), np.int32(n_rows), np.int64(out.strides[0] // out.itemsize),
-            ptr(index.s1), ptr(index.s2),
-            ptr(None if qs.s1 is None else qs.s1[s:e]),
-            ptr(None if qs.s2 is None else qs.s2[s:e]),
-            np.int32(form.fin), np.float64(index.shape[1]), np.float64(index.p)))
+            ptr(xs[0]), ptr(xs[1]),
+            ptr(None if qs_[0] is None else qs_[0][s:e]),
+            ptr(None if qs_[1] is None else qs_[1][s:e]),
+            np.int32(fin), np.float64(index.shape[1]), np.float64(index.p)))
 
 
 def batch_keys(index: GpuIndex, qs: QuerySet, s: int, e: int, out: cupy.ndarray) -> None:
@@ -424,7 +438,8 @@ def batch_keys(index: GpuIndex, qs: QuerySet, s: int, e: int, out: cupy.ndarray)
         _dense_dot_keys(index, form, qs, s, e, out)
         return
     qd, s1, s2, lq = _query_block(index, qs, s, e, form)
-    _launch_fused(index, form, qd, s1, s2, lq, 0, 0, out, None, out.strides[0] // out.itemsize)
+    _launch_fused(index, form, e - s, qd, s1, s2, lq, 0, 0, out, None,
+                  out.strides[0] // out.itemsize)
 
 
 def batch_knn(index: GpuIndex, qs: QuerySet, s: int, e: int, k: int
@@ -441,7 +456,7 @@ def batch_knn(index: GpuIndex, qs: QuerySet, s: int, e: int, k: int
     _, n_warps = _warps(n_rows)
     cand_key = cupy.empty((e - s, n_warps * k), dtype=index.dtype)
     cand_id = cupy.empty((e - s, n_warps * k), dtype=cupy.int32)
-    _launch_fused(index, form, qd, s1, s2, lq, kmax, k, cand_key, cand_id, 0)
+    _launch_fused(index, form, e - s, qd, s1, s2, lq, kmax, k, cand_key, cand_id, 0)
     return _select(cand_key, cand_id, k)
 
 

@@ -5,7 +5,7 @@ as a check) on a machine without CuPy.
 """
 from __future__ import annotations
 
-from mgpu.backends.knn_codes import UNION_OPS, UNION_SUMS, KnnOp
+from mgpu.backends.knn_codes import UNION_OPS, KnnOp
 from mgpu.backends.numpy import ROW_ABS_MAX, ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM
 
 _FLOATS = ("float", "double")
@@ -18,7 +18,6 @@ _LANES = (4, 8, 16, 32)
 # (queries per lane, list length): lists of 16 for k <= 16, of 128 for k <= 128 (one query
 # per lane, to bound local memory), 0 for the dense-tile form (pairwise distances, larger k)
 KNN_OPS = tuple(int(op) for op in KnnOp)
-KNN_UNION_SUMS = tuple(int(op) for op in UNION_SUMS)  # L1, Lp, Canberra, Hamming, Jensen-Shannon
 KNN_SHAPES = ((4, 16), (1, 128), (4, 0))
 KNN_SELECT = (16, 128)
 # merge-path SpMV/SpMM (kernels/spmv.cu): merge items (rows + nonzeros) per thread of an SpMV
@@ -31,7 +30,7 @@ SGD_KPL = (1, 2, 4, 8)
 
 KNN_GROUPS: dict[str, tuple[str, ...]] = {
     **{f"op{op}-{t}": tuple(f"mgpu_knn_csr<{t}, int, {op}, {m}, {kmax}>" for m, kmax in KNN_SHAPES)
-       + ((f"mgpu_query_base<{t}, {op}>",) if op in KNN_UNION_SUMS else ())
+       + ((f"mgpu_centred_stats<{t}>",) if op == KnnOp.CORRELATION else ())
        for op in KNN_OPS for t in _FLOATS},
     "select": tuple(f"mgpu_select_k<{t}, {kmax}>" for t in _FLOATS for kmax in KNN_SELECT)
     + tuple(f"mgpu_finish_tile<{t}>" for t in _FLOATS),

@@ -23,6 +23,7 @@ class KnnOp(IntEnum):
     HAMMING = 5
     JS = 6  # Jensen-Shannon
     LINF = 7  # a max over the union, not a sum
+    CORRELATION = 8  # the centred product over the union (on the GPU; the CPU has its own)
 
 
 class KnnFinish(IntEnum):
@@ -47,7 +48,7 @@ class KnnFinish(IntEnum):
 
 
 # The operations over the union of two rows' nonzeros (the NAMM metrics), and those of them
-# that are sums (a per-query constant, the sum of t(q, 0), is taken out of them).
+# that are sums of a term over the union.
 UNION_OPS = (KnnOp.L1, KnnOp.LP, KnnOp.CANBERRA, KnnOp.HAMMING, KnnOp.JS, KnnOp.LINF)
 UNION_SUMS = tuple(op for op in UNION_OPS if op != KnnOp.LINF)
 
@@ -56,7 +57,7 @@ KNN_CODES: dict[str, tuple[KnnOp, KnnFinish]] = {
     "euclidean": (KnnOp.DOT, KnnFinish.EUCLIDEAN),
     "sqeuclidean": (KnnOp.DOT, KnnFinish.SQEUCLIDEAN),
     "cosine": (KnnOp.DOT, KnnFinish.COSINE),
-    "correlation": (KnnOp.DOT, KnnFinish.CORRELATION),
+    "correlation": (KnnOp.CORRELATION, KnnFinish.CORRELATION),
     "inner_product": (KnnOp.DOT, KnnFinish.INNER),
     "dice": (KnnOp.DOT, KnnFinish.DICE),
     "jaccard": (KnnOp.DOT, KnnFinish.JACCARD),

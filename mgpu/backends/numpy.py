@@ -163,78 +163,103 @@ def _namm_term(x, y, op, p):
     return t
 
 
-@numba.njit(parallel=True, nogil=True)
-def _namm_csr(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
-    for a in numba.prange(out.shape[0]):
-        for b in range(out.shape[1]):
-            i, i1 = xp[a], xp[a + 1]
-            j, j1 = yp[b], yp[b + 1]
-            acc = 0.0
-            while i < i1 or j < j1:
-                if j >= j1 or (i < i1 and xi[i] < yi[j]):
-                    x, y = xd[i], 0.0
-                    i += 1
-                elif i >= i1 or yi[j] < xi[i]:
-                    x, y = 0.0, yd[j]
-                    j += 1
-                else:
-                    x, y = xd[i], yd[j]
-                    i += 1
-                    j += 1
-                t = _namm_term(x, y, op, p)
-                if op == _LINF:
-                    acc = max(acc, t)
-                else:
-                    acc += t
-            if op == _LP:
-                acc = acc ** (1.0 / p)
-            elif op == _HAMMING:
-                acc = acc / n_features if n_features > 0 else 0.0
-            elif op == _JS:
-                acc = np.sqrt(max(acc, 0.0) / 2.0)
-            out[a, b] = acc
+# The union metrics are sums (L∞: a max) of a term t(x, y) over the union of two rows'
+# nonzeros, t symmetric and t(0, 0) = 0. Both kernels below take three partial sums, each in
+# increasing feature order: over the features both rows hold, over those only x holds, and
+# over those only y holds, and combine them as both + (x-only + y-only). Nothing is
+# subtracted, so a large shared entry cannot swallow a small unshared one (as it did in a sum
+# of t(x, 0) over x's row with the terms at y's features swapped out); and since t is
+# symmetric and the last addition commutes, d(x, y) == d(y, x) to the last bit. Both kernels
+# give the same bits (the merge is for feature spaces too wide to scatter a row).
 
 
-_DENSE_ROW_MAX = 1 << 22  # features up to which a query row is scattered dense (32 MiB)
+def _namm_kernels(op: int):
+    """The union kernels of one operation (``op`` a compile-time constant in them, so the
+    term is chosen once, not at every nonzero): scattered rows, and the merge."""
+
+    @numba.njit(inline="always")
+    def add(acc, t):
+        return max(acc, t) if op == _LINF else acc + t
+
+    @numba.njit(inline="always")
+    def finish(both, xonly, yonly, n_features, p):
+        acc = add(both, add(xonly, yonly))
+        if op == _LP:
+            return acc ** (1.0 / p)
+        if op == _HAMMING:
+            return acc / n_features if n_features > 0 else 0.0
+        if op == _JS:
+            return np.sqrt(max(acc, 0.0) / 2.0)
+        return acc
+
+    @numba.njit(parallel=True, nogil=True)
+    def scattered(xp, xi, xd, yp, yi, yd, n_features, p, out):
+        # x's row scattered dense: a pair costs a walk of y's row (which stamps the features
+        # it holds) and one of x's row (which skips the stamped ones). A term goes to one
+        # partial sum and an exact 0 to the other (selects, not branches: the branch on
+        # whether x holds a feature mispredicts); t(w, y) is t(0, y) where x is 0.
+        for a in numba.prange(out.shape[0]):
+            w = np.zeros(n_features)
+            held = np.zeros(n_features, dtype=np.bool_)
+            stamp = np.zeros(n_features, dtype=np.int64)
+            i0, i1 = xp[a], xp[a + 1]
+            alone = np.empty(i1 - i0)  # t(x, 0) of x's nonzeros
+            for i in range(i0, i1):
+                w[xi[i]] = xd[i]
+                held[xi[i]] = True
+                alone[i - i0] = _namm_term(xd[i], 0.0, op, p)
+            for b in range(out.shape[1]):
+                both = 0.0
+                yonly = 0.0
+                for j in range(yp[b], yp[b + 1]):
+                    f = yi[j]
+                    stamp[f] = b + 1
+                    t = _namm_term(w[f], yd[j], op, p)
+                    h = held[f]
+                    both = add(both, t if h else 0.0)
+                    yonly = add(yonly, 0.0 if h else t)
+                xonly = 0.0
+                for i in range(i0, i1):
+                    xonly = add(xonly, alone[i - i0] if stamp[xi[i]] != b + 1 else 0.0)
+                out[a, b] = finish(both, xonly, yonly, n_features, p)
+
+    @numba.njit(parallel=True, nogil=True)
+    def merged(xp, xi, xd, yp, yi, yd, n_features, p, out):
+        for a in numba.prange(out.shape[0]):
+            for b in range(out.shape[1]):
+                i, i1 = xp[a], xp[a + 1]
+                j, j1 = yp[b], yp[b + 1]
+                both = 0.0
+                xonly = 0.0
+                yonly = 0.0
+                while i < i1 or j < j1:
+                    if j >= j1 or (i < i1 and xi[i] < yi[j]):
+                        xonly = add(xonly, _namm_term(xd[i], 0.0, op, p))
+                        i += 1
+                    elif i >= i1 or yi[j] < xi[i]:
+                        yonly = add(yonly, _namm_term(0.0, yd[j], op, p))
+                        j += 1
+                    else:
+                        both = add(both, _namm_term(xd[i], yd[j], op, p))
+                        i += 1
+                        j += 1
+                out[a, b] = finish(both, xonly, yonly, n_features, p)
+
+    return scattered, merged
 
 
-@numba.njit(parallel=True, nogil=True)
-def _namm_dense_row(xp, xi, xd, yp, yi, yd, n_features, op, p, out):
-    # Every metric here is a sum of a term over the union. With x's row scattered into a
-    # dense vector, a pair costs only y's nonzeros: start from the sum of term(x, 0) over
-    # x's nonzeros and, at each of y's nonzeros, swap term(x, 0) for term(x, y).
-    for a in numba.prange(out.shape[0]):
-        w = np.zeros(n_features)
-        base = 0.0
-        for i in range(xp[a], xp[a + 1]):
-            w[xi[i]] = xd[i]
-            base += _namm_term(xd[i], 0.0, op, p)
-        for b in range(out.shape[1]):
-            cross = 0.0
-            covered = 0.0  # summed in column order as base was: identical rows give exactly 0
-            for j in range(yp[b], yp[b + 1]):
-                x = w[yi[j]]
-                cross += _namm_term(x, yd[j], op, p)
-                covered += _namm_term(x, 0.0, op, p)
-            acc = max(cross + (base - covered), 0.0)
-            if op == _LP:
-                acc = acc ** (1.0 / p)
-            elif op == _HAMMING:
-                acc = acc / n_features if n_features > 0 else 0.0
-            elif op == _JS:
-                acc = np.sqrt(acc / 2.0)
-            out[a, b] = acc
+_NAMM_KERNELS = {op: _namm_kernels(op) for op in (_L1, _LINF, _LP, _CANBERRA, _HAMMING, _JS)}
+_SCATTER_MAX = 1 << 22  # features up to which a row of x is scattered dense (68 MiB a thread)
 
 
 @namm_lookup.register((sp.spmatrix, sp.sparray))
 def _namm_sparse(X, Y, op: int, p: float) -> np.ndarray:
-    """Union distances between the rows of two float64 CSR matrices with sorted indices."""
+    """Union distances between the rows of two float64 CSR matrices with sorted indices and
+    no stored zeros (a stored zero would move a term between the partial sums)."""
     out = np.empty((X.shape[0], Y.shape[0]), dtype=np.float64)
-    # L∞ is a max, not a sum: it keeps the merge; the sums take the dense-row form unless
-    # one dense row per query would be large (very wide, e.g. hashed, feature spaces)
-    kernel = _namm_csr if op == _LINF or X.shape[1] > _DENSE_ROW_MAX else _namm_dense_row
-    kernel(X.indptr, X.indices, X.data, Y.indptr, Y.indices, Y.data, X.shape[1], op, float(p),
-           out)
+    scattered, merged = _NAMM_KERNELS[op]
+    kernel = scattered if X.shape[1] <= _SCATTER_MAX else merged
+    kernel(X.indptr, X.indices, X.data, Y.indptr, Y.indices, Y.data, X.shape[1], float(p), out)
     return out
 
 
@@ -264,6 +289,103 @@ def csr_dot_dense(X: sp.csr_matrix, Y: sp.spmatrix) -> np.ndarray:
     Yc = sp.csc_matrix(Y, dtype=np.float64)
     out = np.zeros((X.shape[0], Yc.shape[0]), dtype=np.float64)
     _csr_dot_csc(X.indptr, X.indices, X.data, Yc.indptr, Yc.indices, Yc.data, out)
+    return out
+
+
+# ------------------------------------------------------------------ correlation (sparse)
+# Pearson's correlation of sparse rows without Σxy - n·mx·my (which cancels completely for
+# rows with a large offset). With P the stored features of a row, B = Px ∩ Py, and the row's
+# centred values u = x - mx, w = y - my, the centred product over every feature is
+#   cov = Σ_B u·w - my·(Rx - Σ_B u) - mx·(Ry - Σ_B w) + (n - |Px| - |Py| + |B|)·mx·my,
+# Rx = Σ_Px u (the row's own sum, in feature order). Each term is bounded by the centred
+# norms (a row with an implicit zero has |mx| <= |u|/sqrt(n - |Px|)), except where a row
+# stores every feature: then its mean may be far larger than its spread, but B is the other
+# row's whole pattern and Rx - Σ_B u is two equal sums in the same order, exactly 0. The
+# sums over B come from one pass over the postings, as the dot product's.
+
+
+@numba.njit(parallel=True, nogil=True)
+def _centred_csr_stats(indptr, data, n, mean, resid, var):
+    for r in numba.prange(mean.shape[0]):
+        i0, i1 = indptr[r], indptr[r + 1]
+        k = i1 - i0
+        # constant iff every entry, implicit zeros included, is equal: then the mean is that
+        # value exactly and every centred value is exactly 0 (zero variance, decided exactly)
+        constant = True
+        c = data[i0] if k == n and k > 0 else 0.0
+        s = 0.0
+        for i in range(i0, i1):
+            v = np.float64(data[i])
+            s += v
+            if v != c:
+                constant = False
+        m = c if constant else s / n
+        u = 0.0
+        q = 0.0
+        for i in range(i0, i1):
+            d = np.float64(data[i]) - m
+            u += d
+            q += d * d
+        mean[r] = m
+        resid[r] = u
+        var[r] = q + ((n - k) * m) * m
+
+
+def centred_stats_csr(X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of a canonical CSR matrix: the mean (a constant row's value exactly), the sum
+    of the centred stored values in feature order, and the centred squared norm over every
+    feature (exactly 0 for a constant row)."""
+    rows, n = X.shape
+    mean, resid, var = (np.zeros(rows) for _ in range(3))
+    if rows and n:
+        _centred_csr_stats(X.indptr, X.data, n, mean, resid, var)
+    return mean, resid, var
+
+
+@numba.njit(parallel=True, nogil=True)
+def _correlation_csr(xp, xi, xd, mx, rx, vx, ycp, yri, yd, ynnz, my, ry, vy, n, out):
+    ny = out.shape[1]
+    for a in numba.prange(out.shape[0]):
+        s1 = out[a]
+        s1[:] = 0.0
+        s2 = np.zeros(ny)
+        s3 = np.zeros(ny)
+        both = np.zeros(ny)
+        for i in range(xp[a], xp[a + 1]):
+            f = xi[i]
+            u = xd[i] - mx[a]
+            for jb in range(ycp[f], ycp[f + 1]):
+                b = yri[jb]
+                w = yd[jb] - my[b]
+                s1[b] += u * w
+                s2[b] += u
+                s3[b] += w
+                both[b] += 1.0
+        nx = xp[a + 1] - xp[a]
+        sx = np.sqrt(vx[a])
+        for b in range(ny):
+            den = sx * np.sqrt(vy[b])
+            if den > 0:  # else a zero-variance row: distance 1 from every row
+                cov = (s1[b] - my[b] * (rx[a] - s2[b]) - mx[a] * (ry[b] - s3[b])
+                       + ((n - nx - ynnz[b] + both[b]) * mx[a]) * my[b])
+                d = 1.0 - cov / den
+                s1[b] = min(max(d, 0.0), 2.0)
+            else:
+                s1[b] = 1.0
+
+
+def correlation_csr(X: sp.csr_matrix, Y: sp.csr_matrix) -> np.ndarray:
+    """Correlation distances between the rows of two canonical float64 CSR matrices."""
+    out = np.empty((X.shape[0], Y.shape[0]), dtype=np.float64)
+    if not out.size:
+        return out
+    n = X.shape[1]
+    mx, rx, vx = centred_stats_csr(X)
+    my, ry, vy = centred_stats_csr(Y)
+    Yc = sp.csc_matrix(Y)
+    ynnz = np.diff(Y.indptr).astype(np.float64)
+    _correlation_csr(X.indptr, X.indices, X.data, mx, rx, vx, Yc.indptr, Yc.indices, Yc.data,
+                     ynnz, my, ry, vy, float(n), out)
     return out
 
 

@@ -24,7 +24,7 @@ from mgpu.backends.dispatch import (
     knn_prepared_lookup,
     namm_lookup,
 )
-from mgpu.backends.numpy import csr_dot_dense
+from mgpu.backends.numpy import correlation_csr, csr_dot_dense
 
 __all__ = ["distances", "knn_checked", "nbytes", "top_k", "working_memory_for",
            "working_memory_rows"]
@@ -86,23 +86,13 @@ def _expanded(ring: Any, X: Any, Y: Any) -> np.ndarray:
         d += sq(Y)[None, :]
         np.maximum(d, 0.0, out=d)
         return np.sqrt(d, out=d) if name == "euclidean" else d
-    if name in ("cosine", "correlation"):
+    if name == "correlation":
+        return _correlation(X, Y)
+    if name == "cosine":
         dot = _dot(X, Y)
         sx = np.sqrt(_row_sums(_map_values(X, np.square)))
         sy = np.sqrt(_row_sums(_map_values(Y, np.square)))
-        if name == "correlation":
-            # no features: every row is a zero row (distance 1), and no mean to divide out
-            mx, my = (_row_sums(X) / n, _row_sums(Y) / n) if n else (
-                np.zeros(X.shape[0]), np.zeros(Y.shape[0]))
-            dot -= np.multiply.outer(n * mx, my)
-            sx = np.sqrt(np.maximum(sx * sx - n * mx * mx, 0.0))
-            sy = np.sqrt(np.maximum(sy * sy - n * my * my, 0.0))
-        den = np.multiply.outer(sx, sy)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            dot /= den
-        dot[den <= 0] = 0.0  # a row without length is at distance 1 from every row
-        np.subtract(1.0, dot, out=dot)
-        return np.clip(dot, 0.0, 2.0, out=dot)
+        return _cosine_finish(dot, sx, sy)
     if name in ("dice", "jaccard", "russellrao"):
         PX, PY = _pattern(X), _pattern(Y)
         both = _dot(PX, PY)
@@ -129,15 +119,60 @@ def _expanded(ring: Any, X: Any, Y: Any) -> np.ndarray:
     raise AssertionError(name)
 
 
+def _cosine_finish(dot: np.ndarray, sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
+    """1 - dot / (sx·sy) in place, clipped to [0, 2]; a row without length is at distance 1
+    from every row."""
+    den = np.multiply.outer(sx, sy)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dot /= den
+    dot[den <= 0] = 0.0
+    np.subtract(1.0, dot, out=dot)
+    return np.clip(dot, 0.0, 2.0, out=dot)
+
+
+def _centred_dense(Z: np.ndarray) -> np.ndarray:
+    """Z's rows minus their means; a constant row (all entries equal, decided exactly) has
+    its value as the mean, so that it becomes exactly 0 as the sparse form makes it."""
+    lo, hi = Z.min(axis=1), Z.max(axis=1)
+    mean = np.where(lo == hi, lo, Z.mean(axis=1))
+    return Z - mean[:, None]
+
+
+def _correlation(X: Any, Y: Any) -> np.ndarray:
+    """Correlation from centred rows: dense rows are centred before the product (BLAS);
+    sparse rows go through the backend's kernel, which centres them without densifying
+    (:func:`mgpu.backends.numpy.correlation_csr`). A zero-variance row (constant, decided
+    exactly; a zero row; any row without features) is at distance 1 from every row."""
+    if X.shape[1] == 0:
+        return np.ones((X.shape[0], Y.shape[0]))
+    if sp.issparse(X) or sp.issparse(Y):
+        return correlation_csr(sp.csr_matrix(X), sp.csr_matrix(Y))
+    Xc, Yc = _centred_dense(X), _centred_dense(Y)
+    sx = np.sqrt(np.einsum("ij,ij->i", Xc, Xc))
+    sy = np.sqrt(np.einsum("ij,ij->i", Yc, Yc))
+    dot = Xc @ Yc.T
+    del Xc, Yc
+    return _cosine_finish(dot, sx, sy)
+
+
 def _namm(ring: Any, X: Any, Y: Any, p: float) -> np.ndarray:
     """The union metrics through the backend's merge kernel (rows as CSR)."""
     Xc, Yc = sp.csr_matrix(X), sp.csr_matrix(Y)
     if ring.name == "jensenshannon":  # scipy normalises each row to a distribution
         Xc = sp.csr_matrix(sp.diags(1.0 / _row_sums(Xc)) @ Xc)
         Yc = sp.csr_matrix(sp.diags(1.0 / _row_sums(Yc)) @ Yc)
-    for Z in (Xc, Yc):
-        Z.sort_indices()
+    Xc, Yc = _canonical(Xc), _canonical(Yc)
     return namm_lookup(Xc, Yc, ring.namm_op, p)
+
+
+def _canonical(Z: sp.csr_matrix) -> sp.csr_matrix:
+    """Z with sorted indices and without stored zeros (a copy where it has any): the union
+    kernels' partial sums are over the features a row holds, and a stored zero is held."""
+    if Z.nnz and not bool(Z.data.all()):
+        Z = Z.copy()
+        Z.eliminate_zeros()
+    Z.sort_indices()
+    return Z
 
 
 def distances(ring: Any, X: Any, Y: Any, p: float) -> np.ndarray:

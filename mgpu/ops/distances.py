@@ -1,18 +1,25 @@
 """Pairwise distances and exact kNN through one semiring table (RAFT's design).
 
+Every metric's definition, the input it takes, its convention where scipy gives NaN and how
+it differs from scipy/scikit-learn are on one page: ``docs/metrics.md``.
+
 *Expanded* metrics need one dot-product pass (X·Yᵀ on the values, or on a transform of them:
 the nonzero pattern, square roots, logarithms), per-row statistics and an element-wise
-expansion. *NAMM* metrics ("non-annihilating multiply-monoid") need the full union of the
-two rows' nonzeros: they run a merge over both rows. :data:`SEMIRINGS` drives both, and the
-error messages and docs are made from it.
+expansion; correlation's pass is over centred rows (never ``Σxy - n·mx·my``, which cancels).
+*NAMM* metrics ("non-annihilating multiply-monoid") need the full union of the two rows'
+nonzeros: they sum their term over the union without subtracting anything, symmetric in the
+two rows to the last bit. :data:`SEMIRINGS` drives both, and the error messages and docs are
+made from it.
 
-Conventions where scipy has none or gives NaN: a zero row is at cosine and correlation
-distance 1 from everything (scikit-learn's cosine convention), and two empty rows are at
-dice distance 0 (as at jaccard distance 0 in scipy). jaccard, dice and russellrao use the
-nonzero pattern (scipy's boolean metrics on ``X != 0``). ``kl_divergence`` is
-``Σ rel_entr(x, y)`` (infinite where y is 0 and x is not); ``jensenshannon`` is scipy's
-(rows normalised to sum 1, natural logarithm). ``inner_product`` is a similarity: kNN keeps
-the largest.
+Conventions where scipy has none or gives NaN: a zero row is at cosine distance 1 from
+everything, and a zero-variance row (constant, decided exactly; a zero row) at correlation
+distance 1 (scikit-learn's cosine convention); two empty rows are at dice distance 0 (as at
+jaccard distance 0 in scipy). jaccard, dice and russellrao use the nonzero pattern (scipy's
+boolean metrics on ``X != 0``). ``hellinger`` is ``sqrt(max(1 - Σ√(xy), 0))`` and
+``kl_divergence`` is ``Σ rel_entr(x, y)`` (infinite where y is 0 and x is not), both on rows
+as given: normalise them to sum 1 first (``sklearn.preprocessing.normalize(X, norm="l1")``;
+the page has the CuPy recipe). ``jensenshannon`` is scipy's (rows normalised to sum 1,
+natural logarithm). ``inner_product`` is a similarity: kNN keeps the largest.
 """
 from __future__ import annotations
 
@@ -215,7 +222,9 @@ def pairwise_distances(X: Any, Y: Any = None, *, metric: str = "euclidean",
         With a dask array among them, D is a lazy dask array: one task per row chunk of X
         against all of Y (a dask Y is gathered into one chunk), the values checked there.
     metric : str, default='euclidean'
-        A name or alias from :data:`SEMIRINGS` (scipy/scikit-learn names).
+        A name or alias from :data:`SEMIRINGS` (scipy/scikit-learn names); definitions and
+        conventions in docs/metrics.md. hellinger and kl_divergence take rows as given:
+        normalise them to sum 1 first (``sklearn.preprocessing.normalize(X, norm="l1")``).
     p : float, default=2
         Minkowski's exponent (``metric='minkowski'``).
 
