@@ -18,10 +18,11 @@
 // in that query's nonzeros (the batch's CSR, sorted by feature); as the warp walks the index
 // row in feature order, the lane first adds the terms of its query's features below the
 // current one, then the term of the current feature (the query's value or 0), and after the
-// row the query's remaining features. One accumulator per pair takes t(q_f, x_f) over the
-// union in increasing feature order: nothing cancels (a large shared entry cannot swallow a
-// small unshared one), and as t is symmetric the sum is the same sequence of roundings with
-// the rows swapped, so d(x, y) == d(y, x) to the last bit. Correlation sums the centred
+// row the query's remaining features. Three partial sums per pair, each in increasing
+// feature order, take t(q_f, x_f) over the features both rows hold, those only the query
+// holds and those only the index row holds, added as both + (query-only + row-only), as the
+// CPU kernels do: nothing cancels (a large shared entry cannot swallow a small unshared one),
+// and as t is symmetric and the last addition commutes, d(x, y) == d(y, x) to the last bit. Correlation sums the centred
 // product (q - mq)(x - mx) over the union and adds (n - |union|) mq mx for the features
 // neither row holds: the two-pass form, whatever the rows' offsets. L-infinity is a max of
 // the index row's terms and of the query's largest features outside it.
@@ -117,6 +118,11 @@ __device__ __forceinline__ void union_add(double& a, double& b, double q, double
     } else {
         a = __dadd_rn(a, namm_term<OP>(q, x, p));
     }
+}
+
+// the three partial sums of the union walk as one
+__device__ __forceinline__ double union_total(double both, double q_only, double x_only) {
+    return __dadd_rn(both, __dadd_rn(q_only, x_only));
 }
 
 __device__ __forceinline__ double finish(int fin, double a, double b, double x1, double x2,
@@ -230,12 +236,16 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
         const I end = indptr[row + 1];
         const double mx = OP == mgpu::OP_CORRELATION ? xs1[row] : 0.0;
 
-        double a[M], b[M];
+        // a: the dot product, the cross term, the max; for the union walk the sum over the
+        // features both rows hold, beside q_only and x_only (those only one row holds)
+        double a[M], b[M], q_only[M], x_only[M];
         int q_pos[M], q_next[M];  // the union walk: the next query nonzero and its feature
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             a[m] = 0.0;
             b[m] = 0.0;
+            q_only[m] = 0.0;
+            x_only[m] = 0.0;
             if (UNION) {
                 const int c = lane + 32 * m;
                 q_pos[m] = c < n_q ? q_ptr[c] : 0;
@@ -261,18 +271,19 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
                     for (int m = 0; m < M; ++m) {
                         // the query's features before this one, then this one
                         while (q_next[m] < jt) {
-                            mgpu::union_add<OP>(a[m], b[m], (double)q_val[q_pos[m]], 0.0,
+                            mgpu::union_add<OP>(q_only[m], b[m], (double)q_val[q_pos[m]], 0.0,
                                                 mq[m], mx, p);
                             ++q_pos[m];
                             q_next[m] = q_pos[m] < q_end[m] ? q_idx[q_pos[m]] : END;
                         }
-                        double q = 0.0;
                         if (q_next[m] == jt) {
-                            q = (double)q_val[q_pos[m]];
+                            mgpu::union_add<OP>(a[m], b[m], (double)q_val[q_pos[m]], xt,
+                                                mq[m], mx, p);
                             ++q_pos[m];
                             q_next[m] = q_pos[m] < q_end[m] ? q_idx[q_pos[m]] : END;
+                        } else {
+                            mgpu::union_add<OP>(x_only[m], b[m], 0.0, xt, mq[m], mx, p);
                         }
-                        mgpu::union_add<OP>(a[m], b[m], q, xt, mq[m], mx, p);
                     }
                 } else {
                     const T* qrow = qd + (long long)jt * n_q;
@@ -292,8 +303,12 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
             if (c >= n_q) continue;
             if (UNION) {  // the query's features after the row's last
                 for (; q_pos[m] < q_end[m]; ++q_pos[m]) {
-                    mgpu::union_add<OP>(a[m], b[m], (double)q_val[q_pos[m]], 0.0, mq[m], mx, p);
+                    mgpu::union_add<OP>(q_only[m], b[m], (double)q_val[q_pos[m]], 0.0, mq[m],
+                                        mx, p);
                 }
+                // both + (query-only + row-only): the CPU kernels' order, and the last sum
+                // commutes, so the rows swapped give the same bits
+                a[m] = mgpu::union_total(a[m], q_only[m], x_only[m]);
             }
             double d;
             if (OP == mgpu::OP_LINF) {

@@ -184,7 +184,11 @@ def _without_zeros(X: csp.csr_matrix) -> csp.csr_matrix:
 def _as_csr(X: Any) -> csp.csr_matrix:
     if csp.issparse(X):
         return X
-    return csp.csr_matrix(X)  # drops the zeros of a dense array
+    C = csp.csr_matrix(X)  # drops the zeros of a dense array
+    # ...but leaves the indices of larger arrays unsorted, and the union walk and the
+    # merge kernels take each row in feature order
+    C.sort_indices()
+    return C
 
 
 def _normalised(X: csp.csr_matrix) -> csp.csr_matrix:
