@@ -159,6 +159,31 @@ def test_bad_ratings_and_divergence(tmp_path):
         mf.predict([0], [20])
 
 
+def test_a_finite_but_exploding_rmse_is_divergence():
+    """At lr=0.24 one epoch throws the train RMSE to about 5e136, finite: the fit used to end
+    there as if it had trained; past ten times the starting factors' RMSE it stops, naming
+    the epoch and the learning rate."""
+    rng = np.random.default_rng(0)
+    R = sp.random(60, 40, density=0.3, format="csr", random_state=0,
+                  data_rvs=lambda n: rng.integers(1, 6, n).astype(float))
+    with pytest.raises(FloatingPointError, match=r"SGD diverged at epoch 1: the train RMSE rose "
+                                                 r"to [\d.e+]+, past 10 times that of the "
+                                                 r"starting factors .*\(lr=0\.24\)"):
+        mgpu.MatrixFactorization(k=4, lr=0.24, epochs=1).fit(R)
+    mf = mgpu.MatrixFactorization(k=4, lr=0.05, epochs=5).fit(R)  # a sound rate: no refusal
+    assert mf.history_[-1]["train_rmse"] < mf.history_[0]["train_rmse"]
+
+
+def test_complex_ratings_are_refused_not_cut_to_their_real_part():
+    R = sp.csr_matrix(np.array([[1 + 1j, 2, 0], [0, 3, 1], [2, 0, 1.0]]))
+    with pytest.raises(TypeError, match=r"'R' parameter of MatrixFactorization.fit must hold "
+                                        r"real ratings .* Got dtype complex128"):
+        mgpu.MatrixFactorization(k=2, epochs=1).fit(R)
+    real = sp.csr_matrix(R.real)
+    with pytest.raises(TypeError, match="'test' parameter of MatrixFactorization.fit"):
+        mgpu.MatrixFactorization(k=2, epochs=1).fit(real, test=R)
+
+
 def test_unrated_users_and_items_are_predicted_the_training_mean():
     # user 2 and item 3 have no training rating: their factors are the random start
     R = sp.coo_matrix((np.array([1.0, 2.0, 4.0, 5.0]), (np.array([0, 0, 1, 1]),

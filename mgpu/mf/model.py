@@ -83,7 +83,7 @@ from mgpu.mf.modes import MODES, check_mode
 from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epoch, job_reown,
                                job_start, measure_gpus_alone, slots_for)
 from mgpu.mf.segments import SegmentMap
-from mgpu.mf.sgd import rmse, sgd_block
+from mgpu.mf.sgd import DIVERGENCE, rmse, sgd_block
 from mgpu.distributed.inputs import gather_ratings
 from mgpu.ops.validation import InstanceOf, Interval, IsCallable, check_param, is_dask_array
 
@@ -239,6 +239,9 @@ default='sequential'
         if shape is not None and R.shape != shape:
             raise ValueError(f"The '{name}' parameter of MatrixFactorization.fit must have R's "
                              f"shape {shape}. Got {R.shape}.")
+        if R.dtype.kind not in "biuf":  # complex: the real part alone would be a guess
+            raise TypeError(f"The '{name}' parameter of MatrixFactorization.fit must hold real "
+                            f"ratings (bool, int or float). Got dtype {R.dtype} instead.")
         C = R.tocoo()
         u, i = C.row.astype(np.int64), C.col.astype(np.int64)
         r = C.data.astype(np.float64)
@@ -266,8 +269,10 @@ default='sequential'
         ``callback`` gets each epoch's history entry (for progress bars). ``resume``, a
         checkpoint that ``checkpoint_dir`` holds (``mf-epoch-<n>.npz``), starts from its P
         and Q at epoch n + 1 (after a lost worker, say); give the fit the ratings and
-        parameters that wrote it. Raises FloatingPointError, naming the epoch, if the RMSE
-        becomes NaN or infinite, and ValueError for a checkpoint of other shapes, with
+        parameters that wrote it. Raises FloatingPointError, naming the epoch and the learning
+        rate, when the fit diverges: the RMSE becomes NaN or infinite, or the train RMSE rises
+        past ten times (``mgpu.mf.sgd.DIVERGENCE``) that of the starting factors. Raises
+        TypeError for complex ratings, and ValueError for a checkpoint of other shapes, with
         non-finite factors, or with no epoch left to train.
         """
         self._check_params()
@@ -300,6 +305,8 @@ default='sequential'
         self.history_: list[dict[str, Any]] = []
         self.gpus_alone_: dict[str, float] | None = None
         self.setup_s_ = 0.0
+        # past this, the fit has diverged: 10 times the starting factors' RMSE
+        bound = DIVERGENCE * rmse(u, i, r, P, Q)
         t0 = time.perf_counter()
         trained = 0.0
         epoch_fn = self._block_epochs if MODES[self.mode].cluster else self._sequential_epochs
@@ -337,6 +344,12 @@ default='sequential'
                 raise FloatingPointError(
                     f"SGD diverged at epoch {epoch}: train RMSE {entry['train_rmse']}, test RMSE "
                     f"{entry['test_rmse']}; lower the learning rate (lr={self.lr}).")
+            if entry["train_rmse"] > bound:
+                raise FloatingPointError(
+                    f"SGD diverged at epoch {epoch}: the train RMSE rose to "
+                    f"{entry['train_rmse']:.4g}, past {DIVERGENCE:g} times that of the starting "
+                    f"factors ({bound / DIVERGENCE:.4g}); lower the learning rate "
+                    f"(lr={self.lr}).")
             if self.checkpoint_dir is not None:
                 self._checkpoint(epoch, P, Q)
             if self.target_rmse is not None and tr is not None and watched <= self.target_rmse:

@@ -15,6 +15,12 @@ __all__ = ["libmf_order", "rmse", "sgd_block", "split_ratings"]
 
 _AS_GIVEN = np.empty(0, dtype=np.int64)
 
+DIVERGENCE = 10.0
+"""A factorisation whose training RMSE rises past this many times its scale at the start
+has diverged (MatrixFactorization and GradientMF raise FloatingPointError): a finite but
+huge RMSE is as wrong as NaN, and a rate that throws the factors that far does not bring
+them back to a useful fit."""
+
 
 @numba.njit(nogil=True, fastmath=False)
 def _sgd(users, items, ratings, order, P, Q, lr, reg_p, reg_q):
