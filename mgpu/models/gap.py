@@ -276,7 +276,8 @@ class GaP:
         return X
 
     def top_words(self, vocab: list[str] | None = None, n: int = 8) -> list[list[str]]:
-        """Each topic's n heaviest words (ids as strings without a vocabulary).
+        """Each topic's n heaviest words (ids as strings without a vocabulary); a vocabulary
+        of another length than the fitted words is refused (ValueError).
 
         >>> model = GaP(topics=2)
         >>> model.L_ = np.array([[0.1, 0.7], [0.9, 0.3]])
@@ -284,9 +285,11 @@ class GaP:
         [['b'], ['a']]
         """
         L = to_host(self.L_)
+        if vocab is not None and len(vocab) != L.shape[0]:
+            raise ValueError(f"The 'vocab' parameter of GaP.top_words must hold one word per "
+                             f"fitted word ({L.shape[0]:,}). Got {len(vocab):,} instead.")
         order = np.argsort(-L, axis=0, kind="stable")[:n].T
-        return [[vocab[w] if vocab is not None and w < len(vocab) else str(w) for w in row]
-                for row in order]
+        return [[vocab[w] if vocab is not None else str(w) for w in row] for row in order]
 
 
 _RANGES = " (topics and iters must be >= 1, alpha >= 1 and beta > 0)"
@@ -300,23 +303,34 @@ def _check_params(topics: int, iters: int, alpha: float, beta: float, seed: int)
     check_param(seed, "seed", "GaP", [Interval(Integral, 0, None), None], " (numpy's seeds)")
 
 
-def _canonical(S: Any) -> Any:
+def check_counts(S: Any, name: str = "S", func: str = "GaP.fit") -> Any:
+    """S as GaP fits it (float CSR, sorted and summed, a copy where that changes anything),
+    or the refusal :meth:`GaP.fit` would give (a dense or complex matrix, NaN, negative
+    counts, a total that overflows), in the words of ``func``'s ``name``: for a caller that
+    checks a corpus before it starts a cluster."""
+    check_array(S, name, func, accept_dense=False, ensure_all_finite=True,
+                kinds="a scipy or cupyx sparse matrix")
+    return _canonical(S, name, func)
+
+
+def _canonical(S: Any, name: str = "S", func: str = "GaP.fit") -> Any:
     """S as float CSR with sorted, summed entries (a copy where that changes anything: the
     caller's matrix is never sorted in place), refusing negative counts."""
     S = canonical_csr(S)
     if S.nnz and float(S.data.min()) < 0:
-        raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
+        raise ValueError(f"The '{name}' parameter of {func} must hold non-negative counts.")
     with np.errstate(over="ignore"):  # an overflowing total is refused below, in words
         total = float(S.sum(dtype=np.float64))
-    _check_total(total, S.dtype)
+    _check_total(total, S.dtype, name, func)
     return S
 
 
-def _check_total(total: float, dtype: Any) -> None:
+def _check_total(total: float, dtype: Any, name: str = "S", func: str = "GaP.fit") -> None:
     """Refuse counts whose total overflows (the starting loadings are scaled by it)."""
     if not np.isfinite(total) or total > np.finfo(dtype).max:
-        raise ValueError(f"The 'S' parameter of GaP.fit holds counts whose total ({total:.4g}) "
-                         f"overflows {np.dtype(dtype).name}. Scale the counts down.")
+        raise ValueError(f"The '{name}' parameter of {func} holds counts whose total "
+                         f"({total:.4g}) overflows {np.dtype(dtype).name}. Scale the counts "
+                         "down.")
 
 
 _OVERFLOW = ("{where} overflowed {dtype}: the counts of 'S' or the prior (alpha, beta) are too "
