@@ -120,8 +120,8 @@ class GaP:
             For the parameters above out of range, negative counts, counts whose total
             overflows their dtype, or a cluster fit without a cluster.
         FloatingPointError
-            When an update overflows S's dtype (the log-likelihood is NaN or infinite);
-            nothing of the fit is kept.
+            When an update overflows S's dtype (the log-likelihood is NaN or infinite); its
+            factors are not kept.
         TypeError
             For a dense matrix, or a cupyx matrix on a cluster.
         """

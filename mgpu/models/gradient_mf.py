@@ -136,8 +136,7 @@ class GradientMF:
             When the fit diverges: a step's training RMSE rises past ten times
             (``mgpu.mf.sgd.DIVERGENCE``) its scale at the start (the first step's RMSE, or the
             ratings' mean where that is larger), or a step's RMSE or the final factors are
-            NaN or infinite (the steps themselves run with ``check_finite=False``). Nothing
-            is kept of such a fit but ``history_`` up to that step.
+            NaN or infinite (the steps themselves run with ``check_finite=False``).
 
         Notes
         -----
