@@ -142,3 +142,16 @@ def test_transform_finds_the_topics_of_new_documents():
         model.transform(sp.csr_matrix((3, 39)))
     with pytest.raises(ValueError, match="not fitted yet"):
         GaP(2).transform(S)
+
+
+def test_overflow_is_reported_as_gaps_own_not_sddmms():
+    """Counts whose total overflows, and updates that overflow float32 (an extreme prior),
+    used to end in "the 'A' parameter of sddmm holds NaN": the refusal names GaP's input."""
+    huge = sp.csr_matrix(np.array([[1.0, 1e308, 0], [0, 1e308, 1], [2, 0, 1.0]]))
+    with pytest.raises(ValueError, match=r"'S' parameter of GaP.fit holds counts whose total "
+                                         r"\(inf\) overflows float64"):
+        GaP(topics=2, iters=3).fit(huge)
+    S = sp.csr_matrix(np.array([[1, 2, 0], [0, 1, 1], [2, 0, 1]], dtype=np.float32))
+    with pytest.raises(FloatingPointError, match=r"GaP's updates at iteration \d+ .*overflowed "
+                                                 r"float32: the counts of 'S' or the prior"):
+        GaP(topics=2, iters=5, alpha=1e30, beta=1e30).fit(S)

@@ -217,6 +217,34 @@ def test_train_refuses_nan_ratings_and_reports_divergence(xp):
         GradientMF(iters=5, lr=1e20).fit(on(R))
 
 
+def _movielens_like(seed: int = 0) -> sp.csr_matrix:
+    rng = np.random.default_rng(seed)
+    return sp.random(60, 40, density=0.3, format="csr", random_state=rng,
+                     data_rvs=lambda n: rng.integers(1, 6, n).astype(float))
+
+
+def test_a_finite_but_exploding_rmse_is_divergence(xp):
+    """lr=100 throws the factors to a training RMSE in the thousands, finite, which used to
+    end the fit as if nothing had happened; a rising RMSE past ten times its start stops it,
+    naming the step and the learning rate."""
+    R = _movielens_like()
+    on = (lambda M: M) if xp is np else __import__("cupyx.scipy.sparse").scipy.sparse.csr_matrix
+    with pytest.raises(FloatingPointError, match=r"GradientMF diverged at step 2: the training "
+                                                 r"RMSE rose to [\d.e+]+, past 10 times its "
+                                                 r"scale at the start .*\(lr=100\)"):
+        GradientMF(k=4, lr=100, iters=20).fit(on(R))
+    # a large rate whose RMSE overshoots and comes back is left alone
+    model = GradientMF(k=4, lr=1.0, iters=60).fit(on(R))
+    h = [rec["train_rmse"] for rec in model.history_]
+    assert max(h) > h[0] > h[-1]
+
+
+def test_a_cluster_fit_stops_on_divergence_too(client):
+    train, test = split_ratings(_movielens_like(), 0.2, 0)
+    with pytest.raises(FloatingPointError, match=r"GradientMF diverged at step 2: .*\(lr=100\)"):
+        GradientMF(k=4, lr=100, iters=10).fit(train, test, parts=2, client=client)
+
+
 @pytest.mark.gpu
 def test_gpu_steps_replayed_as_a_cuda_graph_are_the_eager_steps():
     """From the second step on the GPU step is one CUDA graph launch; it must compute what the

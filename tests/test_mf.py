@@ -159,6 +159,101 @@ def test_bad_ratings_and_divergence(tmp_path):
         mf.predict([0], [20])
 
 
+def test_a_finite_but_exploding_rmse_is_divergence():
+    """At lr=0.24 one epoch throws the train RMSE to about 5e136, finite: the fit used to end
+    there as if it had trained; past ten times the starting factors' RMSE it stops, naming
+    the epoch and the learning rate."""
+    rng = np.random.default_rng(0)
+    R = sp.random(60, 40, density=0.3, format="csr", random_state=0,
+                  data_rvs=lambda n: rng.integers(1, 6, n).astype(float))
+    with pytest.raises(FloatingPointError, match=r"SGD diverged at epoch 1: the train RMSE rose "
+                                                 r"to [\d.e+]+, past 10 times that of the "
+                                                 r"starting factors .*\(lr=0\.24\)"):
+        mgpu.MatrixFactorization(k=4, lr=0.24, epochs=1).fit(R)
+    mf = mgpu.MatrixFactorization(k=4, lr=0.05, epochs=5).fit(R)  # a sound rate: no refusal
+    assert mf.history_[-1]["train_rmse"] < mf.history_[0]["train_rmse"]
+
+
+def test_complex_ratings_are_refused_not_cut_to_their_real_part():
+    R = sp.csr_matrix(np.array([[1 + 1j, 2, 0], [0, 3, 1], [2, 0, 1.0]]))
+    with pytest.raises(TypeError, match=r"'R' parameter of MatrixFactorization.fit must hold "
+                                        r"real ratings .* Got dtype complex128"):
+        mgpu.MatrixFactorization(k=2, epochs=1).fit(R)
+    real = sp.csr_matrix(R.real)
+    with pytest.raises(TypeError, match="'test' parameter of MatrixFactorization.fit"):
+        mgpu.MatrixFactorization(k=2, epochs=1).fit(real, test=R)
+
+
+def test_the_first_epoch_is_timed_without_compiling_the_kernel(monkeypatch):
+    """The sequential fit's first epoch used to include numba's compilation of the pass
+    (about 0.45 s a run), counted as training time by ``run mf`` and ``bench mf``. A pass
+    whose first call takes a second, as a compilation would, must land in ``setup_s_``: the
+    kernel is called first on no ratings, before the first epoch's clock starts."""
+    import mgpu.mf.sgd as sgd
+
+    real, calls = sgd._sgd, []
+
+    def slow_first_call(users, *args):
+        if not calls:
+            time.sleep(1.0)  # what a compilation costs, and more
+        calls.append(len(users))
+        return real(users, *args)
+
+    monkeypatch.setattr(sgd, "_sgd", slow_first_call)
+    R = sp.random(40, 30, density=0.3, format="csr", random_state=1) * 4 + \
+        sp.random(40, 30, density=0.3, format="csr", random_state=1).astype(bool)
+    mf = mgpu.MatrixFactorization(k=4, lr=0.02, epochs=2).fit(R)
+    assert calls[0] == 0 and calls[1:] == [R.nnz, R.nnz]  # the warm-up, then the epochs
+    assert mf.setup_s_ >= 1.0
+    assert mf.history_[0]["seconds"] < 1.0 and mf.history_[1]["seconds"] < 2.0
+
+
+def _run_python(code: str, env: dict[str, str]) -> str:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    full = {**os.environ, "PYTHONPATH": root, **env}
+    out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+_ONE_PASS = """
+import numpy as np
+import mgpu.mf.sgd as sgd
+P, Q = np.full((3, 2), 0.5), np.full((2, 2), 0.5)
+sgd.sgd_block(np.array([0, 2]), np.array([1, 0]), np.array([1.5, 3.0]), P, Q, 0.1, 0.0, 0.0,
+              np.array([1, 0]))
+print(sum(sgd._sgd.stats.cache_hits.values()), sum(sgd._sgd.stats.cache_misses.values()),
+      type(sgd._sgd._cache).__name__, P.round(6).tolist())
+"""
+
+
+def test_the_cpu_pass_is_compiled_once_per_machine_not_per_process(tmp_path):
+    """cache=True: a second process loads the pass from numba's cache (here NUMBA_CACHE_DIR,
+    as where the package is read-only numba uses the user's cache folder) instead of
+    compiling it again, and computes the same."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    first = _run_python(_ONE_PASS, env).split(" ", 3)
+    second = _run_python(_ONE_PASS, env).split(" ", 3)
+    assert first[:2] == ["0", "1"] and second[:2] == ["1", "0"], (first, second)
+    assert first[3] == second[3]
+    assert any(tmp_path.rglob("*.nbi")), "numba wrote no index to NUMBA_CACHE_DIR"
+
+
+def test_a_kernel_numba_cannot_cache_is_compiled_in_memory(tmp_path):
+    """Where numba can write its cache nowhere (no locator), the package still imports and
+    runs: the kernels are compiled in each process, as before cache=True."""
+    no_cache = "from numba.core.caching import CacheImpl\nCacheImpl._locator_classes = []\n"
+    got = _run_python(no_cache + _ONE_PASS, {}).split(" ", 3)
+    assert got[2] == "NullCache" and got[0] == "0", got
+    assert got[3].strip() == "[[0.55, 0.55], [0.5, 0.5], [0.625, 0.625]]"
+
+
 def test_unrated_users_and_items_are_predicted_the_training_mean():
     # user 2 and item 3 have no training rating: their factors are the random start
     R = sp.coo_matrix((np.array([1.0, 2.0, 4.0, 5.0]), (np.array([0, 0, 1, 1]),

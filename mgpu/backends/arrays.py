@@ -11,7 +11,8 @@ import scipy.sparse as sp
 from mgpu.backends.dispatch import array_module_lookup, is_gpu_array
 
 __all__ = ["array_module", "csr_astype", "csr_with_values", "is_sparse", "on_device_of",
-           "sparse_module", "synchronize", "to_device", "to_host", "to_host_all"]
+           "require_gpu_device", "sparse_module", "synchronize", "to_device", "to_host",
+           "to_host_all"]
 
 
 def to_host(x: object):
@@ -19,6 +20,26 @@ def to_host(x: object):
     if is_gpu_array(x):
         return x.get()
     return x if sp.issparse(x) else np.asarray(x)
+
+
+def require_gpu_device(func: str) -> Any:
+    """CuPy, for a ``device='gpu'`` that ``func`` was given; else a refusal that says what is
+    missing and how to get it (ImportError without CuPy, RuntimeError when CuPy sees no GPU),
+    not CuPy's ModuleNotFoundError from somewhere inside the operation."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError(f"{func}(device='gpu') needs CuPy, which is not installed here "
+                          f"({exc}). Install mgpu's GPU extra with pip install 'mgpu[gpu]' "
+                          "(CuPy and dask-cuda for CUDA 13), or pass device='cpu'.") from None
+    try:
+        n, why = int(cupy.cuda.runtime.getDeviceCount()), "none visible"
+    except Exception as exc:  # CuPy's CUDARuntimeError: no driver, or no device
+        n, why = 0, str(exc)
+    if n == 0:
+        raise RuntimeError(f"{func}(device='gpu') needs a GPU, and CuPy finds none ({why}). "
+                           "Check the driver and CUDA_VISIBLE_DEVICES, or pass device='cpu'.")
+    return cupy
 
 
 def to_device(x: Any) -> Any:

@@ -11,6 +11,7 @@ import numpy as np
 
 from mgpu.backends.arrays import array_module, is_sparse
 from mgpu.backends.dispatch import all_finite_lookup, nonfinite_lookup
+from mgpu.backends.jit import njit
 
 __all__ = ["all_finite", "first_nonfinite", "place_of"]
 
@@ -18,7 +19,7 @@ _FINITE_CHUNK = 1 << 24  # values per pass of the host scan: no mask the size of
 _PARALLEL_SCAN = 1 << 20  # contiguous host arrays of this many values are scanned in parallel
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True)
 def _count_nonfinite(flat: np.ndarray, parts: int) -> int:  # pragma: no cover (numba)
     """NaNs and infinities of a 1-D array, counted in ``parts`` over numba's threads."""
     n = flat.size

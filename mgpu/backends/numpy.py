@@ -12,6 +12,7 @@ from mgpu.backends.dispatch import (
     sddmm_lookup,
     sddmm_plan_lookup,
 )
+from mgpu.backends.jit import njit
 from mgpu.backends.knn_codes import KnnOp
 from mgpu.backends.sddmm_plan import SDDMMPlan, pattern_key
 
@@ -27,7 +28,7 @@ def narrow(r, dtype):
         return r.astype(dtype, copy=False)
 
 
-@numba.njit(parallel=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def _csr_row_reduce(indptr, data, op, out):
     n = out.shape[0]
     for i in numba.prange(n):
@@ -88,7 +89,7 @@ _SDDMM_CHUNK = 2048
 
 # reassoc/contract let LLVM vectorise the dot products (a reordered float64 sum, still far
 # inside float32 output precision); no flag that changes NaN/inf handling is set.
-@numba.njit(parallel=True, nogil=True, fastmath={"reassoc", "contract"})
+@njit(parallel=True, nogil=True, fastmath={"reassoc", "contract"})
 def _sddmm_csr(indptr, indices, data, A, B, hadamard, out):
     nnz = indices.shape[0]
     K = A.shape[1]
@@ -405,7 +406,7 @@ def _lower_bound(indices, lo, hi, v):
     return lo
 
 
-@numba.njit(inline="always")
+@njit(inline="always")
 def _edge_jaccard(indptr, indices, data, i, j, weighted):
     """Jaccard weight of edge (i, j): |N(i) ∩ N(j)| / |N(i) ∪ N(j)|, or for weights the sum
     of the smaller weight over the union divided by the sum of the larger."""
@@ -450,7 +451,7 @@ def _edge_jaccard(indptr, indices, data, i, j, weighted):
     return small / large if large > 0 else 0.0
 
 
-@numba.njit(parallel=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def _jaccard_rows(indptr, indices, data, r0, r1, weighted, out):
     base = indptr[r0]
     for i in numba.prange(r0, r1):

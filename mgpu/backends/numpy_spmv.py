@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends.dispatch import spmv_lookup, spmv_plan_lookup, spmv_takes_as_is_lookup
+from mgpu.backends.jit import njit
 from mgpu.backends.numpy import narrow
 from mgpu.backends.spmv_plan import SpMVPlan
 
@@ -37,7 +38,7 @@ def piece_items(m: int, nnz: int, k: int = 1) -> int:
     return int(max(1, max(_MIN_ITEMS // max(k, 1), per_thread)))
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def merge_path_rows(d, indptr, m, nnz):
     """Rows consumed before diagonal ``d`` of the merge of ``indptr[1:]`` and ``0..nnz-1``:
     the largest r in [max(0, d - nnz), min(d, m)] with ``indptr[r] <= d - r``."""
@@ -52,7 +53,7 @@ def merge_path_rows(d, indptr, m, nnz):
     return lo
 
 
-@numba.njit(parallel=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def _piece_starts(indptr, m, items, starts):
     nnz = np.int64(indptr[m])
     total = m + nnz
@@ -69,7 +70,7 @@ def piece_starts(indptr: np.ndarray, m: int, items: int) -> np.ndarray:
     return starts
 
 
-@numba.njit(inline="always")
+@njit(inline="always")
 def _piece(p, items, starts, m, nnz):
     """Piece p's merge range: first row, row where it ends (cut or m), first nonzero and the
     nonzero where it ends."""
@@ -81,7 +82,7 @@ def _piece(p, items, starts, m, nnz):
     return row, row_end, d0 - row, d1 - row_end
 
 
-@numba.njit(parallel=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def _spmv_merge(indptr, indices, data, x, items, starts, y, carry_row, carry_val):
     m = y.shape[0]
     nnz = np.int64(indptr[m])
@@ -103,7 +104,7 @@ def _spmv_merge(indptr, indices, data, x, items, starts, y, carry_row, carry_val
         carry_val[p] = acc
 
 
-@numba.njit(parallel=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def _spmm_merge(indptr, indices, data, X, items, starts, Y, carry_row, carry_val):
     m = Y.shape[0]
     k = Y.shape[1]

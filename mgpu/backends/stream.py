@@ -15,13 +15,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends.dispatch import sddmm_lookup
+from mgpu.backends.jit import njit
 
 __all__ = ["GpuDevice", "HostDevice"]
 
 _COPY_BYTES = 1 << 26  # host-to-device copies go through two pinned buffers of this size
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True)
 def _copy_bytes(dst: np.ndarray, src: np.ndarray, parts: int) -> None:  # pragma: no cover
     """dst[:] = src[:] for byte arrays, in ``parts`` over numba's threads."""
     n = src.size

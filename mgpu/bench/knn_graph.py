@@ -7,6 +7,7 @@ does.
 from __future__ import annotations
 
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import scipy.sparse as sp
 
 # The private checks of mgpu.ops.distances, imported in this one place.
 from mgpu.ops.distances import check_knn_input, check_knn_values, drop_self, resolve_metric
+from mgpu.ops.validation import Interval, check_param
 
 __all__ = ["graph_stats", "knn_graph"]
 
@@ -47,8 +49,8 @@ def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
     Raises
     ------
     ValueError, TypeError
-        An unknown metric, input the metric cannot take, or k out of range; before any
-        cluster is started.
+        An unknown metric, input the metric cannot take, fewer than 2 rows, k or parts out
+        of range; before any cluster is started.
     """
     from mgpu import knn
     from mgpu.distributed import connect, from_scipy
@@ -57,9 +59,14 @@ def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
     S = check_knn_input(sp.csr_matrix(S), "INPUT", "knn-graph")
     check_knn_values(S, "INPUT", "knn-graph", ring)
     n = S.shape[0]
+    if n < 2:  # no k fits: say what is wrong with the input, not with k
+        raise ValueError(f"The INPUT of knn-graph has {n} row(s) ("
+                         + ("an empty file?" if n == 0 else "nothing to be a neighbour")
+                         + "); a k-NN graph needs at least 2.")
     if not 1 <= k < n:
         raise ValueError(f"The 'k' parameter of knn-graph must be in [1, {n - 1}] for {n:,} "
                          f"rows. Got {k}.")
+    check_param(parts, "parts", "knn-graph", [Interval(Integral, 1, None), None])
     with connect(address, gpus=gpus) as client:
         X = from_scipy(S, parts, axis=0, client=client)
         d, i = knn(X, S, k + 1, metric=ring.name, p=p, progress=progress)

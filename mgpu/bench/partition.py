@@ -38,8 +38,10 @@ def spread(S: Any, parts: int | None, axis: int, client: Any,
     check them.
 
     Returns a dict: ``nnz`` (per chunk), ``sizes`` (rows or columns per chunk), ``bounds``
-    (the chunks' first index, and the end), ``owners`` (the worker holding each chunk) and
-    ``max_rel_err`` (row norms on the workers against the same done here).
+    (the chunks' first index, and the end), ``owners`` (the worker holding each chunk),
+    ``max_rel_err`` (row norms on the workers against the same done here, over the rows whose
+    norm is finite; infinite where the two disagree on which are not) and ``nonfinite_rows``
+    (how many rows have a NaN or infinite norm).
     """
     import mgpu
     from mgpu.backends import to_host
@@ -50,11 +52,30 @@ def spread(S: Any, parts: int | None, axis: int, client: Any,
     where = chunk_workers(x, client)
     got = to_host(mgpu.row_norms(x, norm="l2").compute())
     want = mgpu.row_norms(S.tocsr(), norm="l2")
-    err = float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30), initial=0.0))
+    err, nonfinite = _rel_err(got, want)
     owners = [where.get((i, 0) if axis == 0 else (0, i), ("-",))[0]
               for i in range(len(per_chunk))]
     return {"nnz": per_chunk, "sizes": x.chunks[axis], "owners": owners,
-            "bounds": np.concatenate([[0], np.cumsum(x.chunks[axis])]), "max_rel_err": err}
+            "bounds": np.concatenate([[0], np.cumsum(x.chunks[axis])]), "max_rel_err": err,
+            "nonfinite_rows": nonfinite}
+
+
+def _rel_err(got: np.ndarray, want: np.ndarray) -> tuple[float, int]:
+    """The largest relative difference of the finite row norms, and how many rows are NaN or
+    infinite; where the two disagree on which rows those are, the difference is infinite
+    (a NaN in either used to make the check pass: NaN compares false with any bound).
+
+    >>> _rel_err(np.array([1.0, np.nan]), np.array([1.0, np.nan]))
+    (0.0, 1)
+    >>> _rel_err(np.array([1.0, 2.0]), np.array([1.0, np.nan]))
+    (inf, 1)
+    """
+    fin = np.isfinite(want)
+    if not np.array_equal(fin, np.isfinite(got)) or not np.array_equal(
+            np.isnan(want), np.isnan(got)):
+        return float("inf"), int((~fin).sum())
+    err = np.abs(got[fin] - want[fin]) / np.maximum(np.abs(want[fin]), 1e-30)
+    return float(np.max(err, initial=0.0)), int((~fin).sum())
 
 
 def per_worker(placed: dict[str, Any]) -> dict[str, int]:

@@ -3,8 +3,10 @@
 The library checks its input at its public boundary and raises ValueError or TypeError with
 a message that names the parameter and what it got. Every ``mgpu`` command is a
 :class:`Command`, which turns such an error into a usage error (exit status 2) with the
-library's words, so commands do not check again what the library checks. Checks of what only
-the command line knows (files, option combinations) stay in the commands.
+library's words, so commands do not check again what the library checks; a cluster that
+cannot be reached (ConnectionError, TimeoutError, whose messages say where and what to
+check) ends with exit status 1 and those words, not a traceback. Checks of what only the
+command line knows (files, option combinations) stay in the commands.
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ class Command(click.Command):
         except (ValueError, TypeError) as exc:
             logger.debug("%s refused", ctx.command_path, exc_info=True)  # the trace with -vv
             raise click.UsageError(str(exc), ctx) from None
+        except (ConnectionError, TimeoutError) as exc:  # a cluster that is not there
+            logger.debug("%s could not reach its cluster", ctx.command_path, exc_info=True)
+            raise click.ClickException(str(exc)) from None
 
 
 class Group(click.Group):

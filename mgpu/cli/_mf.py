@@ -21,9 +21,11 @@ def _modes_help() -> str:
 mf_options = opt.stack(
     click.option("--modes", default="sequential,cpu", show_default=True, help=_modes_help()),
     opt.k(128),
-    click.option("--lr", default=0.005, show_default=True, type=float, help="Learning rate γ."),
-    click.option("--reg", default=0.05, show_default=True, type=float, help="Regularisation λ."),
-    click.option("--epochs", default=80, show_default=True, type=int),
+    click.option("--lr", default=0.005, show_default=True,
+                 type=click.FloatRange(min=0, min_open=True), help="Learning rate γ."),
+    click.option("--reg", default=0.05, show_default=True, type=click.FloatRange(min=0),
+                 help="Regularisation λ."),
+    click.option("--epochs", default=80, show_default=True, type=click.IntRange(min=1)),
     click.option("--target-rmse", default=None, type=float,
                  help="Stop a mode once its test RMSE reaches this (default: 0.98 for a "
                  "ratings file, 1.2 × the noise for --synthetic; 0 runs every epoch)."),

@@ -7,6 +7,8 @@ checked and converted here, while click parses, so a command body gets a shape a
 """
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,11 +54,15 @@ class Shape(click.ParamType):
 
 
 def parse_shape(text: str) -> tuple[int, int]:
-    """``"300000x100000"`` -> ``(300000, 100000)``; a ValueError naming the form otherwise."""
+    """``"300000x100000"`` -> ``(300000, 100000)``; a ValueError naming the form otherwise, or
+    the bound for a zero side."""
     m = re.fullmatch(r"\s*(\d[\d_]*)\s*[xX×,]\s*(\d[\d_]*)\s*", text)
     if not m:
         raise ValueError(f"expected ROWSxCOLS such as 300000x100000, got {text!r}")
-    return int(m.group(1).replace("_", "")), int(m.group(2).replace("_", ""))
+    shape = int(m.group(1).replace("_", "")), int(m.group(2).replace("_", ""))
+    if min(shape) < 1:
+        raise ValueError(f"rows and columns must be >= 1, got {text!r}")
+    return shape
 
 
 def parse_ints(text: str, hint: str) -> tuple[int, ...]:
@@ -84,6 +90,43 @@ def _need_matplotlib(ctx: click.Context, param: click.Parameter, value: str | No
         except ImportError as exc:
             raise click.ClickException("--plot needs matplotlib: pip install 'mgpu[plot]'") \
                 from exc
+        writable_parent(Path(value), "--plot")
+    return value
+
+
+def writable_parent(path: Path, hint: str) -> Path:
+    """``path`` unchanged when the folder it goes in exists and may be written to; a usage
+    error naming the option otherwise (checked while click parses: before any work, not after
+    a whole run)."""
+    parent = path.parent
+    if not parent.is_dir():
+        raise click.BadParameter(f"folder {parent} does not exist (create it first, or write "
+                                 "somewhere else)", param_hint=hint)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"folder {parent} may not be written to", param_hint=hint)
+    if path.is_dir():
+        raise click.BadParameter(f"{path} is a folder: give a file name", param_hint=hint)
+    return path
+
+
+def _output_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --json (or other file) output, its folder checked before any work."""
+    if value is not None:
+        writable_parent(Path(value), param.opts[0])
+    return value
+
+
+def _output_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """An --out folder: made by the job if missing, in a folder that exists and may be
+    written to; refused before any work otherwise."""
+    out = Path(value)
+    if out.exists():
+        if not out.is_dir():
+            raise click.BadParameter(f"{out} exists and is not a folder", param_hint="--out")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise click.BadParameter(f"folder {out} may not be written to", param_hint="--out")
+    else:
+        writable_parent(out, "--out")
     return value
 
 
@@ -94,9 +137,7 @@ def _npz_file(what: str) -> Callable[[click.Context, click.Parameter, str], Path
         if out.suffix != ".npz":
             raise click.BadParameter(f"{what} is written as scipy .npz: give a path ending in "
                                      ".npz", param_hint="--out")
-        if not out.parent.exists():
-            raise click.BadParameter(f"folder {out.parent} does not exist", param_hint="--out")
-        return out
+        return writable_parent(out, "--out")
 
     return check
 
@@ -113,7 +154,7 @@ cpu_threads = click.option("--cpu-threads", default=None, type=click.IntRange(mi
 
 
 def parts(help: str) -> Decorator:
-    return click.option("--parts", default=None, type=int, help=help)
+    return click.option("--parts", default=None, type=click.IntRange(min=1), help=help)
 
 
 def int_list(name: str, default: str, help: str) -> Decorator:
@@ -178,8 +219,16 @@ def powerlaw(default: str | None = None, help: str = "Generate a power-law matri
                         type=Shape(skippable), metavar="ROWSxCOLS", help=help)
 
 
+def _count(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A number of nonzeros: finite and >= 1 (1e6 and 2_000_000 alike)."""
+    if not (math.isfinite(value) and value >= 1):
+        raise click.BadParameter(f"must be a number >= 1, got {value!r}", ctx, param)
+    return value
+
+
 def nnz(default: float = 2e6, help: str = "Nonzeros drawn for --powerlaw.") -> Decorator:
-    return click.option("--nnz", default=default, show_default=True, type=float, help=help)
+    return click.option("--nnz", default=default, show_default=True, type=float,
+                        callback=_count, help=help)
 
 
 matrix_input = stack(
@@ -200,8 +249,10 @@ def _powerlaw_specs(ctx: click.Context, param: click.Parameter, values: tuple[st
             shape, nnz, *exps = spec.split(":")
             if len(exps) > 2:
                 raise ValueError("expected ROWSxCOLS:NNZ[:REXP[:CEXP]]")
-            specs.append((*parse_shape(shape), int(float(nnz)),
-                          tuple(float(e) for e in exps)))
+            count = float(nnz)
+            if not (math.isfinite(count) and count >= 1):
+                raise ValueError(f"NNZ must be a number >= 1, got {nnz!r}")
+            specs.append((*parse_shape(shape), int(count), tuple(float(e) for e in exps)))
         except ValueError as exc:
             raise click.BadParameter(f"{spec!r}: {exc}", ctx, param) from None
     return specs
@@ -261,7 +312,7 @@ def repeats(default: int | None, help: str = "Timed runs (median).") -> Decorato
 
 def json_out(what: str = "every measurement") -> Decorator:
     return click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-                        help=f"Write {what} to this JSON file.")
+                        callback=_output_file, help=f"Write {what} to this JSON file.")
 
 
 def plot(what: str) -> Decorator:
@@ -277,5 +328,6 @@ def out_npz(what: str, help: str) -> Decorator:
 
 
 def out_dir(help: str) -> Decorator:
+    """``--out DIR``, made by the job if missing; its folder checked before any work."""
     return click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-                        help=help)
+                        callback=_output_dir, help=help)

@@ -60,8 +60,10 @@ def run_partition(input: str | None, powerlaw: tuple[int, int] | None, nnz: floa
             placed = spread(S, parts, ax, client, progress=b.update)
     _report_chunks(placed, infos, ax)
     err = placed["max_rel_err"]
-    click.echo(f"row-norm check on the workers: max relative error {err:.2e}")
-    if err > 1e-5:
+    odd = placed.get("nonfinite_rows", 0)
+    click.echo(f"row-norm check on the workers: max relative error {err:.2e}"
+               + (f" ({odd:,} row(s) with NaN or infinity, compared by position)" if odd else ""))
+    if not err <= 1e-5:  # NaN fails too: a check that cannot compare has not passed
         raise click.ClickException(f"distributed row norms disagree with the local ones ({err:.2e})")
     if plot is not None:
         _plots.chunks(placed["nnz"], placed["sizes"], placed["owners"], label,
@@ -154,7 +156,7 @@ def run_knn_graph(input: str | None, powerlaw: tuple[int, int] | None, nnz: floa
 @click.option("--directed-ok/--strict", "symmetrize", default=True, show_default=True,
               help="Use G + Gᵀ for a directed edge list (SNAP lists are often one-way), or "
               "refuse it.")
-@click.option("--top", default=10, show_default=True, type=int,
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=0),
               help="Print this many strongest edges.")
 @opt.out_npz("the weights", "Where to write the weights (scipy .npz, G's pattern; "
              "node_ids: the original id of every node).")
@@ -305,9 +307,12 @@ def _median_step(hist: list[dict[str, float]]) -> float:
 @opt.placement("steps", "the users", "the ratings", " (the CPU and the GPU from the same "
                "start, and their per-step times compared)")
 @opt.k(32)
-@click.option("--iters", default=100, show_default=True, type=int, help="Gradient steps.")
-@click.option("--lr", default=0.01, show_default=True, type=float, help="Adam step size.")
-@click.option("--reg", default=0.1, show_default=True, type=float, help="L2 penalty.")
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(min=1),
+              help="Gradient steps.")
+@click.option("--lr", default=0.01, show_default=True,
+              type=click.FloatRange(min=0, min_open=True), help="Adam step size.")
+@click.option("--reg", default=0.1, show_default=True, type=click.FloatRange(min=0),
+              help="L2 penalty.")
 @click.option("--test-fraction", default=0.1, show_default=True, type=float)
 @opt.seed
 @opt.out_dir("Folder for <device>-factors.npz and history.json.")
@@ -407,8 +412,11 @@ def run_gap(corpus: str, fmt: str | None, vocab: str | None, device: str, parts:
     from mgpu.distributed import connect
     from mgpu.models import GaP
 
+    from mgpu.models.gap import check_counts
+
     S, _, doc_ids, word_ids = read_matrix(corpus, fmt)[:4]
-    words = read_words(vocab) if vocab is not None else None
+    S = check_counts(S, "CORPUS", "run gap")  # refused before any cluster
+    words = _vocabulary(vocab, S.shape[1], corpus) if vocab is not None else None
     devices = _devices(device, parts, n_workers, address)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -417,13 +425,16 @@ def run_gap(corpus: str, fmt: str | None, vocab: str | None, device: str, parts:
 
     def fit(dev: str, data: tuple[Any, ...], progress: Callable[..., None]) -> Any:
         model = GaP(topics, iters=iters, alpha=alpha, beta=beta, seed=seed)
-        if dev != "cluster":
-            model.fit(*data, progress=progress)
-        else:
-            with connect(address, n_workers=n_workers) as client:
-                click.echo(f"cluster: {describe(client)}")
-                model.fit(*data, parts=parts, client=client, progress=progress)
-                click.echo(tile_placement(client, model.tiles_))
+        try:
+            if dev != "cluster":
+                model.fit(*data, progress=progress)
+            else:
+                with connect(address, n_workers=n_workers) as client:
+                    click.echo(f"cluster: {describe(client)}")
+                    model.fit(*data, parts=parts, client=client, progress=progress)
+                    click.echo(tile_placement(client, model.tiles_))
+        except FloatingPointError as exc:  # overflowed: nothing of this run is written
+            raise click.ClickException(f"{dev}: {exc}") from None
         X, L = _host(model.X_, model.L_)
         save_npz(out / f"{dev}-topics.npz", X=X, L=L, row_ids=doc_ids, col_ids=word_ids)
         click.echo(f"{dev}: log-likelihood per token "
@@ -442,6 +453,18 @@ def run_gap(corpus: str, fmt: str | None, vocab: str | None, device: str, parts:
     if plot is not None:
         _plots.gap_history(histories, plot, f"GaP topic model, {Path(corpus).name}")
     plotted(plot)
+
+
+def _vocabulary(path: str, n_words: int, corpus: str) -> list[str]:
+    """--vocab's words, refused unless there is one per column of the corpus: a list one
+    line short (or long) names every topic's words wrongly, and plausibly."""
+    words = read_words(path)
+    if len(words) != n_words:
+        raise click.BadParameter(
+            f"{Path(path).name} holds {len(words):,} word(s) (non-empty lines) but "
+            f"{Path(corpus).name} has {n_words:,} words (columns); give the corpus's own "
+            "vocabulary, one word per line in column order.", param_hint="--vocab")
+    return words
 
 
 def cluster_jobs(group: click.Group = run) -> tuple[str, ...]:

@@ -233,6 +233,9 @@ def connect(
 
     Raises
     ------
+    ConnectionError
+        At once, without waiting ``timeout``, if nothing listens at a ``tcp://`` or
+        ``tls://`` address (ConnectionRefusedError) or its host does not resolve.
     TimeoutError
         If the scheduler or the workers do not come up in time; the message says which and
         where to look.
@@ -356,6 +359,46 @@ def _check_tls(address: str) -> None:
             "encrypted).")
 
 
+def _file_address(path: str) -> str | None:
+    """The address a scheduler file names, or None (distributed reports an unreadable
+    file in its own words)."""
+    try:
+        with open(path) as f:
+            return str(json.load(f).get("address", "")) or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _probe(address: str | None, wait: float = 2.0) -> None:
+    """Refuse at once a TCP scheduler address where nothing listens (the connection is
+    refused) or whose host does not resolve, rather than letting the client retry it for
+    the whole ``mgpu.connect.timeout``. A host that does not answer within ``wait`` seconds
+    (a firewall that drops packets, a scheduler still starting) is left to the client's
+    own wait, as is any address of another protocol (ucx://, inproc://)."""
+    if not address:
+        return
+    scheme, sep, rest = address.rpartition("://")
+    if sep and scheme not in ("tcp", "tls"):
+        return
+    host, colon, port = rest.rpartition(":")
+    if not colon or not port.isdigit():
+        return  # distributed reports a malformed address in its own words
+    host = host.strip("[]")  # an IPv6 literal
+    try:
+        with socket.create_connection((host, int(port)), timeout=wait):
+            return
+    except ConnectionRefusedError:
+        raise ConnectionRefusedError(
+            f"Nothing listens at {address} (the connection was refused): start the scheduler "
+            "there first (`dask scheduler`, or mgpu's SLURM batch script), or check the "
+            "address and port its log gives.") from None
+    except socket.gaierror as exc:
+        raise ConnectionError(f"The scheduler address {address} names a host that does not "
+                              f"resolve ({exc.strerror}): check the address.") from None
+    except OSError:  # timed out, unreachable: the client's own wait decides
+        return
+
+
 def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
              timeout: float | None, slurm: dict[str, Any] | None,
              cpu_threads: int | None = None) -> Client:
@@ -367,6 +410,7 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
         else:
             kw["address"] = address
         _check_tls(address)
+        _probe(kw.get("address") or _file_address(address))
         try:
             client = Client(**kw)
         except (OSError, TimeoutError) as exc:

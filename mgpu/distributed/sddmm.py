@@ -204,6 +204,9 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
         can be seen without computing: shapes, kinds, NaN/inf in numpy/cupy factors, and
         operands on different devices in the one-device case. A dask factor holding NaN,
         or a tile with duplicate entries, fails its task with the same message.
+    ImportError, RuntimeError
+        ``device='gpu'`` without CuPy (the message says ``pip install 'mgpu[gpu]'``) or
+        without a GPU, as :func:`mgpu.ops.sddmm`.
 
     Examples
     --------

@@ -83,7 +83,7 @@ from mgpu.mf.modes import MODES, check_mode
 from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epoch, job_reown,
                                job_start, measure_gpus_alone, slots_for)
 from mgpu.mf.segments import SegmentMap
-from mgpu.mf.sgd import rmse, sgd_block
+from mgpu.mf.sgd import check_divergence, compile_cpu, rmse, sgd_block
 from mgpu.distributed.inputs import gather_ratings
 from mgpu.ops.validation import InstanceOf, Interval, IsCallable, check_param, is_dask_array
 
@@ -172,9 +172,11 @@ default='sequential'
         blocks before planning (seconds per rating, copies, a call's overhead, the epoch's
         predicted seconds ``epoch_s``); None otherwise.
     setup_s_ : float
-        Seconds before the first epoch: calibrating the cost model (unless cached), compiling
-        the block kernel on each worker (:meth:`mgpu.mf.hosts.BlockHost.warm`), dividing
-        the ratings and sending them to the workers.
+        Seconds before the first epoch: compiling (or loading from numba's cache) the CPU
+        kernel of the sequential mode (:func:`mgpu.mf.sgd.compile_cpu`); in the block modes
+        calibrating the cost model (unless cached), compiling the block kernel on each
+        worker (:meth:`mgpu.mf.hosts.BlockHost.warm`), dividing the ratings and sending them
+        to the workers. None of it counts in ``history_``'s ``seconds``.
     schedule_events_ : list of mgpu.sched.Event
         Block modes only: every assignment, steal and completion of the block scheduler
         (slot names end in ``#gpu`` for GPU slots, ``#<thread>`` for CPU threads).
@@ -239,6 +241,9 @@ default='sequential'
         if shape is not None and R.shape != shape:
             raise ValueError(f"The '{name}' parameter of MatrixFactorization.fit must have R's "
                              f"shape {shape}. Got {R.shape}.")
+        if R.dtype.kind not in "biuf":  # complex: the real part alone would be a guess
+            raise TypeError(f"The '{name}' parameter of MatrixFactorization.fit must hold real "
+                            f"ratings (bool, int or float). Got dtype {R.dtype} instead.")
         C = R.tocoo()
         u, i = C.row.astype(np.int64), C.col.astype(np.int64)
         r = C.data.astype(np.float64)
@@ -266,8 +271,10 @@ default='sequential'
         ``callback`` gets each epoch's history entry (for progress bars). ``resume``, a
         checkpoint that ``checkpoint_dir`` holds (``mf-epoch-<n>.npz``), starts from its P
         and Q at epoch n + 1 (after a lost worker, say); give the fit the ratings and
-        parameters that wrote it. Raises FloatingPointError, naming the epoch, if the RMSE
-        becomes NaN or infinite, and ValueError for a checkpoint of other shapes, with
+        parameters that wrote it. Raises FloatingPointError, naming the epoch and the learning
+        rate, when the fit diverges: the RMSE becomes NaN or infinite, or the train RMSE rises
+        past ten times (``mgpu.mf.sgd.DIVERGENCE``) that of the starting factors. Raises
+        TypeError for complex ratings, and ValueError for a checkpoint of other shapes, with
         non-finite factors, or with no epoch left to train.
         """
         self._check_params()
@@ -300,6 +307,7 @@ default='sequential'
         self.history_: list[dict[str, Any]] = []
         self.gpus_alone_: dict[str, float] | None = None
         self.setup_s_ = 0.0
+        start_rmse = rmse(u, i, r, P, Q)  # the scale past which the fit has diverged
         t0 = time.perf_counter()
         trained = 0.0
         epoch_fn = self._block_epochs if MODES[self.mode].cluster else self._sequential_epochs
@@ -333,10 +341,7 @@ default='sequential'
             if callback is not None:
                 callback(entry)
             watched = entry["test_rmse"] if tr is not None else entry["train_rmse"]
-            if not np.isfinite(watched) or not np.isfinite(entry["train_rmse"]):
-                raise FloatingPointError(
-                    f"SGD diverged at epoch {epoch}: train RMSE {entry['train_rmse']}, test RMSE "
-                    f"{entry['test_rmse']}; lower the learning rate (lr={self.lr}).")
+            check_divergence(entry, watched, start_rmse, epoch, self.lr)
             if self.checkpoint_dir is not None:
                 self._checkpoint(epoch, P, Q)
             if self.target_rmse is not None and tr is not None and watched <= self.target_rmse:
@@ -374,9 +379,13 @@ default='sequential'
                 np.ascontiguousarray(Q, dtype=np.float64), epoch)
 
     def _sequential_epochs(self, u, i, r, P, Q, rng):
+        # the kernel compiled (or loaded from numba's cache) before the first epoch's clock:
+        # setup, as the block modes' warm-up is, not training time
+        extra = {"setup_s": compile_cpu(u, i, r, P, Q)}
         for _ in range(self.epochs):
             sgd_block(u, i, r, P, Q, self.lr, self.reg, self.reg, rng.permutation(r.size))
-            yield P, Q, {}
+            yield P, Q, extra
+            extra = {}
 
     def _block_epochs(self, u, i, r, P, Q, rng):
         from mgpu.distributed.cluster import current_client

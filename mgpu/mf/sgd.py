@@ -3,6 +3,7 @@ block kernel and the RMSE, in numba (nogil, so one worker's threads run blocks a
 the random train/test split every ratings job uses."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numba
@@ -10,13 +11,20 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends import sgd_lookup
+from mgpu.backends.jit import njit
 
-__all__ = ["libmf_order", "rmse", "sgd_block", "split_ratings"]
+__all__ = ["check_divergence", "compile_cpu", "libmf_order", "rmse", "sgd_block", "split_ratings"]
 
 _AS_GIVEN = np.empty(0, dtype=np.int64)
 
+DIVERGENCE = 10.0
+"""A factorisation whose training RMSE rises past this many times its scale at the start
+has diverged (MatrixFactorization and GradientMF raise FloatingPointError): a finite but
+huge RMSE is as wrong as NaN, and a rate that throws the factors that far does not bring
+them back to a useful fit."""
 
-@numba.njit(nogil=True, fastmath=False)
+
+@njit(nogil=True, fastmath=False)
 def _sgd(users, items, ratings, order, P, Q, lr, reg_p, reg_q):
     k = P.shape[1]
     given = order.shape[0] == 0  # no order: the ratings as they are stored
@@ -66,6 +74,45 @@ def _sgd_cpu(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.nd
     _sgd(users, items, ratings, _AS_GIVEN if order is None else order, P, Q, lr, reg_p, reg_q)
 
 
+def check_divergence(entry: dict[str, Any], watched: float, start_rmse: float, epoch: int,
+                     lr: float) -> None:
+    """Raise FloatingPointError, naming the epoch and the learning rate, when an epoch's
+    RMSE (``watched``: the test RMSE, or the train RMSE without test ratings) or its train
+    RMSE is NaN or infinite, or its train RMSE rose past :data:`DIVERGENCE` times
+    ``start_rmse`` (that of the starting factors)."""
+    train = entry["train_rmse"]
+    if not np.isfinite(watched) or not np.isfinite(train):
+        raise FloatingPointError(
+            f"SGD diverged at epoch {epoch}: train RMSE {train}, test RMSE "
+            f"{entry['test_rmse']}; lower the learning rate (lr={lr}).")
+    if train > DIVERGENCE * start_rmse:
+        raise FloatingPointError(
+            f"SGD diverged at epoch {epoch}: the train RMSE rose to {train:.4g}, past "
+            f"{DIVERGENCE:g} times that of the starting factors ({start_rmse:.4g}); lower the "
+            f"learning rate (lr={lr}).")
+
+
+def compile_cpu(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.ndarray,
+                Q: np.ndarray) -> float:
+    """Compile (or load from numba's cache) the CPU pass and the RMSE for the types of these
+    arrays, on none of their ratings, so that no timed pass pays for it; the seconds it took.
+
+    The pass is given an order (``order`` of :func:`sgd_block`), as the sequential fit's
+    epochs give it; :func:`rmse` as the fit calls it.
+
+    >>> P, Q = np.zeros((2, 3)), np.zeros((2, 3))
+    >>> compile_cpu(np.array([0]), np.array([1]), np.array([4.0]), P, Q) >= 0
+    True
+    """
+    t0 = time.perf_counter()
+    none = slice(0, 0)
+    u, i, r = users[none], items[none], ratings[none]
+    _sgd(u, i, r, np.empty(0, dtype=np.int64), P, Q, 0.0, 0.0, 0.0)
+    rated_u, rated_i = np.ones(P.shape[0], dtype=np.bool_), np.ones(Q.shape[0], dtype=np.bool_)
+    _sq_err(u, i, r, P, Q, rated_u, rated_i, 0.0)
+    return time.perf_counter() - t0
+
+
 def libmf_order(users: np.ndarray, items: np.ndarray, by_user: bool) -> np.ndarray:
     """The order in which LIBMF's FPSGD visits a block's ratings: sorted by user, then item
     (``by_user``, LIBMF's choice when there are more users than items) or by item, then
@@ -82,7 +129,7 @@ def libmf_order(users: np.ndarray, items: np.ndarray, by_user: bool) -> np.ndarr
     return np.lexsort((minor, major))
 
 
-@numba.njit(nogil=True, parallel=True)
+@njit(nogil=True, parallel=True)
 def _sq_err(users, items, ratings, P, Q, rated_users, rated_items, fallback):
     total = 0.0
     for n in numba.prange(users.shape[0]):

@@ -117,8 +117,11 @@ class GaP:
         Raises
         ------
         ValueError
-            For the parameters above out of range, negative counts, or a cluster fit
-            without a cluster.
+            For the parameters above out of range, negative counts, counts whose total
+            overflows their dtype, or a cluster fit without a cluster.
+        FloatingPointError
+            When an update overflows S's dtype (the log-likelihood is NaN or infinite); its
+            factors are not kept.
         TypeError
             For a dense matrix, or a cupyx matrix on a cluster.
         """
@@ -145,19 +148,23 @@ class GaP:
         tiny = np.finfo(tile.S.dtype).tiny
         history: list[dict[str, float]] = []
         t_start = time.perf_counter()
-        for it in range(1, iters + 1):
-            t0 = time.perf_counter()
-            X = tile.update_loadings(X, L, alpha, beta, tiny, tile.rates(X, L))
-            part, xs = tile.topic_parts(X, L, tiny)
-            L = L * part / xp.maximum(xs, tiny)
-            ll, xsum = tile.loglik_parts(tile.rates(X, L), X, tiny)
-            loglik = ll - float((xsum * L.sum(axis=0).astype(xp.float64)).sum()) - log_fact
-            rec = {"iteration": it, "loglik_per_token": loglik / tokens,
-                   "step_s": time.perf_counter() - t0,
-                   "elapsed_s": time.perf_counter() - t_start}
-            history.append(rec)
-            if progress is not None:
-                progress(rec)
+        # unchecked updates: an overflow shows in the log-likelihood, which is watched, not
+        # as numpy's warnings
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for it in range(1, iters + 1):
+                t0 = time.perf_counter()
+                X = tile.update_loadings(X, L, alpha, beta, tiny, tile.rates(X, L))
+                part, xs = tile.topic_parts(X, L, tiny)
+                L = L * part / xp.maximum(xs, tiny)
+                ll, xsum = tile.loglik_parts(tile.rates(X, L), X, tiny)
+                loglik = ll - float((xsum * L.sum(axis=0).astype(xp.float64)).sum()) - log_fact
+                _finite(loglik, it, tile.S.dtype)
+                rec = {"iteration": it, "loglik_per_token": loglik / tokens,
+                       "step_s": time.perf_counter() - t0,
+                       "elapsed_s": time.perf_counter() - t_start}
+                history.append(rec)
+                if progress is not None:
+                    progress(rec)
         self.X_, self.L_, self.history_, self.tiles_ = X, L, history, []
 
     def _fit_tiles(self, S: Any, client: Any, parts: int | None,
@@ -185,6 +192,7 @@ class GaP:
                 raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
             dtype = np.dtype(stats[0]["dtype"]) if stats else np.dtype(np.float64)
             total = float(sum(st["sum"] for st in stats))
+            _check_total(total, dtype)
             log_fact = float(sum(st["log_fact"] for st in stats))
             tokens = float(sum(st["tokens"] for st in stats))
             shape = S.shape
@@ -215,6 +223,7 @@ class GaP:
             while pending and (len(pending) > 1 or not update):
                 it, fut = pending.popleft()
                 ll, penalty = tiles.result(fut, f"GaP iteration {it}")
+                _finite(ll - penalty - log_fact, it, dtype)
                 now = time.perf_counter()
                 rec = {"iteration": it, "loglik_per_token": (ll - penalty - log_fact) / tokens,
                        "step_s": now - last, "elapsed_s": now - t_start}
@@ -261,10 +270,14 @@ class GaP:
         tiny = np.finfo(tile.S.dtype).tiny
         for _ in range(iters):
             X = tile.update_loadings(X, L, self.alpha, self.beta, tiny, tile.rates(X, L))
+        if not bool(xp.isfinite(X).all()):
+            raise FloatingPointError(_OVERFLOW.format(where="GaP.transform's updates",
+                                                      dtype=tile.S.dtype))
         return X
 
     def top_words(self, vocab: list[str] | None = None, n: int = 8) -> list[list[str]]:
-        """Each topic's n heaviest words (ids as strings without a vocabulary).
+        """Each topic's n heaviest words (ids as strings without a vocabulary); a vocabulary
+        of another length than the fitted words is refused (ValueError).
 
         >>> model = GaP(topics=2)
         >>> model.L_ = np.array([[0.1, 0.7], [0.9, 0.3]])
@@ -272,9 +285,11 @@ class GaP:
         [['b'], ['a']]
         """
         L = to_host(self.L_)
+        if vocab is not None and len(vocab) != L.shape[0]:
+            raise ValueError(f"The 'vocab' parameter of GaP.top_words must hold one word per "
+                             f"fitted word ({L.shape[0]:,}). Got {len(vocab):,} instead.")
         order = np.argsort(-L, axis=0, kind="stable")[:n].T
-        return [[vocab[w] if vocab is not None and w < len(vocab) else str(w) for w in row]
-                for row in order]
+        return [[vocab[w] if vocab is not None else str(w) for w in row] for row in order]
 
 
 _RANGES = " (topics and iters must be >= 1, alpha >= 1 and beta > 0)"
@@ -288,13 +303,48 @@ def _check_params(topics: int, iters: int, alpha: float, beta: float, seed: int)
     check_param(seed, "seed", "GaP", [Interval(Integral, 0, None), None], " (numpy's seeds)")
 
 
-def _canonical(S: Any) -> Any:
+def check_counts(S: Any, name: str = "S", func: str = "GaP.fit") -> Any:
+    """S as GaP fits it (float CSR, sorted and summed, a copy where that changes anything),
+    or the refusal :meth:`GaP.fit` would give (a dense or complex matrix, NaN, negative
+    counts, a total that overflows), in the words of ``func``'s ``name``: for a caller that
+    checks a corpus before it starts a cluster."""
+    check_array(S, name, func, accept_dense=False, ensure_all_finite=True,
+                kinds="a scipy or cupyx sparse matrix")
+    return _canonical(S, name, func)
+
+
+def _canonical(S: Any, name: str = "S", func: str = "GaP.fit") -> Any:
     """S as float CSR with sorted, summed entries (a copy where that changes anything: the
     caller's matrix is never sorted in place), refusing negative counts."""
     S = canonical_csr(S)
     if S.nnz and float(S.data.min()) < 0:
-        raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
+        raise ValueError(f"The '{name}' parameter of {func} must hold non-negative counts.")
+    with np.errstate(over="ignore"):  # an overflowing total is refused below, in words
+        total = float(S.sum(dtype=np.float64))
+    _check_total(total, S.dtype, name, func)
     return S
+
+
+def _check_total(total: float, dtype: Any, name: str = "S", func: str = "GaP.fit") -> None:
+    """Refuse counts whose total overflows (the starting loadings are scaled by it)."""
+    if not np.isfinite(total) or total > np.finfo(dtype).max:
+        raise ValueError(f"The '{name}' parameter of {func} holds counts whose total "
+                         f"({total:.4g}) overflows {np.dtype(dtype).name}. Scale the counts "
+                         "down.")
+
+
+_OVERFLOW = ("{where} overflowed {dtype}: the counts of 'S' or the prior (alpha, beta) are too "
+             "large for it. Scale the counts down, pass float64 counts, or choose a smaller "
+             "prior.")
+
+
+def _finite(loglik: float, it: int, dtype: Any) -> None:
+    """Refuse an iteration whose log-likelihood is NaN or infinite (the SDDMMs and SpMMs of
+    the updates run unchecked)."""
+    if not np.isfinite(loglik):
+        raise FloatingPointError(_OVERFLOW.format(
+            where=f"GaP's updates at iteration {it} (log-likelihood {loglik})",
+            dtype=np.dtype(dtype).name))
 
 
 def _start(shape: tuple[int, int], dtype: Any, total: float, topics: int, seed: int
@@ -330,8 +380,10 @@ class _Tile:
         return cls(S, Transposer.of(S))
 
     def rates(self, X: Any, L: Any) -> Any:
-        """ŝ = S's pattern ∘ (X Λᵀ): the Poisson rates at the nonzero counts (SDDMM)."""
-        return mgpu.sddmm(self.S, X, L, hadamard=False)
+        """ŝ = S's pattern ∘ (X Λᵀ): the Poisson rates at the nonzero counts (SDDMM),
+        unchecked, as the SpMMs are: the fit watches the log-likelihood instead
+        (:func:`_finite`), whose message names GaP's input, not SDDMM's operands."""
+        return mgpu.sddmm(self.S, X, L, hadamard=False, check_finite=False)
 
     def _ratio(self, R: Any, tiny: float) -> Any:
         R.data = self.S.data / array_module(self.S).maximum(R.data, tiny)
@@ -340,7 +392,7 @@ class _Tile:
     def update_loadings(self, X: Any, L: Any, alpha: float, beta: float, tiny: float,
                         R: Any) -> Any:
         """X ← (X ∘ ((S / ŝ) Λ) + α − 1) / (1ᵀΛ + 1/β), given ŝ = ``R``."""
-        X = X * mgpu.spmm(self._ratio(R, tiny), L)
+        X = X * mgpu.spmm(self._ratio(R, tiny), L, check_finite=False)
         X += alpha - 1.0
         X /= L.sum(axis=0) + 1.0 / beta
         return X
@@ -348,7 +400,7 @@ class _Tile:
     def topic_parts(self, X: Any, L: Any, tiny: float) -> tuple[Any, Any]:
         """(S / ŝ)ᵀ X and 1ᵀX for these documents: the sums behind Λ's update."""
         Q = self._ratio(self.rates(X, L), tiny)
-        return mgpu.spmm(self.transpose(Q.data), X), X.sum(axis=0)
+        return mgpu.spmm(self.transpose(Q.data), X, check_finite=False), X.sum(axis=0)
 
     def loglik_parts(self, R: Any, X: Any, tiny: float) -> tuple[float, Any]:
         """Σ s log ŝ over these documents (given ŝ = ``R``) and 1ᵀX, in float64."""

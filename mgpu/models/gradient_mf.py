@@ -28,6 +28,7 @@ import mgpu
 from mgpu.backends import array_module, is_gpu_array, synchronize, to_device, to_host
 from mgpu.distributed.cluster import CLIENT
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
+from mgpu.mf.sgd import DIVERGENCE
 from mgpu.models._transpose import Transposer
 from mgpu.ops.validation import (
     Boolean,
@@ -132,8 +133,10 @@ class GradientMF:
             infinity among R's ratings, a test matrix of another shape, or a cluster fit
             without a cluster.
         FloatingPointError
-            When a step's RMSE or the final factors are NaN or infinite (the steps
-            themselves run with ``check_finite=False``).
+            When the fit diverges: a step's training RMSE rises past ten times
+            (``mgpu.mf.sgd.DIVERGENCE``) its scale at the start (the first step's RMSE, or the
+            ratings' mean where that is larger), or a step's RMSE or the final factors are
+            NaN or infinite (the steps themselves run with ``check_finite=False``).
 
         Notes
         -----
@@ -238,6 +241,7 @@ class GradientMF:
         if gpu:  # the setup above ran on the default stream, the steps run on their own
             xp.cuda.Device().synchronize()
         t_start = time.perf_counter()
+        bound = math.inf  # set by the first step
         # unchecked steps on the CPU: overflow shows in the RMSE, which is watched, not as
         # numpy's warnings
         with np.errstate(over="ignore", invalid="ignore"), stream:
@@ -248,7 +252,9 @@ class GradientMF:
                 sync()
                 step = time.perf_counter() - t0
                 train_rmse = float(xp.sqrt(xp.mean(E.data.astype(xp.float64) ** 2)))
-                _finite(train_rmse, "training RMSE", it, lr)
+                if it == 1:
+                    bound = _divergence_bound(train_rmse, mean)
+                _watch(train_rmse, bound, it, lr)
                 for name, A, g, cnt in (("U", U, gU, cnt_u), ("V", V, gV, cnt_v)):
                     _adam(xp, A, g, cnt, state[name], it, lr, reg)
                 rec = {"iteration": it, "step_s": step, "train_rmse": train_rmse,
@@ -326,6 +332,7 @@ class GradientMF:
         n_test = T.nnz
         history: list[dict[str, float]] = []
         t_start = last = time.perf_counter()
+        bound = math.inf  # set by the first step
         pending: deque = deque()
         previous = None
         for r in range(1, iters + 2):
@@ -349,7 +356,9 @@ class GradientMF:
                 rec = {"iteration": it, "step_s": now - last,
                        "train_rmse": float(np.sqrt(train_sse / max(n_train, 1))),
                        "elapsed_s": now - t_start}
-                _finite(rec["train_rmse"], "training RMSE", it, lr)
+                if it == 1:
+                    bound = _divergence_bound(rec["train_rmse"], mean)
+                _watch(rec["train_rmse"], bound, it, lr)
                 if test is not None:
                     rec["test_rmse"] = float(np.sqrt(test_sse / max(n_test, 1)))
                     _finite(rec["test_rmse"], "test RMSE", it, lr)
@@ -376,6 +385,23 @@ def _capture(step: Callable[[], Any], stream: Any) -> Any:
         logger.info("GradientMF: the step was not captured as a CUDA graph (%s); its kernels "
                     "are launched one by one.", exc)
         return None
+
+
+def _divergence_bound(first: float, mean: float) -> float:
+    """The training RMSE past which a fit has diverged: :data:`DIVERGENCE` times the first
+    step's (that of the starting factors), or times the ratings' mean where that is larger
+    (ratings all alike start near an RMSE of 0)."""
+    return DIVERGENCE * max(first, abs(mean))
+
+
+def _watch(train_rmse: float, bound: float, it: int, lr: float) -> None:
+    """Refuse a step whose training RMSE is not finite or past ``bound``."""
+    _finite(train_rmse, "training RMSE", it, lr)
+    if train_rmse > bound:
+        raise FloatingPointError(
+            f"GradientMF diverged at step {it}: the training RMSE rose to {train_rmse:.4g}, "
+            f"past {DIVERGENCE:g} times its scale at the start ({bound / DIVERGENCE:.4g}). "
+            f"Lower the learning rate (lr={lr}).")
 
 
 def _finite(value: float, what: str, it: int, lr: float) -> None:

@@ -17,6 +17,7 @@ from mgpu.backends import (
     to_host,
     to_host_all,
 )
+from mgpu.backends.arrays import require_gpu_device
 from mgpu.backends.sddmm_plan import SCHEMES, SDDMMPlan, pattern_key
 from mgpu.ops.validation import (
     Boolean,
@@ -89,6 +90,8 @@ def check_sddmm_options(hadamard: Any, check_finite: Any, working_memory: Any,
     check_param(check_finite, "check_finite", "sddmm", Boolean())
     check_param(working_memory, "working_memory", "sddmm", [Bytes(), None])
     check_param(progress, "progress", "sddmm", [IsCallable(), None])
+    if device == "gpu":
+        require_gpu_device("sddmm")  # CuPy and a GPU, or a refusal saying how to get them
 
 
 def check_dense_factor(X: Any, name: str, finite: bool = True) -> None:
@@ -223,6 +226,9 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         (a MemoryError) Before anything is allocated, when the GPU cannot hold the result, or
         when one row of a streamed S does not fit in ``working_memory``; it gives the bytes
         needed and available.
+    ImportError, RuntimeError
+        With ``device='gpu'``, before anything else: CuPy is not installed (the message says
+        ``pip install 'mgpu[gpu]'``), or it finds no GPU.
 
     Examples
     --------

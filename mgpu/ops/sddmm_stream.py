@@ -30,6 +30,7 @@ import scipy.sparse as sp
 from dask.utils import format_bytes
 
 from mgpu.backends.memory import DeviceMemoryError
+from mgpu.backends.jit import njit
 # The devices a stream runs on live with the backends; their names stay importable here.
 from mgpu.backends.stream import GpuDevice, HostDevice
 
@@ -119,7 +120,7 @@ class Device(Protocol):
 # go over numba's threads. (indptr: the block's row pointers, absolute; cols and vals its
 # nonzeros, from indptr[0].)
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True)
 def _panel_counts(indptr, cols, c0, c1, counts):  # pragma: no cover (numba)
     base = indptr[0]
     for i in numba.prange(len(indptr) - 1):
@@ -130,7 +131,7 @@ def _panel_counts(indptr, cols, c0, c1, counts):  # pragma: no cover (numba)
         counts[i] = c
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True)
 def _panel_take(indptr, cols, data, c0, c1, t_indptr, t_indices, t_data):  # pragma: no cover
     base = indptr[0]
     for i in numba.prange(len(indptr) - 1):
@@ -142,7 +143,7 @@ def _panel_take(indptr, cols, data, c0, c1, t_indptr, t_indices, t_data):  # pra
                 q += 1
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True)
 def _panel_put(indptr, cols, c0, c1, t_indptr, vals, out):  # pragma: no cover (numba)
     base = indptr[0]
     for i in numba.prange(len(indptr) - 1):
