@@ -280,8 +280,12 @@ class NearestNeighborsOnGPU(mgpu.NearestNeighbors):
         return tuple(_to_host(a) for a in out) if return_distance else _to_host(out)
 
     def kneighbors_graph(self, X=None, n_neighbors=None, mode="connectivity"):
-        return super().kneighbors_graph(None if X is None else _to_gpu(X), n_neighbors,
-                                        mode).get()
+        # the graph as NearestNeighbors builds it (with its own kneighbors, on the device:
+        # a cupyx graph, brought to the host here), not from this class's host results
+        plain = mgpu.NearestNeighbors.__new__(mgpu.NearestNeighbors)
+        plain.__dict__.update(self.__dict__)
+        return plain.kneighbors_graph(None if X is None else _to_gpu(X), n_neighbors,
+                                      mode).get()
 
 
 def _gpu_estimators():
