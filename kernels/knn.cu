@@ -401,7 +401,8 @@ mgpu_select_k(const T* __restrict__ keys, const int* __restrict__ ids, long long
 }
 
 // The peer of the benchmark's NAMM rows: one thread per (query, index row) pair walks the
-// union of the two sorted rows, the plain form of the union semiring.
+// union of the two sorted rows, the plain form of the union semiring (and the fused walk's
+// reference, to the bit, in the GPU tests).
 template <typename T, int OP>
 __global__ void mgpu_union_naive(const int* __restrict__ qp, const int* __restrict__ qi,
                                  const T* __restrict__ qv, int n_q,
@@ -413,21 +414,26 @@ __global__ void mgpu_union_naive(const int* __restrict__ qp, const int* __restri
     const int c = (int)(pair / n_rows);
     const int row = (int)(pair % n_rows);
     int i = qp[c], i1 = qp[c + 1], j = xp[row], j1 = xp[row + 1];
-    double acc = 0.0;
+    // the sums over the features both rows hold, the query's alone and the row's alone,
+    // added as the fused walk and the CPU kernels add them (L-infinity: one max)
+    double both = 0.0, q_only = 0.0, x_only = 0.0;
     while (i < i1 || j < j1) {
         double q = 0.0, x = 0.0;
+        double* acc = &both;
         if (j >= j1 || (i < i1 && qi[i] < xi[j])) {
             q = qv[i++];
+            acc = &q_only;
         } else if (i >= i1 || xi[j] < qi[i]) {
             x = xv[j++];
+            acc = &x_only;
         } else {
             q = qv[i++];
             x = xv[j++];
         }
         const double t = mgpu::namm_term<OP>(q, x, p);
-        acc = OP == mgpu::OP_LINF ? fmax(acc, t) : __dadd_rn(acc, t);
+        if (OP == mgpu::OP_LINF) both = fmax(both, t); else *acc = __dadd_rn(*acc, t);
     }
-    out[pair] = (T)acc;
+    out[pair] = (T)(OP == mgpu::OP_LINF ? both : mgpu::union_total(both, q_only, x_only));
 }
 
 // The expanded metrics of dense input: the dot products come from cuBLAS (g, n_q x n_rows,
