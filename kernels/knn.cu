@@ -24,7 +24,11 @@
 // CPU kernels do: nothing cancels (a large shared entry cannot swallow a small unshared one),
 // and as t is symmetric and the last addition commutes, d(x, y) == d(y, x) to the last bit. Correlation sums the centred
 // product (q - mq)(x - mx) over the union and adds (n - |union|) mq mx for the features
-// neither row holds: the two-pass form, whatever the rows' offsets. L-infinity is a max of
+// neither row holds: the two-pass form, whatever the rows' offsets. Hamming, and L1 of
+// integer values whose row sums stay below 2^53 (counts: the caller checks), keep the dense
+// block: their terms and sums are integers, so the sum of t(q, x) over the row's features
+// plus (the query's total - its terms at the row's features) is exact, the same bits as the
+// walk in any order, at the cost of the index row alone. L-infinity is a max of
 // the index row's terms and of the query's largest features outside it.
 //
 // KMAX > 0: each lane keeps, per query it owns, the k best (key, row) pairs it has seen,
@@ -58,7 +62,7 @@ template <> __device__ __forceinline__ double pos_inf<double>() {
 
 // Accumulated operation, the template parameter OP of mgpu_knn_csr
 enum KnnOp { OP_DOT = 0, OP_KL = 1, OP_L1 = 2, OP_LP = 3, OP_CANBERRA = 4, OP_HAMMING = 5,
-             OP_JS = 6, OP_LINF = 7, OP_CORRELATION = 8 };
+             OP_JS = 6, OP_LINF = 7, OP_CORRELATION = 8, OP_L1_COUNTS = 9 };
 
 // Element-wise finish, the runtime argument fin
 enum KnnFinish { FIN_EUCLIDEAN = 0, FIN_SQEUCLIDEAN = 1, FIN_COSINE = 2, FIN_CORRELATION = 3,
@@ -73,7 +77,7 @@ enum KnnFinish { FIN_EUCLIDEAN = 0, FIN_SQEUCLIDEAN = 1, FIN_COSINE = 2, FIN_COR
 template <int OP>
 __device__ __forceinline__ double namm_term(double q, double x, double p) {
     const double d = fabs(q - x);
-    if (OP == OP_L1 || OP == OP_LINF) return d;
+    if (OP == OP_L1 || OP == OP_LINF || OP == OP_L1_COUNTS) return d;
     if (OP == OP_LP) return pow(d, p);
     if (OP == OP_CANBERRA) {
         const double s = fabs(q) + fabs(x);
@@ -90,8 +94,16 @@ __device__ __forceinline__ double namm_term(double q, double x, double p) {
 // the operations that walk the union of the two rows (the query's CSR beside the index row)
 template <int OP>
 __device__ __forceinline__ constexpr bool walks_union() {
-    return OP == OP_L1 || OP == OP_LP || OP == OP_CANBERRA || OP == OP_HAMMING ||
-           OP == OP_JS || OP == OP_CORRELATION;
+    return OP == OP_L1 || OP == OP_LP || OP == OP_CANBERRA || OP == OP_JS ||
+           OP == OP_CORRELATION;
+}
+
+// the union sums whose terms and sums are integers (Hamming; L1 of integer values bounded by
+// the caller): every sum is exact, so the query's own terms at the row's features are taken
+// out of its total (qs1) with no rounding, whatever the order
+template <int OP>
+__device__ __forceinline__ constexpr bool exact_sums() {
+    return OP == OP_HAMMING || OP == OP_L1_COUNTS;
 }
 
 // a: dot product / max (OP_DOT, OP_KL, OP_LINF over the index row's nonzeros); b: the number
@@ -105,6 +117,9 @@ __device__ __forceinline__ void accumulate(double& a, double& b, double q, doubl
         b += (q != 0.0) ? 1.0 : 0.0;
     } else if (OP == OP_LINF) {
         a = fmax(a, fabs(q - x));
+    } else if (exact_sums<OP>()) {  // a: t(q, x) at the row's features; b: t(q, 0) there
+        a += namm_term<OP>(q, x, p);
+        b += namm_term<OP>(q, 0.0, p);
     }
 }
 
@@ -309,6 +324,8 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
                 // both + (query-only + row-only): the CPU kernels' order, and the last sum
                 // commutes, so the rows swapped give the same bits
                 a[m] = mgpu::union_total(a[m], q_only[m], x_only[m]);
+            } else if (mgpu::exact_sums<OP>()) {  // + the query's terms outside the row
+                a[m] += qs1[c] - b[m];
             }
             double d;
             if (OP == mgpu::OP_LINF) {

@@ -292,8 +292,8 @@ def test_gpu_union_metrics_are_symmetric_to_the_bit_and_right(metric, dense):
 
 @pytest.mark.parametrize("metric", ["manhattan", "canberra", "hamming"])
 def test_gpu_fused_union_walk_equals_the_naive_merge_to_the_bit(metric):
-    """Both kernels take one accumulator over the union in feature order, of the same
-    IEEE terms (no pow or log): the same bits."""
+    """Both kernels take the same three partial sums over the union in feature order, of the
+    same IEEE terms (no pow or log): the same bits (hamming: exact integer sums)."""
     from mgpu.backends.cupy_knn import FORMS, naive_union
 
     X, Q = sp.csr_matrix(_shared_big(3, 60)), sp.csr_matrix(_shared_big(4, 20))
@@ -302,6 +302,39 @@ def test_gpu_fused_union_walk_equals_the_naive_merge_to_the_bit(metric):
     if metric == "hamming":
         sums = sums / X.shape[1]
     assert np.array_equal(got, sums)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_gpu_manhattan_of_counts_takes_the_exact_form_and_the_walks_bits(dense):
+    """Rows of integer counts take manhattan's dense-block form (sums exact below 2^53):
+    the same bits as the union merge, and the CPU's; one non-integer value, or a row whose
+    Σ|x| reaches 2^52, sends the pair to the union walk."""
+    from mgpu.backends.cupy_knn import (FORMS, _counts, naive_union, prepare_index,
+                                        prepare_queries)
+    from mgpu.backends.knn_codes import KnnOp
+    from mgpu.synthetic import powerlaw_corpus
+
+    X = powerlaw_corpus(400, 120, 0.05, seed=5).astype(np.float64)
+    Q = X[:40].copy()
+    Q.data = Q.data * 3.0 - 7.0  # negative counts too
+    Xg, Qg = _gpu(X, dense), _gpu(Q, dense)
+    index = prepare_index(_gpu(X, False), "manhattan", 2.0)
+    assert index.counts
+    assert prepare_queries(index, _gpu(Q, False)).form.op == KnnOp.L1_COUNTS
+    got = mgpu.pairwise_distances(Qg, Xg, metric="manhattan").get()
+    sums = naive_union(_gpu(X, False), _gpu(Q, False), FORMS["manhattan"].op, 2.0).get()
+    assert np.array_equal(got, sums)
+    assert np.array_equal(got, mgpu.pairwise_distances(Q, X, metric="manhattan"))
+    d, i = mgpu.knn(Xg, Qg, 7, metric="manhattan")
+    cd, ci = mgpu.knn(X, Q, 7, metric="manhattan")
+    assert np.array_equal(d.get(), cd) and np.array_equal(i.get(), ci)
+    # a half, or a sum past 2^52: the walk
+    H = Q.copy()
+    H.data[0] += 0.5
+    assert prepare_queries(index, _gpu(H, False)).form.op == KnnOp.L1
+    big = sp.csr_matrix(np.array([[2.0**52, 1.0, 0.0]]))
+    assert not _counts(_gpu(big, False)) and _counts(_gpu(big[:, 1:], False))
+    assert _counts(_gpu(sp.csr_matrix((2, 3)), False))
 
 
 @pytest.mark.parametrize("dense", [False, True])

@@ -56,8 +56,10 @@ _TILE_K = 1 << 30  # a k that no fused list holds: the key-tile form
 OP_DOT, OP_LINF = int(KnnOp.DOT), int(KnnOp.LINF)  # the operations with a path of their own
 OP_CORRELATION = int(KnnOp.CORRELATION)
 # the operations that walk the union of the two rows with the queries as CSR (knn.cu)
-UNION_WALK = frozenset(int(op) for op in (KnnOp.L1, KnnOp.LP, KnnOp.CANBERRA, KnnOp.HAMMING,
-                                          KnnOp.JS, KnnOp.CORRELATION))
+UNION_WALK = frozenset(int(op) for op in (KnnOp.L1, KnnOp.LP, KnnOp.CANBERRA, KnnOp.JS,
+                                          KnnOp.CORRELATION))
+# L1's sums are exact below this when every value is an integer (knn.cu's OP_L1_COUNTS)
+_EXACT_SUM = float(2**52)
 
 Stats = Callable[[csp.csr_matrix, float], tuple[Any, Any]]
 
@@ -105,6 +107,20 @@ def _xlogx(X, p):
     return _row_sum(X, lambda v: v * cupy.log(v)), _nnz(X)
 
 
+def _abs_sum(X, p):
+    return _row_sum(X, cupy.abs), None
+
+
+def _counts(X: csp.csr_matrix) -> bool:
+    """Whether every value of X is an integer and every row's Σ|x| is below 2^52: the L1
+    sums of two such rows are then exact (the dense-block form of knn.cu gives the walk's
+    bits)."""
+    if X.nnz == 0:
+        return True
+    v = X.data
+    return bool((v == cupy.trunc(v)).all()) and float(_row_sum(X, cupy.abs).max()) < _EXACT_SUM
+
+
 def _pattern(v):
     return cupy.ones_like(v)
 
@@ -142,10 +158,12 @@ FORMS: dict[str, Form] = {
     "manhattan": _form("manhattan"),
     "minkowski": _form("minkowski"),
     "canberra": _form("canberra"),
-    "hamming": _form("hamming"),
+    "hamming": _form("hamming", q_stats=_count),
     "jensenshannon": _form("jensenshannon", normalise=True),
     "chebyshev": _form("chebyshev"),
 }
+# manhattan between rows of counts (both sides checked by _counts)
+_L1_COUNTS = Form(int(KnnOp.L1_COUNTS), FORMS["manhattan"].fin, q_stats=_abs_sum)
 
 
 # ------------------------------------------------------------------------------ input
@@ -222,6 +240,7 @@ class GpuIndex:
     s1: cupy.ndarray | None
     s2: cupy.ndarray | None
     dense: cupy.ndarray | None  # transformed dense rows, kept for the cuBLAS path
+    counts: bool = False  # manhattan: integer values, sums exact (_counts)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -256,7 +275,8 @@ def prepare_index(X: Any, metric: str, p: float) -> GpuIndex:
     s1, s2 = form.x_stats(C, p)
     Xt = _transformed(C, form.x_values)
     order = cupy.argsort(-cupy.diff(Xt.indptr), kind="stable").astype(cupy.int32)
-    return GpuIndex(metric, p, Xt, order, s1, s2, _dense_rows(X, form, s1))
+    return GpuIndex(metric, p, Xt, order, s1, s2, _dense_rows(X, form, s1),
+                    metric == "manhattan" and _counts(C))
 
 
 def _dense_rows(X: Any, form: Form, s1: Any) -> cupy.ndarray | None:
@@ -322,6 +342,7 @@ class QuerySet:
     s1: cupy.ndarray | None
     s2: cupy.ndarray | None
     dense: cupy.ndarray | None
+    form: Form  # the index's, or manhattan's exact form between counts
 
     @property
     def n(self) -> int:
@@ -331,16 +352,18 @@ class QuerySet:
 def prepare_queries(index: GpuIndex, Q: Any) -> QuerySet:
     form = FORMS[index.metric]
     C = _as_csr(Q).astype(index.dtype)
+    if index.counts and _counts(C):
+        form = _L1_COUNTS
     if form.normalise:
         C = _normalised(C)
     s1, s2 = form.q_stats(C, index.p)
     if index.dense is not None and isinstance(Q, cupy.ndarray):
         return QuerySet(None, None, s1, s2, _dense_rows(Q.astype(index.dtype, copy=False),
-                                                        form, s1))
+                                                        form, s1), form)
     C = _transformed(C, form.q_values)
     if form.op in UNION_WALK:
         C.sort_indices()  # the union walk takes each query's nonzeros in feature order
-    return QuerySet(C, C.indptr.get(), s1, s2, None)
+    return QuerySet(C, C.indptr.get(), s1, s2, None, form)
 
 
 def _query_block(index: GpuIndex, qs: QuerySet, s: int, e: int, form: Form
@@ -437,7 +460,7 @@ def _dense_dot_keys(index: GpuIndex, form: Form, qs: QuerySet, s: int, e: int,
 
 def batch_keys(index: GpuIndex, qs: QuerySet, s: int, e: int, out: cupy.ndarray) -> None:
     """Every key of queries s..e against the index, into ``out`` (e - s × index rows)."""
-    form = FORMS[index.metric]
+    form = qs.form
     if qs.dense is not None:
         _dense_dot_keys(index, form, qs, s, e, out)
         return
@@ -449,7 +472,7 @@ def batch_keys(index: GpuIndex, qs: QuerySet, s: int, e: int, out: cupy.ndarray)
 def batch_knn(index: GpuIndex, qs: QuerySet, s: int, e: int, k: int
               ) -> tuple[cupy.ndarray, cupy.ndarray]:
     """Keys and int32 ids of the k best index rows for queries s..e."""
-    form = FORMS[index.metric]
+    form = qs.form
     n_rows = index.shape[0]
     kmax = _fused_kmax(k)
     if kmax == 0 or qs.dense is not None:

@@ -24,6 +24,10 @@ class KnnOp(IntEnum):
     JS = 6  # Jensen-Shannon
     LINF = 7  # a max over the union, not a sum
     CORRELATION = 8  # the centred product over the union (on the GPU; the CPU has its own)
+    # L1 of integer values with sums below 2^53: every sum is exact, so the query's own terms
+    # are taken out of a per-query total without the union walk (the GPU; a choice of the
+    # data, not of the metric: manhattan's code stays L1)
+    L1_COUNTS = 9
 
 
 class KnnFinish(IntEnum):
