@@ -152,8 +152,10 @@ def test_a_job_whose_workers_are_gone_stops_with_a_message_not_a_hang():
             time.sleep(0.1)
         assert not client.scheduler_info()["workers"]
         with dask.config.set({"mgpu.dist.stall-timeout": "2s"}):
-            with pytest.raises(TimeoutError, match=r"knn's query batch at row 0: 2 of 2 "
-                               r"task\(s\) made no progress for 2 s, with 0 worker\(s\)"):
+            # kNN's first wait: the tiles' nonzeros, counted for its working-memory check
+            with pytest.raises(TimeoutError, match=r"knn's index tiles \(their nonzeros, for "
+                               r"the working-memory check\): 1 of 1 task\(s\) made no "
+                               r"progress for 2 s, with 0 worker\(s\)"):
                 mgpu.knn(index, A[:5], 3)
             with pytest.raises(TimeoutError, match=r"jaccard's row blocks: .* no progress "
                                r"for 2 s, with 0 worker"):

@@ -335,12 +335,14 @@ def from_scipy(
     return da.Array(graph, name, chunks=chunks, dtype=S.dtype, meta=meta)
 
 
-def chunk_nnz(x: da.Array) -> np.ndarray:
-    """nnz of every chunk of a sparse dask array, shaped like its block grid (computed)."""
-    return x.map_blocks(
+def chunk_nnz(x: da.Array, compute: Callable[[da.Array], Any] | None = None) -> np.ndarray:
+    """nnz of every chunk of a sparse dask array, shaped like its block grid, computed by
+    ``compute`` (the array of counts in, its values out; default ``.compute()``)."""
+    counts = x.map_blocks(
         _nnz_block, dtype=np.int64, chunks=((1,) * x.numblocks[0], (1,) * x.numblocks[1]),
         meta=np.empty((0, 0), dtype=np.int64), token="mgpu-chunk-nnz",
-    ).compute()
+    )
+    return counts.compute() if compute is None else compute(counts)
 
 
 def chunk_workers(x: da.Array, client: Any) -> dict[tuple[int, ...], tuple[str, ...]]:

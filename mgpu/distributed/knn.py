@@ -19,7 +19,7 @@ import numpy as np
 
 from mgpu import config
 from mgpu.backends import is_gpu_array, is_sparse, to_host
-from mgpu.distributed.cluster import completed, current_client, task_placement
+from mgpu.distributed.cluster import completed, current_client, result, task_placement
 from mgpu.distributed.collection import block_futures, chunk_nnz, place_as
 from mgpu.distributed.inputs import check_dask_input, is_placed, one_chunk, row_chunks, row_tiles
 from mgpu.ops import distances as dist
@@ -68,7 +68,7 @@ def _tile_bytes(rows: int, cols: int, nnz: int | None) -> int:
     return nnz * (8 + idx) + (rows + 1) * idx
 
 
-def _check_tile_memory(index: da.Array, ring: dist.Semiring, budget: int) -> int:
+def _check_tile_memory(index: da.Array, ring: dist.Semiring, budget: int, client: Any) -> int:
     """Query rows per batch, after refusing, before any query is sent, tiles whose work for
     one query does not fit the working memory (each task would fail alone): the message
     gives the bytes needed and available and the number of tiles that would fit."""
@@ -76,7 +76,11 @@ def _check_tile_memory(index: da.Array, ring: dist.Semiring, budget: int) -> int
     cols = int(index.shape[1])
     nnz: list[int | None] = [None] * len(rows)
     if is_sparse(index._meta):
-        nnz = [int(z) for z in np.asarray(chunk_nnz(index)).ravel()]
+        # waited for as every task of this call is: a cluster without workers stops it
+        counted = chunk_nnz(index, lambda counts: result(
+            client.compute(counts), "knn's index tiles (their nonzeros, for the working-memory "
+            "check)", client))
+        nnz = [int(z) for z in np.asarray(counted).ravel()]
     sizes = [_tile_bytes(r, cols, z) for r, z in zip(rows, nnz)]
     need = [dist.working_memory_for(1, r, ring, b) for r, b in zip(rows, sizes)]
     worst = int(np.argmax(need))
@@ -137,7 +141,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
         # task into batches within the budget itself
         step = int(config.get("knn.gpu-task-queries"))
     else:
-        step = _check_tile_memory(index, ring, working_memory)
+        step = _check_tile_memory(index, ring, working_memory, client)
     in_flight = max(1, int(config.get("knn.batches-in-flight")))
     # Each tile is checked and prepared once per call where it lives, and its queries are
     # asked to run there. Asked, not pinned, for CPU tiles: when that worker is lost, the
