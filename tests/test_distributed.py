@@ -170,7 +170,13 @@ def test_connect_refuses_a_cpu_worker_it_cannot_add(monkeypatch):
         connect(gpus=False, cpu_threads=2)
 
 
-def test_connect_to_nothing_times_out_with_a_message():
+def test_connect_to_nothing_times_out_with_a_message(monkeypatch):
+    """A scheduler that does not come up within the timeout is named. (An address where
+    nothing listens is refused before that wait, by a probe, tested in
+    test_cli_bad_input.py; without the probe the client's own wait runs out.)"""
+    import mgpu.distributed.cluster as cl
+
+    monkeypatch.setattr(cl, "_probe", lambda address, wait=2.0: None)
     with pytest.raises(TimeoutError, match=r"The scheduler at tcp://127.0.0.1:9 did not come up "
                        r"within 2 s"):
         connect("tcp://127.0.0.1:9", timeout=2)
