@@ -329,7 +329,6 @@ def run_gradient_mf(ratings: str, device: str, parts: int | None, n_workers: int
     OUT gets <device>-factors.npz: U, V, mean, and user_ids, item_ids (row i of U is user
     user_ids[i] of the file, row j of V item item_ids[j]).
     """
-    from mgpu.distributed import connect
     from mgpu.mf import split_ratings
     from mgpu.models import GradientMF
 
@@ -344,15 +343,7 @@ def run_gradient_mf(ratings: str, device: str, parts: int | None, n_workers: int
 
     def fit(dev: str, data: tuple[Any, ...], progress: Callable[..., None]) -> Any:
         model = GradientMF(k, reg=reg, lr=lr, iters=iters, seed=seed)
-        try:
-            if dev != "cluster":
-                model.fit(*data, progress=progress)
-            else:
-                with connect(address, n_workers=n_workers) as client:
-                    click.echo(f"cluster: {describe(client)}")
-                    model.fit(*data, parts=parts, client=client, progress=progress)
-        except FloatingPointError as exc:  # diverged: nothing of this run is written
-            raise click.ClickException(f"{dev}: {exc}") from None
+        _fit(model, dev, data, progress, address, n_workers, parts)
         hist = model.history_
         U, V = _host(model.U_, model.V_)
         save_npz(out / f"{dev}-factors.npz", U=U, V=V, mean=model.mean_,
@@ -409,7 +400,6 @@ def run_gap(corpus: str, fmt: str | None, vocab: str | None, device: str, parts:
     (documents x topics), L (words x topics), and row_ids, col_ids: the ids in the file of
     X's rows (documents) and of L's rows (words): 1-based for UCI docword, 0-based for LDA-C.
     """
-    from mgpu.distributed import connect
     from mgpu.models import GaP
 
     from mgpu.models.gap import check_counts
@@ -425,16 +415,7 @@ def run_gap(corpus: str, fmt: str | None, vocab: str | None, device: str, parts:
 
     def fit(dev: str, data: tuple[Any, ...], progress: Callable[..., None]) -> Any:
         model = GaP(topics, iters=iters, alpha=alpha, beta=beta, seed=seed)
-        try:
-            if dev != "cluster":
-                model.fit(*data, progress=progress)
-            else:
-                with connect(address, n_workers=n_workers) as client:
-                    click.echo(f"cluster: {describe(client)}")
-                    model.fit(*data, parts=parts, client=client, progress=progress)
-                    click.echo(tile_placement(client, model.tiles_))
-        except FloatingPointError as exc:  # overflowed: nothing of this run is written
-            raise click.ClickException(f"{dev}: {exc}") from None
+        _fit(model, dev, data, progress, address, n_workers, parts, tiles=True)
         X, L = _host(model.X_, model.L_)
         save_npz(out / f"{dev}-topics.npz", X=X, L=L, row_ids=doc_ids, col_ids=word_ids)
         click.echo(f"{dev}: log-likelihood per token "
@@ -453,6 +434,27 @@ def run_gap(corpus: str, fmt: str | None, vocab: str | None, device: str, parts:
     if plot is not None:
         _plots.gap_history(histories, plot, f"GaP topic model, {Path(corpus).name}")
     plotted(plot)
+
+
+def _fit(model: Any, dev: str, data: tuple[Any, ...], progress: Callable[..., None],
+         address: str | None, n_workers: int | None, parts: int | None,
+         tiles: bool = False) -> None:
+    """``model.fit`` on one device, or on the cluster (``dev == "cluster"``); a fit that
+    diverged or overflowed (FloatingPointError) ends the job with its message, before
+    anything of the run is written."""
+    from mgpu.distributed import connect
+
+    try:
+        if dev != "cluster":
+            model.fit(*data, progress=progress)
+        else:
+            with connect(address, n_workers=n_workers) as client:
+                click.echo(f"cluster: {describe(client)}")
+                model.fit(*data, parts=parts, client=client, progress=progress)
+                if tiles:
+                    click.echo(tile_placement(client, model.tiles_))
+    except FloatingPointError as exc:
+        raise click.ClickException(f"{dev}: {exc}") from None
 
 
 def _vocabulary(path: str, n_words: int, corpus: str) -> list[str]:
