@@ -90,8 +90,6 @@ def check_sddmm_options(hadamard: Any, check_finite: Any, working_memory: Any,
     check_param(check_finite, "check_finite", "sddmm", Boolean())
     check_param(working_memory, "working_memory", "sddmm", [Bytes(), None])
     check_param(progress, "progress", "sddmm", [IsCallable(), None])
-    if device == "gpu":
-        require_gpu_device("sddmm")  # CuPy and a GPU, or a refusal saying how to get them
 
 
 def check_dense_factor(X: Any, name: str, finite: bool = True) -> None:
@@ -284,6 +282,8 @@ def stream_budget(working_memory: Any = None) -> int:
     if working_memory is None and config.get("sddmm.gpu-stream-memory") is None:
         from mgpu.backends.memory import gpu_available
 
+        require_gpu_device("sddmm")  # CuPy and a GPU, or a refusal saying how to get them
+
         return int(0.8 * gpu_available()[0])
     return config.get_bytes("sddmm.gpu-stream-memory", working_memory)
 
@@ -298,7 +298,9 @@ def _streamed(S: Any, A: Any, B: Any, hadamard: bool, working_memory: Any,
     budget = stream_budget(working_memory)
     what = (f"SDDMM of a {S.shape[0]:,}×{S.shape[1]:,} S with {int(S.nnz):,} nonzeros and "
             f"K={A.shape[1]}, streamed through the GPU")
+    # refusals by the sizes alone come first (they need no device), then CuPy and a GPU
     plan = plan_stream(S.indptr, S.shape[1], A.shape[1], dt.itemsize, budget, what)
+    require_gpu_device("sddmm")
     from mgpu.backends.memory import require_gpu
 
     # a working_memory asked for beyond what the device has: refused, not run out of
