@@ -2,10 +2,13 @@
 
 The index is spread over the workers in nnz-balanced row tiles, every row is queried
 against it, and each row's own entry is dropped, as scikit-learn's ``kneighbors_graph``
-does.
+does. On a cluster of one worker kind (all GPU or all CPU workers) the rows go round the
+workers SPMD (:func:`mgpu.distributed.all_knn.all_knn`); a mixed cluster sends query batches
+to the tiles as tasks (:func:`mgpu.knn`). Both give the one-device graph.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from numbers import Integral
 from typing import Any
@@ -16,6 +19,8 @@ import scipy.sparse as sp
 # The private checks of mgpu.ops.distances, imported in this one place.
 from mgpu.ops.distances import check_knn_input, check_knn_values, drop_self, resolve_metric
 from mgpu.ops.validation import Interval, check_param
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["graph_stats", "knn_graph"]
 
@@ -38,7 +43,7 @@ def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
     address, gpus
         The cluster, as ``mgpu.connect`` takes them (default: an embedded one).
     progress : callable, optional
-        Called with the number of rows done as batches finish.
+        Called with the number of rows done as batches (or the ring's steps) finish.
 
     Returns
     -------
@@ -54,6 +59,7 @@ def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
     """
     from mgpu import knn
     from mgpu.distributed import connect, from_scipy
+    from mgpu.distributed.all_knn import all_knn, one_worker_kind
 
     ring, p = resolve_metric(metric, p, func="knn-graph")
     S = check_knn_input(sp.csr_matrix(S), "INPUT", "knn-graph")
@@ -69,7 +75,13 @@ def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
     check_param(parts, "parts", "knn-graph", [Interval(Integral, 1, None), None])
     with connect(address, gpus=gpus) as client:
         X = from_scipy(S, parts, axis=0, client=client)
-        d, i = knn(X, S, k + 1, metric=ring.name, p=p, progress=progress)
+        if one_worker_kind(client):
+            logger.info("knn-graph: the rows go round the %d worker(s) SPMD",
+                        len(client.scheduler_info()["workers"]))
+            d, i = all_knn(X, k + 1, metric=ring.name, p=p, client=client, progress=progress)
+        else:  # GPU and CPU workers: no one communicator; query batches go to the tiles
+            logger.info("knn-graph: a mixed cluster; query batches go to the tiles as tasks")
+            d, i = knn(X, S, k + 1, metric=ring.name, p=p, progress=progress)
     d, i = drop_self(d, i, k)
     G = sp.csr_matrix((d.ravel(), i.ravel(), np.arange(0, n * k + 1, k)), shape=(n, n))
     return G, d, i
