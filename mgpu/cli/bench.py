@@ -280,6 +280,46 @@ def bench_knn_scaling(input: str | None, corpus: tuple[int, int], density: float
     plotted(plot)
 
 
+@bench.command("knn-graph")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@opt.corpus_shape("300000x100000")
+@opt.density
+@opt.k(10, "Neighbours per row (the row itself excluded).")
+@click.option("--metric", default="cosine", show_default=True)
+@opt.worker_counts()
+@click.option("--weak-rows", default=75000, show_default=True, type=click.IntRange(min=0),
+              help="Rows per worker of the weak-scaling runs (0: none).")
+@opt.worker_kind
+@opt.json_out()
+def bench_knn_graph(input: str | None, corpus: tuple[int, int], density: float, k: int,
+                    metric: str, workers: tuple[int, ...], weak_rows: int, device: str,
+                    json_path: str | None) -> None:
+    """The kNN graph of a corpus (every row a query) on one device and SPMD on 1, 2, 4, …
+    workers, in one run.
+
+    Reports the seconds of each, the speedup against one device and whether the ids equal
+    the one-device graph's; with --weak-rows, weak scaling too (that many rows per worker:
+    efficiency is the pairs of rows compared per second per worker against one worker's).
+    """
+    from mgpu.bench.knn_graph import bench_graph, graph_markdown
+    from mgpu.ops.distances import resolve_metric
+
+    ring, _ = resolve_metric(metric, 2, func="bench knn-graph")
+    counts = _check_gpu_workers(workers, device)
+    t0 = time.perf_counter()
+    X, label = load_corpus(input, corpus, density)
+    if k >= X.shape[0]:
+        raise click.BadParameter(f"must be below the {X.shape[0]:,} rows", param_hint="-k")
+    click.echo(f"{label}: {X.shape[0]:,}×{X.shape[1]:,}, {X.nnz:,} nonzeros (ready in "
+               f"{time.perf_counter() - t0:.0f} s), k={k}, {ring.name}")
+    rows = bench_graph(X, k, ring.name, counts, weak_rows=weak_rows, gpus=_GPUS[device],
+                       progress=click.echo)
+    click.echo(graph_markdown(rows, label, ring.name, k))
+    for r in rows:
+        r["corpus"] = label
+    write_json(json_path, rows)
+
+
 @bench.command("gap")
 @click.argument("corpus", required=False, type=click.Path(exists=True, dir_okay=False))
 @opt.corpus_shape("300000x100000", "--corpus-shape", "shape")

@@ -152,7 +152,10 @@ def _ring_knn(comm: Any, parts: list[Any], k: int, metric: str, p: float,
     if size > 1:  # one more pass brings each block's lists home
         rows = sizes[rank][0]
         top = tuple(comm.sendrecv(x, ahead, behind)[:rows] for x in _padded(top, top_rows))
-    d, i = to_host(top[0]).astype(np.float64), to_host(top[1])
+    # to the client in the tiles' dtype and int32 ids where they fit: half the bytes of
+    # float64 and int64 (widened there)
+    ids = top[1].astype(np.int32) if sum(r for r, _ in sizes) < 2**31 else top[1]
+    d, i = to_host(top[0]), to_host(ids)
     out, at = [], 0
     for part in parts:
         n = part.rows.stop - part.rows.start
