@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 import mgpu
-from mgpu.distributed.all_knn import all_knn, merge_sorted, one_worker_kind
+from mgpu.distributed.knn_graph import all_knn, merge_sorted, one_worker_kind
 from mgpu.distributed.knn import merge_top_k
 from mgpu.ops.distances import drop_self
 from mgpu.synthetic import powerlaw_csr
@@ -23,8 +23,17 @@ def _corpus(seed: int, n: int = 90, m: int = 40) -> sp.csr_matrix:
     return S[np.random.default_rng(seed).permutation(S.shape[0])].tocsr()
 
 
+@pytest.fixture(scope="module")
+def two_workers():
+    with mgpu.connect(gpus=False, n_workers=2) as client:
+        yield client
+
+
 @pytest.fixture(scope="module", params=[2, 3], ids=["2-workers", "3-workers"])
 def cluster(request):
+    if request.param == 2:
+        yield request.getfixturevalue("two_workers")
+        return
     with mgpu.connect(gpus=False, n_workers=request.param) as client:
         yield client
 
@@ -93,7 +102,8 @@ def test_all_knn_k_larger_than_a_tile(cluster):
     np.testing.assert_array_equal(i, mgpu.knn(S, S, S.shape[0], metric="euclidean")[1])
 
 
-def test_all_knn_progress_counts_every_row(cluster):
+def test_all_knn_progress_counts_every_row(two_workers):
+    cluster = two_workers
     S = _corpus(3)
     seen = []
     all_knn(mgpu.from_scipy(S, client=cluster), 3, metric="cosine", client=cluster,
@@ -101,7 +111,8 @@ def test_all_knn_progress_counts_every_row(cluster):
     assert sum(seen) == S.shape[0] and all(s > 0 for s in seen)
 
 
-def test_a_tile_with_nan_ends_the_call_on_every_worker(cluster):
+def test_a_tile_with_nan_ends_the_call_on_every_worker(two_workers):
+    cluster = two_workers
     S = _corpus(4)
     S.data[-1] = np.nan  # in the last tile only
     X = mgpu.from_scipy(S, client=cluster)
@@ -113,7 +124,8 @@ def test_a_tile_with_nan_ends_the_call_on_every_worker(cluster):
                                           client=cluster)[1], mgpu.knn(T, T, 2)[1])
 
 
-def test_all_knn_refusals(cluster):
+def test_all_knn_refusals(two_workers):
+    cluster = two_workers
     S = _corpus(6)
     X = mgpu.from_scipy(S, client=cluster)
     with pytest.raises(ValueError, match=r"The 'k' parameter of all_knn must be .* Got 500"):
@@ -135,8 +147,11 @@ def test_all_knn_refusals(cluster):
         all_knn(X, 2, working_memory=64, client=cluster)
 
 
-def test_all_knn_without_a_cluster():
-    X = mgpu.from_scipy(_corpus(7))  # no client: the chunks stay in the graph
+def test_all_knn_without_a_cluster(monkeypatch):
+    from mgpu.distributed import knn_graph as module
+
+    monkeypatch.setattr(module, "current_client", lambda: None)  # whatever else runs here
+    X = mgpu.from_scipy(_corpus(7), client=None)
     with pytest.raises(ValueError, match=r"all_knn runs on a cluster: call mgpu.connect\(\)"):
         all_knn(X, 2)
 
@@ -145,10 +160,11 @@ def test_all_knn_without_a_cluster():
 
 
 def test_knn_graph_goes_spmd_on_one_worker_kind_and_by_tasks_on_a_mixed_one(
-        cluster, monkeypatch, caplog):
+        two_workers, monkeypatch, caplog):
     from mgpu.bench.knn_graph import knn_graph
-    from mgpu.distributed import all_knn as module
+    from mgpu.distributed import knn_graph as module
 
+    cluster = two_workers
     S = _corpus(8)
     k = 5
     want_d, want_i = drop_self(*mgpu.knn(S, S, k + 1, metric="cosine"), k)

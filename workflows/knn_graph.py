@@ -25,7 +25,7 @@ import scipy.sparse as sp
 
 import mgpu
 from mgpu import io
-from mgpu.distributed.all_knn import all_knn, one_worker_kind
+from mgpu.distributed.knn_graph import all_knn, one_worker_kind
 from mgpu.ops.distances import drop_self
 
 

@@ -3,7 +3,7 @@
 The index is spread over the workers in nnz-balanced row tiles, every row is queried
 against it, and each row's own entry is dropped, as scikit-learn's ``kneighbors_graph``
 does. On a cluster of one worker kind (all GPU or all CPU workers) the rows go round the
-workers SPMD (:func:`mgpu.distributed.all_knn.all_knn`); a mixed cluster sends query batches
+workers SPMD (:func:`mgpu.distributed.knn_graph.all_knn`); a mixed cluster sends query batches
 to the tiles as tasks (:func:`mgpu.knn`). Both give the one-device graph.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
     """
     from mgpu import knn
     from mgpu.distributed import connect, from_scipy
-    from mgpu.distributed.all_knn import all_knn, one_worker_kind
+    from mgpu.distributed.knn_graph import all_knn, one_worker_kind
 
     ring, p = resolve_metric(metric, p, func="knn-graph")
     S = check_knn_input(sp.csr_matrix(S), "INPUT", "knn-graph")
@@ -149,7 +149,7 @@ def bench_graph(S: sp.csr_matrix, k: int, metric: str, workers: tuple[int, ...],
 
     GPU runs use float32 (one device and workers alike). For each worker count an embedded
     cluster is started, S is placed in one nnz-balanced row tile per worker and
-    :func:`mgpu.distributed.all_knn.all_knn` is timed once, after an untimed call on a small
+    :func:`mgpu.distributed.knn_graph.all_knn` is timed once, after an untimed call on a small
     corpus that compiles the kernels on every worker; its ids must equal the one-device
     call's. With ``weak_rows``, weak scaling too: the first ``weak_rows × workers`` rows on
     that many workers (rows per worker fixed; the work per worker grows with the workers,
@@ -161,7 +161,7 @@ def bench_graph(S: sp.csr_matrix, k: int, metric: str, workers: tuple[int, ...],
 
     from mgpu.backends import is_gpu_array
     from mgpu.distributed import connect, from_scipy, visible_gpus
-    from mgpu.distributed.all_knn import all_knn
+    from mgpu.distributed.knn_graph import all_knn
 
     use_gpus = visible_gpus() > 0 if gpus is None else gpus
     X = sp.csr_matrix(S, dtype=np.float32 if use_gpus else np.float64)
