@@ -137,8 +137,9 @@ def _ring_knn(comm: Any, parts: list[Any], k: int, metric: str, p: float,
     ahead, behind = (rank + 1) % size, (rank - 1) % size
     for step in range(size):
         if Q.shape[0]:
-            for prepared, first, rows in index:
-                d, i = knn_prepared_lookup(prepared, Q, min(k, rows), ring, p, working_memory)
+            for prepared, first, tile_rows in index:  # k above a tile's rows: all of them
+                d, i = knn_prepared_lookup(prepared, Q, min(k, tile_rows), ring, p,
+                                           working_memory)
                 top = merge_sorted(top, (d.astype(dtype, copy=False), i + first), k,
                                    ring.similarity)
         if step < size - 1:  # the block and its lists go on to the next rank
