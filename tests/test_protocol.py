@@ -249,6 +249,22 @@ def test_bench_transfer_refuses_before_starting_anything(args, match, no_ucx, mo
     assert r.exit_code == 2 and match in r.output, r.output
 
 
+def test_bench_transfer_rmm_pool_needs_rmm_and_gpu_workers(monkeypatch, no_ucx):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    for have_rmm, match in ((False, "Invalid value for '--rmm-pool': needs rmm: pip install "
+                                    "'mgpu[ucx]'"),
+                            (True, "--rmm-pool is for GPU workers; leave it out with --device "
+                                   "cpu")):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a, have=have_rmm: (object() if have else None)
+                            if name == "rmm" else real(name, *a))
+        r = CliRunner().invoke(main, ["bench", "transfer", "--device", "cpu", "--rmm-pool",
+                                      "8GB"])
+        assert r.exit_code == 2 and match in r.output, r.output
+
+
 # ------------------------------------------------------------------ on GPUs
 
 
@@ -271,8 +287,16 @@ def test_ucx_moves_a_cupy_array_between_two_gpu_workers_intact():
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu(2)
-def test_bench_transfer_between_two_gpu_workers_over_tcp():
+def test_bench_transfer_between_two_gpu_workers():
+    """TCP, and UCX with an RMM pool where mgpu[ucx] is installed: each row's moves are
+    checked (sample sums) and come from the receiving worker's own fetch record."""
+    import importlib.util
+
     from mgpu.bench.transfer import bench_transfer
 
-    (row,) = bench_transfer(64 << 20, ("tcp",), gpu=True, repeats=2)
-    assert row["array"] == "cupy" and row["gbps"] > 0
+    protocols = ("tcp", "ucx") if pr.ucx_available() else ("tcp",)
+    pool = (1 << 30) if importlib.util.find_spec("rmm") else None
+    rows = bench_transfer(64 << 20, protocols, gpu=True, repeats=2, rmm_pool=pool)
+    assert [(r["protocol"], r["scheme"], r["array"]) for r in rows] == \
+        [(p, p, "cupy") for p in protocols]
+    assert all(r["gbps"] > 0 and len(r["transfer_s"]) == 2 for r in rows)

@@ -49,6 +49,18 @@ def _describe(x: Any) -> tuple[float, str]:
     return _checksum(x), type(x).__module__.split(".")[0]
 
 
+def _use_rmm_pool(nbytes: int) -> None:
+    """On a GPU worker: an RMM pool of ``nbytes`` for CuPy and for what UCX receives, so that
+    UCX maps the pool between two workers once rather than every new buffer (dask-cuda's
+    advice for NVLink)."""
+    import cupy
+    import rmm
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=nbytes)
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+
+
 def _fetched(dask_worker: Any, key: str) -> float | None:
     """Seconds this worker spent fetching ``key`` from another worker (its last record)."""
     found = [e["duration"] for e in dask_worker.transfer_incoming_log
@@ -75,11 +87,13 @@ def _one(client: Any, src: str, dst: str, n: int, seed: int, gpu: bool) -> dict[
 
 
 def bench_transfer(nbytes: int, protocols: tuple[str, ...], *, gpu: bool, repeats: int = 5,
+                   rmm_pool: int | None = None,
                    progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """One row per protocol: the median GB/s of moving ``nbytes`` of float32 between two
     workers of an embedded cluster speaking that protocol (two GPU workers with ``gpu``,
     else two CPU worker processes), over ``repeats`` moves after one warm-up move (which
-    opens the connection between the two workers)."""
+    opens the connection between the two workers). ``rmm_pool``: bytes of an RMM pool on
+    each GPU worker, for every protocol alike."""
     n = max(1, nbytes // 4)
     rows = []
     for protocol in protocols:
@@ -87,6 +101,8 @@ def bench_transfer(nbytes: int, protocols: tuple[str, ...], *, gpu: bool, repeat
         with connect(gpus=gpu, n_workers=2, protocol=protocol) as client:
             src, dst = sorted(client.scheduler_info()["workers"])[:2]
             scheme = client.scheduler.address.split("://")[0]
+            if rmm_pool:
+                client.run(_use_rmm_pool, rmm_pool)
             if progress:
                 progress(f"{protocol}: cluster at {client.scheduler.address} up in "
                          f"{time.perf_counter() - t0:.1f} s")
@@ -95,7 +111,8 @@ def bench_transfer(nbytes: int, protocols: tuple[str, ...], *, gpu: bool, repeat
         gbps = [4 * n / r["transfer_s"] / 1e9 for r in runs]
         wall = [4 * n / r["wall_s"] / 1e9 for r in runs]
         rows.append({"protocol": protocol, "scheme": scheme, "array": runs[0]["kind"],
-                     "bytes": 4 * n, "repeats": repeats, "gbps": statistics.median(gbps),
+                     "bytes": 4 * n, "repeats": repeats, "rmm_pool": rmm_pool,
+                     "gbps": statistics.median(gbps),
                      "gbps_min": min(gbps), "gbps_max": max(gbps),
                      "task_gbps": statistics.median(wall),
                      "transfer_s": [r["transfer_s"] for r in runs],

@@ -474,6 +474,17 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     return n
 
 
+def _pool_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """--rmm-pool: a size, refused here when rmm is not installed."""
+    import importlib.util
+
+    if value is None:
+        return None
+    if importlib.util.find_spec("rmm") is None:
+        raise click.BadParameter("needs rmm: pip install 'mgpu[ucx]' (or rmm-cu13)", ctx, param)
+    return _size(ctx, param, value)
+
+
 def _protocols(ctx: click.Context, param: click.Parameter, value: str | None
                ) -> tuple[str, ...]:
     """--protocols: a comma-separated list of mgpu.connect's protocols, UCX refused when
@@ -500,10 +511,14 @@ def _protocols(ctx: click.Context, param: click.Parameter, value: str | None
               "distributed-ucxx is installed).")
 @opt.device(("auto", "cpu", "gpu"), "auto", "Move a CuPy array between two GPU workers "
             "(gpu; auto when GPUs are visible) or a numpy array between two CPU workers.")
+@click.option("--rmm-pool", default=None, callback=_pool_size,
+              help="GPU workers: an RMM pool of this size on each (e.g. 8GB, at least three "
+              "times --size), for every protocol; UCX then maps GPU memory between the "
+              "workers once (needs rmm, which mgpu[ucx] brings).")
 @opt.repeats(5, "Timed moves (median), after one warm-up move.")
 @opt.json_out()
-def bench_transfer_cmd(size: int, protocols: tuple[str, ...], device: str, repeats: int,
-                       json_path: str | None) -> None:
+def bench_transfer_cmd(size: int, protocols: tuple[str, ...], device: str,
+                       rmm_pool: int | None, repeats: int, json_path: str | None) -> None:
     """GB/s of one array moved by Dask between two workers, over TCP and UCX.
 
     Each protocol gets its own embedded cluster of two workers; the receiving worker's record
@@ -520,13 +535,17 @@ def bench_transfer_cmd(size: int, protocols: tuple[str, ...], device: str, repea
         raise click.UsageError(f"bench transfer between GPU workers needs 2 GPUs; {n_gpus} "
                                "visible. Pass --device cpu to move a host array between two "
                                "CPU workers instead.")
+    if rmm_pool is not None and not gpu:
+        raise click.UsageError("--rmm-pool is for GPU workers; leave it out with --device cpu.")
     from mgpu.distributed.protocol import ucx_available
 
     if "ucx" not in protocols and not ucx_available():
         click.echo("ucx: not measured, distributed-ucxx is not installed (pip install "
                    "'mgpu[ucx]')")
     click.echo(f"moving {size / 1e9:.3g} GB of float32 between two {'GPU' if gpu else 'CPU'} "
-               f"workers over {', '.join(protocols)}; {repeats} repeats")
-    rows = bench_transfer(size, protocols, gpu=gpu, repeats=repeats, progress=click.echo)
+               f"workers over {', '.join(protocols)}; {repeats} repeats"
+               + (f", an RMM pool of {rmm_pool / 1e9:.3g} GB on each" if rmm_pool else ""))
+    rows = bench_transfer(size, protocols, gpu=gpu, repeats=repeats, rmm_pool=rmm_pool,
+                          progress=click.echo)
     click.echo(transfer_markdown(rows))
     write_json(json_path, rows)
