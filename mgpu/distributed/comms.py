@@ -190,11 +190,13 @@ class HostComm:
                 f"{msg[0]} #{msg[1]}: the link to {self._who(r)} closed ({exc}): that worker "
                 "is gone.", self.workers[r])) from None
 
-    def _abort_others(self, error: CollectiveError, skip: int) -> None:
+    def _abort_others(self, error: CollectiveError) -> None:
+        """The root's verdict to every other rank (a late one reads it when it comes; the
+        link of a lost one is closed, and skipped)."""
         kind = ("timeout" if isinstance(error, CollectiveTimeout)
                 else "lost" if isinstance(error, WorkerLost) else "mismatch")
         for r in range(self.size):
-            if r not in (self.rank, skip):
+            if r != self.rank:
                 try:
                     send_obj(self._links[r], (_ABORT, kind, str(error), error.worker))
                 except _Closed:
@@ -220,7 +222,7 @@ class HostComm:
                 try:
                     out[r] = self._recv_from(r, op, seq, deadline)
                 except CollectiveError as exc:
-                    self._abort_others(exc, r)
+                    self._abort_others(exc)
                     raise
         return out
 

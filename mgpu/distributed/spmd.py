@@ -460,6 +460,17 @@ _LOST = (WorkerLost, CollectiveTimeout, distributed.scheduler.KilledWorker,
          distributed.comm.CommClosedError)
 
 
+def _blame(error: BaseException) -> int:
+    """The error to raise of those the ranks raised: the function's own first, then ranks
+    that called different collectives, then a named worker, then the rest (the others'
+    news of it)."""
+    if not isinstance(error, CollectiveError):
+        return 0
+    if isinstance(error, CollectiveMismatch):
+        return 1
+    return 2 if error.worker is not None else 3
+
+
 class _Run:
     """One :func:`spmd` job, through its restarts."""
 
@@ -471,6 +482,7 @@ class _Run:
         self.key = f"mgpu-{name}-{uuid.uuid4().hex}"
         self.connect_timeout = _seconds(config.get("spmd.connect-timeout"))
         self.received = 0
+        self.workers: list[str] = []
 
     def _alive(self) -> list[str]:
         return sorted(self.client.scheduler_info().get("workers", {}))
@@ -483,7 +495,8 @@ class _Run:
                 try:
                     return self._once(attempt, resumed)
                 except _LOST as exc:
-                    if attempt >= restarts:
+                    # only a worker that left the cluster makes a restart worth it
+                    if attempt >= restarts or not set(self.workers) - set(self._alive()):
                         raise
                     attempt += 1
                     resumed = self._latest_checkpoint(exc)
@@ -529,6 +542,7 @@ class _Run:
         client, tiles = self.client, self.tiles
         owners = _owners(tiles[0].blocks, client, self._alive())
         workers = list(dict.fromkeys(owners))  # rank order: each worker's first tile
+        self.workers = workers
         rank_of = {w: r for r, w in enumerate(workers)}
         mine: list[list[int]] = [[] for _ in workers]
         for i, w in enumerate(owners):
@@ -585,12 +599,7 @@ class _Run:
         for f in futures:
             f.cancel()
         _drop_communicator(self.client, self.kind, workers, comm_id)
-        # the error of the rank that failed first, not the others' news of it
-        cause = next((e for e in errors if not isinstance(e, CollectiveError)), None)
-        if cause is None:
-            named = [e for e in errors if getattr(e, "worker", None) is not None]
-            cause = (named or errors)[0]
-        raise cause
+        raise min(errors, key=_blame)
 
     def _wait_for_reports(self, sent: int) -> None:
         deadline = time.monotonic() + 10
