@@ -4,6 +4,8 @@ workers, its progress, its divergence, its checkpoints, and against the per-roun
 clusters mixing GPU and CPU workers keep."""
 from __future__ import annotations
 
+import importlib
+
 import dask
 import numpy as np
 import pytest
@@ -31,8 +33,8 @@ def _ratings(m: int = 90, n: int = 50, seed: int = 0, dtype=np.float64) -> sp.cs
 
 def _spmd_calls(monkeypatch) -> list[str]:
     """The names of the SPMD calls made from now on (the real call still runs)."""
-    import mgpu.distributed.spmd as core
-
+    # the module, not the function that mgpu.distributed exports under its name
+    core = importlib.import_module("mgpu.distributed.spmd")
     calls: list[str] = []
     real = core.spmd
 

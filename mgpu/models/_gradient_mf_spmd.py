@@ -26,7 +26,7 @@ import numpy as np
 
 import mgpu
 from mgpu.backends import array_module, synchronize, to_host
-from mgpu.models.gradient_mf import _adam, _divergence_bound, _finite, _tile_task, _watch
+from mgpu.models._gradient_steps import _adam, _divergence_bound, _finite, _tile_task, _watch
 
 __all__ = ["Spec", "fit_spmd"]
 
