@@ -654,3 +654,27 @@ def test_run_gap_writes_the_ids_of_documents_and_words(runner, tmp_path):
         # docword's ids are 1-based: row i is document i + 1, word j is word j + 1
         np.testing.assert_array_equal(f["row_ids"], np.arange(1, 41))
         np.testing.assert_array_equal(f["col_ids"], np.arange(1, 11))
+
+
+def test_bench_mf_scaling_on_cpu_workers(runner, tmp_path):
+    """One device, then SPMD fits on 1 and 2 CPU workers, from one start: the training RMSE
+    curves agree to rounding and every step is timed."""
+    import json
+
+    js = tmp_path / "mf.json"
+    r = runner.invoke(main, ["bench", "mf-scaling", "--synthetic", "3000x400:60000",
+                             "--workers", "1,2", "--device", "cpu", "-k", "8", "--iters", "4",
+                             "--dtype", "float64", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert "| planted 3,000×400 | 8 | 2 CPU |" in r.output
+    rows = json.loads(js.read_text())
+    assert [row["workers"] for row in rows] == ["one device, no cluster", 1, 2]
+    assert all(len(row["train_rmse"]) == 4 for row in rows)
+    assert all(row["rmse_rel_diff"] < 1e-12 for row in rows[1:])
+    assert all(row["median_step_s"] > 0 and row["speedup"] > 0 for row in rows[1:])
+    assert rows[0]["train_rmse"][-1] < rows[0]["train_rmse"][0]
+    for bad, words in ((["--iters", "2"], "'--iters': 2 is not in the range x>=3"),
+                       (["--synthetic", "30x20"], "expected USERSxITEMS:RATINGS"),
+                       (["--lr", "0"], "'--lr': 0.0 is not in the range x>0")):
+        r = runner.invoke(main, ["bench", "mf-scaling", *bad])
+        assert r.exit_code != 0 and words in r.output, r.output

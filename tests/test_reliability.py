@@ -7,6 +7,7 @@ import re
 import signal
 import time
 
+import dask
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -183,12 +184,14 @@ def test_no_user_file_is_ever_unpickled():
 
 def _killer_at_iteration(client, iteration: int):
     """A progress callback that kills (SIGKILL) one worker's process when the record of
-    ``iteration`` arrives, and the list it appends that worker's address to."""
+    ``iteration`` arrives, and the list it appends that worker's address to. The process is
+    found before the fit: an SPMD fit's records arrive on the client's event loop, where a
+    call to the cluster cannot wait."""
     killed = []
+    addr, pid = sorted(client.run(os.getpid).items())[0]
 
     def kill_one(rec: dict) -> None:
         if rec["iteration"] == iteration and not killed:
-            addr, pid = sorted(client.run(os.getpid).items())[0]
             os.kill(pid, signal.SIGKILL)
             killed.append(addr)
 
@@ -197,9 +200,11 @@ def _killer_at_iteration(client, iteration: int):
 
 @pytest.mark.timeout(4 * WAIT)
 def test_gradient_mf_training_survives_a_killed_worker(client3):
-    """GradientMF across the cluster: a worker is killed after the second step; the tiles it held
-    (ratings, rows of U and their Adam moments, made step by step) are made again from
-    their tasks elsewhere, and every RMSE and both factors equal an undisturbed run's."""
+    """GradientMF across the cluster (one SPMD call): a worker is killed after the second
+    step; the fit starts again from its last checkpoint (every step here) on the workers
+    that remain, the lost worker's tiles made again from their tasks, and every RMSE and
+    both factors equal an undisturbed run's (sums over the tiles go in tile order, whoever
+    holds them)."""
     from mgpu.mf import split_ratings
     from mgpu.models import GradientMF
 
@@ -209,8 +214,9 @@ def test_gradient_mf_training_survives_a_killed_worker(client3):
     train, test = split_ratings(R, 0.2, 0)
     ref = GradientMF(k=8, iters=6, lr=0.05).fit(train, test, parts=6, client=client3)
     kill_one, killed = _killer_at_iteration(client3, 2)
-    got = GradientMF(k=8, iters=6, lr=0.05).fit(train, test, parts=6, client=client3,
-                                                progress=kill_one)
+    with dask.config.set({"mgpu.spmd.checkpoint-every": 1}):
+        got = GradientMF(k=8, iters=6, lr=0.05).fit(train, test, parts=6, client=client3,
+                                                    progress=kill_one)
     assert killed
     for key in ("train_rmse", "test_rmse"):
         assert [h[key] for h in got.history_] == [h[key] for h in ref.history_]

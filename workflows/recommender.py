@@ -2,8 +2,9 @@
 
 Shows: MovieLens-style ratings split into training and test ratings, the factorisation
 ``r ≈ μ + u · v`` fitted by full-batch gradient descent with Adam (mgpu.models.GradientMF:
-each step one SDDMM and two SpMM) with the users in row tiles on the workers, the test RMSE
-per step, and the best-scored movies a user has not rated.
+each step one SDDMM and two SpMM) with the users in row tiles on the workers (one SPMD job:
+every worker runs all the steps on its tiles, V's gradient all-reduced between them), the
+test RMSE per step as the workers report it, and the best-scored movies a user has not rated.
 
 Run (MovieLens ml-latest-small of ../shared/data, two CPU workers):
 

@@ -430,6 +430,60 @@ def bench_mf(ratings: str | None, synthetic: tuple[int, int, int] | None,
                            "history": {m: mf.history_ for m, mf in mfs.items()}})
 
 
+@bench.command("mf-scaling")
+@opt.optional_ratings
+@click.option("--synthetic", default="480189x17770:2e7", show_default=True,
+              metavar="USERSxITEMS:RATINGS", callback=_synthetic_ratings,
+              help="Planted low-rank ratings when no RATINGS file is given (Netflix's shape; "
+              "the target's size is 480189x17770:1e8).")
+@opt.k(128, "Rank of the factors.")
+@click.option("--iters", default=20, show_default=True, type=click.IntRange(min=3),
+              help="Gradient steps of each fit (the median leaves out the first two).")
+@click.option("--lr", default=0.01, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Adam's step size.")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
+              show_default=True)
+@opt.worker_counts()
+@opt.worker_kind
+@opt.json_out()
+@opt.plot("speedup against workers")
+def bench_mf_scaling(ratings: str | None, synthetic: tuple[int, int, int], k: int, iters: int,
+                     lr: float, dtype: str, workers: tuple[int, ...], device: str,
+                     json_path: str | None, plot: str | None) -> None:
+    """GradientMF's step (SDDMM + 2 SpMM + Adam) on one device and on 1, 2, 4, … workers.
+
+    Each cluster fit is one SPMD call (V's gradient all-reduced between the workers, NCCL
+    on GPU workers). Reports the median time of a whole step, the speedup against one
+    device and the largest relative difference of the training RMSE curve from one
+    device's, all from one run.
+    """
+    from mgpu.bench import mf_scaling as b
+
+    counts = _check_gpu_workers(workers, device)
+    t0 = time.perf_counter()
+    if ratings is not None:
+        R, label = load_ratings(ratings).matrix, Path(ratings).name
+    else:
+        from mgpu.synthetic import planted_ratings
+
+        R = planted_ratings(*synthetic, noise=0.5, seed=0)
+        label = f"planted {synthetic[0]:,}×{synthetic[1]:,}"
+    R = R.tocsr().astype(dtype)
+    click.echo(f"{label}: {R.shape[0]:,} users × {R.shape[1]:,} items, {R.nnz:,} {dtype} "
+               f"ratings (ready in {time.perf_counter() - t0:.0f} s); k={k}, {iters} steps")
+    rows = b.scaling(R, k, iters, counts, lr=lr, gpus=_GPUS[device], progress=click.echo)
+    click.echo(b.scaling_markdown(rows, label))
+    write_json(json_path, rows)
+    if plot is not None:
+        cluster = [r for r in rows if isinstance(r["workers"], int)]
+        # the plot's speedup is against its first worker count, the table's against one device
+        base = cluster[0]["median_step_s"] if cluster else 1.0
+        _plots.scaling([dict(r, speedup=base / r["median_step_s"]) for r in cluster],
+                       f"GradientMF step, {label}, k={k}", plot,
+                       lambda r: f"{r['median_step_s'] * 1e3:.1f} ms")
+    plotted(plot)
+
+
 @bench.command("sgd")
 @click.option("--shape", default="480189x17770", show_default=True, type=opt.Shape(),
               metavar="USERSxITEMS", help="Users × items of the synthetic ratings (default: "

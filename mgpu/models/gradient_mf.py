@@ -17,7 +17,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from numbers import Integral, Real
 from typing import Any
 
@@ -25,10 +25,18 @@ import numpy as np
 import scipy.sparse as sp
 
 import mgpu
-from mgpu.backends import array_module, is_gpu_array, synchronize, to_device, to_host
+from mgpu import config
+from mgpu.backends import array_module, is_gpu_array, synchronize, to_host
 from mgpu.distributed.cluster import CLIENT
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
-from mgpu.mf.sgd import DIVERGENCE
+from mgpu.models._gradient_steps import (
+    _adam,
+    _divergence_bound,
+    _finite,
+    _Tile,
+    _tile_task,
+    _watch,
+)
 from mgpu.models._transpose import Transposer
 from mgpu.ops.validation import (
     Boolean,
@@ -278,12 +286,13 @@ class GradientMF:
         """The users in row tiles on the cluster's workers.
 
         Each tile's ratings, its rows of U and their Adam moments stay on its worker (its
-        GPU on GPU workers); per step only V (items × k) moves: it is sent to every tile,
-        each tile returns its share of V's gradient, and one task sums them and steps V. The
-        test error of a step is summed in the next round, from the factors that start that
-        round, so one round per step suffices. U_ and V_ are numpy.
+        GPU on GPU workers); only V's gradient is summed across the tiles. Where every tile
+        is on a worker of one kind (all GPU or all CPU workers) the whole fit is one SPMD
+        call (:func:`mgpu.models._gradient_mf_spmd.fit_spmd`): each worker loops over the
+        steps itself and V's gradient is all-reduced between the workers. A cluster that
+        mixes GPU and CPU workers keeps one Dask round per step (:meth:`_fit_rounds`).
+        U_ and V_ are numpy.
         """
-        k, iters, lr, reg = self.k, self.iters, self.lr, self.reg
         check_scipy_or_tiles(R, "R", "GradientMF.fit on a cluster")
         if test is not None and not sp.issparse(test):
             raise TypeError(f"The 'test' parameter of GradientMF.fit on a cluster must be a "
@@ -294,42 +303,49 @@ class GradientMF:
         if test is not None:
             check_array(test, "test", "GradientMF.fit on a cluster", accept_dense=False,
                         ensure_all_finite=True)
-        if is_dask_array(R):
-            tiles = RowTiles.place(R, name="gradient-mf", client=client)
-            stats = [tiles.result(f, "GradientMF's rating sums")
-                     for f in tiles.map(_stats_task, tiles.blocks, args=(R.shape[1],))]
-            if not all(st["finite"] for st in stats):
-                raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
-                                 "among its ratings. Clean them first.")
-            if any(st["duplicates"] for st in stats):
-                raise ValueError(_DUPLICATES)
-            dtype = np.dtype(stats[0]["dtype"])
-            n_train = sum(st["nnz"] for st in stats)
-            mean = float(sum(st["sum"] for st in stats) / max(n_train, 1))
-            per_item = sum(st["per_item"] for st in stats)
-        else:
-            R = sp.csr_matrix(_sorted_ratings(R))
-            if not np.isfinite(R.data).all():
-                raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
-                                 "among its ratings. Clean them first.")
-            dtype, n_train, mean = R.dtype, R.nnz, float(R.data.mean())
-            per_item = np.bincount(R.indices, minlength=R.shape[1])
-            tiles = RowTiles.place(R, name="gradient-mf", parts=parts, client=client)
+        tiles, dtype, n_train, mean, per_item = _place(R, client, parts)
         m, n = R.shape
+        k = self.k
         rng = np.random.default_rng(self.seed)  # the same start as on one device
         U0 = rng.normal(0, 0.1, (m, k)).astype(dtype)
         V0 = rng.normal(0, 0.1, (n, k)).astype(dtype)
         cnt_v = np.maximum(per_item, 1).astype(dtype)[:, None]
         T = sp.csr_matrix((0, n), dtype=dtype) if test is None else sp.csr_matrix(test, dtype=dtype)
-        tests = tiles.hold("test", [
-            T[tiles.rows(i)] if test is not None
-            else sp.csr_matrix((tiles.rows(i).stop - tiles.rows(i).start, n), dtype=dtype)
-            for i in range(len(tiles))])
+        pieces = [T[tiles.rows(i)] if test is not None
+                  else sp.csr_matrix((tiles.rows(i).stop - tiles.rows(i).start, n), dtype=dtype)
+                  for i in range(len(tiles))]
+        tests = tiles.hold("test", pieces)
         starts = tiles.hold("U0", [U0[tiles.rows(i)] for i in range(len(tiles))])
+        if _one_kind(tiles):
+            from mgpu.models._gradient_mf_spmd import Spec, fit_spmd
+
+            every = int(config.get("spmd.checkpoint-every", 0) or 0)
+            spec = Spec(self.iters, self.lr, self.reg, mean, n_train, T.nnz,
+                        test is not None, every, len(tiles))
+            U, V, history = fit_spmd(
+                tiles, replace(tiles, blocks=tests, nnz=[p.nnz for p in pieces]),
+                replace(tiles, blocks=starts, nnz=[0] * len(tiles)),
+                V0, cnt_v, spec, progress)
+        else:
+            U, V, history = self._fit_rounds(tiles, tests, starts, V0, cnt_v, mean, n_train,
+                                              T.nnz, test is not None, progress)
+        self.U_, self.V_, self.mean_ = U, V, mean
+        self.history_, self.tiles_ = history, tiles.describe()
+        if not (np.isfinite(U).all() and np.isfinite(V).all()):
+            _finite(math.nan, "last step's factors", self.iters, self.lr)
+
+    def _fit_rounds(self, tiles: RowTiles, tests: list[Any], starts: list[Any], V0: Any,
+                    cnt_v: Any, mean: float, n_train: int, n_test: int, has_test: bool,
+                    progress: Callable[[dict[str, float]], None] | None
+                    ) -> tuple[np.ndarray, np.ndarray, list[dict[str, float]]]:
+        """One Dask round per step, driven from the client (a cluster of GPU and CPU
+        workers): V is sent to every tile, each tile returns its share of V's gradient, and
+        one task sums them and steps V. The test error of a step is summed in the next
+        round, from the factors that start that round, so one round per step suffices."""
+        iters, lr, reg = self.iters, self.lr, self.reg
         state_of_tiles = tiles.map(_tile_task, tiles.blocks, tests, starts)
         V: Any = tiles.share("V0", V0)
         state: Any = None
-        n_test = T.nnz
         history: list[dict[str, float]] = []
         t_start = last = time.perf_counter()
         bound = math.inf  # set by the first step
@@ -359,7 +375,7 @@ class GradientMF:
                 if it == 1:
                     bound = _divergence_bound(rec["train_rmse"], mean)
                 _watch(rec["train_rmse"], bound, it, lr)
-                if test is not None:
+                if has_test:
                     rec["test_rmse"] = float(np.sqrt(test_sse / max(n_test, 1)))
                     _finite(rec["test_rmse"], "test RMSE", it, lr)
                 last = now
@@ -368,11 +384,42 @@ class GradientMF:
                     progress(rec)
         final = tiles.map(_tile_factor, state_of_tiles)
         U = np.vstack([tiles.result(f, "GradientMF's final factors") for f in final])
-        V = to_host(tiles.result(V, "GradientMF's final factors"))
-        self.U_, self.V_, self.mean_ = U, V, mean
-        self.history_, self.tiles_ = history, tiles.describe()
-        if not (np.isfinite(U).all() and np.isfinite(V).all()):
-            _finite(math.nan, "last step's factors", iters, lr)
+        return U, to_host(tiles.result(V, "GradientMF's final factors")), history
+
+
+def _place(R: Any, client: Any, parts: int | None
+           ) -> tuple[RowTiles, np.dtype, int, float, np.ndarray]:
+    """R's row tiles on the cluster, with what the start needs of the ratings: their dtype,
+    count, mean and count per item; NaN, infinity and duplicate ratings refused (a dask
+    array's tile by tile, in one round before any fit)."""
+    if is_dask_array(R):
+        tiles = RowTiles.place(R, name="gradient-mf", client=client)
+        stats = [tiles.result(f, "GradientMF's rating sums")
+                 for f in tiles.map(_stats_task, tiles.blocks, args=(R.shape[1],))]
+        if not all(st["finite"] for st in stats):
+            raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
+                             "among its ratings. Clean them first.")
+        if any(st["duplicates"] for st in stats):
+            raise ValueError(_DUPLICATES)
+        n_train = sum(st["nnz"] for st in stats)
+        mean = float(sum(st["sum"] for st in stats) / max(n_train, 1))
+        return (tiles, np.dtype(stats[0]["dtype"]), n_train, mean,
+                sum(st["per_item"] for st in stats))
+    R = sp.csr_matrix(_sorted_ratings(R))
+    if not np.isfinite(R.data).all():
+        raise ValueError("The 'R' parameter of GradientMF.fit holds NaN or infinity "
+                         "among its ratings. Clean them first.")
+    per_item = np.bincount(R.indices, minlength=R.shape[1])
+    tiles = RowTiles.place(R, name="gradient-mf", parts=parts, client=client)
+    return tiles, R.dtype, R.nnz, float(R.data.mean()), per_item
+
+
+def _one_kind(tiles: RowTiles) -> bool:
+    """Whether every tile is on a worker of one kind (all with a GPU or all without), the
+    condition of the SPMD fit: one communicator, NCCL or the host's, joins them."""
+    info = tiles.client.scheduler_info()["workers"]
+    kinds = {bool(info.get(w, {}).get("resources", {}).get("GPU")) for w in tiles.workers}
+    return len(kinds) == 1 and None not in tiles.workers
 
 
 def _capture(step: Callable[[], Any], stream: Any) -> Any:
@@ -387,62 +434,7 @@ def _capture(step: Callable[[], Any], stream: Any) -> Any:
         return None
 
 
-def _divergence_bound(first: float, mean: float) -> float:
-    """The training RMSE past which a fit has diverged: :data:`DIVERGENCE` times the first
-    step's (that of the starting factors), or times the ratings' mean where that is larger
-    (ratings all alike start near an RMSE of 0)."""
-    return DIVERGENCE * max(first, abs(mean))
-
-
-def _watch(train_rmse: float, bound: float, it: int, lr: float) -> None:
-    """Refuse a step whose training RMSE is not finite or past ``bound``."""
-    _finite(train_rmse, "training RMSE", it, lr)
-    if train_rmse > bound:
-        raise FloatingPointError(
-            f"GradientMF diverged at step {it}: the training RMSE rose to {train_rmse:.4g}, "
-            f"past {DIVERGENCE:g} times its scale at the start ({bound / DIVERGENCE:.4g}). "
-            f"Lower the learning rate (lr={lr}).")
-
-
-def _finite(value: float, what: str, it: int, lr: float) -> None:
-    """Refuse a NaN or infinite measure of the fit (the steps themselves check nothing)."""
-    if not math.isfinite(value):
-        raise FloatingPointError(f"GradientMF diverged at step {it}: the {what} is {value}. "
-                                 f"Lower the learning rate (lr={lr}) or check the ratings' "
-                                 "scale.")
-
-
-_B1, _B2, _EPS = 0.9, 0.999, 1e-8
-
-
-def _adam(xp: Any, A: Any, g: Any, cnt: Any, state: list[Any], it: int, lr: float,
-          reg: float) -> None:
-    """One Adam step of A in place from the summed gradient g (per-row means by ``cnt``, plus
-    the L2 term); ``state`` holds the two moments, updated in place too."""
-    g = g / cnt + reg * A
-    mom, sq = state
-    mom *= _B1
-    mom += (1 - _B1) * g
-    sq *= _B2
-    sq += (1 - _B2) * g * g
-    A -= (lr * (mom / (1 - _B1 ** it)) / (xp.sqrt(sq / (1 - _B2 ** it)) + _EPS)).astype(A.dtype)
-
-
 # ------------------------------------------------------------------- tasks on the tiles
-
-
-@dataclass
-class _Tile:
-    """The training ratings of a block of users (rows), the map that transposes a matrix of
-    their pattern by one gather, their test ratings, and the block's U with its Adam
-    moments: all of it stays on the worker that holds the tile."""
-
-    R: Any
-    transpose: Transposer
-    cnt: Any
-    test: Any
-    U: Any
-    state: list[Any]
 
 
 _DUPLICATES = ("The 'R' parameter of GradientMF.fit rates an item more than once for a user "
@@ -483,22 +475,6 @@ def _stats_task(R: Any, n: int) -> dict[str, Any]:
             "finite": bool(np.isfinite(host.data).all()), "dtype": host.dtype.str,
             "duplicates": summed.nnz != host.nnz,
             "per_item": np.bincount(host.indices, minlength=n)}
-
-
-def _tile_task(R: Any, test: Any, U: np.ndarray) -> _Tile:
-    """Build a tile on the worker holding R's rows (GPU arrays when R is a cupyx tile)."""
-    xp = array_module(R)
-    # the test ratings arrive from the client on the host; a GPU tile holds its on the GPU
-    if is_gpu_array(R):
-        test = to_device(test)
-    R = R.tocsr()
-    if not R.has_sorted_indices:  # the block is the dask array's: sort a copy
-        R = R.copy()
-        R.sort_indices()
-    U = xp.asarray(U)
-    cnt = xp.maximum(xp.diff(R.indptr), 1).astype(R.dtype)[:, None]
-    return _Tile(R, Transposer.of(R), cnt, test, U,
-                 [xp.zeros_like(U), xp.zeros_like(U)])
 
 
 def _step_task(tile: _Tile, V: Any, it: int, update: bool, mean: float, lr: float,
