@@ -183,12 +183,14 @@ def test_no_user_file_is_ever_unpickled():
 
 def _killer_at_iteration(client, iteration: int):
     """A progress callback that kills (SIGKILL) one worker's process when the record of
-    ``iteration`` arrives, and the list it appends that worker's address to."""
+    ``iteration`` arrives, and the list it appends that worker's address to. The process is
+    chosen now: an SPMD fit's records reach the callback on the client's event loop, where
+    a blocking call to the cluster cannot be made."""
     killed = []
+    addr, pid = sorted(client.run(os.getpid).items())[0]
 
     def kill_one(rec: dict) -> None:
         if rec["iteration"] == iteration and not killed:
-            addr, pid = sorted(client.run(os.getpid).items())[0]
             os.kill(pid, signal.SIGKILL)
             killed.append(addr)
 
@@ -219,9 +221,10 @@ def test_gradient_mf_training_survives_a_killed_worker(client3):
 
 @pytest.mark.timeout(4 * WAIT)
 def test_gap_fit_survives_a_killed_worker(client3):
-    """The topic model across the cluster: a worker is killed after the second iteration;
-    its tiles and loadings are made again from their tasks, and every log-likelihood and
-    both factors equal an undisturbed run's."""
+    """The topic model across the cluster (one SPMD job): a worker is killed after the
+    second iteration; the job starts again from its last checkpoint (the start, at the
+    default mgpu.spmd.checkpoint-every) on the workers that remain, and every
+    log-likelihood and both factors equal an undisturbed run's."""
     from mgpu.models import GaP
 
     rng = np.random.default_rng(5)
