@@ -9,7 +9,7 @@ CPU workers beside the GPU workers in the same cluster.
 - ``--rmm-pool``: an RMM memory pool per GPU (e.g. ``24GB``): allocations come from the pool
   instead of cudaMalloc, which matters for jobs that allocate per batch.
 - ``--protocol``: ``tcp`` (default) or ``ucx`` (NVLink/InfiniBand between workers, needs
-  ucx-py).
+  mgpu[ucx], i.e. distributed-ucxx).
 - ``--cpu-workers N``: N CPU worker processes joined to the same scheduler. Workers carry
   resources, ``GPU=1`` on the GPU workers and ``CPU=1`` on the CPU ones, so work submitted with
   ``resources={"GPU": 1}`` lands only on GPUs and CPU-friendly blocks can be sent to the CPU

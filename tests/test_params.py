@@ -174,6 +174,10 @@ CASES = [
      lambda v: mgpu.connect(gpus=False, n_workers=1, cpu_threads=v)),
     ("connect", "connect", "cpu_threads", "2",
      lambda v: mgpu.connect(gpus=False, n_workers=1, cpu_threads=v)),
+    ("connect", "connect", "protocol", "nccl",
+     lambda v: mgpu.connect(gpus=False, n_workers=1, protocol=v)),
+    ("connect", "connect", "protocol", "tcp",  # not the scheme of the scheduler's address
+     lambda v: mgpu.connect("ucx://127.0.0.1:8786", protocol=v)),
     # ------------------------------------------------------------------ estimators
     ("NearestNeighbors", "NearestNeighbors", "n_neighbors", 0,
      lambda v: mgpu.NearestNeighbors(v).fit(X)),

@@ -24,6 +24,7 @@ from mgpu.cli import cluster_jobs, main
 from mgpu.deploy import slurm_script
 
 LOCAL_SLURM = REPO_ROOT / "deploy" / "slurm" / "local-slurm.sh"
+SPMD_CHECK = REPO_ROOT / "deploy" / "slurm" / "spmd_check.py"
 
 
 def _answers(env: dict[str, str]) -> bool:
@@ -191,6 +192,34 @@ def test_batch_script_reports_a_failing_workflow_and_cleans_up(slurm, tmp_path):
 
 
 @pytest.mark.slurm
+def test_batch_script_runs_an_spmd_python_job_on_cpu_workers(slurm, tmp_path):
+    """A Python job (deploy/slurm/spmd_check.py) joins through $MGPU_SCHEDULER_FILE and runs
+    one mgpu.spmd job over both workers: the all-reduced column sums equal the one-process
+    sums to the bit (the host channel reduces in rank order)."""
+    script = tmp_path / "job.sbatch"
+    script.write_text(_script(["--cpus-per-worker", "1", "--workers-per-node", "2", "--mem",
+                               "2G", "--time", "00:10:00", "--wait", "120", "--shared-dir",
+                               str(tmp_path), "--", "python", str(SPMD_CHECK), "--shape",
+                               "20000x3000", "--nnz", "2e5", "--elems", "100000",
+                               "--repeats", "3"]))
+    # the job's Python imports mgpu from this checkout, as the workers do
+    env = {**slurm, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                                slurm.get("PYTHONPATH")]))}
+    status, job = _sbatch(script, env)
+    log = (tmp_path / f"mgpu-{job}.out").read_text()
+    assert status == 0, log
+    assert "2 CPU worker(s)" in log
+    assert re.search(r"spmd check: 2 rank\(s\) on 1 host\(s\)", log), log
+    ranks = re.findall(r"rank (\d): (tcp://\S+) on \S+, tiles \[(\d+), (\d+)\]", log)
+    assert sorted(r[0] for r in ranks) == ["0", "1"] and len({r[1] for r in ranks}) == 2
+    assert sorted(int(t) for r in ranks for t in r[2:]) == [0, 1, 2, 3]
+    assert "max relative error 0.00e+00 against one process; every rank the same: True" in log
+    assert f"mgpu: job {job} finished with status 0" in log
+    assert not list(tmp_path.glob("mgpu-scheduler-*.json"))
+    assert _no_job_left(slurm, set())
+
+
+@pytest.mark.slurm
 def test_dask_jobqueue_workers_run_a_distributed_op(slurm, tmp_path, monkeypatch):
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
@@ -227,6 +256,52 @@ def test_cpu_and_gpu_scripts_are_filled_and_valid_bash(tmp_path):
         assert line in gpu, line
 
 
+def test_a_multi_node_script_starts_workers_on_every_node_and_a_python_job(tmp_path,
+                                                                          monkeypatch):
+    import mgpu.distributed.protocol as pr
+
+    monkeypatch.setattr(pr, "ucx_available", lambda: True)
+    text = slurm_script(["python", "my job.py", "--iters", "5"], nodes=2, gpus_per_node=4,
+                        protocol="ucx", interface="ib0", shared_dir=str(tmp_path))
+    path = tmp_path / "s.sh"
+    path.write_text(text)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    assert not re.search(r"@[A-Z_]+@", text)
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gres=gpu:4",
+                 'export MGPU_SCHEDULER_FILE="$SCHED_FILE"'):
+        assert line in text, line
+    scheduler = text[text.index("-m distributed.cli.dask_scheduler"):].split("&")[0]
+    workers = text[text.index('srun --overlap --nodes="$SLURM_JOB_NUM_NODES"'):].split("&")[0]
+    # the workers: PER_NODE on each of the job's nodes, one GPU each, speaking UCX on ib0
+    for piece in ('--ntasks="$N_WORKERS"', '--ntasks-per-node="$PER_NODE"',
+                  "--gpus-per-task=1", "-m dask_cuda.cli", '--scheduler-file "$SCHED_FILE"',
+                  "--protocol ucx", "--interface ib0"):
+        assert piece in workers, piece
+    assert "--protocol ucx" in scheduler and "--interface ib0" in scheduler
+    # the job: the script itself (no `-m mgpu`, no --address), run by the job's Python
+    last = text.rstrip().splitlines()[-1]
+    assert last == f"{sys.executable} 'my job.py' --iters 5"
+    tcp = slurm_script(["run", "partition", "--powerlaw", "10x10"], nodes=2)
+    assert "--protocol" not in tcp and "--interface" not in tcp
+    assert tcp.rstrip().endswith('-m mgpu run partition --powerlaw 10x10 --address '
+                                 '"$SCHED_FILE"')
+
+
+def test_ucx_batch_scripts_need_distributed_ucxx(monkeypatch):
+    import mgpu.distributed.protocol as pr
+
+    monkeypatch.setattr(pr, "ucx_available", lambda: False)
+    with pytest.raises(ValueError, match=r"'protocol' parameter of slurm_script is 'ucx', which "
+                       r"needs distributed-ucxx in the job's Python .*mgpu\[ucx\]"):
+        slurm_script(["run", "partition", "--powerlaw", "10x10"], protocol="ucx")
+    # another Python (on the nodes) is not this one's to check
+    assert "--protocol ucx" in slurm_script(["run", "partition", "--powerlaw", "10x10"],
+                                            protocol="ucx", python="/opt/env/bin/python")
+    r = CliRunner().invoke(main, ["slurm", "script", "--protocol", "ucx", "--", "run",
+                                  "partition", "--powerlaw", "10x10"])
+    assert r.exit_code == 2 and "needs distributed-ucxx" in r.output
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(workflow=["run", "gap", "c.txt"], jobs=("jaccard", "knn-graph", "mf", "partition")),
      "one of jaccard, knn-graph, mf, partition"),
@@ -242,6 +317,11 @@ def test_cpu_and_gpu_scripts_are_filled_and_valid_bash(tmp_path):
     (dict(time="1h"), "time must be a SLURM time"),
     (dict(gpus_per_node=2, workers_per_node=3), "workers_per_node must be 2"),
     (dict(nodes=0), "'nodes' parameter of slurm_script must be >= 1"),
+    (dict(workflow=["python"]), r"or python SCRIPT \[ARGS\]. Got 'python'"),
+    (dict(protocol="nccl"), r"'protocol' parameter of slurm_script must be one of \['tcp', "
+                            r"'ucx'\] or None. Got 'nccl'"),
+    (dict(interface="ib0; rm -rf ~"), "'interface' parameter of slurm_script must be a network "
+                                      "interface name"),
 ])
 def test_bad_script_requests_are_refused(kw, match):
     kw = {"workflow": ["run", "partition", "--powerlaw", "10x10"], **kw}

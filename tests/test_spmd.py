@@ -35,7 +35,7 @@ def client3():
 
 def _collectives(comm, parts, huge):
     xp = comm.xp
-    local = xp.asarray(sum(np.asarray(p.data.sum(axis=0)).ravel() for p in parts))
+    local = xp.asarray(sum(_host(p.data.sum(axis=0)).ravel() for p in parts))
     mine = xp.asarray(huge * (comm.rank + 1) if comm.rank % 2 == 0 else -huge * comm.rank)
     return {
         "rank": comm.rank, "size": comm.size, "tiles": [p.index for p in parts],
@@ -54,7 +54,8 @@ def _collectives(comm, parts, huge):
 
 
 def _host(x):
-    return x.get() if hasattr(x, "get") else np.asarray(x)
+    """A numpy copy of a numpy or cupy array (or matrix)."""
+    return np.asarray(x.get() if hasattr(x, "get") else x)
 
 
 def _check_collectives(out, n_tiles):

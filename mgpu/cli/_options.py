@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+import dask.config
+
+from mgpu.distributed.protocol import PROTOCOLS
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -144,8 +147,26 @@ def _npz_file(what: str) -> Callable[[click.Context, click.Parameter, str], Path
 
 # ------------------------------------------------------------------ the cluster
 
-address = click.option("--address", default=None,
-                       help="Scheduler to join (default: embedded cluster).")
+def _protocol(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--protocol: ``mgpu.connect.protocol`` for the command's duration, so every cluster it
+    starts or joins goes through :func:`mgpu.connect`'s checks; UCX without distributed-ucxx
+    is refused here, before any work."""
+    from mgpu.distributed.protocol import UCX_INSTALL, ucx_available
+
+    if value is None:
+        return
+    if value == "ucx" and not ucx_available():
+        raise click.BadParameter(f"ucx needs distributed-ucxx: {UCX_INSTALL}", ctx, param)
+    ctx.with_resource(dask.config.set({"mgpu.connect.protocol": value}))
+
+
+protocol = click.option(
+    "--protocol", type=click.Choice(sorted(PROTOCOLS)), default=None, expose_value=False,
+    callback=_protocol, help="How the workers talk: tcp, or ucx (NVLink/InfiniBand, needs "
+    "mgpu[ucx]); with --address it must be the scheduler's scheme. Default: "
+    "mgpu.connect.protocol, else tcp.")
+address = stack(click.option("--address", default=None,
+                             help="Scheduler to join (default: embedded cluster)."), protocol)
 gpus = click.option("--gpus/--no-gpus", default=None, help="Force or forbid GPU workers "
                     "(default: GPU workers when GPUs are visible).")
 cpu_threads = click.option("--cpu-threads", default=None, type=click.IntRange(min=1),
@@ -194,6 +215,7 @@ def placement(what: str, rows: str, data: str, both: str) -> Decorator:
                      help="--device cluster: workers of the embedded cluster (default: every "
                      "GPU, or Dask's sizing on CPUs)."),
         click.option("--address", default=None, help="--device cluster: scheduler to join."),
+        protocol,
     )
 
 

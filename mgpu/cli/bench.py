@@ -147,6 +147,7 @@ def bench_sddmm_stream(shape: tuple[int, int], row_nnz: int, K: int,
 @opt.worker_counts()
 @opt.tiles_per_worker
 @opt.worker_kind
+@opt.protocol
 @opt.repeats(5, "Timed calls (median).")
 @opt.json_out()
 @opt.plot("speedup against workers")
@@ -177,6 +178,27 @@ def bench_sddmm_scaling(input: str | None, powerlaw: tuple[int, int] | None, nnz
         _plots.scaling([r for r in rows if r["K"] == K and isinstance(r["workers"], int)],
                        f"SDDMM, {label}, K={K}", plot, lambda r: f"{r['gflops']:.0f} GFLOP/s")
     plotted(plot)
+
+
+@bench.command("allreduce")
+@click.option("--shape", default="100000x128", show_default=True, type=opt.Shape(),
+              metavar="ROWSxCOLS", help="The float32 buffer all-reduced.")
+@opt.worker_counts("2,4")
+@opt.worker_kind
+@opt.repeats(20, "Timed all-reduces (median).")
+@click.option("--no-peer", is_flag=True, help="Skip torch.distributed's NCCL all-reduce.")
+@opt.json_out()
+def bench_allreduce(shape: tuple[int, int], workers: tuple[int, ...], device: str,
+                    repeats: int, no_peer: bool, json_path: str | None) -> None:
+    """All-reduce of one buffer among 2, 4, … workers through mgpu's SPMD communicator
+    (NCCL on GPU workers), against torch.distributed's NCCL in the same processes."""
+    from mgpu.bench import allreduce as b
+
+    counts = _check_gpu_workers(workers, device)
+    rows = b.bench_allreduce(shape, counts, repeats=repeats, gpus=_GPUS[device],
+                             peer=not no_peer, progress=click.echo)
+    click.echo(b.markdown(rows))
+    write_json(json_path, rows)
 
 
 @bench.command("knn")
@@ -244,6 +266,7 @@ def bench_knn(input: str | None, corpus: tuple[int, int], density: float, dense:
 @opt.worker_counts()
 @opt.tiles_per_worker
 @opt.worker_kind
+@opt.protocol
 @opt.repeats(3, "Timed calls (median).")
 @opt.json_out()
 @opt.plot("speedup against workers")
@@ -280,6 +303,46 @@ def bench_knn_scaling(input: str | None, corpus: tuple[int, int], density: float
     plotted(plot)
 
 
+@bench.command("knn-graph")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@opt.corpus_shape("300000x100000")
+@opt.density
+@opt.k(10, "Neighbours per row (the row itself excluded).")
+@click.option("--metric", default="cosine", show_default=True)
+@opt.worker_counts()
+@click.option("--weak-rows", default=75000, show_default=True, type=click.IntRange(min=0),
+              help="Rows per worker of the weak-scaling runs (0: none).")
+@opt.worker_kind
+@opt.json_out()
+def bench_knn_graph(input: str | None, corpus: tuple[int, int], density: float, k: int,
+                    metric: str, workers: tuple[int, ...], weak_rows: int, device: str,
+                    json_path: str | None) -> None:
+    """The kNN graph of a corpus (every row a query) on one device and SPMD on 1, 2, 4, …
+    workers, in one run.
+
+    Reports the seconds of each, the speedup against one device and whether the ids equal
+    the one-device graph's; with --weak-rows, weak scaling too (that many rows per worker:
+    efficiency is the pairs of rows compared per second per worker against one worker's).
+    """
+    from mgpu.bench.knn_graph import bench_graph, graph_markdown
+    from mgpu.ops.distances import resolve_metric
+
+    ring, _ = resolve_metric(metric, 2, func="bench knn-graph")
+    counts = _check_gpu_workers(workers, device)
+    t0 = time.perf_counter()
+    X, label = load_corpus(input, corpus, density)
+    if k >= X.shape[0]:
+        raise click.BadParameter(f"must be below the {X.shape[0]:,} rows", param_hint="-k")
+    click.echo(f"{label}: {X.shape[0]:,}×{X.shape[1]:,}, {X.nnz:,} nonzeros (ready in "
+               f"{time.perf_counter() - t0:.0f} s), k={k}, {ring.name}")
+    rows = bench_graph(X, k, ring.name, counts, weak_rows=weak_rows, gpus=_GPUS[device],
+                       progress=click.echo)
+    click.echo(graph_markdown(rows, label, ring.name, k))
+    for r in rows:
+        r["corpus"] = label
+    write_json(json_path, rows)
+
+
 @bench.command("gap")
 @click.argument("corpus", required=False, type=click.Path(exists=True, dir_okay=False))
 @opt.corpus_shape("300000x100000", "--corpus-shape", "shape")
@@ -288,6 +351,7 @@ def bench_knn_scaling(input: str | None, corpus: tuple[int, int], density: float
 @click.option("--iters", default=12, show_default=True, type=int)
 @opt.worker_counts()
 @opt.worker_kind
+@opt.protocol
 @opt.json_out()
 def bench_gap(corpus: str | None, shape: tuple[int, int], density: float, topics: int,
               iters: int, workers: tuple[int, ...], device: str,
@@ -453,4 +517,96 @@ def bench_jaccard(inputs: tuple[str, ...], device: str, repeats: int,
         r["graph"] = Path(path).name
         rows.append(r)
         click.echo(b.markdown([r]).splitlines()[-1] if len(rows) > 1 else b.markdown([r]))
+    write_json(json_path, rows)
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """--size: bytes, or a size such as 1GB or 256MiB; at least 4 bytes (one float32)."""
+    from dask.utils import parse_bytes
+
+    try:
+        n = parse_bytes(value)
+    except (ValueError, TypeError):
+        raise click.BadParameter(f"expected a size such as 1GB or 256MiB, got {value!r}",
+                                 ctx, param) from None
+    if n < 4:
+        raise click.BadParameter(f"must be at least 4 bytes (one float32), got {value!r}",
+                                 ctx, param)
+    return n
+
+
+def _pool_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """--rmm-pool: a size, refused here when rmm is not installed."""
+    import importlib.util
+
+    if value is None:
+        return None
+    if importlib.util.find_spec("rmm") is None:
+        raise click.BadParameter("needs rmm: pip install 'mgpu[ucx]' (or rmm-cu13)", ctx, param)
+    return _size(ctx, param, value)
+
+
+def _protocols(ctx: click.Context, param: click.Parameter, value: str | None
+               ) -> tuple[str, ...]:
+    """--protocols: a comma-separated list of mgpu.connect's protocols, UCX refused when
+    distributed-ucxx is missing; default tcp, and ucx where it is installed."""
+    from mgpu.distributed.protocol import PROTOCOLS, UCX_INSTALL, ucx_available
+
+    if value is None:
+        return ("tcp", "ucx") if ucx_available() else ("tcp",)
+    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    bad = [v for v in names if v not in PROTOCOLS]
+    if bad or not names:
+        raise click.BadParameter(f"expected protocols among {', '.join(sorted(PROTOCOLS))}, "
+                                 f"got {value!r}", ctx, param)
+    if "ucx" in names and not ucx_available():
+        raise click.BadParameter(f"ucx needs distributed-ucxx: {UCX_INSTALL}", ctx, param)
+    return names
+
+
+@bench.command("transfer")
+@click.option("--size", default="1GB", show_default=True, callback=_size,
+              help="Bytes of the float32 array moved (1GB, 256MiB, ...).")
+@click.option("--protocols", default=None, callback=_protocols,
+              help="Comma-separated protocols to compare (default: tcp, and ucx when "
+              "distributed-ucxx is installed).")
+@opt.device(("auto", "cpu", "gpu"), "auto", "Move a CuPy array between two GPU workers "
+            "(gpu; auto when GPUs are visible) or a numpy array between two CPU workers.")
+@click.option("--rmm-pool", default=None, callback=_pool_size,
+              help="GPU workers: an RMM pool of this size on each (e.g. 8GB, at least three "
+              "times --size), for every protocol; UCX then maps GPU memory between the "
+              "workers once (needs rmm, which mgpu[ucx] brings).")
+@opt.repeats(5, "Timed moves (median), after one warm-up move.")
+@opt.json_out()
+def bench_transfer_cmd(size: int, protocols: tuple[str, ...], device: str,
+                       rmm_pool: int | None, repeats: int, json_path: str | None) -> None:
+    """GB/s of one array moved by Dask between two workers, over TCP and UCX.
+
+    Each protocol gets its own embedded cluster of two workers; the receiving worker's record
+    of the fetch gives the transfer time, and the task's round trip from here is shown
+    beside it. Data that stays in Dask (tiles, gathered results) moves this way; the SPMD
+    fits' collectives do not (they use NCCL between GPUs).
+    """
+    from mgpu.bench.transfer import bench_transfer, transfer_markdown
+    from mgpu.distributed import visible_gpus
+
+    n_gpus = visible_gpus()
+    gpu = device == "gpu" or (device == "auto" and n_gpus > 0)
+    if gpu and n_gpus < 2:
+        raise click.UsageError(f"bench transfer between GPU workers needs 2 GPUs; {n_gpus} "
+                               "visible. Pass --device cpu to move a host array between two "
+                               "CPU workers instead.")
+    if rmm_pool is not None and not gpu:
+        raise click.UsageError("--rmm-pool is for GPU workers; leave it out with --device cpu.")
+    from mgpu.distributed.protocol import ucx_available
+
+    if "ucx" not in protocols and not ucx_available():
+        click.echo("ucx: not measured, distributed-ucxx is not installed (pip install "
+                   "'mgpu[ucx]')")
+    click.echo(f"moving {size / 1e9:.3g} GB of float32 between two {'GPU' if gpu else 'CPU'} "
+               f"workers over {', '.join(protocols)}; {repeats} repeats"
+               + (f", an RMM pool of {rmm_pool / 1e9:.3g} GB on each" if rmm_pool else ""))
+    rows = bench_transfer(size, protocols, gpu=gpu, repeats=repeats, rmm_pool=rmm_pool,
+                          progress=click.echo)
+    click.echo(transfer_markdown(rows))
     write_json(json_path, rows)

@@ -37,6 +37,7 @@ def _cluster_line(address: str | None, gpus: bool | None, n_gpus: int) -> str:
 @click.option("--start/--no-start", default=True, show_default=True,
               help="Start (or join) the cluster and list its workers.")
 @opt.gpus
+@opt.protocol
 def info(address: str | None, start: bool, gpus: bool | None) -> None:
     """Versions, the cluster mgpu starts or joins, and every worker's GPU or CPUs."""
     from mgpu.backends.loader import kernel_dir

@@ -1,5 +1,5 @@
-"""``mgpu slurm``: batch scripts that run an ``mgpu run`` job on a Dask cluster inside one
-SLURM allocation."""
+"""``mgpu slurm``: batch scripts that run an ``mgpu run`` job (or a Python script) on a Dask
+cluster inside one SLURM allocation of one or more nodes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +8,7 @@ import click
 
 from mgpu.cli._errors import Group
 from mgpu.cli.run import cluster_jobs
+from mgpu.distributed.protocol import PROTOCOLS
 
 
 @click.group(cls=Group)
@@ -34,16 +35,24 @@ def slurm() -> None:
               help="Seconds any start-up wait may take.")
 @click.option("--partition", default=None)
 @click.option("--account", default=None)
+@click.option("--protocol", type=click.Choice(sorted(PROTOCOLS)), default=None,
+              help="What the scheduler and workers speak (default tcp); ucx needs mgpu[ucx] "
+              "on every node.")
+@click.option("--interface", default=None, help="Network interface the scheduler and workers "
+              "listen on, e.g. ib0 (default: Dask's choice).")
 def slurm_script_cmd(workflow: tuple[str, ...], nodes: int, gpus_per_node: int,
                      workers_per_node: int | None, cpus_per_worker: int, mem: str,
                      time_limit: str, shared_dir: str, log_dir: str | None, job_name: str,
-                     wait: int, partition: str | None, account: str | None) -> None:
+                     wait: int, partition: str | None, account: str | None,
+                     protocol: str | None, interface: str | None) -> None:
     """Print the batch script that runs WORKFLOW (an `mgpu run` job, e.g. `-- run jaccard
-    graph.txt.gz --out j.npz`) on a scheduler and workers started inside the job.
+    graph.txt.gz --out j.npz`, or `-- python job.py ARGS`) on a scheduler and workers
+    started inside the job.
 
-    Submit it with `sbatch`: it starts the scheduler on the first node, one worker per GPU
-    (or CPU workers) with srun, waits for all of them with a timeout, runs the job against
-    them and shuts everything down, whatever the job's outcome.
+    Submit it with `sbatch`: it starts the scheduler on the first node, workers on every
+    node with srun (one per GPU, or CPU workers), waits for all of them with a timeout, runs
+    the job against them and shuts everything down, whatever the job's outcome. A Python
+    job joins with `mgpu.connect(os.environ["MGPU_SCHEDULER_FILE"])`.
     """
     from mgpu.deploy import slurm_script
 
@@ -52,5 +61,6 @@ def slurm_script_cmd(workflow: tuple[str, ...], nodes: int, gpus_per_node: int,
                         cpus_per_worker=cpus_per_worker, mem=mem, time=time_limit,
                         shared_dir=str(Path(shared_dir).resolve()),
                         log_dir=str(Path(log_dir).resolve()) if log_dir else None,
-                        job_name=job_name, wait=wait, partition=partition, account=account)
+                        job_name=job_name, wait=wait, partition=partition, account=account,
+                        protocol=protocol, interface=interface)
     click.echo(text, nl=False)

@@ -2,6 +2,7 @@
 distributed ops."""
 from __future__ import annotations
 
+from mgpu.distributed.knn_graph import all_knn
 from mgpu.distributed.cluster import Client, connect, describe_workers, visible_gpus, worker_info
 from mgpu.distributed.collection import chunk_nnz, chunk_workers, from_scipy, gather
 from mgpu.distributed.knn import knn_distributed, merge_top_k
@@ -13,6 +14,7 @@ __all__ = [
     "Client",
     "Comm",
     "Part",
+    "all_knn",
     "chunk_nnz",
     "chunk_workers",
     "connect",

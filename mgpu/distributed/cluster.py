@@ -17,6 +17,7 @@ import distributed.diagnostics.plugin
 from dask.utils import parse_timedelta
 
 from mgpu import config
+from mgpu.distributed.protocol import check_protocol
 from mgpu.ops.validation import Boolean, InstanceOf, Interval, check_param
 
 logger = logging.getLogger(__name__)
@@ -146,9 +147,11 @@ def _wait_for_workers(client: Any, n: int, timeout: float, where: str, logs: str
                            f"({have} did). {logs}") from exc
 
 
-def slurm_cluster(options: dict[str, Any], gpus: bool | None = None) -> tuple[Any, int, int]:
+def slurm_cluster(options: dict[str, Any], gpus: bool | None = None,
+                  protocol: str | None = None) -> tuple[Any, int, int]:
     """dask-jobqueue's SLURMCluster for ``connect(slurm=options)``, not yet scaled: the
-    cluster, the jobs to submit and the workers each job brings."""
+    cluster, the jobs to submit and the workers each job brings. ``protocol="ucx"``: the
+    scheduler listens on ucx://, and the workers, which follow its address, speak UCX too."""
     try:
         from dask_jobqueue import SLURMCluster
     except ImportError as exc:
@@ -161,6 +164,8 @@ def slurm_cluster(options: dict[str, Any], gpus: bool | None = None) -> tuple[An
         raise ValueError(f"The 'slurm' parameter of connect needs jobs >= 1 and gpus_per_job "
                          f">= 0. Got jobs={jobs}, gpus_per_job={gpus_per_job}.")
     kw.setdefault("processes", 1)
+    if protocol is not None:
+        kw.setdefault("protocol", f"{protocol}://")
     if gpus_per_job:
         # dask-cuda's worker: one worker per GPU that SLURM gives the job
         kw.setdefault("worker_command", "dask_cuda.cli")
@@ -170,10 +175,11 @@ def slurm_cluster(options: dict[str, Any], gpus: bool | None = None) -> tuple[An
     return cluster, jobs, gpus_per_job or int(kw["processes"])
 
 
-def _connect_slurm(options: dict[str, Any], gpus: bool | None, timeout: float) -> Client:
+def _connect_slurm(options: dict[str, Any], gpus: bool | None, timeout: float,
+                   protocol: str | None = None) -> Client:
     """Workers as SLURM jobs through dask-jobqueue (see :func:`connect`)."""
     options = {"death_timeout": timeout, **options}
-    cluster, jobs, per_job = slurm_cluster(options, gpus)
+    cluster, jobs, per_job = slurm_cluster(options, gpus, protocol)
     logger.info("submitting %d SLURM job(s):\n%s", jobs, cluster.job_script())
     cluster.scale(jobs=jobs)
     client = Client(cluster, timeout=timeout)
@@ -192,6 +198,7 @@ def connect(
     timeout: float | None = None,
     slurm: dict[str, Any] | None = None,
     cpu_threads: int | None = None,
+    protocol: str | None = None,
 ) -> Client:
     """Connect to a Dask cluster, starting an embedded one when no address is given.
 
@@ -224,6 +231,15 @@ def connect(
         Embedded GPU cluster only: also start one CPU worker with this many threads, which
         sees no GPU (a mixed cluster, for work split between GPUs and CPUs such as HSGD*).
         GPU workers carry the resource ``GPU=1`` and the CPU worker ``CPU=1``.
+    protocol : {'tcp', 'ucx'}, optional
+        How the workers of a cluster started here (embedded, or SLURM jobs) talk:
+        ``'tcp'`` (Dask's TCP, or TLS where Dask's config requires encryption) or
+        ``'ucx'`` (UCX through distributed-ucxx, ``pip install 'mgpu[ucx]'``: NVLink,
+        InfiniBand or shared memory, GPU buffers sent without a copy through host memory;
+        dask-cuda's ``LocalCUDACluster(protocol="ucx")``). Default
+        ``mgpu.connect.protocol``, else TCP. A running scheduler speaks the scheme of its
+        address (``ucx://host:port``); a protocol given or set with ``address`` must match
+        it.
 
     Returns
     -------
@@ -241,7 +257,12 @@ def connect(
         where to look.
     ValueError
         If ``gpus=True`` but no GPU is visible, or ``n_workers < 1``, or ``address`` is a
-        ``tls://`` scheduler and Dask's config holds no client certificate.
+        ``tls://`` scheduler and Dask's config holds no client certificate, or
+        ``protocol`` differs from the scheme of ``address``, or is ``'ucx'`` where Dask's
+        config requires encryption.
+    ImportError
+        If UCX is asked for (``protocol='ucx'`` or a ``ucx://`` address) and
+        distributed-ucxx is not installed; nothing is started.
 
     Examples
     --------
@@ -263,8 +284,9 @@ def connect(
         raise ValueError("The 'cpu_threads' parameter of connect adds a CPU worker to an "
                          f"embedded cluster and must be >= 1. Got {cpu_threads!r}"
                          + (" with an address or slurm." if cpu_threads >= 1 else "."))
+    protocol = check_protocol(protocol, address)
     return _low_latency(_connect(address, gpus=gpus, n_workers=n_workers, timeout=timeout,
-                                 slurm=slurm, cpu_threads=cpu_threads))
+                                 slurm=slurm, cpu_threads=cpu_threads, protocol=protocol))
 
 
 class _SchedulerBatching(distributed.diagnostics.plugin.SchedulerPlugin):
@@ -401,7 +423,7 @@ def _probe(address: str | None, wait: float = 2.0) -> None:
 
 def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
              timeout: float | None, slurm: dict[str, Any] | None,
-             cpu_threads: int | None = None) -> Client:
+             cpu_threads: int | None = None, protocol: str | None = None) -> Client:
     timeout = float(timeout if timeout is not None else config.get("connect.timeout"))
     if address is not None:
         kw: dict[str, Any] = {"timeout": timeout}
@@ -427,7 +449,7 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
                               "script: the job's output file).")
         return client
     if slurm is not None:
-        return _connect_slurm(slurm, gpus, timeout)
+        return _connect_slurm(slurm, gpus, timeout, protocol)
 
     n_gpus = visible_gpus()
     use_gpus = n_gpus > 0 if gpus is None else gpus
@@ -442,17 +464,21 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
                          "mgpu.connect.threads-per-worker instead.")
     host = config.get("connect.host")
     dashboard = ":8787" if config.get("connect.dashboard") else None
+    # None: Dask's default scheme (tcp, or tls where the config requires encryption)
+    speaks = {} if protocol is None else {"protocol": protocol}
     if use_gpus:
         from dask_cuda import LocalCUDACluster
 
         n = n_workers or n_gpus
-        logger.info("starting LocalCUDACluster with %d GPU worker(s) on %s", n, host)
+        logger.info("starting LocalCUDACluster with %d GPU worker(s) on %s (%s)", n, host,
+                    protocol or "tcp")
         cluster = LocalCUDACluster(
             n_workers=n,
             host=host,
             dashboard_address=dashboard,
             death_timeout=timeout,
             resources={"GPU": 1},
+            **speaks,
         )
         what = "LocalCUDACluster (GPU workers)"
     else:
@@ -465,7 +491,8 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
         threads = config.get("connect.threads-per-worker") or (
             default_threads if n == default_n else max(1, cores // n)
         )
-        logger.info("starting LocalCluster: %d worker(s) x %d thread(s) on %s", n, threads, host)
+        logger.info("starting LocalCluster: %d worker(s) x %d thread(s) on %s (%s)", n,
+                    threads, host, protocol or "tcp")
         cluster = distributed.LocalCluster(
             n_workers=n,
             threads_per_worker=threads,
@@ -473,6 +500,7 @@ def _connect(address: str | None, *, gpus: bool | None, n_workers: int | None,
             host=host,
             dashboard_address=dashboard,
             death_timeout=timeout,
+            **speaks,
         )
         what = "LocalCluster (CPU workers)"
     client = Client(cluster, timeout=timeout)
