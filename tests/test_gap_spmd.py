@@ -155,7 +155,7 @@ def test_a_lost_worker_resumes_from_the_checkpoint(client3, caplog):
     shares are added in tile order whoever holds them). Progress sees each iteration once."""
     S = _corpus()
     with dask.config.set({"mgpu.spmd.checkpoint-every": 2}):
-        ref = GaP(5, iters=30, seed=2).fit(S, parts=3, client=client3)
+        ref = GaP(5, iters=40, seed=2).fit(S, parts=3, client=client3)
         victim, pid = sorted(client3.run(os.getpid).items())[0]
         killed, seen = [], []
 
@@ -166,14 +166,14 @@ def test_a_lost_worker_resumes_from_the_checkpoint(client3, caplog):
                 killed.append(victim)
 
         with caplog.at_level(logging.WARNING, logger="mgpu.distributed.spmd"):
-            got = GaP(5, iters=30, seed=2).fit(S, parts=3, client=client3, progress=kill_at_3)
+            got = GaP(5, iters=40, seed=2).fit(S, parts=3, client=client3, progress=kill_at_3)
     assert killed
     restarts = [r.getMessage() for r in caplog.records if "starting again" in r.getMessage()]
     assert restarts, "the job was not started again: the kill came after the fit"
     at = int(restarts[0].split("starting again from iteration ")[1].split()[0])
     assert at % 2 == 0 and at >= 2
-    assert seen == list(range(1, 31))
-    assert [h["iteration"] for h in got.history_] == list(range(1, 31))
+    assert seen == list(range(1, 41))
+    assert [h["iteration"] for h in got.history_] == list(range(1, 41))
     assert [h["loglik_per_token"] for h in got.history_] == \
         [h["loglik_per_token"] for h in ref.history_]
     assert np.array_equal(got.X_, ref.X_) and np.array_equal(got.L_, ref.L_)
