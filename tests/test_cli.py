@@ -495,6 +495,28 @@ def test_run_gap_on_the_cluster_and_bench_gap(runner, tmp_path):
     assert r.exit_code != 0 and "must be >= 3" in r.output
 
 
+def test_bench_gap_weak_scaling_stacks_the_corpus_per_worker(runner, tmp_path):
+    """--weak adds the corpus stacked twice on 2 workers, each corpus against its own
+    one-device fit, every iteration's log-likelihood within 1e-6 of it."""
+    import json
+
+    path, _ = _toy_corpus(tmp_path)
+    js = tmp_path / "weak.json"
+    r = runner.invoke(main, ["bench", "gap", str(path), "--workers", "1,2", "--device", "cpu",
+                             "--topics", "2", "--iters", "4", "--weak", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(js.read_text())
+    assert [(row["workers"], row["scaling"], row["copies"]) for row in rows] == [
+        ("one device, no cluster", "strong", 1), (1, "strong", 1), (2, "strong", 1),
+        ("one device, no cluster", "weak", 2), (2, "weak", 2)]
+    assert rows[3]["nnz"] == rows[4]["nnz"] == 2 * rows[0]["nnz"]
+    assert rows[4]["n_docs"] == 80
+    assert all(row["loglik_rel_diff_max"] < 1e-6 for row in rows if row["workers"] != rows[0][
+        "workers"])
+    assert rows[4]["weak_efficiency"] == rows[1]["median_step_s"] / rows[4]["median_step_s"]
+    assert "| weak |" in r.output and "%" in r.output.split("| weak |")[-1]
+
+
 def test_run_gap_on_the_cluster_by_default_equals_one_device(runner, tmp_path):
     import json
 

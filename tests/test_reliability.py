@@ -225,9 +225,10 @@ def test_gradient_mf_training_survives_a_killed_worker(client3):
 
 @pytest.mark.timeout(4 * WAIT)
 def test_gap_fit_survives_a_killed_worker(client3):
-    """The topic model across the cluster: a worker is killed after the second iteration;
-    its tiles and loadings are made again from their tasks, and every log-likelihood and
-    both factors equal an undisturbed run's."""
+    """The topic model across the cluster (one SPMD job): a worker is killed after the
+    second iteration; the job starts again from its last checkpoint (the start, at the
+    default mgpu.spmd.checkpoint-every) on the workers that remain, and every
+    log-likelihood and both factors equal an undisturbed run's."""
     from mgpu.models import GaP
 
     rng = np.random.default_rng(5)

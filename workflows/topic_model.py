@@ -1,8 +1,10 @@
 """Topics of a bag-of-words corpus with the GaP topic model (mgpu.models.GaP).
 
 Shows: an estimator fitted on an embedded cluster, the documents cut into row tiles of
-equal nonzeros that stay on the workers (only the topics move), with the log-likelihood per
-token after every iteration and each topic's heaviest words.
+equal nonzeros that stay on the workers, the fit one SPMD job (each worker runs every
+iteration on its tiles; only the sums behind the topics' update are all-reduced between
+them), with the log-likelihood per token after every iteration as it arrives (the time is
+the first worker's own time of the iteration) and each topic's heaviest words.
 
 Run (the AP corpus of ../shared/data, two CPU workers):
 

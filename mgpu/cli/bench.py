@@ -352,25 +352,32 @@ def bench_knn_graph(input: str | None, corpus: tuple[int, int], density: float, 
 @opt.worker_counts()
 @opt.worker_kind
 @opt.protocol
+@click.option("--weak", is_flag=True, help="Also weak scaling: the corpus stacked N times "
+              "(the same documents per worker) on N workers, each against one device.")
 @opt.json_out()
 def bench_gap(corpus: str | None, shape: tuple[int, int], density: float, topics: int,
-              iters: int, workers: tuple[int, ...], device: str,
+              iters: int, workers: tuple[int, ...], device: str, weak: bool,
               json_path: str | None) -> None:
-    """Per-iteration time of the GaP topic model (2 SDDMM + 2 SpMM + the log-likelihood's
-    SDDMM an iteration) on one device and on 1, 2, 4, … workers, in one run."""
+    """Per-iteration time of the GaP topic model (2 SDDMM + 2 SpMM an iteration) on one
+    device and fitted SPMD on 1, 2, 4, … workers of one cluster, in one run: the ratios to
+    one device and the largest relative difference of the log-likelihood per token to one
+    device's, every iteration."""
     from mgpu.bench.gap import scaling, scaling_markdown
     from mgpu.synthetic import powerlaw_corpus
     counts = _check_gpu_workers(workers, device)
     if iters < 3:  # the median leaves out the first two iterations
         raise click.BadParameter(f"must be >= 3, got {iters}", param_hint="--iters")
+    t0 = time.perf_counter()
     if corpus is not None:
         S, label = load_matrix(corpus).tocsr(), Path(corpus).name
     else:
         S = powerlaw_corpus(*shape, density, seed=0)
         label = f"power-law {shape[0]:,}×{shape[1]:,}"
     click.echo(f"{label}: {S.shape[0]:,} documents x {S.shape[1]:,} words, {S.nnz:,} nonzero "
-               f"counts; {topics} topics, {iters} iterations")
-    rows = scaling(S, topics, iters, counts, gpus=_GPUS[device], progress=click.echo)
+               f"counts (ready in {time.perf_counter() - t0:.0f} s); {topics} topics, "
+               f"{iters} iterations")
+    rows = scaling(S, topics, iters, counts, gpus=_GPUS[device], weak=weak,
+                   progress=click.echo)
     click.echo(scaling_markdown(rows, label))
     write_json(json_path, rows)
 

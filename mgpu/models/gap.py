@@ -22,17 +22,29 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import gammaln
 
-import mgpu
+from mgpu import config
 from mgpu.backends import array_module, on_device_of, synchronize, to_host
 from mgpu.distributed.cluster import CLIENT
+from mgpu.distributed.collection import gpu_workers
+from mgpu.distributed.spmd import spmd
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
-from mgpu.models._transpose import Transposer
+from mgpu.models._gap_steps import (
+    OVERFLOW,
+    Alone,
+    Setup,
+    Tile,
+    canonical_counts,
+    check_finite_loglik,
+    check_total,
+    iterate,
+    loglik_constants,
+    rank_fit,
+    starting_state,
+)
 from mgpu.ops.validation import (
     Interval,
     IsCallable,
-    canonical_csr,
     check_array,
     check_param,
     is_dask_array,
@@ -47,8 +59,12 @@ class GaP:
     The same class fits on one device (a scipy or cupyx matrix: the CPU or that GPU) and on
     a cluster (a dask array of row tiles, or ``client=``/``parts=``): the documents are cut
     into row tiles of equal nnz, each tile and its loadings stay on their worker (its GPU
-    on GPU workers), and per iteration only the topics Λ move. Both give the same numbers up
-    to rounding.
+    on GPU workers), and per iteration only the topics Λ move. On a cluster of GPU workers
+    alone, or of CPU workers alone, the whole fit is one SPMD job (:func:`mgpu.spmd`: a
+    task per worker, Λ's update summed between them by NCCL on GPUs), checkpointed every
+    ``mgpu.spmd.checkpoint-every`` iterations and resumed from there when a worker is lost;
+    a cluster that mixes GPU and CPU workers runs one Dask round per iteration. All give
+    the same numbers up to rounding (the cluster paths the same bits as each other).
 
     Parameters
     ----------
@@ -108,7 +124,9 @@ class GaP:
         parts : int, optional
             Row tiles of a scipy matrix (default: one per worker).
         progress : callable, optional
-            Called with each iteration's record (that of ``history_``) as it arrives.
+            Called with each iteration's record (that of ``history_``) as it arrives, once
+            per iteration and in order. In an SPMD fit it runs on the client's event loop
+            thread (Dask's event subscription): it must not wait on the cluster.
 
         Returns
         -------
@@ -139,70 +157,61 @@ class GaP:
         return self
 
     def _fit_local(self, S: Any, progress: Callable[[dict[str, float]], None] | None) -> None:
-        topics, iters, alpha, beta = self.topics, self.iters, self.alpha, self.beta
-        tile = _Tile.of(S)
-        X, L = _start(tile.S.shape, tile.S.dtype, float(tile.S.sum()), topics, self.seed)
+        tile = Tile.of(S)
+        X, L = starting_state(tile.S.shape, tile.S.dtype, float(tile.S.sum()), self.topics,
+                              self.seed)
         xp = array_module(tile.S)
-        X, L = xp.asarray(X), xp.asarray(L)
-        log_fact, tokens = _constants(tile.S)
-        tiny = np.finfo(tile.S.dtype).tiny
-        history: list[dict[str, float]] = []
-        t_start = time.perf_counter()
-        # unchecked updates: an overflow shows in the log-likelihood, which is watched, not
-        # as numpy's warnings
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            for it in range(1, iters + 1):
-                t0 = time.perf_counter()
-                X = tile.update_loadings(X, L, alpha, beta, tiny, tile.rates(X, L))
-                part, xs = tile.topic_parts(X, L, tiny)
-                L = L * part / xp.maximum(xs, tiny)
-                ll, xsum = tile.loglik_parts(tile.rates(X, L), X, tiny)
-                loglik = ll - float((xsum * L.sum(axis=0).astype(xp.float64)).sum()) - log_fact
-                _finite(loglik, it, tile.S.dtype)
-                rec = {"iteration": it, "loglik_per_token": loglik / tokens,
-                       "step_s": time.perf_counter() - t0,
-                       "elapsed_s": time.perf_counter() - t_start}
-                history.append(rec)
-                if progress is not None:
-                    progress(rec)
-        self.X_, self.L_, self.history_, self.tiles_ = X, L, history, []
+        log_fact, tokens = loglik_constants(tile.S)
+        setup = Setup(self.iters, self.alpha, self.beta, log_fact, tokens, 0)
+        X, L, history = iterate(Alone(progress), [tile], [xp.asarray(X)], xp.asarray(L),
+                                setup, [])
+        self.X_, self.L_, self.history_, self.tiles_ = X[0], L, history, []
 
     def _fit_tiles(self, S: Any, client: Any, parts: int | None,
                    progress: Callable[[dict[str, float]], None] | None) -> None:
-        """The documents in row tiles on the cluster's workers.
+        """The documents in row tiles on the cluster's workers, each tile and its loadings
+        X on its worker (its GPU on GPU workers).
 
-        Each tile and its loadings X stay on their worker (its GPU on GPU workers); per
-        iteration only the topics Λ (words × topics) move: each tile returns its share of
+        When every tile is on a worker of one kind (all GPU workers or all CPU workers), the
+        fit is one SPMD job (:func:`mgpu.spmd`): a task per worker runs every iteration on
+        its tiles, Λ's update summed between the workers by an all-reduce (NCCL between
+        GPUs), the client waiting once. Its records come from rank 0's loop (``step_s`` is
+        that loop's time of an iteration); every ``mgpu.spmd.checkpoint-every`` iterations
+        (and at the start) the tiles' state is checkpointed, and a fit whose worker is lost
+        goes on from the last checkpoint on the workers that remain, with the same numbers
+        (:func:`~mgpu.models._gap_steps.tile_sum`). A cluster that mixes GPU and CPU workers keeps one Dask round
+        per iteration (:meth:`_fit_rounds`). X_ and L_ are numpy.
+        """
+        tiles, corpus = _place(S, client, parts)
+        # the client draws a seed the ranks share: seed=None must not mean one per rank
+        seed = self.seed if self.seed is not None else _fresh_seed()
+        start = (corpus.shape, corpus.dtype, corpus.total, self.topics, seed)
+        setup = Setup(self.iters, self.alpha, self.beta, corpus.log_fact, corpus.tokens,
+                      int(config.get("spmd.checkpoint-every")))
+        if _one_kind(tiles):
+            out = spmd(rank_fit, tiles, args=(start, setup, len(tiles)),
+                       client=tiles.client, name="gap",
+                       progress=None if progress is None else _in_order(progress))
+            X = {i: x for rank in out for i, x in rank["X"].items()}
+            self.X_ = np.vstack([X[i] for i in range(len(tiles))])
+            self.L_, self.history_ = out[0]["L"], out[0]["history"]
+        else:
+            self._fit_rounds(tiles, start, setup, corpus.dtype, progress)
+        self.tiles_ = tiles.describe()
+
+    def _fit_rounds(self, tiles: RowTiles, start: tuple[Any, ...], setup: Setup,
+                    dtype: np.dtype, progress: Callable[[dict[str, float]], None] | None
+                    ) -> None:
+        """The fit as one Dask round per iteration (a cluster of GPU and CPU workers).
+
+        Per iteration only the topics Λ (words × topics) move: each tile returns its share of
         Λ's update, one task sums them, and the new Λ goes to every tile. The log-likelihood
         of an iteration is summed in the next round, from the same rates that start that
-        round's update, so one round per iteration suffices.
-
-        ``step_s`` in the history is the time between consecutive iterations as the client
-        sees them finish. X_ and L_ are numpy.
+        round's update, so one round per iteration suffices. ``step_s`` in the history is
+        the time between consecutive iterations as the client sees them finish.
         """
-        topics, iters, alpha, beta = self.topics, self.iters, self.alpha, self.beta
-        if is_dask_array(S):
-            tiles = RowTiles.place(S, name="gap", client=client)
-            stats = [tiles.result(f, "GaP's corpus sums")
-                     for f in tiles.map(_stats_task, tiles.blocks)]
-            if not all(st["finite"] for st in stats):
-                raise ValueError("The 'S' parameter of GaP.fit on a cluster holds NaN or "
-                                 "infinity.")
-            if any(st["min"] < 0 for st in stats):
-                raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
-            dtype = np.dtype(stats[0]["dtype"]) if stats else np.dtype(np.float64)
-            total = float(sum(st["sum"] for st in stats))
-            _check_total(total, dtype)
-            log_fact = float(sum(st["log_fact"] for st in stats))
-            tokens = float(sum(st["tokens"] for st in stats))
-            shape = S.shape
-        else:
-            S = _canonical(S)
-            # the tiles first: without a cluster, nothing is computed on the client
-            tiles = RowTiles.place(S, name="gap", parts=parts, client=client)
-            log_fact, tokens = _constants(S)
-            dtype, total, shape = S.dtype, float(S.sum()), S.shape
-        X0, L0 = _start(shape, dtype, total, topics, self.seed)
+        iters, alpha, beta = self.iters, self.alpha, self.beta
+        X0, L0 = starting_state(*start)
         tiny = float(np.finfo(dtype).tiny)
         history: list[dict[str, float]] = []
         state = tiles.map(_tile_task, tiles.blocks)
@@ -223,9 +232,10 @@ class GaP:
             while pending and (len(pending) > 1 or not update):
                 it, fut = pending.popleft()
                 ll, penalty = tiles.result(fut, f"GaP iteration {it}")
-                _finite(ll - penalty - log_fact, it, dtype)
+                loglik = ll - penalty - setup.log_fact
+                check_finite_loglik(loglik, it, dtype)
                 now = time.perf_counter()
-                rec = {"iteration": it, "loglik_per_token": (ll - penalty - log_fact) / tokens,
+                rec = {"iteration": it, "loglik_per_token": loglik / setup.tokens,
                        "step_s": now - last, "elapsed_s": now - t_start}
                 last = now
                 history.append(rec)
@@ -233,7 +243,7 @@ class GaP:
                     progress(rec)
         self.X_ = np.vstack([to_host(tiles.result(x, "GaP's final factors")) for x in X])
         self.L_ = to_host(tiles.result(L, "GaP's final factors"))
-        self.history_, self.tiles_ = history, tiles.describe()
+        self.history_ = history
 
     def transform(self, S: Any, *, iters: int | None = None) -> Any:
         """The loadings of documents under the fitted topics (Λ kept fixed).
@@ -263,15 +273,16 @@ class GaP:
                         _RANGES)
         iters = self.iters if iters is None else iters
         _check_params(self.topics, iters, self.alpha, self.beta, self.seed)
-        tile = _Tile.of(S)
+        tile = Tile.of(S)
         xp = array_module(tile.S)
-        X, _ = _start(tile.S.shape, tile.S.dtype, float(tile.S.sum()), self.topics, self.seed)
+        X, _ = starting_state(tile.S.shape, tile.S.dtype, float(tile.S.sum()), self.topics,
+                              self.seed)
         X, L = xp.asarray(X), xp.asarray(to_host(L) if xp is np else L, dtype=tile.S.dtype)
         tiny = np.finfo(tile.S.dtype).tiny
         for _ in range(iters):
             X = tile.update_loadings(X, L, self.alpha, self.beta, tiny, tile.rates(X, L))
         if not bool(xp.isfinite(X).all()):
-            raise FloatingPointError(_OVERFLOW.format(where="GaP.transform's updates",
+            raise FloatingPointError(OVERFLOW.format(where="GaP.transform's updates",
                                                       dtype=tile.S.dtype))
         return X
 
@@ -292,6 +303,71 @@ class GaP:
         return [[vocab[w] if vocab is not None else str(w) for w in row] for row in order]
 
 
+@dataclass(frozen=True)
+class _Corpus:
+    """What a cluster fit needs to know of the whole corpus: its shape, the dtype it is
+    fitted in, its total count, Σ log s! and its tokens."""
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    total: float
+    log_fact: float
+    tokens: float
+
+
+def _place(S: Any, client: Any, parts: int | None) -> tuple[RowTiles, _Corpus]:
+    """S's row tiles on the cluster and its sums, a dask corpus's counts checked tile by
+    tile (NaN, negative counts, an overflowing total are refused here, before the fit)."""
+    if is_dask_array(S):
+        tiles = RowTiles.place(S, name="gap", client=client)
+        stats = [tiles.result(f, "GaP's corpus sums")
+                 for f in tiles.map(_stats_task, tiles.blocks)]
+        if not all(st["finite"] for st in stats):
+            raise ValueError("The 'S' parameter of GaP.fit on a cluster holds NaN or "
+                             "infinity.")
+        if any(st["min"] < 0 for st in stats):
+            raise ValueError("The 'S' parameter of GaP.fit must hold non-negative counts.")
+        dtype = np.dtype(stats[0]["dtype"]) if stats else np.dtype(np.float64)
+        total = float(sum(st["sum"] for st in stats))
+        check_total(total, dtype)
+        return tiles, _Corpus(S.shape, dtype, total,
+                              float(sum(st["log_fact"] for st in stats)),
+                              float(sum(st["tokens"] for st in stats)))
+    S = canonical_counts(S)
+    # the tiles first: without a cluster, nothing is computed on the client
+    tiles = RowTiles.place(S, name="gap", parts=parts, client=client)
+    log_fact, tokens = loglik_constants(S)
+    return tiles, _Corpus(S.shape, S.dtype, float(S.sum()), log_fact, tokens)
+
+
+def _one_kind(tiles: RowTiles) -> bool:
+    """Whether every tile is on a worker of one kind, all with a GPU or all without (a tile
+    whose worker is not known counts every worker of the cluster)."""
+    gpu = set(gpu_workers(tiles.client))
+    holders = {w for w in tiles.workers if w is not None}
+    if None in tiles.workers:
+        holders |= set(tiles.client.scheduler_info()["workers"])
+    return len({w in gpu for w in holders}) <= 1
+
+
+def _fresh_seed() -> int:
+    """A seed from the operating system's entropy, for a cluster fit with ``seed=None``."""
+    return int(np.random.SeedSequence().entropy)
+
+
+def _in_order(progress: Callable[[dict[str, float]], None]) -> Callable[[dict[str, float]], None]:
+    """``progress`` fed each iteration once, in order: a fit resumed from a checkpoint
+    reports again the iterations after it, which the callback has had."""
+    last = [0]
+
+    def feed(record: dict[str, float]) -> None:
+        if record["iteration"] > last[0]:
+            last[0] = record["iteration"]
+            progress(record)
+
+    return feed
+
+
 _RANGES = " (topics and iters must be >= 1, alpha >= 1 and beta > 0)"
 
 
@@ -310,104 +386,7 @@ def check_counts(S: Any, name: str = "S", func: str = "GaP.fit") -> Any:
     checks a corpus before it starts a cluster."""
     check_array(S, name, func, accept_dense=False, ensure_all_finite=True,
                 kinds="a scipy or cupyx sparse matrix")
-    return _canonical(S, name, func)
-
-
-def _canonical(S: Any, name: str = "S", func: str = "GaP.fit") -> Any:
-    """S as float CSR with sorted, summed entries (a copy where that changes anything: the
-    caller's matrix is never sorted in place), refusing negative counts."""
-    S = canonical_csr(S)
-    if S.nnz and float(S.data.min()) < 0:
-        raise ValueError(f"The '{name}' parameter of {func} must hold non-negative counts.")
-    with np.errstate(over="ignore"):  # an overflowing total is refused below, in words
-        total = float(S.sum(dtype=np.float64))
-    _check_total(total, S.dtype, name, func)
-    return S
-
-
-def _check_total(total: float, dtype: Any, name: str = "S", func: str = "GaP.fit") -> None:
-    """Refuse counts whose total overflows (the starting loadings are scaled by it)."""
-    if not np.isfinite(total) or total > np.finfo(dtype).max:
-        raise ValueError(f"The '{name}' parameter of {func} holds counts whose total "
-                         f"({total:.4g}) overflows {np.dtype(dtype).name}. Scale the counts "
-                         "down.")
-
-
-_OVERFLOW = ("{where} overflowed {dtype}: the counts of 'S' or the prior (alpha, beta) are too "
-             "large for it. Scale the counts down, pass float64 counts, or choose a smaller "
-             "prior.")
-
-
-def _finite(loglik: float, it: int, dtype: Any) -> None:
-    """Refuse an iteration whose log-likelihood is NaN or infinite (the SDDMMs and SpMMs of
-    the updates run unchecked)."""
-    if not np.isfinite(loglik):
-        raise FloatingPointError(_OVERFLOW.format(
-            where=f"GaP's updates at iteration {it} (log-likelihood {loglik})",
-            dtype=np.dtype(dtype).name))
-
-
-def _start(shape: tuple[int, int], dtype: Any, total: float, topics: int, seed: int
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """The starting loadings and topics (numpy), the same for every device and split, from
-    the corpus's shape, dtype and total count."""
-    n_docs, n_words = shape
-    rng = np.random.default_rng(seed)
-    X = rng.gamma(1.0, 1.0, (n_docs, topics)).astype(dtype)
-    L = rng.gamma(1.0, 1.0, (n_words, topics)).astype(dtype)
-    L /= L.sum(axis=0, keepdims=True)
-    X *= total / n_docs / topics
-    return X, L
-
-
-def _constants(S: Any) -> tuple[float, float]:
-    """Σ log s! over the nonzero counts, and the number of tokens."""
-    data = np.asarray(to_host(S.data), dtype=np.float64)
-    return float(gammaln(data + 1.0).sum()), float(data.sum())
-
-
-@dataclass
-class _Tile:
-    """Documents (rows) of the corpus with what the updates need: the counts and the map
-    that transposes a matrix of their pattern by one gather."""
-
-    S: Any
-    transpose: Transposer
-
-    @classmethod
-    def of(cls, S: Any) -> _Tile:
-        S = _canonical(S)
-        return cls(S, Transposer.of(S))
-
-    def rates(self, X: Any, L: Any) -> Any:
-        """ŝ = S's pattern ∘ (X Λᵀ): the Poisson rates at the nonzero counts (SDDMM),
-        unchecked, as the SpMMs are: the fit watches the log-likelihood instead
-        (:func:`_finite`), whose message names GaP's input, not SDDMM's operands."""
-        return mgpu.sddmm(self.S, X, L, hadamard=False, check_finite=False)
-
-    def _ratio(self, R: Any, tiny: float) -> Any:
-        R.data = self.S.data / array_module(self.S).maximum(R.data, tiny)
-        return R
-
-    def update_loadings(self, X: Any, L: Any, alpha: float, beta: float, tiny: float,
-                        R: Any) -> Any:
-        """X ← (X ∘ ((S / ŝ) Λ) + α − 1) / (1ᵀΛ + 1/β), given ŝ = ``R``."""
-        X = X * mgpu.spmm(self._ratio(R, tiny), L, check_finite=False)
-        X += alpha - 1.0
-        X /= L.sum(axis=0) + 1.0 / beta
-        return X
-
-    def topic_parts(self, X: Any, L: Any, tiny: float) -> tuple[Any, Any]:
-        """(S / ŝ)ᵀ X and 1ᵀX for these documents: the sums behind Λ's update."""
-        Q = self._ratio(self.rates(X, L), tiny)
-        return mgpu.spmm(self.transpose(Q.data), X, check_finite=False), X.sum(axis=0)
-
-    def loglik_parts(self, R: Any, X: Any, tiny: float) -> tuple[float, Any]:
-        """Σ s log ŝ over these documents (given ŝ = ``R``) and 1ᵀX, in float64."""
-        xp = array_module(self.S)
-        ll = float((self.S.data.astype(xp.float64)
-                    * xp.log(xp.maximum(R.data.astype(xp.float64), tiny))).sum())
-        return ll, X.sum(axis=0).astype(xp.float64)
+    return canonical_counts(S, name, func)
 
 
 # ------------------------------------------------------------------- tasks on the tiles
@@ -421,7 +400,7 @@ def _stats_task(S: Any) -> dict[str, Any]:
     finite = bool(np.isfinite(host).all())
     low = float(host.min()) if host.size and finite else 0.0
     # NaN or negative counts are refused by the client, which reads "finite" and "min"
-    log_fact, tokens = _constants(tile) if finite and low >= 0 else (0.0, 0.0)
+    log_fact, tokens = loglik_constants(tile) if finite and low >= 0 else (0.0, 0.0)
     return {"sum": float(host.sum()), "log_fact": log_fact, "tokens": tokens,
             "finite": finite, "min": low, "dtype": tile.dtype.str}
 
@@ -432,41 +411,37 @@ def _canonical_unchecked(S: Any) -> Any:
     return S.astype(dtype)
 
 
-def _tile_task(S: Any) -> _Tile:
-    return _Tile.of(S)
+def _tile_task(S: Any) -> Tile:
+    return Tile.of(S)
 
 
-def _step_task(tile: _Tile, X: Any, L: Any, update: bool, alpha: float, beta: float,
+def _step_task(tile: Tile, X: Any, L: Any, update: bool, alpha: float, beta: float,
                tiny: float) -> tuple[Any, tuple]:
     """One round on one tile: the log-likelihood sums of the current state, then (unless this
     is the last round) the loadings' update and this tile's share of the topics' update."""
     # a host piece sent to a GPU worker crosses once
     X, L = on_device_of(X, tile.S.data), on_device_of(L, tile.S.data)
     R = tile.rates(X, L)
-    ll, xsum = tile.loglik_parts(R, X, tiny)
-    parts: tuple = (ll, xsum)
+    parts: tuple = (to_host(tile.loglik_parts(R, X, tiny)),)
     if update:
         X = tile.update_loadings(X, L, alpha, beta, tiny, R)
-        parts += tile.topic_parts(X, L, tiny)
+        parts += (tile.topic_parts(X, L, tiny),)
     return synchronize(X), parts
 
 
 def _reduce_task(L: Any, tiny: float, *parts: tuple) -> tuple[Any, float, Any]:
-    """Sum the tiles' shares: (Λ updated, or None in the last round; Σ s log ŝ; the
-    Σ_k (1ᵀX)_k (1ᵀΛ)_k term of the log-likelihood)."""
-    ll = sum(p[0] for p in parts)
-    xsum = sum(to_host(p[1]) for p in parts)
-    penalty = float((xsum * to_host(L.sum(axis=0)).astype(np.float64)).sum())
+    """Sum the tiles' shares in tile order: (Λ updated, or None in the last round; Σ s log ŝ;
+    the Σ_k (1ᵀX)_k (1ᵀΛ)_k term of the log-likelihood)."""
+    sums = sum(p[0] for p in parts)
+    penalty = float((sums[1:] * to_host(L.sum(axis=0)).astype(np.float64)).sum())
     L_next = None
-    if len(parts[0]) == 4:
-        part = parts[0][2]
-        xs = parts[0][3]
+    if len(parts[0]) == 2:
+        total = parts[0][1]
         for p in parts[1:]:
-            part = part + on_device_of(p[2], part)
-            xs = xs + on_device_of(p[3], xs)
-        L = on_device_of(L, part)
-        L_next = L * part / array_module(part).maximum(xs, tiny)
-    return L_next, ll, penalty
+            total = total + on_device_of(p[1], total)
+        L = on_device_of(L, total)
+        L_next = L * total[:-1] / array_module(total).maximum(total[-1], tiny)
+    return L_next, float(sums[0]), penalty
 
 
 def _first(pair: tuple) -> Any:
