@@ -23,6 +23,7 @@ from mgpu.distributed.collection import from_scipy, gather  # noqa: E402
 from mgpu.distributed.jaccard import jaccard  # noqa: E402
 from mgpu.distributed.knn import knn  # noqa: E402
 from mgpu.distributed.sddmm import sddmm  # noqa: E402
+from mgpu.distributed.spmd import spmd  # noqa: E402
 from mgpu.distributed.spmv import spmm, spmv  # noqa: E402
 from mgpu.mf import MatrixFactorization  # noqa: E402
 from mgpu.ops import pairwise_distances, row_norms, sddmm_plan, spmv_plan  # noqa: E402
@@ -40,6 +41,7 @@ __all__ = [
     "row_norms",
     "sddmm",
     "sddmm_plan",
+    "spmd",
     "spmm",
     "spmv",
     "spmv_plan",

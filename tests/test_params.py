@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import re
 
+import dask.array as da
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -266,6 +267,17 @@ CASES = [
      lambda v: _fitted_model("gmf").predict(v)),
     ("GradientMF.predict", "GradientMF.predict", "check_finite", "no",
      lambda v: _fitted_model("gmf").predict(R, check_finite=v)),
+    # ------------------------------------------------------------------ spmd
+    ("spmd", "spmd", "fn", 3, lambda v: mgpu.spmd(v, da.zeros((4, 2)))),
+    ("spmd", "spmd", "collections", np.ones((4, 2)), lambda v: mgpu.spmd(len, v)),
+    ("spmd", "spmd", "collections", da.zeros((4, 2), chunks=(2, 1)),
+     lambda v: mgpu.spmd(len, v)),
+    ("spmd", "spmd", "args", [1], lambda v: mgpu.spmd(len, da.zeros((4, 2)), args=v)),
+    ("spmd", "spmd", "client", 3, lambda v: mgpu.spmd(len, da.zeros((4, 2)), client=v)),
+    ("spmd", "spmd", "name", "a b", lambda v: mgpu.spmd(len, da.zeros((4, 2)), name=v)),
+    ("spmd", "spmd", "progress", 3, lambda v: mgpu.spmd(len, da.zeros((4, 2)), progress=v)),
+    ("spmd", "spmd", "timeout", 0, lambda v: mgpu.spmd(len, da.zeros((4, 2)), timeout=v)),
+    ("spmd", "spmd", "restarts", -1, lambda v: mgpu.spmd(len, da.zeros((4, 2)), restarts=v)),
 ]
 
 # parameters that no value makes bad, and why

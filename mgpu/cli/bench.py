@@ -179,6 +179,27 @@ def bench_sddmm_scaling(input: str | None, powerlaw: tuple[int, int] | None, nnz
     plotted(plot)
 
 
+@bench.command("allreduce")
+@click.option("--shape", default="100000x128", show_default=True, type=opt.Shape(),
+              metavar="ROWSxCOLS", help="The float32 buffer all-reduced.")
+@opt.worker_counts("2,4")
+@opt.worker_kind
+@opt.repeats(20, "Timed all-reduces (median).")
+@click.option("--no-peer", is_flag=True, help="Skip torch.distributed's NCCL all-reduce.")
+@opt.json_out()
+def bench_allreduce(shape: tuple[int, int], workers: tuple[int, ...], device: str,
+                    repeats: int, no_peer: bool, json_path: str | None) -> None:
+    """All-reduce of one buffer among 2, 4, … workers through mgpu's SPMD communicator
+    (NCCL on GPU workers), against torch.distributed's NCCL in the same processes."""
+    from mgpu.bench import allreduce as b
+
+    counts = _check_gpu_workers(workers, device)
+    rows = b.bench_allreduce(shape, counts, repeats=repeats, gpus=_GPUS[device],
+                             peer=not no_peer, progress=click.echo)
+    click.echo(b.markdown(rows))
+    write_json(json_path, rows)
+
+
 @bench.command("knn")
 @click.argument("input", required=False, type=click.Path(exists=True))
 @opt.corpus_shape("100000x50000")

@@ -7,9 +7,12 @@ from mgpu.distributed.collection import chunk_nnz, chunk_workers, from_scipy, ga
 from mgpu.distributed.knn import knn_distributed, merge_top_k
 from mgpu.distributed.neighbors import pairwise_distances  # registers the ops' dask routes
 from mgpu.distributed.sddmm import place_factors, sddmm, sddmm_axis
+from mgpu.distributed.spmd import Comm, Part, spmd
 
 __all__ = [
     "Client",
+    "Comm",
+    "Part",
     "chunk_nnz",
     "chunk_workers",
     "connect",
@@ -22,6 +25,7 @@ __all__ = [
     "place_factors",
     "sddmm",
     "sddmm_axis",
+    "spmd",
     "visible_gpus",
     "worker_info",
 ]

@@ -154,6 +154,25 @@ class InstanceOf:
         return self.words
 
 
+class MatchesPattern:
+    """A str that matches ``pattern`` whole, named in the refusal as ``words``.
+
+    >>> MatchesPattern(r"[a-z]+", "a word").is_satisfied_by("gap-1")
+    False
+    """
+
+    def __init__(self, pattern: str, words: str) -> None:
+        import re
+
+        self.pattern, self.words = re.compile(pattern), words
+
+    def is_satisfied_by(self, value: Any) -> bool:
+        return isinstance(value, str) and self.pattern.fullmatch(value) is not None
+
+    def __str__(self) -> str:
+        return self.words
+
+
 class Bytes:
     """A memory size: a finite number of bytes >= 1 (floats are truncated, as int() does), or
     a str Dask reads as one ('2GB', '512 MiB').
