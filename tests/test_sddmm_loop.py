@@ -168,3 +168,39 @@ def test_a_user_array_stays_lazy_with_host_factors(client, problem):
     assert _graphs_sent(client) == before and futures_of(P) == []
     np.testing.assert_allclose(sp.csr_matrix(P.compute()).data, mgpu.sddmm(S, A, B).data,
                                rtol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu(2)
+def test_gpu_pipelined_loop_equals_the_waited_loop_and_one_gpu(problem):
+    """On GPU workers (cupyx tiles, factors copied to the devices): the pipelined and the
+    waited loop give the same numbers, and one GPU's within float32 rounding."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    S, A, B = problem
+    with mgpu.connect(gpus=True, n_workers=2) as c:
+        Sd = from_scipy(S, 4, axis=0, client=c)
+        assert "cupy" in type(Sd._meta).__module__
+        piped = gather(_loop(Sd, A, B, 5, mgpu.sddmm, mgpu.spmm, False)).tocsr()
+        waited = gather(_loop(Sd, A, B, 5, mgpu.sddmm, mgpu.spmm, True)).tocsr()
+    one = _loop(csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B), 5, mgpu.sddmm,
+                mgpu.spmm, False).get()
+    np.testing.assert_array_equal(piped.data, waited.data)
+    np.testing.assert_allclose(piped.data, one.data, rtol=1e-4,
+                               atol=1e-4 * np.abs(one.data).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu(2)
+def test_gpu_spmd_loop_matches_one_gpu():
+    """The benchmark's SPMD loop on 1 and 2 GPU workers (NCCL all-reduce of B's update)
+    gives one GPU's factors and error record."""
+    from mgpu.bench.sddmm_loop import bench_loop
+
+    S = powerlaw_csr(20_000, 6000, 300_000, seed=5)
+    rows = bench_loop(S, 32, (1, 2), steps=8, gpus=True)
+    assert [(r["workers"], r["kind"]) for r in rows] == [("one device", "GPU"), (1, "GPU"),
+                                                         (2, "GPU")]
+    for r in rows:
+        assert r["max_rel_err"] <= 1e-4 and r["margin_error"][1] < r["margin_error"][0]

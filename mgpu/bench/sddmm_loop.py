@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from mgpu.backends import to_host
+
 _TABLE_ROWS = 4099  # prime: consecutive rows of a tile draw far-apart table rows
 
 
@@ -114,8 +116,7 @@ def _rank(comm: Any, parts: list[Any], K: int, steps: int, seeds: tuple[int, int
     B, errors = fit_margins(tiles, B, steps, xp, comm.allreduce)
     _sync(xp)
     seconds = time.perf_counter() - t0
-    host_B = B.get() if hasattr(B, "get") else B
-    return {"seconds": seconds, "errors": errors, "B": host_B if comm.rank == 0 else None}
+    return {"seconds": seconds, "errors": errors, "B": to_host(B) if comm.rank == 0 else None}
 
 
 class _Whole:
@@ -143,7 +144,7 @@ def one_device(S: sp.csr_matrix, K: int, steps: int, *, gpu: bool,
     B, errors = fit_margins(tiles, B, steps, xp, lambda x: x)
     _sync(xp)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "errors": errors, "B": B.get() if gpu else B}
+    return {"seconds": seconds, "errors": errors, "B": to_host(B)}
 
 
 def _rel_err(got: np.ndarray, ref: np.ndarray) -> float:
