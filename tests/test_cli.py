@@ -112,6 +112,25 @@ def test_bench_sddmm_cpu(runner, tmp_path):
     assert "| power-law 2,000×700 | 33 |" in r.output
 
 
+def test_bench_sddmm_loop_on_cpu_workers(runner, tmp_path):
+    out = tmp_path / "loop.json"
+    r = runner.invoke(main, ["bench", "sddmm-loop", "--powerlaw", "3000x1200", "--nnz",
+                             "60000", "--k", "16", "--steps", "6", "--workers", "1,2",
+                             "--tiles-per-worker", "2", "--device", "cpu", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    import json
+
+    rows = json.loads(out.read_text())
+    assert [(row["workers"], row["kind"]) for row in rows] == [
+        ("one device", "CPU"), (1, "CPU"), (2, "CPU")]
+    for row in rows:  # the same loop from the same factors: one device's numbers
+        assert row["correct"] and row["max_rel_err"] <= 1e-5 and row["steps"] == 6
+        assert row["margin_error"][1] < 1e-3 * row["margin_error"][0]
+        assert row["speedup"] == pytest.approx(rows[0]["loop_s"] / row["loop_s"])
+    assert rows[0]["max_rel_err"] == 0.0 and rows[2]["job_s"] > 0
+    assert "| 2 CPU |" in r.output
+
+
 def test_bench_sddmm_scaling_on_cpu_workers(runner, tmp_path):
     out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
     r = runner.invoke(main, ["bench", "sddmm-scaling", "--powerlaw", "3000x1200", "--nnz",

@@ -96,6 +96,25 @@ def test_sddmm_result_survives_a_killed_worker(client3, axis):
 
 
 @pytest.mark.timeout(2 * WAIT)
+def test_a_loop_of_sddmm_calls_goes_on_after_a_worker_is_lost(client3):
+    """The calls of a loop remember where S's tiles are; after the holder of a tile is killed
+    the next calls (which still name it) run where the tiles are made again, and every
+    result equals the first call's to the last bit."""
+    from distributed import wait
+
+    rng = np.random.default_rng(4)
+    S = sp.random(1200, 900, density=0.02, random_state=rng, format="csr")
+    A, B = rng.standard_normal((1200, 16)), rng.standard_normal((900, 16))
+    Sd = from_scipy(S, 6, axis=0, client=client3)
+    ref = gather(mgpu.sddmm(Sd, A, B))
+    _kill_holder(client3, Sd)
+    for _ in range(3):
+        P = mgpu.sddmm(Sd, A, B)
+        wait(P, timeout=WAIT)
+        assert np.array_equal(gather(P).data, ref.data)
+
+
+@pytest.mark.timeout(2 * WAIT)
 @pytest.mark.parametrize("op", ["spmv", "spmm", "row_norms"])
 def test_spmv_spmm_and_row_norms_survive_a_killed_worker(client3, op):
     rng = np.random.default_rng(2)

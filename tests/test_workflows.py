@@ -39,7 +39,7 @@ def _run(script: str, *args: object, cwd: Path) -> str:
 def test_every_workflow_is_tested_and_documented():
     scripts = sorted(p.name for p in WORKFLOWS.glob("*.py"))
     assert scripts == ["jaccard_weights.py", "knn_graph.py", "recommender.py",
-                       "topic_model.py"]
+                       "sddmm_loop.py", "topic_model.py"]
     readme = (WORKFLOWS / "README.md").read_text()
     for name in scripts:
         assert name in readme
@@ -156,3 +156,41 @@ def test_recommender_on_movielens(data_dir, tmp_path):
     unrated = np.delete(scores, sorted(rated))
     np.testing.assert_allclose([r["score"] for r in recs], np.sort(unrated)[::-1][:10],
                                rtol=1e-5)
+
+
+def _margin_fit(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, steps: int):
+    """The loop of sddmm_loop.py in float64 scipy arithmetic, on one process."""
+    rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
+    r, c = np.asarray(S.sum(axis=1)).ravel(), np.asarray(S.sum(axis=0)).ravel()
+    A, B, errors = A.astype(np.float64), B.astype(np.float64), []
+    for _ in range(steps):
+        P = sp.csr_matrix((np.einsum("ik,ik->i", A[rows], B[S.indices]), S.indices,
+                           S.indptr), shape=S.shape)
+        rs = np.asarray(P.sum(axis=1)).ravel()
+        errors.append(np.sqrt(((rs - r) ** 2).sum() / (r ** 2).sum()))
+        t = np.where(rs > 0, r / np.where(rs > 0, rs, 1), 1)
+        A *= t[:, None]
+        col = P.T @ t
+        B *= np.where(col > 0, c / np.where(col > 0, col, 1), 1)[:, None]
+    return A, B, errors
+
+
+def test_sddmm_loop_spmd_and_per_call_match_one_process(data_dir, tmp_path):
+    from mgpu import io
+
+    corpus = _data(data_dir, "bow/ap.dat.gz")
+    stdout = _run("sddmm_loop.py", corpus, "-k", 8, "--steps", 12, "--workers", 2, "--cpu",
+                  "--seed", 3, "--out", "loop.json", cwd=tmp_path)
+    got = json.loads((tmp_path / "loop.json").read_text())
+    S = sp.csr_matrix(io.load(str(corpus)), dtype=np.float32)
+    rng = np.random.default_rng(3)
+    A0 = rng.uniform(0.5, 1.5, (S.shape[0], 8)).astype(np.float32)
+    B0 = rng.uniform(0.5, 1.5, (S.shape[1], 8)).astype(np.float32)
+    A, B, errors = _margin_fit(S, A0, B0, 12)
+    assert got["tiles"] == 2 and len(got["spmd"]["errors"]) == 12
+    for loop in ("spmd", "per_call"):  # float32 against float64: rounding only
+        np.testing.assert_allclose(got[loop]["A"], A, rtol=2e-4, atol=1e-4 * np.abs(A).max())
+        np.testing.assert_allclose(got[loop]["B"], B, rtol=2e-4, atol=1e-4 * np.abs(B).max())
+        np.testing.assert_allclose(got[loop]["errors"][:4], errors[:4], rtol=1e-3)
+    assert got["spmd"]["errors"][-1] < 1e-4 * got["spmd"]["errors"][0]
+    assert "SPMD step   1: row-margin error" in stdout and "per call:" in stdout

@@ -180,6 +180,43 @@ def bench_sddmm_scaling(input: str | None, powerlaw: tuple[int, int] | None, nnz
     plotted(plot)
 
 
+@bench.command("sddmm-loop")
+@click.argument("input", required=False, type=click.Path(exists=True))
+@opt.powerlaw(help="Use a synthetic power-law matrix of this shape instead of INPUT (the "
+              "issue's: 1200000x200000 with --nnz 2e8, and 300000x100000 with --nnz 6e7).")
+@opt.nnz(6e7)
+@opt.k(128, "Columns of A and B.")
+@click.option("--steps", default=50, show_default=True, type=click.IntRange(min=1),
+              help="SDDMM calls in the loop.")
+@opt.worker_counts()
+@opt.tiles_per_worker
+@opt.worker_kind
+@opt.json_out()
+def bench_sddmm_loop(input: str | None, powerlaw: tuple[int, int] | None, nnz: float, k: int,
+                     steps: int, workers: tuple[int, ...], tiles_per_worker: int, device: str,
+                     json_path: str | None) -> None:
+    """A loop of SDDMM calls on a resident S, the factors updated between calls: one device
+    against one SPMD job (mgpu.spmd) on 1, 2, 4, … workers, in one run.
+
+    The loop fits a positive rank-K model's margins to S's (one SDDMM a step, A's rows
+    scaled locally, B's after an all-reduce of the column sums); the table gives the time a
+    step, the speedup over one device and the result against one device's.
+    """
+    from mgpu.bench import sddmm_loop as b
+
+    counts = _check_gpu_workers(workers, device)
+    t0 = time.perf_counter()
+    S, label = load_input(input, powerlaw, nnz, 0)
+    S = S.tocsr().astype(np.float32)
+    S.sum_duplicates()
+    click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
+               f"(ready in {time.perf_counter() - t0:.0f} s)")
+    rows = b.bench_loop(S, k, counts, steps=steps, tiles_per_worker=tiles_per_worker,
+                        gpus=_GPUS[device], progress=click.echo)
+    click.echo(b.markdown(rows))
+    write_json(json_path, rows)
+
+
 @bench.command("allreduce")
 @click.option("--shape", default="100000x128", show_default=True, type=opt.Shape(),
               metavar="ROWSxCOLS", help="The float32 buffer all-reduced.")

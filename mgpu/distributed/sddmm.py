@@ -9,17 +9,23 @@ factor is larger, so that the smaller one is the one copied to every worker.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
+from distributed import futures_of
 
 from mgpu.backends import on_device_of, synchronize, to_device
-from mgpu.distributed.cluster import current_client, task_placement
-from mgpu.distributed.collection import block_futures, chunk_workers, device_copy, place_as
+from mgpu.distributed.cluster import completed, current_client
+from mgpu.distributed.collection import block_futures, device_copy
 from mgpu.distributed.inputs import check_dask_input, csr_chunks, is_placed
 from mgpu.ops import sddmm as sddmm_one_device
 from mgpu.ops.sddmm import (
@@ -55,6 +61,16 @@ def sddmm_axis(shape: tuple[int, int]) -> int:
 # Keys of factors that were checked on the client and sent by _factor (place_factors).
 _PLACED = "mgpu-sddmm-factor-"
 
+# Where the tiles of placed collections are, by (client id, tile key): (workers, when asked).
+# A call restricts each tile's task (loosely) to its tile's workers; asking the scheduler every
+# call would be a round trip on every call's path, so the answer is kept for _HOMES_TTL
+# seconds. A stale answer costs speed, never correctness: the restriction is loose, so a task
+# whose tile moved (its worker lost) runs where the scheduler finds its data.
+_HOMES: OrderedDict[tuple[str, Any], tuple[tuple[str, ...], float]] = OrderedDict()
+_HOMES_TTL = 10.0
+_HOMES_MAX = 1 << 14
+_homes_lock = threading.Lock()
+
 
 def _on_device_of(X: Any, S: Any) -> Any:
     """X on S's device; a host factor held by a GPU worker is copied there once
@@ -81,12 +97,47 @@ def _sddmm_block(S: Any, A: Any, B: Any, hadamard: bool, check: tuple[bool, bool
                                              hadamard)), S)
 
 
-def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any) -> da.Array:
-    """A dense factor as a dask array chunked like S's rows (A, ``axis=0``) or columns (B).
+def tile_homes(S: da.Array, client: Any) -> dict[tuple[int, ...], tuple[str, ...]]:
+    """The workers holding each tile of a placed S, by block index, asked of the scheduler at
+    most once every ``_HOMES_TTL`` seconds per tile (one round trip for all of them)."""
+    tiles = block_futures(S, client)  # placed: no round trip
+    now = time.monotonic()
+    with _homes_lock:
+        hits = {idx: _HOMES.get((client.id, f.key)) for idx, f in tiles.items()}
+    if all(h is not None and now - h[1] < _HOMES_TTL for h in hits.values()):
+        return {idx: h[0] for idx, h in hits.items()}  # type: ignore[index]
+    who = client.who_has(list(tiles.values()))
+    out = {idx: tuple(who.get(f.key, ())) for idx, f in tiles.items()}
+    with _homes_lock:
+        for idx, f in tiles.items():
+            _HOMES[(client.id, f.key)] = (out[idx], now)
+            _HOMES.move_to_end((client.id, f.key))
+        while len(_HOMES) > _HOMES_MAX:
+            _HOMES.popitem(last=False)
+    return out
 
-    A numpy/cupy factor, checked by the caller (both before either is sent), goes to the workers:
-    each piece to the workers of its tiles (an unsplit factor to one worker, from which the
-    others fetch it), inside a task the scheduler keeps (:func:`mgpu.distributed.collection.place_as`).
+
+def _strata_homes(S: da.Array, homes: dict[tuple[int, ...], tuple[str, ...]] | None,
+                  axis: int) -> list[list[str]]:
+    """For each row (axis 0) or column (axis 1) stratum of S, the workers holding its tiles."""
+    out: list[list[str]] = [[] for _ in range(S.numblocks[axis])]
+    for idx, workers in (homes or {}).items():
+        out[idx[axis]].extend(w for w in workers if w not in out[idx[axis]])
+    return out
+
+
+def _factor(X: Any, name: str, S: da.Array, axis: int,
+            homes: dict[tuple[int, ...], tuple[str, ...]] | None) -> da.Array:
+    """A dense factor as a lazy dask array chunked like S's rows (A, ``axis=0``) or columns
+    (B), to go in the same graph as the tiles' tasks.
+
+    A numpy/cupy factor, checked by the caller (both before either is sent), travels in the
+    graph: each piece in a task of its own that holds it, asked (not pinned) to run on the
+    workers of its tiles (``homes``), so that the scheduler keeps it and makes it again
+    elsewhere if its worker is lost. An unsplit factor is one task on one worker, from which
+    the others fetch it (a broadcast scatter's copies are dropped by Dask's memory manager,
+    and a broadcast waits forever for a worker lost while it runs). A dask factor is
+    rechunked to S's tiles.
     """
     K = X.shape[1]
     row_chunks = S.chunks[axis]
@@ -96,28 +147,33 @@ def _factor(X: Any, name: str, S: da.Array, axis: int, client: Any) -> da.Array:
     # Factors change every call of an iterative method: a fresh name instead of hashing
     # hundreds of MB of values for a deterministic one.
     key = f"{_PLACED}{name}-{uuid.uuid4().hex}"
-    if client is None:
-        return da.from_array(X, chunks=chunks, asarray=False, name=key)
     bounds = np.concatenate([[0], np.cumsum(row_chunks)]).astype(np.int64)
-    holders = _holders(S, client, axis) if len(row_chunks) > 1 else [[]]
-    graph = {}
-    for i in range(len(row_chunks)):
-        # Held by a task, not scattered, so that a lost worker's pieces are made again
-        # elsewhere as S's tiles are. An unsplit factor is put on one worker and fetched by
-        # the others: a broadcast scatter's copies are dropped by Dask's memory manager, and
-        # a broadcast waits forever for a worker lost while it runs.
-        graph[(key, i, 0)] = place_as(client, (key, i, 0), X[bounds[i]:bounds[i + 1]],
-                                      workers=holders[i])
-    return da.Array(graph, key, chunks=chunks, dtype=X.dtype, meta=X[:0])
+    graph = {(key, i, 0): X[bounds[i]:bounds[i + 1]] for i in range(len(row_chunks))}
+    holders = _strata_homes(S, homes, axis) if len(row_chunks) > 1 else []
+    where = {(key, i, 0): list(w) for i, w in enumerate(holders) if w}
+    # dict.get: the scheduler asks it for every key of the layer, and a piece without
+    # holders (None) has no restriction
+    with dask.annotate(workers=where.get, allow_other_workers=True) if where else nullcontext():
+        return da.Array(graph, key, chunks=chunks, dtype=X.dtype, meta=X[:0])
+
+
+def _persist(client: Any, *xs: da.Array) -> list[da.Array]:
+    """``client.persist`` of the arrays in one graph, one message to the scheduler, without
+    waiting. Factors travel inside that graph on purpose: distributed's warning about a large
+    graph (and its advice to scatter) is not for them."""
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 PiB"}):
+        return list(client.persist(list(xs), optimize_graph=False))
 
 
 def place_factors(S: da.Array, A: Any, B: Any, *, client: Any = None) -> tuple[da.Array, da.Array]:
     """Send the factors to the workers of S's tiles once, for repeated :func:`sddmm` calls.
 
     Returns dask arrays chunked like S's rows (A) and columns (B): a split factor's pieces
-    sit on the workers of their tiles, an unsplit one is copied to every worker. Passing
-    them to ``sddmm(S, A_d, B_d)`` then moves no factor data, which is what an iterative
-    method whose factors live on the workers pays, and what the scaling benchmark times.
+    sit on the workers of their tiles, an unsplit one on one worker (the others fetch it at
+    their first call and keep it). Passing them to ``sddmm(S, A_d, B_d)`` then moves no
+    factor data, which is what an iterative method whose factors live on the workers pays,
+    and what the scaling benchmark times. Both are sent in one graph, and the call returns
+    once they are on the workers.
 
     Parameters
     ----------
@@ -145,19 +201,11 @@ def place_factors(S: da.Array, A: Any, B: Any, *, client: Any = None) -> tuple[d
     if client is None:
         raise ValueError("place_factors needs a cluster: call mgpu.connect() first.")
     check_dense_factors({"A": A, "B": B})  # both, before either is sent
-    return _factor(A, "A", S, 0, client), _factor(B, "B", S, 1, client)
-
-
-def _holders(S: da.Array, client: Any, axis: int) -> list[list[str]]:
-    """For each row (axis 0) or column (axis 1) stratum of S, the workers holding its tiles."""
-    n = S.numblocks[axis]
-    out: list[list[str]] = [[] for _ in range(n)]
-    if client is None:
-        return out
-    where = chunk_workers(S, client)
-    for idx, workers in where.items():
-        out[idx[axis]].extend(w for w in workers if w not in out[idx[axis]])
-    return out
+    homes = tile_homes(S, client) if is_placed(S) else None
+    A_d, B_d = _persist(client, _factor(A, "A", S, 0, homes), _factor(B, "B", S, 1, homes))
+    for fut in completed(futures_of([A_d, B_d]), "place_factors sending the factors", client):
+        fut.result()  # surfaces an error now, not at the first call
+    return A_d, B_d
 
 
 def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
@@ -175,9 +223,10 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
         made CSR by the tiles' tasks.
     A : array of shape (n_rows, K)
     B : array of shape (n_cols, K)
-        Dense factors: numpy or cupy, or dask arrays. With a dask S, numpy/cupy factors are
-        sent to the workers once per call (the unsplit one to one worker, from which the
-        others fetch it) and dask factors are rechunked to S's tiles.
+        Dense factors: numpy or cupy, or dask arrays. With a dask S, numpy/cupy factors
+        travel in the call's graph (the unsplit one to one worker, from which the others
+        fetch it), dask factors (a previous call's lazy result, say) are rechunked to S's
+        tiles, and factors from :func:`place_factors` are already there.
     hadamard : bool, default=True
         Multiply by S's values; False gives the plain sampled product on S's pattern.
     plan : SDDMMPlan, optional
@@ -195,7 +244,12 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     -------
     P : CSR matrix, or dask array of CSR tiles shaped like S
         Same pattern as S; float32 when every operand is float32, float64 otherwise; a
-        ``csr_array`` (or chunks of them) from a scipy sparse array.
+        ``csr_array`` (or chunks of them) from a scipy sparse array. With S on the workers
+        (:func:`mgpu.from_scipy`, or persisted), the call submits every task (factor pieces
+        and tiles) in one graph and returns without waiting: P's chunks are futures, as
+        ``client.persist`` gives (``distributed.futures_of(P)``, ``distributed.wait(P)``,
+        ``P.compute()``), so a loop of calls queues its work on the cluster instead of
+        waiting on each. Your own dask S gives a lazy P (start it with ``client.persist``).
 
     Raises
     ------
@@ -216,6 +270,16 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     >>> A, B = np.ones((200, 8)), np.ones((100, 8))
     >>> P = sddmm(from_scipy(S, 4, axis=1), A, B)
     >>> np.allclose(P.compute().toarray(), 8 * S.toarray())
+    True
+
+    A loop whose next factor is computed from the last product, waiting only at the end:
+
+    >>> import mgpu
+    >>> Sd, a, x = from_scipy(S, 4, axis=0), A, A
+    >>> for _ in range(3):
+    ...     a = mgpu.spmm(sddmm(Sd, a, B), B) / 10  # dask: nothing waited for
+    ...     x = mgpu.spmm(sddmm(S, x, B), B) / 10  # one device
+    >>> np.allclose(a.compute(), x)
     True
     """
     check_sddmm_options(hadamard, check_finite, working_memory, progress, device)
@@ -240,41 +304,25 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
     # both host/device factors are checked before either is sent
     check_dense_factors({n: X for n, X in (("A", A), ("B", B)) if not is_dask_array(X)},
                         finite)
-    A_d = _factor(A, "A", S, 0, client)
-    B_d = _factor(B, "B", S, 1, client)
+    homes = tile_homes(S, client) if placed else None
+    A_d = _factor(A, "A", S, 0, homes)
+    B_d = _factor(B, "B", S, 1, homes)
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
     meta = S._meta.astype(dt) if hasattr(S._meta, "astype") else S._meta
     check = tuple(is_dask_array(X) and not X.name.startswith(_PLACED) for X in (A, B))
     logger.debug("sddmm: %s tiles of S, K=%d, hadamard=%s", S.numblocks, A.shape[1], hadamard)
-    if not placed:  # lazy in, lazy out: the tiles' tasks run where Dask puts them
-        return da.blockwise(
+    name = "mgpu-sddmm-" + (tokenize(S, A_d, B_d, hadamard) if not placed else uuid.uuid4().hex)
+    # A placed S: each tile's task is asked (not pinned) to run where its tile is. Dask alone
+    # would run it where the largest inputs are, and a factor can outweigh a tile, so S would
+    # follow the factors; a worker that is busy or gone can still hand the task on.
+    where = {(name,) + idx: list(w) for idx, w in (homes or {}).items() if w}
+    with dask.annotate(workers=where.get, allow_other_workers=True) if where else nullcontext():
+        P = da.blockwise(
             _sddmm_block, "ij", S, "ij", A_d, "ik", B_d, "jk",
             hadamard=bool(hadamard), check=check, finite=finite, concatenate=False, dtype=dt,
-            meta=meta,
-            name="mgpu-sddmm-" + tokenize(S, A_d, B_d, hadamard),
+            meta=meta, name=name,
         )
-    return _submit_tiles(S, A_d, B_d, bool(hadamard), check, finite, dt, meta, client)
-
-
-def _submit_tiles(S: da.Array, A_d: da.Array, B_d: da.Array, hadamard: bool,
-                  check: tuple[bool, bool], finite: bool, dt: np.dtype, meta: Any,
-                  client: Any) -> da.Array:
-    """One task per tile of S, started now, each asked to run where its tile is.
-
-    Dask alone would run a tile's task where the largest inputs are, and a GPU tile can look
-    small next to a factor, so S would follow the factors. The loose restriction keeps S
-    where :func:`mgpu.from_scipy` put it, while a worker that is busy or gone can
-    still hand the task to another.
-    """
-    tiles = block_futures(S, client)
-    a, b = block_futures(A_d, client), block_futures(B_d, client)
-    where = client.who_has(list(tiles.values()))
-    name = f"mgpu-sddmm-{uuid.uuid4().hex}"
-    graph = {}
-    for (i, j), tile in tiles.items():
-        key = (name, i, j)
-        graph[key] = client.submit(
-            _sddmm_block, tile, a[(i, 0)], b[(j, 0)], hadamard, check, finite, key=key,
-            **task_placement(list(where.get(tile.key, ())), False),
-        )
-    return da.Array(graph, name, chunks=S.chunks, dtype=dt, meta=meta)
+    if not placed:  # lazy in, lazy out: the tiles' tasks run where Dask puts them
+        return P
+    # every task of the call (factor pieces, tiles) in one message, and no wait for it
+    return _persist(client, P)[0]
