@@ -274,3 +274,31 @@ def test_nccl_collectives_equal_one_process():
         with pytest.raises(CollectiveError, match="rank 1"):
             spmd(late, X, client=c, timeout=2)
         _check_collectives(spmd(_collectives, X, args=(HUGE[2:],), client=c), 2 * n)
+
+
+def test_a_stranger_on_the_listener_is_closed_unread():
+    """Only a dialler with the job's key becomes a link; what a stranger sends is never
+    deserialized."""
+    import socket
+    import threading
+
+    from mgpu.distributed import comms
+
+    key = "mgpu-comm-" + "ab" * 16
+    listeners = [comms.listen("127.0.0.1"), comms.listen("127.0.0.1")]
+    addresses = [s.getsockname() for s in listeners]
+    got = {}
+    t = threading.Thread(target=lambda: got.update(
+        comms.mesh(key, 0, addresses, listeners[0], 10)))
+    t.start()
+    stranger = socket.create_connection(addresses[0])
+    stranger.sendall(b"cos\nsystem\n(S'echo owned'\ntR." + b"x" * 40)
+    wrong = socket.create_connection(addresses[0])
+    wrong.sendall(("mgpu-comm-" + "cd" * 16).encode() + (1).to_bytes(4, "little"))
+    links = comms.mesh(key, 1, addresses, listeners[1], 10)
+    t.join(10)
+    assert list(got) == [1] and list(links) == [0]
+    comms.send_obj(links[0], {"x": np.arange(3)})
+    assert comms.recv_obj(got[1], time.monotonic() + 5)["x"].tolist() == [0, 1, 2]
+    for s in [stranger, wrong, *listeners, *got.values(), *links.values()]:
+        s.close()

@@ -21,7 +21,6 @@ so every rank's error names the same worker.
 from __future__ import annotations
 
 import logging
-import pickle
 import select
 import socket
 import struct
@@ -31,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from distributed.protocol.serialize import deserialize_bytes, serialize_bytelist
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,6 @@ class CollectiveMismatch(CollectiveError):
     """Ranks called different collectives at the same step (a bug of the job's function)."""
 
 
-_HEAD = struct.Struct("<QI")
 _REDUCE: dict[str, Callable[[Any, Any], Any]] = {
     "sum": lambda a, b: a + b, "max": np.maximum, "min": np.minimum}
 # the root's verdict that ends a collective on every rank: (kind, message, worker)
@@ -103,29 +102,28 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> memoryview:
     return view
 
 
-def send_obj(sock: socket.socket, obj: Any) -> None:
-    """``obj`` pickled (protocol 5: array buffers are sent as they lie, not copied)."""
-    buffers: list[pickle.PickleBuffer] = []
-    payload = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    head = _HEAD.pack(len(payload), len(raws)) + struct.pack(f"<{len(raws)}Q",
-                                                             *(r.nbytes for r in raws))
+# a message on a link: its kind (data, or a verdict that ends the job) and its length, then
+# Dask's serialization of the object (array buffers sent as they lie)
+_WIRE = struct.Struct("<cQ")
+_DATA, _VERDICT = b"D", b"A"
+
+
+def send_obj(sock: socket.socket, obj: Any, kind: bytes = _DATA) -> None:
+    """Send ``obj`` to the peer of ``sock``, serialized as Dask serializes task data (the
+    peers are the cluster's own workers, met through the job's secret key in :func:`mesh`)."""
+    frames = [memoryview(f).cast("B") for f in serialize_bytelist(obj, compression=False)]
     sock.settimeout(None)
     try:
-        sock.sendall(head)
-        sock.sendall(payload)
-        for r in raws:
-            sock.sendall(r)
+        sock.sendall(_WIRE.pack(kind, sum(f.nbytes for f in frames)))
+        for f in frames:
+            sock.sendall(f)
     except OSError as exc:
         raise _Closed(str(exc)) from None
 
 
 def recv_obj(sock: socket.socket, deadline: float) -> Any:
-    n, k = _HEAD.unpack(_recv_exact(sock, _HEAD.size, deadline))
-    sizes = struct.unpack(f"<{k}Q", _recv_exact(sock, 8 * k, deadline)) if k else ()
-    payload = _recv_exact(sock, n, deadline)
-    buffers = [_recv_exact(sock, s, deadline) for s in sizes]
-    return pickle.loads(payload, buffers=buffers)
+    _, n = _WIRE.unpack(_recv_exact(sock, _WIRE.size, deadline))
+    return deserialize_bytes(_recv_exact(sock, n, deadline))
 
 
 class HostComm:
@@ -198,7 +196,8 @@ class HostComm:
         for r in range(self.size):
             if r != self.rank:
                 try:
-                    send_obj(self._links[r], (_ABORT, kind, str(error), error.worker))
+                    send_obj(self._links[r], (_ABORT, kind, str(error), error.worker),
+                             _VERDICT)
                 except _Closed:
                     pass
 
@@ -308,13 +307,13 @@ class HostComm:
             if s not in readable:
                 continue
             try:
-                head = s.recv(256, socket.MSG_PEEK)
+                head = s.recv(1, socket.MSG_PEEK)
             except OSError:
                 head = b""
             if not head:
                 raise self._fail(WorkerLost(f"the link to {self._who(r)} closed: that worker "
                                             "is gone.", self.workers[r]))
-            if _ABORT.encode() in head:
+            if head == _VERDICT:
                 self._recv_from(r, "abort", 0, time.monotonic() + self.timeout)
 
     def close(self) -> None:
@@ -401,7 +400,8 @@ class NcclComm:
             if now > deadline:
                 self._timed_out(op)
             if now - start > 0.001:
-                pause = min(max(pause * 2, 2e-5), 1e-3)
+                # at most 0.1 ms late: a step's collectives are often a millisecond or less
+                pause = min(max(pause * 2, 2e-5), 1e-4)
             time.sleep(pause)
             if now - start > 0.01:
                 self._check_peers(op)
@@ -531,11 +531,17 @@ def _tune(s: socket.socket) -> socket.socket:
     return s
 
 
+def _hello(key: str, rank: int) -> bytes:
+    return key.encode() + struct.pack("<I", rank)
+
+
 def mesh(key: str, rank: int, addresses: list[tuple[str, int]], listener: socket.socket,
          timeout: float) -> dict[int, socket.socket]:
     """Connect this rank to every other: it dials the lower ranks and answers the higher.
 
-    Raises CollectiveTimeout naming the ranks that never dialled in.
+    A dialler first sends the job's key (a random id only the job's ranks were given) and
+    its rank as plain bytes; a connection without the key is closed before anything of it
+    is deserialized. Raises CollectiveTimeout naming the ranks that never dialled in.
     """
     links: dict[int, socket.socket] = {}
     deadline = time.monotonic() + timeout
@@ -550,8 +556,9 @@ def mesh(key: str, rank: int, addresses: list[tuple[str, int]], listener: socket
                     raise CollectiveTimeout(f"rank {r} at {addresses[r]} did not answer within "
                                             f"{timeout:g} s when the job started.") from None
                 time.sleep(0.05)
-        send_obj(_tune(s), (key, rank))
+        _tune(s).sendall(_hello(key, rank))
         links[r] = s
+    size = len(_hello(key, 0))
     while len(links) < len(addresses) - 1:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -564,12 +571,13 @@ def mesh(key: str, rank: int, addresses: list[tuple[str, int]], listener: socket
         except TimeoutError:
             continue
         try:
-            got_key, r = recv_obj(_tune(s), deadline)
+            hello = bytes(_recv_exact(_tune(s), size, min(deadline, time.monotonic() + 10)))
         except (_Timeout, _Closed):
             s.close()
             continue
-        if got_key != key:  # a stale dial of an earlier job: not ours
-            s.close()
+        r = struct.unpack("<I", hello[-4:])[0]
+        if hello[:-4] != key.encode() or not 0 <= r < len(addresses) or r == rank:
+            s.close()  # not one of this job's ranks
             continue
         links[r] = s
     return links

@@ -21,6 +21,7 @@ waits once per job, not once per step, and follows progress through Dask events.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -381,7 +382,8 @@ def spmd(fn: Callable[..., Any], *collections: Any, args: tuple = (), client: An
     name : str, default="spmd"
         The job's name in its task keys (``mgpu-<name>-…``).
     progress : callable, optional
-        Called on the client with every record rank 0 passes to ``comm.report``, in order.
+        Called on the client with every record rank 0 passes to ``comm.report``, in order,
+        in the thread that called spmd (so it may call the cluster itself).
     timeout : float, optional
         Seconds every collective waits for the ranks (default ``mgpu.spmd.timeout``).
     restarts : int, optional
@@ -482,6 +484,7 @@ class _Run:
         self.key = f"mgpu-{name}-{uuid.uuid4().hex}"
         self.connect_timeout = _seconds(config.get("spmd.connect-timeout"))
         self.received = 0
+        self.records: queue.SimpleQueue = queue.SimpleQueue()
         self.workers: list[str] = []
 
     def _alive(self) -> list[str]:
@@ -531,12 +534,22 @@ class _Run:
         return it, states
 
     def _handler(self, event: tuple[float, dict[str, Any]]) -> None:
-        self.received += 1
-        if self.progress is not None:
+        # on the client's event loop, where the callback could not call the cluster: the
+        # records are handed to the thread that waits for the job
+        self.records.put(event[1]["record"])
+
+    def _deliver(self) -> None:
+        while True:
             try:
-                self.progress(event[1]["record"])
-            except Exception:  # a progress bar must not end the job
-                logger.exception("the progress callback of %s failed", self.name)
+                record = self.records.get_nowait()
+            except queue.Empty:
+                return
+            self.received += 1
+            if self.progress is not None:
+                try:
+                    self.progress(record)
+                except Exception:  # a progress bar must not end the job
+                    logger.exception("the progress callback of %s failed", self.name)
 
     def _once(self, attempt: int, resumed: tuple[int, dict] | None) -> list[Any]:
         client, tiles = self.client, self.tiles
@@ -579,7 +592,12 @@ class _Run:
     def _wait(self, futures: list[Any], workers: list[str], comm_id: str) -> list[Any]:
         pending = list(futures)
         while pending and not any(f.status == "error" for f in futures):
-            pending = list(distributed.wait(pending, return_when="FIRST_COMPLETED").not_done)
+            try:
+                pending = list(distributed.wait(pending, timeout=0.1,
+                                                return_when="FIRST_COMPLETED").not_done)
+            except TimeoutError:
+                pass
+            self._deliver()
         if all(f.status == "finished" for f in futures):
             return [f.result() for f in futures]
         # the other ranks hear the verdict at their next collective: give them that long,
@@ -603,8 +621,10 @@ class _Run:
 
     def _wait_for_reports(self, sent: int) -> None:
         deadline = time.monotonic() + 10
+        self._deliver()
         while self.received < sent and time.monotonic() < deadline:
             time.sleep(0.01)
+            self._deliver()
         if self.received < sent:
             logger.warning("%s: %d of %d progress records did not arrive", self.name,
                            sent - self.received, sent)
