@@ -16,8 +16,8 @@ from mgpu.cli._errors import Group, data_error
 from mgpu.cli._inputs import data_root, load_corpus, load_input, load_matrix, load_ratings
 from mgpu.cli._mf import mf_options, train
 from mgpu.cli._output import bar, plotted, write_json
+from mgpu.cli.bench_comm import _GPUS, _check_gpu_workers, bench_allreduce
 
-_GPUS = {"auto": None, "cpu": False, "gpu": True}  # --device auto|cpu|gpu as connect's gpus
 
 
 @click.group(cls=Group)
@@ -25,15 +25,7 @@ def bench() -> None:
     """Benchmarks (the current results are in docs/benchmarks.md)."""
 
 
-def _check_gpu_workers(counts: tuple[int, ...], device: str) -> tuple[int, ...]:
-    """--workers refused before any work when GPU workers are more than GPUs."""
-    from mgpu.distributed import visible_gpus
-
-    n_gpus = visible_gpus()
-    if (device == "gpu" or (device == "auto" and n_gpus)) and max(counts) > n_gpus:
-        raise click.UsageError(f"--workers asks for {max(counts)} GPU workers but {n_gpus} "
-                               "GPU(s) are visible; lower it or pass --device cpu.")
-    return counts
+bench.add_command(bench_allreduce, "allreduce")
 
 
 def _need_gpu(what: str, usage: bool = False) -> None:
@@ -213,27 +205,6 @@ def bench_sddmm_loop(input: str | None, powerlaw: tuple[int, int] | None, nnz: f
                f"(ready in {time.perf_counter() - t0:.0f} s)")
     rows = b.bench_loop(S, k, counts, steps=steps, tiles_per_worker=tiles_per_worker,
                         gpus=_GPUS[device], progress=click.echo)
-    click.echo(b.markdown(rows))
-    write_json(json_path, rows)
-
-
-@bench.command("allreduce")
-@click.option("--shape", default="100000x128", show_default=True, type=opt.Shape(),
-              metavar="ROWSxCOLS", help="The float32 buffer all-reduced.")
-@opt.worker_counts("2,4")
-@opt.worker_kind
-@opt.repeats(20, "Timed all-reduces (median).")
-@click.option("--no-peer", is_flag=True, help="Skip torch.distributed's NCCL all-reduce.")
-@opt.json_out()
-def bench_allreduce(shape: tuple[int, int], workers: tuple[int, ...], device: str,
-                    repeats: int, no_peer: bool, json_path: str | None) -> None:
-    """All-reduce of one buffer among 2, 4, … workers through mgpu's SPMD communicator
-    (NCCL on GPU workers), against torch.distributed's NCCL in the same processes."""
-    from mgpu.bench import allreduce as b
-
-    counts = _check_gpu_workers(workers, device)
-    rows = b.bench_allreduce(shape, counts, repeats=repeats, gpus=_GPUS[device],
-                             peer=not no_peer, progress=click.echo)
     click.echo(b.markdown(rows))
     write_json(json_path, rows)
 
@@ -708,3 +679,4 @@ def bench_transfer_cmd(size: int, protocols: tuple[str, ...], device: str,
                           progress=click.echo)
     click.echo(transfer_markdown(rows))
     write_json(json_path, rows)
+

@@ -105,13 +105,15 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> memoryview:
 # a message on a link: its kind (data, or a verdict that ends the job) and its length, then
 # Dask's serialization of the object (array buffers sent as they lie)
 _WIRE = struct.Struct("<cQ")
-_DATA, _VERDICT = b"D", b"A"
+_DATA, VERDICT = b"D", b"A"
 
 
 def send_obj(sock: socket.socket, obj: Any, kind: bytes = _DATA) -> None:
     """Send ``obj`` to the peer of ``sock``, serialized as Dask serializes task data (the
     peers are the cluster's own workers, met through the job's secret key in :func:`mesh`)."""
-    frames = [memoryview(f).cast("B") for f in serialize_bytelist(obj, compression=False)]
+    # bytes of every frame (an empty array's frame has no bytes, and no view to cast)
+    frames = [memoryview(f).cast("B") if memoryview(f).nbytes else memoryview(b"")
+              for f in serialize_bytelist(obj, compression=False)]
     sock.settimeout(None)
     try:
         sock.sendall(_WIRE.pack(kind, sum(f.nbytes for f in frames)))
@@ -197,7 +199,7 @@ class HostComm:
             if r != self.rank:
                 try:
                     send_obj(self._links[r], (_ABORT, kind, str(error), error.worker),
-                             _VERDICT)
+                             VERDICT)
                 except _Closed:
                     pass
 
@@ -254,12 +256,12 @@ class HostComm:
         seq = self._next()
         if dest == self.rank and source == self.rank:
             return obj
-        error: list[CollectiveError] = []
+        error: list[BaseException] = []
 
         def send() -> None:
             try:
                 self._send_to(dest, ("sendrecv", seq, obj))
-            except CollectiveError as exc:
+            except BaseException as exc:  # raised in the caller's thread below
                 error.append(exc)
 
         t = threading.Thread(target=send, daemon=True)
@@ -313,7 +315,7 @@ class HostComm:
             if not head:
                 raise self._fail(WorkerLost(f"the link to {self._who(r)} closed: that worker "
                                             "is gone.", self.workers[r]))
-            if head == _VERDICT:
+            if head == VERDICT:
                 self._recv_from(r, "abort", 0, time.monotonic() + self.timeout)
 
     def close(self) -> None:

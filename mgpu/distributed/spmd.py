@@ -44,6 +44,7 @@ from mgpu.distributed.comms import (
     CollectiveError,
     CollectiveMismatch,
     CollectiveTimeout,
+    VERDICT,
     HostComm,
     NcclComm,
     WorkerLost,
@@ -201,6 +202,10 @@ class Comm:
             _keep(self._job.key, address, iteration, prev)
 
 
+class _Stale(CollectiveError):
+    """A worker lacks the cached communicator: the client makes a new one and runs again."""
+
+
 @dataclass
 class _Job:
     fn: Callable[..., Any]
@@ -223,9 +228,8 @@ def _communicator(job: _Job, rank: int, address: str) -> Any:
         listener = _LISTENERS.pop(key, None)
     if comm is None:
         if listener is None:
-            raise CollectiveError(f"worker {address} has no communicator {job.comm_id} (it "
-                                  "was restarted): the job is started again on a new one.",
-                                  address)
+            raise _Stale(f"worker {address} has no communicator {job.comm_id} (it was "
+                         "restarted, or closed it after a failed job)", address)
         try:
             links = mesh(job.comm_id, rank, job.addresses, listener, job.connect_timeout)
         finally:
@@ -261,7 +265,7 @@ def _rank_task(job: _Job, rank: int, resumed: Any, *blocks: Any) -> dict[str, An
 def _tell_others(host: HostComm, message: str, address: str) -> None:
     for r, s in list(host._links.items()):
         try:
-            send_obj(s, ("mgpu-abort", "failed", message, address))
+            send_obj(s, ("mgpu-abort", "failed", message, address), VERDICT)
         except Exception:  # that peer is gone too
             logger.debug("could not tell rank %d", r, exc_info=True)
 
@@ -468,9 +472,11 @@ def _blame(error: BaseException) -> int:
     news of it)."""
     if not isinstance(error, CollectiveError):
         return 0
-    if isinstance(error, CollectiveMismatch):
+    if isinstance(error, _Stale):  # started again on a new communicator
         return 1
-    return 2 if error.worker is not None else 3
+    if isinstance(error, CollectiveMismatch):
+        return 2
+    return 3 if error.worker is not None else 4
 
 
 class _Run:
@@ -494,9 +500,15 @@ class _Run:
         resumed: tuple[int, dict] | None = None
         attempt = 0
         try:
+            fresh = False
             while True:
                 try:
                     return self._once(attempt, resumed)
+                except _Stale:
+                    # the cache entry is dropped with the failed job: one more try, anew
+                    if fresh:
+                        raise
+                    fresh = True
                 except _LOST as exc:
                     # only a worker that left the cluster makes a restart worth it
                     if attempt >= restarts or not set(self.workers) - set(self._alive()):
