@@ -372,6 +372,10 @@ class NcclComm:
         self._ops = {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
         self._seq = 0
         self.broken: CollectiveError | None = None
+        # NCCL connects its channels at the first collective, blocking the host until every
+        # rank is there: make that happen now, while all of them are starting, so that a
+        # later collective's wait is the polled one, with its timeout
+        self.allreduce(self.xp.zeros(1, dtype=np.float32))
 
     @property
     def timeout(self) -> float:
