@@ -1,12 +1,9 @@
 """The k-nearest-neighbour graph of a corpus's rows (mgpu.knn on a cluster).
 
 Shows: a sparse matrix cut into row tiles of equal nonzeros that stay on the workers
-(mgpu.from_scipy), every row queried against all of them SPMD (mgpu.distributed.all_knn: one
-task per worker keeps its tiles as its index while the workers' own rows go round the ring
-of workers, each worker merging its top-k into the lists that travel with them; never the
-full distance matrix), and the result as a sparse graph: row i holds its k nearest other
-rows with their distances. A cluster of GPU and CPU workers has no one communicator: there
-the rows are queried against the tiles in batches of tasks (mgpu.knn).
+(mgpu.from_scipy), every row queried against them in batches (each worker's top-k merged
+in a tree, never the full distance matrix), and the result as a sparse graph: row i holds
+its k nearest other rows with their distances.
 
 Run (the first 1,000 documents of the AP corpus, cosine distance, two CPU workers):
 
@@ -25,7 +22,6 @@ import scipy.sparse as sp
 
 import mgpu
 from mgpu import io
-from mgpu.distributed.knn_graph import all_knn, one_worker_kind
 from mgpu.ops.distances import drop_self
 
 
@@ -61,10 +57,7 @@ def main() -> None:
     else:
         with mgpu.connect(gpus=False if args.cpu else None, n_workers=args.workers) as client:
             index = mgpu.from_scipy(S, client=client)  # row tiles, kept on the workers
-            if one_worker_kind(client):  # all GPU or all CPU workers: the SPMD ring
-                dist, idx = all_knn(index, args.k + 1, metric=args.metric)
-            else:
-                dist, idx = mgpu.knn(index, S, args.k + 1, metric=args.metric)
+            dist, idx = mgpu.knn(index, S, args.k + 1, metric=args.metric)
     G = knn_graph(dist, idx, args.k)
     nearest = G.data.reshape(-1, args.k)[:, 0]
     indegree = np.bincount(G.indices, minlength=G.shape[0])
