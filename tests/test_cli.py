@@ -719,3 +719,22 @@ def test_bench_mf_scaling_on_cpu_workers(runner, tmp_path):
                        (["--lr", "0"], "'--lr': 0.0 is not in the range x>0")):
         r = runner.invoke(main, ["bench", "mf-scaling", *bad])
         assert r.exit_code != 0 and words in r.output, r.output
+
+
+def test_bench_allreduce_on_cpu_workers(runner, tmp_path):
+    """The all-reduce of mgpu.spmd among 2 and 3 CPU workers: the sums are checked on every
+    rank and each row has its time and bandwidth; no torch peer on CPU workers."""
+    import json
+
+    js = tmp_path / "allreduce.json"
+    r = runner.invoke(main, ["bench", "allreduce", "--shape", "500x16", "--workers", "2,3",
+                             "--device", "cpu", "--repeats", "3", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(js.read_text())
+    assert [(row["workers"], row["kind"], row["correct"]) for row in rows] == [
+        (2, "CPU", True), (3, "CPU", True)]
+    assert all(row["bytes"] == 500 * 16 * 4 and row["mgpu_ms"] > 0 and "torch_ms" not in row
+               for row in rows)
+    assert "| 3 | CPU | 0.0 | True |" in r.output
+    r = runner.invoke(main, ["bench", "allreduce", "--shape", "5x"])
+    assert r.exit_code != 0 and "--shape" in r.output, r.output

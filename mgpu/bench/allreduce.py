@@ -12,23 +12,17 @@ bus bandwidth is NCCL's: ``bytes × 2 (n - 1) / n / time``.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from mgpu.backends.timing import time_cpu
 
-def _median_s(call: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+
+def _median_s(call: Callable[[], Any], repeats: int) -> float:
+    return time_cpu(call, repeats=repeats, warmup=3)
 
 
 def _free_port(host: str) -> int:

@@ -130,6 +130,18 @@ def bench_sddmm_stream(shape: tuple[int, int], row_nnz: int, K: int,
     write_json(json_path, row, "measurement")
 
 
+def _float32_input(input: str | None, powerlaw: tuple[int, int] | None, nnz: float
+                   ) -> tuple[Any, str]:
+    """INPUT or the power-law matrix as float32 CSR without duplicates, and its label."""
+    t0 = time.perf_counter()
+    S, label = load_input(input, powerlaw, nnz, 0)
+    S = S.tocsr().astype(np.float32)
+    S.sum_duplicates()
+    click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
+               f"(ready in {time.perf_counter() - t0:.0f} s)")
+    return S, label
+
+
 @bench.command("sddmm-scaling")
 @click.argument("input", required=False, type=click.Path(exists=True))
 @opt.powerlaw(help="Use a synthetic power-law matrix of this shape instead of INPUT (the "
@@ -155,12 +167,7 @@ def bench_sddmm_scaling(input: str | None, powerlaw: tuple[int, int] | None, nnz
     from mgpu.bench import sddmm as b
 
     counts = _check_gpu_workers(workers, device)
-    t0 = time.perf_counter()
-    S, label = load_input(input, powerlaw, nnz, 0)
-    S = S.tocsr().astype(np.float32)
-    S.sum_duplicates()
-    click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
-               f"(ready in {time.perf_counter() - t0:.0f} s)")
+    S, label = _float32_input(input, powerlaw, nnz)
     rows = b.bench_scaling(S, ks, counts, tiles_per_worker=tiles_per_worker,
                            repeats=repeats, gpus=_GPUS[device], progress=click.echo)
     click.echo(b.scaling_markdown(rows, label))
@@ -197,12 +204,7 @@ def bench_sddmm_loop(input: str | None, powerlaw: tuple[int, int] | None, nnz: f
     from mgpu.bench import sddmm_loop as b
 
     counts = _check_gpu_workers(workers, device)
-    t0 = time.perf_counter()
-    S, label = load_input(input, powerlaw, nnz, 0)
-    S = S.tocsr().astype(np.float32)
-    S.sum_duplicates()
-    click.echo(f"{label}: {S.shape[0]:,} x {S.shape[1]:,}, {S.nnz:,} nonzeros "
-               f"(ready in {time.perf_counter() - t0:.0f} s)")
+    S, label = _float32_input(input, powerlaw, nnz)
     rows = b.bench_loop(S, k, counts, steps=steps, tiles_per_worker=tiles_per_worker,
                         gpus=_GPUS[device], progress=click.echo)
     click.echo(b.markdown(rows))
