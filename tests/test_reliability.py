@@ -204,8 +204,7 @@ def test_no_user_file_is_ever_unpickled():
 def _killer_at_iteration(client, iteration: int):
     """A progress callback that kills (SIGKILL) one worker's process when the record of
     ``iteration`` arrives, and the list it appends that worker's address to. The process is
-    found before the fit: an SPMD fit's records arrive on the client's event loop, where a
-    call to the cluster cannot wait."""
+    found before the fit, so that the callback itself does nothing but kill."""
     killed = []
     addr, pid = sorted(client.run(os.getpid).items())[0]
 

@@ -125,8 +125,7 @@ class GaP:
             Row tiles of a scipy matrix (default: one per worker).
         progress : callable, optional
             Called with each iteration's record (that of ``history_``) as it arrives, once
-            per iteration and in order. In an SPMD fit it runs on the client's event loop
-            thread (Dask's event subscription): it must not wait on the cluster.
+            per iteration and in order, in the thread that called fit.
 
         Returns
         -------
@@ -179,8 +178,9 @@ class GaP:
         that loop's time of an iteration); every ``mgpu.spmd.checkpoint-every`` iterations
         (and at the start) the tiles' state is checkpointed, and a fit whose worker is lost
         goes on from the last checkpoint on the workers that remain, with the same numbers
-        (:func:`~mgpu.models._gap_steps.tile_sum`). A cluster that mixes GPU and CPU workers keeps one Dask round
-        per iteration (:meth:`_fit_rounds`). X_ and L_ are numpy.
+        (:func:`~mgpu.models._gap_steps.tile_sum`). A cluster that mixes GPU and CPU
+        workers keeps one Dask round per iteration (:meth:`_fit_rounds`). X_ and L_ are
+        numpy.
         """
         tiles, corpus = _place(S, client, parts)
         # the client draws a seed the ranks share: seed=None must not mean one per rank
