@@ -302,3 +302,29 @@ def test_a_stranger_on_the_listener_is_closed_unread():
     assert comms.recv_obj(got[1], time.monotonic() + 5)["x"].tolist() == [0, 1, 2]
     for s in [stranger, wrong, *listeners, *got.values(), *links.values()]:
         s.close()
+
+
+def test_the_host_channel_works_over_ipv6():
+    """Workers with IPv6 addresses get IPv6 listeners and links."""
+    import socket
+    import threading
+
+    from mgpu.distributed import comms
+
+    try:
+        listeners = [comms.listen("::1"), comms.listen("::1")]
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    assert all(s.family == socket.AF_INET6 for s in listeners)
+    key = "mgpu-comm-" + "ef" * 16
+    addresses = [s.getsockname()[:2] for s in listeners]
+    got = {}
+    t = threading.Thread(target=lambda: got.update(
+        comms.mesh(key, 0, addresses, listeners[0], 10)))
+    t.start()
+    links = comms.mesh(key, 1, addresses, listeners[1], 10)
+    t.join(10)
+    comms.send_obj(links[0], np.arange(4.0))
+    assert comms.recv_obj(got[1], time.monotonic() + 5).tolist() == [0.0, 1.0, 2.0, 3.0]
+    for s in [*listeners, *got.values(), *links.values()]:
+        s.close()

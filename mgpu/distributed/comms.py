@@ -525,11 +525,9 @@ class NcclComm:
 
 def listen(host: str) -> socket.socket:
     """A listening socket for this rank's peers."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((host, 0))
-    s.listen(128)
-    return s
+    # an IPv6 worker address gets an IPv6 listener
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, 0), family=family, backlog=128)
 
 
 def _tune(s: socket.socket) -> socket.socket:
