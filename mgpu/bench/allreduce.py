@@ -21,10 +21,6 @@ import scipy.sparse as sp
 from mgpu.backends.timing import time_cpu
 
 
-def _median_s(call: Callable[[], Any], repeats: int) -> float:
-    return time_cpu(call, repeats=repeats, warmup=3)
-
-
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -51,7 +47,7 @@ def _torch_allreduce(comm: Any, shape: tuple[int, int], repeats: int) -> float |
             dist.all_reduce(t)
             torch.cuda.synchronize()
 
-        return _median_s(call, repeats)
+        return time_cpu(call, repeats=repeats, warmup=3)
     finally:
         dist.destroy_process_group()
 
@@ -63,7 +59,7 @@ def _rank(comm: Any, parts: list[Any], shape: tuple[int, int], repeats: int,
     y = comm.allreduce(x)
     want = comm.size * (comm.size + 1) / 2
     ok = bool((y == want).all())
-    mgpu_s = _median_s(lambda: comm.allreduce(x), repeats)
+    mgpu_s = time_cpu(lambda: comm.allreduce(x), repeats=repeats, warmup=3)
     torch_s = _torch_allreduce(comm, shape, repeats) if peer and xp is not np else None
     return {"ok": ok, "mgpu_s": mgpu_s, "torch_s": torch_s}
 

@@ -329,7 +329,7 @@ def _owners(blocks: list[Any], client: Any, alive: Sequence[str]) -> list[str]:
     return owners  # type: ignore[return-value]
 
 
-def _communicator_id(client: Any, kind: str, workers: list[str], timeout: float
+def _communicator_id(client: Any, kind: str, workers: list[str]
                      ) -> tuple[str, list[tuple[str, int]] | None, threading.Lock]:
     """The cached communicator of these workers, or a new one (its listeners opened on the
     workers: ``addresses``; None for a cached one)."""
@@ -572,7 +572,7 @@ class _Run:
         mine: list[list[int]] = [[] for _ in workers]
         for i, w in enumerate(owners):
             mine[rank_of[w]].append(i)
-        comm_id, addresses, lock = _communicator_id(client, self.kind, workers, self.timeout)
+        comm_id, addresses, lock = _communicator_id(client, self.kind, workers)
         topic = f"{self.key}-progress" if self.progress is not None else None
         job = _Job(self.fn, self.args, self.kind, comm_id, self.key, workers,
                    addresses or [], self.timeout, self.connect_timeout, topic,
