@@ -155,7 +155,9 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
 // the block finds its tile's place itself (a launch of a few waves, where the latency of a
 // separate search launch counts most); otherwise tile_row holds it (many waves, where the
 // blocks' own searches would leave the memory idle while they wait). CHECK
-// flags in bad a row sum (or a tile's carry) that is not finite. A NaN or infinity among A's
+// flags in bad a row sum (or a tile's carry) that is not finite, and any NaN or infinity among
+// x's n_x values (each block scans its share of x, rows of A or not: a value that no stored
+// value of A reads is refused too, with no launch of its own). A NaN or infinity among A's
 // stored values always makes its row's sum so (a NaN or infinite product, inf * 0 included,
 // keeps the double sum NaN or infinite), so R + 1 tests a tile stand for a test of each of
 // its N values on the loads, which would show on regular matrices (docs/benchmarks.md has
@@ -174,7 +176,7 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
                 const long long* __restrict__ tile_row, T* __restrict__ y,
                 int* __restrict__ carry_row, double* __restrict__ carry_val,
                 int* __restrict__ bad, const int* __restrict__ rows,
-                const int* __restrict__ empty, long long n_empty) {
+                const int* __restrict__ empty, long long n_empty, long long n_x) {
     constexpr int TILE = MGPU_SPMV_THREADS * ITEMS;
     __shared__ int s_end[TILE + 1];      // row ends of the tile's rows, relative to nz0
     __shared__ T s_val[TILE];            // products of the tile's nonzeros (rounded to T)
@@ -190,7 +192,19 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     const long long e0 = tile * TILE;
     const long long e1 = e0 + TILE < n_empty ? e0 + TILE : n_empty;
     for (long long i = e0 + threadIdx.x; i < e1; i += MGPU_SPMV_THREADS) y[empty[i]] = T(0);
-    if (d0 >= total) return;  // the same for the whole block
+    bool x_finite = true;
+    if (CHECK) {  // this block's share of x
+        const long long share = (n_x + gridDim.x - 1) / gridDim.x;
+        const long long x0 = static_cast<long long>(blockIdx.x) * share;
+        const long long x1 = x0 + share < n_x ? x0 + share : n_x;
+        for (long long i = x0 + threadIdx.x; i < x1; i += MGPU_SPMV_THREADS) {
+            x_finite = x_finite && isfinite(x[i]);
+        }
+    }
+    if (d0 >= total) {  // the same for the whole block
+        if (CHECK && __syncthreads_or(!x_finite) && threadIdx.x == 0) *bad = 1;
+        return;
+    }
     if (SEARCH) {  // warp 0 finds where the tile starts, warp 1 where it ends
         if (threadIdx.x < 64) {
             const long long r = mgpu::merge_path_rows_warp(threadIdx.x < 32 ? d0 : d1, indptr,
@@ -258,7 +272,7 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
         mgpu::spmv_walk<T, ITEMS>(s_end, s_val, s_acc, R, N);
     }
     __syncthreads();
-    bool finite = true;
+    bool finite = x_finite;
     for (int i = threadIdx.x; i < R; i += MGPU_SPMV_THREADS) {
         if (CHECK) finite = finite && isfinite(s_acc[i]);
         y[rows == nullptr ? row0 + i : rows[row0 + i]] = static_cast<T>(s_acc[i]);
@@ -268,14 +282,8 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
         carry_row[tile] = static_cast<int>(row1);
         carry_val[tile] = s_acc[R];
     }
-    if (CHECK && !finite) *bad = 1;
-}
-
-// Flags any NaN or infinity among n values (SpMV's x, SpMM's X and A's stored values).
-template <typename T>
-__global__ void mgpu_flag_nonfinite(const T* __restrict__ v, long long n, int* __restrict__ bad) {
-    const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n && !isfinite(v[i])) *bad = 1;
+    // bad may be pinned host memory (mgpu/backends/flags.py): one write a block at most
+    if (CHECK && __syncthreads_or(!finite) && threadIdx.x == 0) *bad = 1;
 }
 
 // The carries are added in two passes, in double, so that a row cut by thousands of pieces is

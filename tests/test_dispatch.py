@@ -52,9 +52,9 @@ def test_dispatch_holds_only_the_tables():
         assert getattr(mgpu.backends, name) is getattr(dispatch, name)
 
 
-# tables only the GPU fills: the product that checks its operands while it reads them (the
-# host checks them first, mgpu.ops.spmv.spmv_checked)
-DEVICE_ONLY = {"spmv_flagged_lookup"}
+# tables only the GPU fills: the products that check their operands on the device, with the
+# kernels (the host checks them first: mgpu.ops.spmv.spmv_checked, mgpu.ops.sddmm.sddmm)
+DEVICE_ONLY = {"sddmm_flagged_lookup", "spmv_flagged_lookup"}
 
 
 @pytest.mark.parametrize("name", sorted(n for n in dispatch.__all__

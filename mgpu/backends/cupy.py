@@ -21,12 +21,14 @@ from mgpu.backends.dispatch import (
     jaccard_lookup,
     nonfinite_lookup,
     row_norms_lookup,
+    sddmm_flagged_lookup,
     sddmm_lookup,
     sddmm_plan_lookup,
 )
+from mgpu.backends.flags import Flag, device_flag, flag_nonfinite
 from mgpu.backends.instances import INSTANCES
 from mgpu.backends.loader import c_type, get_function
-from mgpu.backends.memory import gpu_available, require_gpu
+from mgpu.backends.memory import gpu_available, require_gpu, require_gpu_unless_small
 from mgpu.backends.numpy import ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, dense_row_reduce
 from mgpu.backends.sddmm_plan import (
     SM_SM_DENSITY,
@@ -199,8 +201,11 @@ def _lanes(vectors_per_row: int) -> int:
     return v
 
 
+_SDDMM_INSTANCES = frozenset(INSTANCES[_SDDMM])
+
+
 def _sddmm_function(expression: str):
-    if expression not in INSTANCES[_SDDMM]:
+    if expression not in _SDDMM_INSTANCES:
         raise ValueError(f"{expression!r} is not among the instantiations of {_SDDMM}")
     # compile only what is used: one module per instantiation
     return get_function(_SDDMM, expression, (expression,))
@@ -277,20 +282,58 @@ def run_tiled(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: boo
     ), shared_mem=smem)
 
 
+# Per-call products (no plan) whose tuned scheme is the CSR kernel, by (device, shape, nnz,
+# K, dtype): the tuned choice of a shape class never changes once made, and the CSR kernel
+# needs no layout and no memory beyond the product, so these calls skip planning (the
+# tuner's lookup and the device memory query that decides whether a tiled layout would
+# fit). A tiled choice is planned on every call, its layout built then.
+_CSR_CALLS: set[tuple] = set()
+_CSR_CALLS_MAX = 1 << 12
+
+
+def call_plan(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray) -> SDDMMPlan | None:
+    """How a call without a plan runs: None for the CSR kernel, else the tuned plan of S's
+    shape class for a per-call layout (:func:`plan_sddmm` with ``reuse=False``)."""
+    key = (cupy.cuda.runtime.getDevice(), S.shape, int(S.nnz), A.shape[1], A.dtype.char)
+    if key in _CSR_CALLS:
+        return None
+    plan = plan_sddmm(S, A.shape[1], A.dtype, reuse=False, factors=(A, B))
+    if plan.scheme != "csr":
+        return plan
+    if len(_CSR_CALLS) >= _CSR_CALLS_MAX:
+        _CSR_CALLS.clear()
+    _CSR_CALLS.add(key)
+    return None
+
+
+def launch_sddmm(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
+                 plan: SDDMMPlan | None, out: cupy.ndarray) -> None:
+    """Queue the product into ``out`` (S's nonzeros, CSR order) by the plan's kernel (the
+    CSR kernel when ``plan`` is None; a plan without a layout builds it first)."""
+    if not S.nnz:
+        return
+    if plan is None or plan.scheme == "csr":
+        run_csr(S, A, B, hadamard, out)
+        return
+    layout = plan.layout
+    if layout is None:
+        layout = tile_layout(S.indptr, S.indices, S.shape, plan.Tj, plan.ti)
+    run_tiled(S, A, B, hadamard, layout, plan.scheme, plan.Tk, out)
+
+
 def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
-                 plan: SDDMMPlan | None = None) -> csp.csr_matrix:
-    """P = S ∘ (A Bᵀ) by the plan's kernel (the tuned plan for S's shape class if None)."""
+                 plan: SDDMMPlan | None = None, flag: Flag | None = None) -> csp.csr_matrix:
+    """P = S ∘ (A Bᵀ) by the plan's kernel (the tuned plan for S's shape class if None).
+
+    With ``flag``, every value of A and B (and of S with ``hadamard``) is checked for NaN
+    and infinity in one launch after the product's (:func:`mgpu.backends.flags
+    .flag_nonfinite`); nothing waits here.
+    """
     out = cupy.empty(int(S.nnz), dtype=A.dtype)
-    if S.nnz:
-        if plan is None:
-            plan = plan_sddmm(S, A.shape[1], A.dtype, reuse=False, factors=(A, B))
-        if plan.scheme == "csr":
-            run_csr(S, A, B, hadamard, out)
-        else:
-            layout = plan.layout
-            if layout is None:
-                layout = tile_layout(S.indptr, S.indices, S.shape, plan.Tj, plan.ti)
-            run_tiled(S, A, B, hadamard, layout, plan.scheme, plan.Tk, out)
+    launch_sddmm(S, A, B, hadamard, call_plan(S, A, B) if plan is None and S.nnz else plan,
+                 out)
+    if flag is not None:
+        flag_nonfinite((A, B, S.data) if hadamard else (A, B), flag)
     return with_values(S, out)
 
 
@@ -299,10 +342,22 @@ def with_values(S: csp.csr_matrix, values: cupy.ndarray) -> csp.csr_matrix:
     ``values``.
 
     Made from S and then handed the new arrays: cupyx's constructor from a ``(data, indices,
-    indptr)`` triple reads indptr's ends back from the device, a wait on every call.
+    indptr)`` triple reads indptr's ends back from the device, a wait on every call. The
+    copies are two ``cudaMemcpyAsync`` into one new allocation (``indices`` and ``indptr``
+    are views of it), not two copy kernels of two allocations.
     """
     P = csp.csr_matrix(S)  # shares S's arrays: no copy, nothing read back
-    P.data, P.indices, P.indptr = values, S.indices.copy(), S.indptr.copy()
+    idx, ptr = S.indices, S.indptr
+    if idx.dtype == ptr.dtype and idx.flags.c_contiguous and ptr.flags.c_contiguous:
+        both = cupy.empty(idx.size + ptr.size, dtype=idx.dtype)
+        indices, indptr = both[:idx.size], both[idx.size:]
+        stream = cupy.cuda.get_current_stream()
+        for dst, src in ((indices, idx), (indptr, ptr)):
+            if src.size:
+                dst.data.copy_from_device_async(src.data, src.nbytes, stream)
+    else:
+        indices, indptr = idx.copy(), ptr.copy()
+    P.data, P.indices, P.indptr = values, indices, indptr
     return P
 
 
@@ -450,20 +505,44 @@ def layout_fits(S: csp.csr_matrix, K: int, dtype: Any, random_factors: bool) -> 
     return need <= gpu_available()[0]
 
 
-@sddmm_lookup.register(csp.spmatrix)
-def _sddmm_sparse(S, A, B, hadamard: bool, plan: SDDMMPlan | None = None):
-    usable = sddmm_is_usable_for(S, A, B)
+def _require_product(S: csp.csr_matrix, A: cupy.ndarray, usable: bool) -> None:
+    """Refuse a product the device cannot hold (asked of the device only when it is not
+    small: :func:`mgpu.backends.memory.require_gpu_unless_small`)."""
     need = product_bytes(S, A.dtype)
     if not usable:  # the gather-dot's passes
         need += min(int(S.nnz), max(1, _GATHER_BYTES // max(1, 2 * A.shape[1] * A.itemsize))) \
             * 2 * A.shape[1] * A.itemsize + int(S.nnz) * 8
-    require_gpu(need, f"SDDMM of a {S.shape[0]}×{S.shape[1]} S with {int(S.nnz):,} nonzeros "
-                f"and K={A.shape[1]} ({np.dtype(A.dtype).name})",
-                "Pass host (numpy/scipy) operands with device='gpu' to stream them through "
-                "the GPU in tiles (mgpu.sddmm), or cut S over several GPUs (mgpu.distributed).")
+    require_gpu_unless_small(
+        need, lambda: f"SDDMM of a {S.shape[0]}×{S.shape[1]} S with {int(S.nnz):,} nonzeros "
+        f"and K={A.shape[1]} ({np.dtype(A.dtype).name})",
+        "Pass host (numpy/scipy) operands with device='gpu' to stream them through the GPU "
+        "in tiles (mgpu.sddmm), or cut S over several GPUs (mgpu.distributed).")
+
+
+@sddmm_lookup.register(csp.spmatrix)
+def _sddmm_sparse(S, A, B, hadamard: bool, plan: SDDMMPlan | None = None):
+    usable = sddmm_is_usable_for(S, A, B)
+    _require_product(S, A, usable)
     if usable:
         return sddmm_kernel(S, A, B, hadamard, plan)
     return sddmm_fallback(S, A, B, hadamard)
+
+
+@sddmm_flagged_lookup.register(csp.spmatrix)
+def sddmm_flagged(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
+                  plan: SDDMMPlan | None = None) -> tuple[csp.csr_matrix, bool | None]:
+    """The checked product on the GPU: P, and whether NaN or infinity was found among the
+    values of A and B (and of S with ``hadamard``), every one of them whatever S's pattern
+    touches, read from the call's flag (:mod:`mgpu.backends.flags`) after its one wait for
+    the stream. ``None`` in its place for operands the kernels do not take (the gather-dot
+    fallback checks nothing, and is not waited for)."""
+    usable = sddmm_is_usable_for(S, A, B)
+    _require_product(S, A, usable)
+    if not usable:
+        return sddmm_fallback(S, A, B, hadamard), None
+    with device_flag() as flag:
+        P = sddmm_kernel(S, A, B, hadamard, plan, flag)
+        return P, flag.raised()
 
 
 _JACCARD = "jaccard.cu"

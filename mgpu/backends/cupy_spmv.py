@@ -19,9 +19,10 @@ from mgpu.backends.dispatch import (
     spmv_plan_lookup,
     spmv_takes_as_is_lookup,
 )
+from mgpu.backends.flags import Flag, device_flag, flag_nonfinite
 from mgpu.backends.instances import INSTANCES, SPMM_ITEMS, SPMV_ITEMS
 from mgpu.backends.loader import c_type, get_function
-from mgpu.backends.memory import require_gpu
+from mgpu.backends.memory import require_gpu_unless_small
 from mgpu.backends.spmv_plan import SpMVPlan
 
 logger = logging.getLogger(__name__)
@@ -111,13 +112,6 @@ def _add_carries(carry_row: cupy.ndarray, carry_val: cupy.ndarray, n_pieces: int
         (carry_row, carry_val, n, m64, k64, out, _NO_FLAG if rows is None else rows))
 
 
-def _flag_nonfinite(v: cupy.ndarray, bad: cupy.ndarray) -> None:
-    """Set ``bad`` when the contiguous array ``v`` holds NaN or infinity."""
-    if v.size:
-        _function(f"mgpu_flag_nonfinite<{c_type(v.dtype)}>")(
-            _blocks(v.size), (_THREADS,), (v, cupy.int64(v.size), bad))
-
-
 def _tile_starts(indptr: cupy.ndarray, m: int, nnz: int, items: int) -> cupy.ndarray:
     """Rows of the merge consumed before each SpMV tile of ``128 * items`` items starts, and
     ``m`` after the last (``mgpu_spmv_tile_search``, a thread a tile)."""
@@ -155,7 +149,7 @@ def plan_spmv(A: csp.csr_matrix) -> SpMVPlan:
 
 
 def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
-               bad: cupy.ndarray | None = None, plan: SpMVPlan | None = None) -> cupy.ndarray:
+               flag: Flag | None = None, plan: SpMVPlan | None = None) -> cupy.ndarray:
     """``A @ x`` for 1-D ``x``: ``mgpu_spmv_merge`` over tiles of ``128 * items`` merge
     items, and the carry passes (skipped for a single tile). Where each tile starts on the
     merge path is found by the tile's own block in a launch of up to ``_SEARCH_WAVES`` waves
@@ -164,17 +158,18 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
     over A's non-empty rows alone.
 
     Operands must pass :func:`spmv_is_usable_for`; ``items`` (one of ``SPMV_ITEMS``)
-    defaults to :func:`spmv_items`. ``bad`` (int32, one element, zero) is set to 1 when x
-    holds NaN or infinity or a row's sum is not finite: always when A's stored values hold
-    NaN or infinity, and also when a sum overflows; nothing reads it back here. Without
-    ``bad`` nothing is checked (and x is read only where A's columns point).
+    defaults to :func:`spmv_items`. ``flag`` (:func:`mgpu.backends.flags.device_flag`) is
+    raised when x holds NaN or infinity (any of its values: the tiles' blocks scan x in
+    shares, in the same launch) or a row's sum is not finite: always when A's stored
+    values hold NaN or infinity, and also when a sum overflows; nothing reads it here.
+    Without ``flag`` nothing is checked (and x is read only where A's columns point).
     """
     m = int(A.shape[0])
     nnz = int(A.nnz)  # cupyx keeps data of length indptr[-1]: no device sync
     y = cupy.empty(m, dtype=A.dtype)
-    if bad is not None:
-        _flag_nonfinite(x, bad)
     if m == 0:
+        if flag is not None:  # no tile to scan x: a launch of its own
+            flag_nonfinite((x,), flag)
         return y
     indptr, rows, empty, n_empty = A.indptr, None, None, 0
     if plan is not None:
@@ -193,22 +188,23 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
     carry_val = cupy.empty(n_tiles, dtype=cupy.float64)
     # blocks past the tiles only zero empty rows: TILE of them a block
     grid = max(n_tiles, -(-n_empty // (_TILE_THREADS * items)))
-    check = "false" if bad is None else "true"
+    check = "false" if flag is None else "true"
     _function(f"mgpu_spmv_merge<{t}, {items}, {check}, {'true' if search else 'false'}>")(
         (grid,), (_TILE_THREADS,),
         (indptr, A.indices, A.data, x, cupy.int64(m), cupy.int64(nnz), tile_row, y, carry_row,
-         carry_val, _NO_FLAG if bad is None else bad, _NO_FLAG if rows is None else rows,
-         _NO_FLAG if empty is None else empty, cupy.int64(n_empty)))
+         carry_val, _NO_FLAG if flag is None else flag.ptr, _NO_FLAG if rows is None else rows,
+         _NO_FLAG if empty is None else empty, cupy.int64(n_empty), cupy.int64(x.size)))
     if n_tiles > 1:
         _add_carries(carry_row, carry_val, n_tiles, m, 1, y, rows)
     return y
 
 
 def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None,
-               bad: cupy.ndarray | None = None) -> cupy.ndarray:
+               flag: Flag | None = None) -> cupy.ndarray:
     """``A @ X`` for row-major 2-D ``X`` by ``mgpu_spmm_merge`` and the carry passes:
     each piece is walked by one warp per block of 32 columns of X. ``items`` is one of
-    ``SPMM_ITEMS``; ``bad`` as in :func:`spmv_merge` (A's values and X are scanned for it)."""
+    ``SPMM_ITEMS``; ``flag`` as in :func:`spmv_merge` (A's values and X are scanned for it,
+    in one launch)."""
     m, k = int(A.shape[0]), int(X.shape[1])
     nnz = int(A.nnz)  # cupyx keeps data of length indptr[-1]: no device sync
     col_blocks = -(-k // 32)
@@ -217,13 +213,13 @@ def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None,
     items = _pick(m, nnz, SPMM_ITEMS) if items is None else int(items)
     n_pieces = -(-(m + nnz) // items)
     # Y and the carries, a double per piece and column: more than A itself for a wide X
-    require_gpu(m * k * A.dtype.itemsize + (n_pieces * (4 + 8 * k) if m and k else 0),
-                f"SpMM of a {m:,}×{A.shape[1]:,} A with {nnz:,} nonzeros by {k} columns",
-                "Multiply fewer columns of X at a time.")
+    require_gpu_unless_small(
+        m * k * A.dtype.itemsize + (n_pieces * (4 + 8 * k) if m and k else 0),
+        lambda: f"SpMM of a {m:,}×{A.shape[1]:,} A with {nnz:,} nonzeros by {k} columns",
+        "Multiply fewer columns of X at a time.")
     Y = cupy.empty((m, k), dtype=A.dtype)
-    if bad is not None:
-        _flag_nonfinite(A.data, bad)
-        _flag_nonfinite(X, bad)
+    if flag is not None:
+        flag_nonfinite((A.data, X), flag)
     if m == 0 or k == 0:
         return Y
     t = c_type(A.dtype)
@@ -240,24 +236,26 @@ def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None,
     return Y
 
 
-def merge_product(A: csp.csr_matrix, x: cupy.ndarray, *, bad: cupy.ndarray | None = None,
+def merge_product(A: csp.csr_matrix, x: cupy.ndarray, *, flag: Flag | None = None,
                   plan: SpMVPlan | None = None) -> cupy.ndarray:
     """``A @ x`` by :func:`spmv_merge` for 1-D ``x`` (with ``plan``, if given),
     :func:`spmm_merge` for 2-D."""
-    return spmv_merge(A, x, bad=bad, plan=plan) if x.ndim == 1 else spmm_merge(A, x, bad=bad)
+    return spmv_merge(A, x, flag=flag, plan=plan) if x.ndim == 1 else spmm_merge(A, x, flag=flag)
 
 
 @spmv_flagged_lookup.register(csp.spmatrix)
 def spmv_flagged(A: csp.csr_matrix, x: cupy.ndarray, plan: SpMVPlan | None = None
-                 ) -> tuple[cupy.ndarray, cupy.ndarray | None]:
-    """``A @ x`` (1-D) or ``A @ X`` (2-D) by the merge-path kernels, with the device flag
-    they set on NaN or infinity in A's stored values or in x (for 1-D x, also on a row sum
-    that overflows: see :func:`spmv_merge`); ``None`` in its place when the
-    operands go to cuSPARSE (:func:`spmv_fallback`), which checks nothing."""
+                 ) -> tuple[cupy.ndarray, bool | None]:
+    """``A @ x`` (1-D) or ``A @ X`` (2-D) by the merge-path kernels, and whether they raised
+    their flag (:mod:`mgpu.backends.flags`) on NaN or infinity in A's stored values or in x
+    (for 1-D x, also on a row sum that overflows: see :func:`spmv_merge`), read after the
+    call's one wait for its stream; ``None`` in its place when the operands go to cuSPARSE
+    (:func:`spmv_fallback`), which checks nothing and is not waited for."""
     if not spmv_is_usable_for(A, x):
         return spmv_fallback(A, x), None
-    bad = cupy.zeros(1, dtype=cupy.int32)
-    return merge_product(A, x, bad=bad, plan=plan), bad
+    with device_flag() as flag:
+        y = merge_product(A, x, flag=flag, plan=plan)
+        return y, flag.raised()
 
 
 def spmv_fallback(A: csp.spmatrix, x: cupy.ndarray) -> cupy.ndarray:

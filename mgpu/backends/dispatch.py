@@ -24,6 +24,7 @@ __all__ = [
     "namm_lookup",
     "nonfinite_lookup",
     "row_norms_lookup",
+    "sddmm_flagged_lookup",
     "sddmm_lookup",
     "sddmm_plan_lookup",
     "sgd_lookup",
@@ -37,6 +38,9 @@ __all__ = [
 row_norms_lookup = Dispatch("row_norms")
 # (S CSR, A, B, hadamard, plan) -> S ∘ (A Bᵀ) on S's pattern
 sddmm_lookup = Dispatch("sddmm")
+# (S CSR, A, B, hadamard, plan) -> (S ∘ (A Bᵀ), whether NaN/inf was flagged among the values
+# of A, B (and S with hadamard), or None where nothing was checked): the GPU's checked product
+sddmm_flagged_lookup = Dispatch("sddmm_flagged")
 # (S CSR, K, dtype, scheme) -> the SDDMMPlan of S on its device
 sddmm_plan_lookup = Dispatch("sddmm_plan")
 namm_lookup = Dispatch("namm")  # union (merge) distances between the rows of two CSR matrices
@@ -53,8 +57,8 @@ spmv_plan_lookup = Dispatch("spmv_plan")  # (A CSR) -> SpMVPlan of A on its devi
 # (A, x, ndim) -> whether A and x go to the kernels as they are, with no conversion and no
 # check but of their values (False wherever the full checks run first)
 spmv_takes_as_is_lookup = Dispatch("spmv_takes_as_is")
-# (A CSR, x, plan) -> (A @ x, the device flag of NaN/inf or None): the product that checks
-# its operands as it reads them (the GPU's)
+# (A CSR, x, plan) -> (A @ x, whether NaN/inf was flagged, or None where nothing was
+# checked): the product that checks its operands as it reads them (the GPU's)
 spmv_flagged_lookup = Dispatch("spmv_flagged")
 # (G CSR, weighted, r0, r1) -> Jaccard weights of the edges of rows r0..r1, in G's order
 jaccard_lookup = Dispatch("jaccard")

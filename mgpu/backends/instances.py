@@ -66,9 +66,10 @@ INSTANCES: dict[str, tuple[str, ...]] = {
     "spmv.cu": tuple(f"mgpu_spmv_merge<{t}, {items}, {c}, {s}>" for t in _FLOATS
                      for items in SPMV_ITEMS for c in ("false", "true") for s in ("false", "true"))
     + tuple(f"mgpu_spmm_merge<{t}, {items}>" for t in _FLOATS for items in SPMM_ITEMS)
-    + tuple(f"mgpu_{f}<{t}>" for f in ("flag_nonfinite", "carry_apply")
-            for t in _FLOATS)
+    + tuple(f"mgpu_carry_apply<{t}>" for t in _FLOATS)
     + ("mgpu_spmv_tile_search", "mgpu_spmv_carries", "mgpu_spmm_carries"),
+    # the finiteness flag of the checked calls (mgpu.backends.flags)
+    "flags.cu": tuple(f"mgpu_flag_nonfinite<{t}>" for t in _FLOATS),
     # SGD block kernel of matrix factorisation: k <= 32 * KPL
     "sgd.cu": tuple(f"mgpu_sgd_block<{t}, {kpl}>" for t in _FLOATS for kpl in SGD_KPL),
     # benchmark probe (float32 factors, as the SDDMM benchmark uses)

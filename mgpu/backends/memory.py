@@ -8,9 +8,18 @@ CuPy is imported only when a GPU is asked about.
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from dask.utils import format_bytes
 
-__all__ = ["DeviceMemoryError", "gpu_available", "require_gpu"]
+__all__ = ["DeviceMemoryError", "gpu_available", "require_gpu", "require_gpu_unless_small",
+           "small_request"]
+
+# A request of at most this much, and at most 1/256 of the device (or of the pool's limit),
+# is not asked of the device before it is allocated (require_gpu_unless_small).
+_SMALL_BYTES = 64 << 20
+_SMALL_SHARE = 256
 
 
 class DeviceMemoryError(MemoryError):
@@ -58,3 +67,34 @@ def require_gpu(nbytes: int, what: str, hint: str = "") -> int | None:
             + (f" {hint}" if hint else "")
         )
     return available
+
+
+@functools.lru_cache(maxsize=None)
+def _device_bytes(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(device)["totalGlobalMem"])
+
+
+def small_request(nbytes: int) -> bool:
+    """Whether ``nbytes`` is small enough not to ask the current device before allocating
+    it: at most 64 MiB and at most 1/256 of the device's memory (or of the CuPy pool's
+    limit, when one is set). Only a device already all but full could fail such a
+    request, and then with CuPy's own out-of-memory error; the query it saves
+    (``cudaMemGetInfo``, a few microseconds) is a large part of a small call."""
+    import cupy
+
+    cap = _device_bytes(cupy.cuda.runtime.getDevice())
+    limit = int(cupy.get_default_memory_pool().get_limit())
+    if limit:
+        cap = min(cap, limit)
+    return nbytes <= min(_SMALL_BYTES, cap // _SMALL_SHARE)
+
+
+def require_gpu_unless_small(nbytes: int, what: str | Callable[[], str],
+                             hint: str = "") -> None:
+    """:func:`require_gpu` for a request that is not :func:`small_request`; ``what`` may be
+    a callable, so that its words are made only for a request that is asked about."""
+    if small_request(nbytes):
+        return
+    require_gpu(nbytes, what() if callable(what) else what, hint)

@@ -21,7 +21,8 @@ import mgpu.backends.dispatch as d
 # without importing that module, and so its registration.
 CUPY_MODULES: dict[str, tuple] = {
     "mgpu.backends.cupy": (
-        d.row_norms_lookup, d.sddmm_lookup, d.sddmm_plan_lookup, d.jaccard_lookup,
+        d.row_norms_lookup, d.sddmm_lookup, d.sddmm_flagged_lookup, d.sddmm_plan_lookup,
+        d.jaccard_lookup,
         d.nonfinite_lookup, d.all_finite_lookup, d.array_module_lookup,
     ),
     "mgpu.backends.cupy_knn": (

@@ -103,24 +103,29 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
             return torch.sparse.sampled_addmm(St, At, Btt, beta=0.0, alpha=1.0)
     except ImportError:
         torch_sddmm = None
-    from mgpu.backends.cupy import gather_rows
+    from mgpu.backends.cupy import call_plan, gather_rows
 
+    warm_device()
     out = []
     for K in Ks:
         A, B = _factors(S, K, K)
         Ag, Bg = cupy.asarray(A), cupy.asarray(B)
+        # Both paths compiled and tuned before either is timed (the first call of a shape
+        # class tunes for seconds), the device's clocks up again after that.
         P = mgpu.sddmm(Sg, Ag, Bg, hadamard=False)
+        plan = mgpu.sddmm_plan(Sg, K)
+        Pp = mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan)
+        warm_device()
         err = _sample_error(S, A, B, P.data.get(), K)
         flop = 2.0 * K * S.nnz
         row: dict[str, Any] = {"K": K, "nnz": int(S.nnz), "device": cupy.cuda.runtime
                                .getDeviceProperties(0)["name"].decode(), "max_rel_err": err}
         row["mgpu_s"] = time_gpu(lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False), repeats=repeats)
-        plan = mgpu.sddmm_plan(Sg, K)
+        per_call = call_plan(Sg, Ag, Bg)  # what the timed calls without a plan ran
+        row["call_scheme"] = "csr" if per_call is None else _scheme(per_call)
         row["plan"] = plan.describe()
-        row["scheme"] = (plan.scheme if plan.scheme == "csr"
-                         else f"{plan.scheme} Tj={plan.Tj} Tk={plan.Tk}")
+        row["scheme"] = _scheme(plan)
         row["tuning_ms"] = dict(plan.timings_ms)
-        Pp = mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan)
         row["mgpu_plan_max_rel_err"] = _sample_error(S, A, B, Pp.data.get(), K)
         row["mgpu_plan_s"] = time_gpu(lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan),
                                       repeats=repeats)
@@ -158,6 +163,113 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
     return out
 
 
+def _scheme(plan: Any) -> str:
+    return plan.scheme if plan.scheme == "csr" else f"{plan.scheme} Tj={plan.Tj} Tk={plan.Tk}"
+
+
+def warm_device(seconds: float = 0.25) -> None:
+    """Keep the current GPU busy for ``seconds``, so that the calls timed next run at its
+    working clocks: an idle GPU (as after seconds of kernel compilation and tuning) sits at
+    its lowest clocks, and calls that wait for the device after a few microseconds of work
+    each do not raise them quickly."""
+    import cupy
+
+    x = cupy.ones(1 << 24, dtype=cupy.float32)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            x *= 1.0000001
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, float]:
+    """Where a checked call ``mgpu.sddmm(S, A, B, hadamard=False)`` on the GPU spends its
+    time, in microseconds (medians over ``repeats`` calls, float32, after warm-up).
+
+    The call's steps are run one by one, as :func:`mgpu.ops.sddmm.sddmm` runs them, each
+    timed on the host: ``validation`` (the options, shapes, kinds, devices and S's format),
+    ``planning`` (the memory rule and the per-call scheme), ``launch`` (the product's kernel
+    and the finiteness check's, queued), ``output`` (the result matrix and its index
+    copies, queued), ``wait`` (the one wait for the stream, and the flag's read). ``kernel``
+    is the device's time for the queued work (CUDA events around 20 calls' launches back to
+    back), ``call`` the public call's own wall time, ``unaccounted`` what the steps miss of
+    it (Python calls between them).
+    """
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    import mgpu
+    from mgpu.backends import cupy as gpu
+    from mgpu.backends.flags import device_flag, flag_nonfinite
+    from mgpu.ops.sddmm import (
+        check_dense_factors,
+        check_sddmm_options,
+        check_sddmm_shapes,
+        check_sparse,
+        sddmm_operands,
+    )
+
+    S = S.tocsr().astype(np.float32)
+    Sg = csp.csr_matrix(S)
+    A, B = _factors(S, K, K)
+    Ag, Bg = cupy.asarray(A), cupy.asarray(B)
+    for _ in range(3):
+        mgpu.sddmm(Sg, Ag, Bg, hadamard=False)  # compiled, tuned
+    warm_device()
+    stream = cupy.cuda.get_current_stream()
+    steps: dict[str, list[float]] = {k: [] for k in
+                                     ("validation", "planning", "launch", "output", "wait")}
+    clock = time.perf_counter
+    for _ in range(repeats):
+        stream.synchronize()
+        t0 = clock()
+        check_sddmm_options(False, True, None, None, None)
+        check_sddmm_shapes(Sg.shape, Ag.shape, Bg.shape)
+        check_dense_factors({"A": Ag, "B": Bg}, finite=False)
+        S1, A1, B1 = sddmm_operands(check_sparse(Sg, False), Ag, Bg, False)
+        t1 = clock()
+        gpu._require_product(S1, A1, gpu.sddmm_is_usable_for(S1, A1, B1))
+        plan = gpu.call_plan(S1, A1, B1)
+        t2 = clock()
+        with device_flag() as flag:
+            out = cupy.empty(S1.nnz, dtype=A1.dtype)
+            gpu.launch_sddmm(S1, A1, B1, False, plan, out)
+            flag_nonfinite((A1, B1), flag)
+            t3 = clock()
+            gpu.with_values(S1, out)
+            t4 = clock()
+            flag.raised()
+            t5 = clock()
+        for k, v in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+            steps[k].append(v)
+    result = {k: 1e6 * float(np.median(v)) for k, v in steps.items()}
+
+    def queued() -> None:  # launched faster than they run: the events time the device
+        with device_flag() as flag:
+            for _ in range(20):
+                out = cupy.empty(S1.nnz, dtype=A1.dtype)
+                gpu.launch_sddmm(S1, A1, B1, False, plan, out)
+                flag_nonfinite((A1, B1), flag)
+                gpu.with_values(S1, out)
+    result["kernel"] = 1e6 * time_gpu(queued, repeats=5) / 20
+
+    def call() -> float:
+        t0 = clock()
+        mgpu.sddmm(Sg, Ag, Bg, hadamard=False)
+        return clock() - t0
+    result["call"] = 1e6 * float(np.median([call() for _ in range(repeats)]))
+    result["unaccounted"] = result["call"] - sum(result[k] for k in steps)
+    return result
+
+
+def breakdown_text(label: str, K: int, parts: dict[str, float]) -> str:
+    """One line of :func:`call_breakdown`'s split."""
+    steps = " + ".join(f"{k} {parts[k]:.1f}" for k in
+                       ("validation", "planning", "launch", "output", "wait", "unaccounted"))
+    return (f"{label}, K={K}: a checked call {parts['call']:.1f} us = {steps} "
+            f"(the device's work for it: {parts['kernel']:.1f} us)")
+
+
 def markdown(rows: list[dict[str, Any]], label: str) -> str:
     """One Markdown table of a bench run's rows."""
     if not rows:
@@ -175,8 +287,11 @@ def markdown(rows: list[dict[str, Any]], label: str) -> str:
     for r in rows:
         if gpu:
             nan = float("nan")
+            scheme = r["scheme"]  # the plan's; the per-call one beside it where it differs
+            if r.get("call_scheme", scheme) != scheme:
+                scheme += f" (per call: {r['call_scheme']})"
             lines.append(
-                f"| {label} | {r['K']} | {r['nnz']:,} | {r['scheme']} | {r['mgpu_gflops']:.0f} | "
+                f"| {label} | {r['K']} | {r['nnz']:,} | {scheme} | {r['mgpu_gflops']:.0f} | "
                 f"{r['mgpu_plan_gflops']:.0f} | {r.get('cusparse_gflops', nan):.0f} | "
                 f"{r['cupy_gather_dot_gflops']:.0f} | {r.get('speedup_vs_cusparse', nan):.2f}× | "
                 f"{r.get('plan_speedup_vs_cusparse', nan):.2f}× | "

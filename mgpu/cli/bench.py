@@ -61,9 +61,13 @@ def bench_partition(data_dir: str | None, parts: tuple[int, ...]) -> None:
 @opt.ks("32,128,512", "Values of K.")
 @opt.device(("auto", "cpu", "gpu"), "auto", "Where to run (auto: the GPU when one is visible).")
 @opt.repeats(None, "Timed repeats (median reported).")
+@click.option("--breakdown", is_flag=True,
+              help="GPU only: also print where a checked call's time goes (validation, "
+                   "planning, launch, output, wait, and the device's time) for the smallest "
+                   "real matrix, at each K.")
 @opt.json_out()
 def bench_sddmm(data_dir: str | None, powerlaw: tuple[int, int] | None, nnz: float,
-                ks: tuple[int, ...], device: str, repeats: int | None,
+                ks: tuple[int, ...], device: str, repeats: int | None, breakdown: bool,
                 json_path: str | None) -> None:
     """SDDMM GFLOP/s of mgpu and its peers on real and power-law matrices, one run."""
     from mgpu.bench import sddmm as b
@@ -88,6 +92,11 @@ def bench_sddmm(data_dir: str | None, powerlaw: tuple[int, int] | None, nnz: flo
         rows = b.bench_matrix(S, ks, on_gpu=on_gpu, repeats=repeats, label=label)
         results.extend(rows)
         click.echo(b.markdown(rows, label))
+    real = [(label, S) for label, S in sets if not label.startswith("power-law")]
+    if breakdown and on_gpu and real:
+        label, S = min(real, key=lambda item: item[1].nnz)
+        for K in ks:
+            click.echo(b.breakdown_text(label, K, b.call_breakdown(S, K)))
     write_json(json_path, results)
 
 

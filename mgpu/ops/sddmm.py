@@ -12,6 +12,7 @@ from mgpu.backends import (
     array_module,
     csr_astype,
     is_gpu_array,
+    sddmm_flagged_lookup,
     sddmm_lookup,
     sddmm_plan_lookup,
     to_host,
@@ -47,11 +48,15 @@ __all__ = [
 ]
 
 
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
 def sddmm_dtype(*dtypes: Any) -> np.dtype:
     """float32 when every operand is float32, float64 otherwise."""
-    if all(np.dtype(d) == np.float32 for d in dtypes):
-        return np.dtype(np.float32)
-    return np.dtype(np.float64)
+    for d in dtypes:
+        if d != _F32:
+            return _F64
+    return _F32
 
 
 def check_sddmm_shapes(s_shape: tuple[int, ...], a_shape: tuple[int, ...],
@@ -85,6 +90,9 @@ def check_sddmm_options(hadamard: Any, check_finite: Any, working_memory: Any,
                         progress: Any, device: Any = None) -> None:
     """Refuse a bad value of sddmm's flags, device and streaming options, whatever the data
     (before any look at the data's values)."""
+    if (hadamard is True or hadamard is False) and (check_finite is True or check_finite is False) \
+            and device is None and working_memory is None and progress is None:
+        return  # the options of nearly every call, taken at once
     check_param(device, "device", "sddmm", [StrOptions({"cpu", "gpu"}), None])
     check_param(hadamard, "hadamard", "sddmm", Boolean())
     check_param(check_finite, "check_finite", "sddmm", Boolean())
@@ -105,6 +113,8 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
         # the shapes are checked before (check_sddmm_shapes), the values below in one trip
         check_array(X, name, "sddmm", accept_sparse=False, ndim=None,
                     kinds="a dense numpy or cupy array")
+    if not finite:
+        return
     checked = {n: X for n, X in factors.items()
                if finite and np.dtype(X.dtype).kind == "f" and X.size}
     flags = to_host_all([all_finite(X) for X in checked.values()])
@@ -157,15 +167,38 @@ def _first_duplicate(S: Any) -> tuple[int, int, int] | None:
     return int(first // max(S.shape[1], 1)), int(first % max(S.shape[1], 1)), int((k == first).sum())
 
 
-def sddmm_local(S: Any, A: Any, B: Any, hadamard: bool, plan: SDDMMPlan | None = None) -> Any:
-    """The kernel call on already-validated CSR S and dense A, B of one family."""
+def sddmm_operands(S: Any, A: Any, B: Any, hadamard: bool) -> tuple[Any, Any, Any]:
+    """Validated CSR S and dense A, B of one family in the product's dtype
+    (:func:`sddmm_dtype`), A and B C-ordered: as they are when they already are."""
     dt = sddmm_dtype(S.dtype if hadamard else A.dtype, A.dtype, B.dtype)
-    xp = array_module(S)
-    A = xp.ascontiguousarray(xp.asarray(A, dtype=dt))
-    B = xp.ascontiguousarray(xp.asarray(B, dtype=dt))
+    if A.dtype != dt or B.dtype != dt or not (A.flags.c_contiguous and B.flags.c_contiguous):
+        xp = array_module(S)
+        A = xp.ascontiguousarray(xp.asarray(A, dtype=dt))
+        B = xp.ascontiguousarray(xp.asarray(B, dtype=dt))
     if S.dtype != dt:
         S = csr_astype(S, dt)  # P keeps S's own order of indices
-    return sddmm_lookup(S, A, B, bool(hadamard), plan)
+    return S, A, B
+
+
+def sddmm_local(S: Any, A: Any, B: Any, hadamard: bool, plan: SDDMMPlan | None = None) -> Any:
+    """The kernel call on already-validated CSR S and dense A, B of one family."""
+    return sddmm_lookup(*sddmm_operands(S, A, B, hadamard), bool(hadamard), plan)
+
+
+def sddmm_checked_on_device(S: Any, A: Any, B: Any, hadamard: bool,
+                            plan: SDDMMPlan | None = None) -> Any:
+    """:func:`sddmm_local` on the GPU for operands whose values are not yet checked: the
+    kernels' flag (:mod:`mgpu.backends.flags`) says after the call's one wait whether A,
+    B (or S's values with ``hadamard``) hold NaN or infinity; only then do the host checks
+    run, and refuse with the first place (the product is dropped)."""
+    P, flagged = sddmm_flagged_lookup(*sddmm_operands(S, A, B, hadamard), bool(hadamard), plan)
+    if flagged is not False:  # raised, or a fallback that looked at nothing
+        check_dense_factors({"A": A, "B": B})
+        check_sparse(S, hadamard)
+        if flagged:  # never return what was flagged: the flag and the scan disagree
+            raise RuntimeError("sddmm: the GPU flagged NaN or infinity among the operands "
+                               "that the host checks did not find.")
+    return P
 
 
 def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
@@ -190,10 +223,18 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         so repeated calls with new factors skip the preprocessing. Without one, the tuned
         scheme of S's shape class is used (tuned on first sight) and any tiling is redone.
     check_finite : bool, default=True
-        Refuse NaN or infinity in A and B (and in S's values with ``hadamard``), as
-        scipy.linalg's ``check_finite``; on the GPU the check waits for the device. ``False``
-        skips it, for factors known to be finite (an iterative method that watches its own
-        loss): NaN or infinity then spread into the entries of P that touch them.
+        Refuse NaN or infinity in A and B (and in S's stored values with ``hadamard``), as
+        scipy.linalg's ``check_finite``: every value of A and B is checked, also those of
+        rows that no nonzero of S touches (they could not spread, but a factor holding them
+        is refused all the same). On the CPU the values are checked before the product. On
+        the GPU one launch checks them beside the product's kernel and raises a flag in
+        pinned host memory; the call waits once, for its stream, and reads the flag with
+        the result (no copy back); only a raised flag makes the host look for the first
+        bad place and refuse (the product is dropped), so a refusal comes after the
+        kernels ran, never before a refusal of the shapes, kinds or devices. ``False``
+        skips the check and the wait, for factors known to be finite (an iterative method
+        that watches its own loss): NaN or infinity then spread into the entries of P that
+        touch them.
     device : {'cpu', 'gpu'}, optional
         Where to compute; by default where the operands are. ``'gpu'`` with host operands
         (scipy S, numpy A and B) streams them through the current GPU in tiles
@@ -245,8 +286,10 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
             "runs the distributed version."
         )
     check_sddmm_shapes(S.shape, getattr(A, "shape", ()), getattr(B, "shape", ()))
-    check_dense_factors({"A": A, "B": B}, finite=check_finite)
     on_gpu = [is_gpu_array(x) for x in (S, A, B)]  # the refusals name each one's device
+    # on the GPU the values are checked by the kernels' flag, after everything else
+    flagged = bool(check_finite) and on_gpu[0]
+    check_dense_factors({"A": A, "B": B}, finite=check_finite and not flagged)
     if len(set(on_gpu)) != 1:
         where = ", ".join(
             f"{n} on the {'GPU' if g else 'CPU'} ({type(x).__name__})"
@@ -263,7 +306,7 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
     if not streamed and (working_memory is not None or progress is not None):
         raise ValueError("The 'working_memory' and 'progress' parameters of sddmm are for "
                          "host operands streamed through the GPU (device='gpu').")
-    S = check_sparse(S, hadamard and check_finite)
+    S = check_sparse(S, hadamard and check_finite and not flagged)
     if plan is not None:
         if streamed:
             raise ValueError("The 'plan' parameter of sddmm does not apply to operands "
@@ -271,6 +314,8 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         check_plan(plan, S, A.shape[1])
     if streamed:
         return same_kind(_streamed(S, A, B, hadamard, working_memory, progress), S)
+    if flagged:
+        return sddmm_checked_on_device(S, A, B, hadamard, plan)  # cupyx: no sparse arrays
     return same_kind(sddmm_local(S, A, B, hadamard, plan), S)
 
 

@@ -141,10 +141,12 @@ def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True
     types are checked, refusing NaN or infinity among A's stored values or in x.
 
     On the CPU the values are checked first. On the GPU the merge-path kernels flag such
-    values as they work (SpMV: x's values and every row's sum, which a NaN or infinity of A
-    always makes non-finite), and one flag comes back per call; only a raised flag runs
-    the checks that name the place (the result, a new array, is dropped). Without
-    ``check_finite`` the values are not looked at and nothing waits for the device.
+    values as they work (SpMV: every value of x, and every row's sum, which a NaN or
+    infinity of A always makes non-finite; SpMM: every value of A and X), in a flag of
+    pinned host memory (:mod:`mgpu.backends.flags`) read after the call's one wait for its
+    stream; only a raised flag runs the checks that name the place (the result, a new
+    array, is dropped). Without ``check_finite`` the values are not looked at and nothing
+    waits for the device.
     """
     A = A.tocsr()
     if not check_finite:
@@ -159,8 +161,7 @@ def spmv_checked(A: Any, x: Any, name: str, func: str, check_finite: bool = True
 
 def _gpu_checked(A: Any, x: Any, name: str, func: str, plan: SpMVPlan | None = None) -> Any:
     """The GPU half of :func:`spmv_checked`, for operands in the result dtype."""
-    y, bad = spmv_flagged_lookup(A, x, plan)
-    flagged = None if bad is None else bool(bad.get()[0])  # the one read back
+    y, flagged = spmv_flagged_lookup(A, x, plan)  # flagged: read after the call's one wait
     if flagged is not False:  # raised, or cuSPARSE ran without looking
         check_dense_finite(x, name, func, x.ndim)
         check_sparse_operand(A, func)
@@ -288,11 +289,17 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: SpMVPlan | None = N
     x : ndarray of shape (n_cols,)
         numpy with a scipy A, cupy with a cupyx A.
     check_finite : bool, default=True
-        Refuse NaN or infinity among A's stored values or in x (as scipy.linalg's
-        ``check_finite``). On the GPU the check is a flag the kernels raise while they read
-        the operands, and the call waits for it; ``False`` skips the check and the wait, for
-        operands known to be finite (a loop over checked data): NaN or infinity then spread
-        into the rows of y that touch them.
+        Refuse NaN or infinity among A's stored values or anywhere in x, also in entries of
+        x that no stored value of A reads (as scipy.linalg's ``check_finite``). On the CPU
+        the values are checked before the product. On the GPU the product's kernel checks
+        them while it runs (x's values, and every row's sum, which a NaN or infinity of A
+        always makes non-finite) and raises a flag in pinned host memory; the call waits
+        once, for its stream, and reads the flag with the result (no copy back); only a
+        raised flag makes the host look for the first bad place and refuse. A row sum that
+        overflows raises the flag too; with no NaN or infinity found, y is returned as
+        scipy would give it. ``False`` skips the check and the wait, for operands known to
+        be finite (a loop over checked data): NaN or infinity then spread into the rows of
+        y that touch them.
     plan : SpMVPlan, optional
         From :func:`spmv_plan` on this very A: where the merge is cut, found once for many
         products (and, on the GPU, A's empty rows left out of it).
@@ -324,7 +331,8 @@ def spmv(A: Any, x: Any, *, check_finite: bool = True, plan: SpMVPlan | None = N
     >>> spmv(A, np.array([1.0, 2.0, 3.0]))
     array([7., 0., 6.])
     """
-    check_param(check_finite, "check_finite", "spmv", Boolean())
+    if check_finite is not True and check_finite is not False:  # else nothing to check
+        check_param(check_finite, "check_finite", "spmv", Boolean())
     return _one_device(A, x, "x", "spmv", 1, check_finite, plan)
 
 
@@ -341,7 +349,8 @@ def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     X : ndarray of shape (n_cols, n_vectors)
         numpy with a scipy A, cupy with a cupyx A; any memory order.
     check_finite : bool, default=True
-        As in :func:`spmv`.
+        As in :func:`spmv`; on the GPU one launch beside the product checks every value of
+        A and X for the flag.
 
     Returns
     -------
@@ -361,5 +370,6 @@ def spmm(A: Any, X: Any, *, check_finite: bool = True) -> Any:
     array([[3., 2.],
            [0., 3.]])
     """
-    check_param(check_finite, "check_finite", "spmm", Boolean())
+    if check_finite is not True and check_finite is not False:  # else nothing to check
+        check_param(check_finite, "check_finite", "spmm", Boolean())
     return _one_device(A, X, "X", "spmm", 2, check_finite)

@@ -12,6 +12,7 @@ factorisation): they check their inputs with these names.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -249,15 +250,37 @@ _FAMILIES = {"numpy": "numpy array", "cupy": "cupy array", "scipy": "scipy spars
 
 
 def _family(x: Any) -> str | None:
+    family = _FAMILY_OF_TYPE.get(type(x), False)
+    if family is not False:
+        return family  # type: ignore[return-value]
     if is_dask_array(x):
         return "dask"
     if sp.issparse(x):
-        return "scipy"
-    if isinstance(x, np.ndarray):
-        return "numpy"
-    if is_gpu_array(x):  # CuPy data is one of the kinds taken (not a choice of device)
-        return "cupyx" if is_sparse(x) else "cupy"
-    return None
+        family = "scipy"
+    elif isinstance(x, np.ndarray):
+        family = "numpy"
+    elif is_gpu_array(x):  # CuPy data is one of the kinds taken (not a choice of device)
+        family = "cupyx" if is_sparse(x) else "cupy"
+    else:
+        family = None
+    if len(_FAMILY_OF_TYPE) < 256:  # the tests above look at the type alone
+        _FAMILY_OF_TYPE[type(x)] = family
+    return family
+
+
+# the family of the types seen so far (not dask arrays, whose test looks at the instance)
+_FAMILY_OF_TYPE: dict[type, str | None] = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _families(accept_sparse: bool, accept_dense: bool, accept_dask: bool,
+              devices: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(
+        f for f, ok in (("numpy", accept_dense and "cpu" in devices),
+                        ("cupy", accept_dense and "gpu" in devices),
+                        ("scipy", accept_sparse and "cpu" in devices),
+                        ("cupyx", accept_sparse and "gpu" in devices),
+                        ("dask", accept_dask)) if ok)
 
 
 def _kinds_taken(families: tuple[str, ...], ndim: int) -> str:
@@ -351,12 +374,7 @@ def check_array(X: Any, name: str, func: str, *, accept_sparse: bool = True,
     X.real or abs(X), whichever is meant.
     """
     devices = tuple(devices)
-    families = tuple(
-        f for f, ok in (("numpy", accept_dense and "cpu" in devices),
-                        ("cupy", accept_dense and "gpu" in devices),
-                        ("scipy", accept_sparse and "cpu" in devices),
-                        ("cupyx", accept_sparse and "gpu" in devices),
-                        ("dask", accept_dask)) if ok)
+    families = _families(bool(accept_sparse), bool(accept_dense), bool(accept_dask), devices)
     family = _family(X)
     if family not in families:
         if family in ("cupy", "cupyx") and "gpu" not in devices and (

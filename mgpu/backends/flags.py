@@ -1,0 +1,159 @@
+"""The finiteness flag of the checked GPU calls (SDDMM, SpMV, SpMM): set on the device, read
+with the result after the call's one wait, with no copy back.
+
+A checked call takes a flag (:func:`device_flag`), launches ``kernels/flags.cu`` over the
+operands' values (:func:`flag_nonfinite`, one launch for up to three arrays of a dtype)
+beside its own kernels, and reads the flag once those kernels are done
+(:meth:`Flag.raised`: one wait on the call's stream). Only a raised flag makes the caller
+look for the first bad position, on its slow path.
+
+The flags are 4-byte slots of a page of pinned host memory mapped into every device's
+address space (``cudaHostAlloc`` with ``cudaHostAllocMapped | cudaHostAllocPortable``): a
+kernel writes the slot across the bus, the host reads it as ordinary memory after the
+wait, so there is neither a device allocation, nor a memset, nor a device-to-host copy per
+call. A slot is zeroed by the host when it is taken and goes back to the free list only
+after the wait on its stream, so no kernel of an earlier call can still write to it: a
+failed call (a raised flag, or an error between the launch and the wait) never leaks a
+raised slot into the next call. Calls on several streams or threads hold different slots.
+
+Imported only with CuPy (by the GPU backends).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import cupy
+import numpy as np
+
+from mgpu.backends.instances import INSTANCES
+from mgpu.backends.loader import c_type, get_function
+
+__all__ = ["Flag", "device_flag", "flag_nonfinite"]
+
+_FLAGS = "flags.cu"
+_FLAGS_INSTANCES = INSTANCES[_FLAGS]
+_SLOTS = 1024  # int32 flags in one page of pinned memory; another page if they are all taken
+_THREADS = 256
+_BLOCKS_PER_SM = 8  # resident blocks of 256 threads on an SM: the grid-stride loop's width
+_NULL = np.uint64(0)
+
+
+class _Page:
+    """One page of pinned, mapped host memory cut into int32 flag slots."""
+
+    def __init__(self) -> None:
+        rt = cupy.cuda.runtime
+        self.ptr = rt.hostAlloc(4 * _SLOTS, rt.hostAllocMapped | rt.hostAllocPortable)
+        self.values = np.ctypeslib.as_array((ctypes.c_int32 * _SLOTS).from_address(self.ptr))
+        self.values[:] = 0
+        self.free = list(range(_SLOTS - 1, -1, -1))  # LIFO: the slot just freed is in cache
+        self._device_ptr: dict[int, int] = {}
+
+    def device_ptr(self, device: int) -> int:
+        """The page's address in ``device``'s kernels (the host address under unified
+        addressing, as the driver reports it)."""
+        ptr = self._device_ptr.get(device)
+        if ptr is None:
+            ptr = int(cupy.cuda.runtime.pointerGetAttributes(self.ptr).devicePointer) or self.ptr
+            self._device_ptr[device] = ptr
+        return ptr
+
+
+_pages: list[_Page] = []
+_lock = threading.Lock()
+
+
+class Flag:
+    """One flag slot taken for one call: ``ptr`` (numpy uint64) is its device address, to
+    pass to the kernels; :meth:`raised` waits for the call's stream and reads it."""
+
+    __slots__ = ("_page", "_slot", "_stream", "ptr", "_read")
+
+    def __init__(self, page: _Page, slot: int, stream: Any, device: int) -> None:
+        self._page, self._slot, self._stream = page, slot, stream
+        self.ptr = np.uint64(page.device_ptr(device) + 4 * slot)
+        self._read: bool | None = None
+
+    def raised(self) -> bool:
+        """Whether a kernel raised the flag: waits for everything queued so far on the stream
+        the flag was taken on (the one wait of a checked call), then reads it; later calls
+        return the same answer without waiting again."""
+        if self._read is None:
+            self._stream.synchronize()
+            self._read = bool(self._page.values[self._slot])
+        return self._read
+
+
+@contextmanager
+def device_flag() -> Iterator[Flag]:
+    """A zeroed flag for one checked call on the current device and stream, given back when
+    the block ends: at once when :meth:`Flag.raised` was read, else after a wait on the
+    stream (an error between the launches and the read), so that no kernel still writes
+    to the slot when the next call takes it."""
+    device = cupy.cuda.runtime.getDevice()
+    stream = cupy.cuda.get_current_stream()
+    with _lock:
+        page = next((p for p in _pages if p.free), None)
+        if page is None:  # every slot held: more calls in flight than slots, a new page
+            page = _Page()
+            _pages.append(page)
+        slot = page.free.pop()
+    page.values[slot] = 0  # visible to the device before the launches that follow
+    flag = Flag(page, slot, stream, device)
+    try:
+        yield flag
+    except BaseException:
+        _give_back(flag, quiet=True)
+        raise
+    _give_back(flag, quiet=False)
+
+
+def _give_back(flag: Flag, quiet: bool) -> None:
+    """The slot back to its page's free list once no kernel can write to it: after the
+    read, or after a wait on its stream. ``quiet``: an error of that wait is not raised
+    (another error is on its way), and the slot stays out of use."""
+    if flag._read is None:
+        try:
+            flag._stream.synchronize()
+        except Exception:
+            if not quiet:
+                raise
+            return
+    with _lock:
+        flag._page.free.append(flag._slot)
+
+
+@functools.lru_cache(maxsize=None)
+def _max_blocks(device: int) -> int:
+    rt = cupy.cuda.runtime
+    # 16: cudaDevAttrMultiProcessorCount, where CuPy does not export the name
+    sms = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMultiProcessorCount", 16), device)
+    return int(sms) * _BLOCKS_PER_SM
+
+
+def flag_nonfinite(arrays: Sequence[cupy.ndarray], flag: Flag) -> None:
+    """Launch the check of every value of ``arrays`` (float32 or float64; other dtypes hold
+    no NaN and are skipped; a strided array is copied first) on the current stream:
+    ``flag`` is raised when any holds NaN or infinity. One launch per dtype, for up to
+    three arrays each."""
+    by_dtype: dict[np.dtype, list[cupy.ndarray]] = {}
+    for a in arrays:
+        if a.size and a.dtype.kind == "f":
+            by_dtype.setdefault(a.dtype, []).append(
+                a if a.flags.c_contiguous else cupy.ascontiguousarray(a))
+    for dtype, group in by_dtype.items():
+        fn = get_function(_FLAGS, f"mgpu_flag_nonfinite<{c_type(dtype)}>", _FLAGS_INSTANCES)
+        for s in range(0, len(group), 3):
+            part = group[s:s + 3]
+            args: list[Any] = []
+            for a in part:
+                args += [a, cupy.int64(a.size)]
+            args += [_NULL, cupy.int64(0)] * (3 - len(part))
+            n = sum(int(a.size) for a in part)
+            blocks = min(-(-n // _THREADS), _max_blocks(cupy.cuda.runtime.getDevice()))
+            fn((blocks,), (_THREADS,), (*args, flag.ptr))
