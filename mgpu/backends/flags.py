@@ -23,8 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import cupy
@@ -69,8 +68,9 @@ _lock = threading.Lock()
 
 
 class Flag:
-    """One flag slot taken for one call: ``ptr`` (numpy uint64) is its device address, to
-    pass to the kernels; :meth:`raised` waits for the call's stream and reads it."""
+    """One flag slot taken for one call (:func:`device_flag`), a context manager that
+    gives it back: ``ptr`` (numpy uint64) is its device address, to pass to the kernels;
+    :meth:`raised` waits for the call's stream and reads it."""
 
     __slots__ = ("_page", "_slot", "_stream", "ptr", "_read")
 
@@ -88,13 +88,18 @@ class Flag:
             self._read = bool(self._page.values[self._slot])
         return self._read
 
+    def __enter__(self) -> Flag:
+        return self
 
-@contextmanager
-def device_flag() -> Iterator[Flag]:
-    """A zeroed flag for one checked call on the current device and stream, given back when
-    the block ends: at once when :meth:`Flag.raised` was read, else after a wait on the
-    stream (an error between the launches and the read), so that no kernel still writes
-    to the slot when the next call takes it."""
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        _give_back(self, quiet=exc_type is not None)
+
+
+def device_flag() -> Flag:
+    """A zeroed flag for one checked call on the current device and stream, to use in a
+    ``with`` block: it is given back when the block ends, at once when :meth:`Flag.raised`
+    was read, else after a wait on the stream (an error between the launches and the
+    read), so that no kernel still writes to the slot when the next call takes it."""
     device = cupy.cuda.runtime.getDevice()
     stream = cupy.cuda.get_current_stream()
     with _lock:
@@ -104,13 +109,7 @@ def device_flag() -> Iterator[Flag]:
             _pages.append(page)
         slot = page.free.pop()
     page.values[slot] = 0  # visible to the device before the launches that follow
-    flag = Flag(page, slot, stream, device)
-    try:
-        yield flag
-    except BaseException:
-        _give_back(flag, quiet=True)
-        raise
-    _give_back(flag, quiet=False)
+    return Flag(page, slot, stream, device)
 
 
 def _give_back(flag: Flag, quiet: bool) -> None:

@@ -210,6 +210,7 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
     )
 
     S = S.tocsr().astype(np.float32)
+    S.sum_duplicates()
     Sg = csp.csr_matrix(S)
     A, B = _factors(S, K, K)
     Ag, Bg = cupy.asarray(A), cupy.asarray(B)
