@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -104,14 +105,16 @@ def get_function(name: str, expression: str, name_expressions: tuple[str, ...]) 
         Every instantiation the file is compiled with (the file's explicit list); the module
         is compiled once per (file, list, device) and memoised.
     """
+    loaded = sys.modules.get("cupy")
+    if loaded is not None:  # only declared instantiations are cached: no scan of the list
+        fn = _functions.get((name, expression, loaded.cuda.runtime.getDevice()))
+        if fn is not None:  # launches of small problems are host-bound: no lookups past this
+            return fn
     if expression not in name_expressions:
         raise ValueError(f"{expression!r} is not among the instantiations of {name}")
     import cupy
 
     dev = cupy.cuda.runtime.getDevice()
-    fn = _functions.get((name, expression, dev))
-    if fn is not None:  # launches of small problems are host-bound: no lookups past this
-        return fn
     key = (name, name_expressions, dev)
     mod = _modules.get(key)
     if mod is None:

@@ -233,9 +233,11 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
         One device only: from :func:`mgpu.sddmm_plan` on this S, to reuse its tuned scheme
         and tiled copy of S across calls.
     check_finite : bool, default=True
-        Refuse NaN or infinity in the factors (and S's values with ``hadamard``); ``False``
-        skips the check and its wait, for factors known to be finite, as in
-        :func:`mgpu.ops.sddmm`.
+        Refuse NaN or infinity in the factors, every value of them (and S's stored values
+        with ``hadamard``), naming the first place. One device: on the GPU the device checks
+        them beside the product and the call waits once, for its stream, reading a flag in
+        pinned host memory with the result; details in :func:`mgpu.ops.sddmm`. ``False``
+        skips the check and the wait, for factors known to be finite.
     device, working_memory, progress
         One device only, as :func:`mgpu.ops.sddmm`: ``device='gpu'`` streams host operands
         larger than the GPU through it in tiles.
