@@ -369,6 +369,60 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
     }
 }
 
+namespace mgpu {
+
+// A thread's first U postings of one feature in a tile (lo..hi): rows (-1 past the end) and
+// values.
+template <typename T, int U>
+__device__ __forceinline__ void load_postings(const unsigned short* __restrict__ p_row,
+                                              const T* __restrict__ p_val, int lo, int hi,
+                                              int* pr, double* pv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int i = lo + (int)threadIdx.x + u * MGPU_KNN_THREADS;
+        pr[u] = i < hi ? (int)p_row[i] : -1;
+        pv[u] = i < hi ? (double)p_val[i] : 0.0;
+    }
+}
+
+// The k best of a block's sorted per-thread lists (lk, li: n entries each), best first, into
+// out_key[0..k), out_id[0..k) (written by thread 0): k rounds of a block-wide arg-min over the
+// lists' heads. Every thread of the block calls it; ids are distinct within the block (fillers
+// only lose), so one thread owns each winner.
+template <typename T, int KMAX>
+__device__ __forceinline__ void block_best_k(const T* lk, const int* li, int n, int k,
+                                             T* s_key, int* s_id, T* __restrict__ out_key,
+                                             int* __restrict__ out_id) {
+    const int lane = threadIdx.x & 31;
+    const int wid = threadIdx.x >> 5;
+    int head = 0;
+    for (int t = 0; t < k; ++t) {
+        T bk = head < n ? lk[head] : pos_inf<T>();
+        int bi = head < n ? li[head] : MGPU_NO_ID;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const T ok = __shfl_xor_sync(MGPU_FULL_MASK, bk, off);
+            const int oi = __shfl_xor_sync(MGPU_FULL_MASK, bi, off);
+            if (before(ok, oi, bk, bi)) { bk = ok; bi = oi; }
+        }
+        if (lane == 0) { s_key[wid] = bk; s_id[wid] = bi; }
+        __syncthreads();
+        bk = s_key[0];
+        bi = s_id[0];
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+            if (before(s_key[w], s_id[w], bk, bi)) { bk = s_key[w]; bi = s_id[w]; }
+        }
+        __syncthreads();
+        if (head < n && li[head] == bi && lk[head] == bk) ++head;
+        if (threadIdx.x == 0) {
+            out_key[t] = bk;
+            out_id[t] = bi;
+        }
+    }
+}
+
+}  // namespace mgpu
+
 // The k best of each of n_rows rows of m candidates (keys[r*m + j], ids[r*m + j] or j when
 // ids is null), best first; one block per row.
 template <typename T, int KMAX>
@@ -387,34 +441,101 @@ mgpu_select_k(const T* __restrict__ keys, const int* __restrict__ ids, long long
     for (long long j = threadIdx.x; j < m; j += blockDim.x) {
         mgpu::list_insert<T, KMAX>(lk, li, n, k, rk[j], ri ? ri[j] : (int)j);
     }
+    mgpu::block_best_k<T, KMAX>(lk, li, n, k, s_key, s_id, out_key + r * k, out_id + r * k);
+}
 
-    const int lane = threadIdx.x & 31;
-    const int wid = threadIdx.x >> 5;
-    int head = 0;
-    for (int t = 0; t < k; ++t) {
-        T bk = head < n ? lk[head] : mgpu::pos_inf<T>();
-        int bi = head < n ? li[head] : MGPU_NO_ID;
+// mgpu_knn_postings<T, KMAX>: the dot-product metrics from the index's postings (an
+// inverted view: the index rows cut into tiles of tile_rows rows; within a tile, per feature,
+// the (row in tile, value) pairs of that feature's nonzeros, rows ascending; tile_ptr[tile *
+// n_feat + f] .. tile_ptr[tile * n_feat + f + 1] are those of feature f in the tile). One
+// block per (query, tile), the query's blocks of one tile launched together so that the
+// tile's postings stay in L2. The block holds the tile's dot products in shared memory
+// (float64) and walks the query's features in increasing order; for each, its threads add
+// q * x over that feature's postings in the tile (distinct rows: no two threads meet), then
+// wait for each other before the next feature. Each row's dot product is thus the fused
+// kernel's sum, term by term in feature order: the same bits, so the same keys and ids.
+// Every row of the tile is then finished (rows the query shares no feature with hold 0, as in
+// the fused kernel) and the block's k best (key, row) pairs, ties to the lower row, go to
+// out_key/out_id[(query * n_tiles + tile) * k + t] for the selection over the tiles.
+// Dynamic shared memory: tile_rows doubles.
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(MGPU_KNN_THREADS)
+mgpu_knn_postings(const int* __restrict__ tile_ptr, const unsigned short* __restrict__ p_row,
+                  const T* __restrict__ p_val, int n_rows, int n_feat, int tile_rows,
+                  const int* __restrict__ q_ptr, const int* __restrict__ q_idx,
+                  const T* __restrict__ q_val,
+                  const double* __restrict__ xs1, const double* __restrict__ xs2,
+                  const double* __restrict__ qs1, const double* __restrict__ qs2,
+                  int fin, double n_features, double p, int k,
+                  T* __restrict__ out_key, int* __restrict__ out_id) {
+    extern __shared__ double acc[];
+    __shared__ int s_lo[MGPU_KNN_THREADS];
+    __shared__ int s_hi[MGPU_KNN_THREADS];
+    __shared__ double s_q[MGPU_KNN_THREADS];
+    __shared__ T s_key[MGPU_KNN_THREADS / 32];
+    __shared__ int s_id[MGPU_KNN_THREADS / 32];
+    const int c = blockIdx.x;
+    const int tile = blockIdx.y;
+    const int row0 = tile * tile_rows;
+    const int rows = min(tile_rows, n_rows - row0);
+    const int tid = threadIdx.x;
+    for (int r = tid; r < rows; r += blockDim.x) acc[r] = 0.0;
+
+    // U postings of a feature per thread held in registers: those of the next feature are
+    // loaded before the wait that ends the current one, so that their latency overlaps it
+    constexpr int U = 4;
+    int pr[U];
+    double pv[U];
+    const int* tp = tile_ptr + (long long)tile * n_feat;
+    const int qa = q_ptr[c], qb = q_ptr[c + 1];
+    for (int base = qa; base < qb; base += MGPU_KNN_THREADS) {
+        __syncthreads();  // the tile zeroed, or the last chunk's features all added
+        const int j = base + tid;
+        if (j < qb) {  // the chunk's features: their postings in the tile and the query's value
+            const int f = q_idx[j];
+            s_lo[tid] = tp[f];
+            s_hi[tid] = tp[f + 1];
+            s_q[tid] = (double)q_val[j];
+        }
+        __syncthreads();
+        const int n = min(MGPU_KNN_THREADS, qb - base);
+        // features without postings in the tile are skipped (the same for every thread)
+        int t = 0;
+        while (t < n && s_lo[t] == s_hi[t]) ++t;
+        if (t < n) mgpu::load_postings<T, U>(p_row, p_val, s_lo[t], s_hi[t], pr, pv);
+        while (t < n) {
+            const int hi = s_hi[t];
+            const double q = s_q[t];
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const T ok = __shfl_xor_sync(MGPU_FULL_MASK, bk, off);
-            const int oi = __shfl_xor_sync(MGPU_FULL_MASK, bi, off);
-            if (mgpu::before(ok, oi, bk, bi)) { bk = ok; bi = oi; }
-        }
-        if (lane == 0) { s_key[wid] = bk; s_id[wid] = bi; }
-        __syncthreads();
-        bk = s_key[0];
-        bi = s_id[0];
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
-            if (mgpu::before(s_key[w], s_id[w], bk, bi)) { bk = s_key[w]; bi = s_id[w]; }
-        }
-        __syncthreads();
-        // ids are distinct within a row (fillers only lose), so one thread owns the winner
-        if (head < n && li[head] == bi && lk[head] == bk) ++head;
-        if (threadIdx.x == 0) {
-            out_key[r * k + t] = bk;
-            out_id[r * k + t] = bi;
+            for (int u = 0; u < U; ++u) {
+                if (pr[u] >= 0) acc[pr[u]] = fma(q, pv[u], acc[pr[u]]);
+            }
+            // a long feature: its postings past the first U per thread
+            for (int i = s_lo[t] + U * MGPU_KNN_THREADS + tid; i < hi; i += MGPU_KNN_THREADS) {
+                const int r = p_row[i];
+                acc[r] = fma(q, (double)p_val[i], acc[r]);
+            }
+            int next = t + 1;
+            while (next < n && s_lo[next] == s_hi[next]) ++next;
+            if (next < n) mgpu::load_postings<T, U>(p_row, p_val, s_lo[next], s_hi[next], pr, pv);
+            __syncthreads();  // the next feature may hold the same rows
+            t = next;
         }
     }
+    __syncthreads();
+
+    T lk[KMAX];
+    int li[KMAX];
+    int filled = 0;
+    const double q1 = qs1 ? qs1[c] : 0.0, q2 = qs2 ? qs2[c] : 0.0;
+    for (int r = tid; r < rows; r += MGPU_KNN_THREADS) {
+        const int row = row0 + r;
+        const double d = mgpu::finish(fin, acc[r], 0.0, xs1 ? xs1[row] : 0.0,
+                                      xs2 ? xs2[row] : 0.0, q1, q2, n_features, p);
+        mgpu::list_insert<T, KMAX>(lk, li, filled, k, (T)d, row);
+    }
+    const long long at = ((long long)c * gridDim.y + tile) * k;
+    mgpu::block_best_k<T, KMAX>(lk, li, filled, k, s_key, s_id, out_key + at, out_id + at);
 }
 
 // The peer of the benchmark's NAMM rows: one thread per (query, index row) pair walks the

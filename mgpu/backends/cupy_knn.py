@@ -31,6 +31,7 @@ import cupyx.scipy.sparse as csp
 import numpy as np
 from dask.utils import format_bytes
 
+from mgpu.backends import cupy_knn_postings as postings
 from mgpu.backends.cupy import current_facts, row_reduce_csr_kernel
 from mgpu.backends.dispatch import (
     distances_lookup,
@@ -241,6 +242,7 @@ class GpuIndex:
     s2: cupy.ndarray | None
     dense: cupy.ndarray | None  # transformed dense rows, kept for the cuBLAS path
     counts: bool = False  # manhattan: integer values, sums exact (_counts)
+    postings: Any = None  # the inverted view (cupy_knn_postings), made when first weighed
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -514,6 +516,10 @@ def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget
     step = batch_size(index, nq, k, budget)
     if qs.dense is not None:
         step = int(max(1, min(nq, budget // max(1, one))))
+    # wide corpora: the postings of the queries' features only (a measured choice)
+    if postings.choose(index, qs, k, budget, lambda s, e: batch_knn(index, qs, s, e, k),
+                       step) == "postings":
+        return postings.knn_postings(index, qs, k, similarity, budget)
     dist = cupy.empty((nq, k), dtype=index.dtype)
     ids = cupy.empty((nq, k), dtype=cupy.int64)
     for s in range(0, nq, step):

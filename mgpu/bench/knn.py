@@ -97,6 +97,38 @@ def _expanded_peers(Xg, metric: str, k: int):
     return {"spgemm": spgemm, "spmm": spmm}
 
 
+def _peer_error(route, Qg, bs: int, d) -> str | None:
+    """Why a peer route's first batch is wrong (its k best distances, sorted, against
+    mgpu's), or None: a peer that answers wrongly is no timing to compare with."""
+    import cupy
+
+    D, _ = route(Qg[:bs])
+    got = cupy.sort(D, axis=1).get()
+    want = d[:got.shape[0]].get()
+    err = float(np.abs(got - want).max(initial=0.0))
+    return None if err <= 1e-3 * max(1.0, float(np.abs(want).max(initial=0.0))) else (
+        f"wrong: max |Δd| {err:.2g} against mgpu")
+
+
+def _kernel_rates(Xg, Qg, k: int, metric: str, repeats: int) -> dict[str, Any]:
+    """q/s of mgpu's fused and postings kernels, each forced, and what the rule ran."""
+    import mgpu
+    from mgpu.backends import cupy_knn_postings as postings
+    from mgpu.backends.timing import time_gpu
+
+    out: dict[str, Any] = {}
+    for kernel in postings.KERNELS:
+        with postings.forced(kernel):
+            mgpu.knn(Xg, Qg, k, metric=metric)
+            if postings.last_choice().get("kernel") != kernel:
+                out[f"{kernel}_qps"] = postings.last_choice().get("reason")
+                continue
+            t = time_gpu(lambda: mgpu.knn(Xg, Qg, k, metric=metric), repeats=repeats,
+                         warmup=0)
+        out[f"{kernel}_qps"] = Qg.shape[0] / t
+    return out
+
+
 def _naive_peer(Xg, metric: str, k: int):
     """One thread per (query, row) pair over the union of the two rows, then the k best."""
     import cupy
@@ -119,15 +151,22 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
     """Queries/s of mgpu on the GPU (float32) and of its peers, in one run, per metric.
 
     Peers: the cuSPARSE SpGEMM route (batches of 100 and 500 queries) and SpMM route (500 and
-    2,000) for cosine and euclidean; the naive union kernel for the NAMM metrics; scikit-learn
-    brute force on all cores (float64, on the first ``sklearn_queries`` queries, a tenth of
-    that for NAMM metrics). mgpu's neighbour ids are checked against scikit-learn's.
+    2,000) for cosine and euclidean, each route's first batch checked against mgpu's
+    distances (a wrong answer is reported, not timed); the naive union kernel for the NAMM
+    metrics; scikit-learn brute force on all cores (float64, on the first ``sklearn_queries``
+    queries, a tenth of that for NAMM metrics). mgpu's neighbour ids are checked against
+    scikit-learn's. ``kernel`` is the kernel mgpu's rule ran (fused or postings); for the
+    dot-product metrics on sparse input ``fused_qps`` and ``postings_qps`` time each kernel
+    forced.
     """
     import cupy
     import cupyx.scipy.sparse as csp
     from sklearn.neighbors import NearestNeighbors
 
     import mgpu
+    from mgpu.backends import cupy_knn_postings as postings
+    from mgpu.backends.cupy_knn import FORMS
+    from mgpu.backends.knn_codes import KnnOp
     from mgpu.backends.timing import time_gpu
     from mgpu.ops.distances import resolve_metric
 
@@ -148,12 +187,19 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
         d, i = mgpu.knn(Xg, Qg, k, metric=ring.name)
         t = time_gpu(lambda: mgpu.knn(Xg, Qg, k, metric=ring.name), repeats=repeats, warmup=0)
         row["mgpu_qps"] = nq / t
+        row["kernel"] = postings.last_choice().get("kernel")
+        if not dense and FORMS[ring.name].op == KnnOp.DOT:
+            row.update(_kernel_rates(Xg, Qg, k, ring.name, repeats))
         peers: dict[str, Any] = {}
         if not dense and ring.name in ("cosine", "euclidean"):
             routes = _expanded_peers(Xg, ring.name, k)
             for name, bs in (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000)):
                 key = f"{name}_{bs}"
                 try:
+                    wrong = _peer_error(routes[name], Qg, bs, d)
+                    if wrong is not None:
+                        peers[key] = wrong
+                        continue
                     t = time_gpu(lambda: _peer_batches(routes[name], Qg, bs),
                                  repeats=repeats, warmup=1)
                     peers[key] = nq / t
@@ -203,21 +249,25 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
 
 
 def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
-    head = ("| corpus | metric | mgpu q/s | SpGEMM 100 | SpGEMM 500 | SpMM 500 | SpMM 2000 | "
-            "naive union | scikit-learn | vs best cuSPARSE | vs naive | vs scikit-learn | "
-            "ids equal | others tie |")
+    head = ("| corpus | metric | mgpu q/s | kernel | fused q/s | postings q/s | SpGEMM 100 | "
+            "SpGEMM 500 | SpMM 500 | SpMM 2000 | naive union | scikit-learn | "
+            "vs best cuSPARSE | vs naive | vs scikit-learn | ids equal | others tie |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
 
     def fmt(v):
         if v is None:
             return "–"
-        return f"{v:,.0f}" if isinstance(v, float) else "fails"
+        if isinstance(v, float):
+            return f"{v:,.0f}"
+        return "wrong" if str(v).startswith("wrong") else "fails"
 
     for r in rows:
         p = r["peers"]
         ratio = lambda key: f"{r[key]:.1f}×" if key in r else "–"  # noqa: E731
         lines.append(
-            f"| {label} | {r['metric']} | {r['mgpu_qps']:,.0f} | {fmt(p.get('spgemm_100'))} | "
+            f"| {label} | {r['metric']} | {r['mgpu_qps']:,.0f} | {r.get('kernel') or '–'} | "
+            f"{fmt(r.get('fused_qps'))} | {fmt(r.get('postings_qps'))} | "
+            f"{fmt(p.get('spgemm_100'))} | "
             f"{fmt(p.get('spgemm_500'))} | {fmt(p.get('spmm_500'))} | "
             f"{fmt(p.get('spmm_2000'))} | {fmt(p.get('naive_union'))} | "
             f"{fmt(r.get('sklearn_qps'))} | {ratio('speedup_vs_cusparse')} | "

@@ -1,0 +1,355 @@
+"""GPU exact kNN from the index's postings (an inverted view), for wide corpora, and the rule
+that chooses it over the fused kernel.
+
+The fused kernel of :mod:`mgpu.backends.cupy_knn` reads every nonzero of the index once per
+query batch, and on a wide corpus (100,000 features) only a few dozen queries' dense block
+fits in half the L2, so the index is read many times. A query, though, needs only the
+postings of its own features: the index's nonzeros in the columns the query holds, a quarter
+of the index or less on a power-law corpus. ``mgpu_knn_postings`` (``kernels/knn.cu``) takes
+them from a tiled, inverted copy of the index: rows cut into tiles whose float64 dot products
+fit in a block's shared memory, and per tile and feature the (row in tile, value) pairs. One
+block per (query, tile) adds q·x feature by feature, in feature order, so each dot product is
+the fused kernel's sum to the bit; it finishes every row of its tile and keeps its k best;
+``mgpu_select_k`` then picks the k best of the tiles'. Only the dot-product ("expanded")
+metrics run this way: those whose operation is ``KnnOp.DOT`` in
+:data:`mgpu.backends.knn_codes.KNN_CODES` (euclidean, sqeuclidean, cosine, inner product,
+dice, jaccard, russellrao, hellinger), with sparse queries and k within the fused lists.
+
+The choice (:func:`choose`) is measured, as SDDMM's tuner is: a cost model first (the
+postings an index-like query walks against the index's nonzeros; at :data:`MODEL_CUTOFF` or
+more the fused kernel is kept without a measurement), then, once per device and shape class,
+both kernels timed on the first queries and the inverted copy's build timed, the rates
+cached. Each call then takes the kernel of least expected time for its number of queries,
+the build counted where the prepared index has no inverted copy yet (``mgpu.knn`` prepares
+its index every call; a prepared tile of distributed kNN keeps it). The copy's bytes are
+asked of the device before it is built; it is kept on the prepared index while the postings
+kernel is the choice. :func:`last_choice` says what the last call ran and why; :func:`forced`
+pins a kernel (the benchmark, the tests).
+
+This module does not import :mod:`mgpu.backends.cupy_knn`, which calls it: the prepared
+index and query set are read by their fields (``X``, ``s1``, ``s2``, ``metric``, ``p``;
+``C``, ``host_ptr``, ``s1``, ``s2``, ``form``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import cupy
+import numpy as np
+
+from mgpu.backends.cupy import current_facts
+from mgpu.backends.instances import KNN_GROUPS, KNN_SELECT
+from mgpu.backends.knn_codes import KnnOp
+from mgpu.backends.loader import c_type, get_function
+from mgpu.backends.memory import DeviceMemoryError, require_gpu
+from mgpu.backends.timing import time_gpu
+
+__all__ = ["KERNELS", "MODEL_CUTOFF", "Postings", "choose", "forced", "knn_postings",
+           "last_choice"]
+
+logger = logging.getLogger(__name__)
+
+KERNELS: dict[str, str] = {
+    "fused": "every index nonzero once per query batch, the batch's queries dense in L2",
+    "postings": "per query, the postings of its features only, from a tiled inverted copy",
+}
+# the postings timed only where an index-like query walks fewer than this share of the
+# index's nonzeros (each posting costs a random shared-memory update, each fused nonzero a
+# broadcast and a read from L2)
+MODEL_CUTOFF = 0.5
+_THREADS = 256
+_STATIC_SMEM = 4352  # the kernel's own shared memory (a chunk of features, the arg-min)
+_SAMPLE = 512  # queries both kernels are timed on
+_MAX_BATCH = 1 << 16  # queries a launch (the grid's first dimension) at most
+_MAX_TILES = 65535  # the grid's second dimension
+_DOT = int(KnnOp.DOT)
+
+_tuned: dict[tuple, str] = {}
+_lock = threading.Lock()
+_forced: str | None = None
+_last: dict[str, Any] = {}
+
+
+@dataclass
+class Postings:
+    """The inverted view of a prepared index: its feature counts (the cost model) and, once
+    built, the tiled postings the kernel reads."""
+
+    df: cupy.ndarray  # nonzeros per feature (int64)
+    walk: float  # postings an index-like query walks, over the index's nonzeros
+    tile_rows: int = 0
+    n_tiles: int = 0
+    ptr: cupy.ndarray | None = None  # int32, n_tiles * n_features + 1
+    rows: cupy.ndarray | None = None  # uint16, the row within its tile
+    vals: cupy.ndarray | None = None  # the index's (transformed) values
+
+    @property
+    def built(self) -> bool:
+        return self.ptr is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the view holds."""
+        arrays = (self.df, self.ptr, self.rows, self.vals)
+        return sum(int(a.nbytes) for a in arrays if a is not None)
+
+    def drop(self) -> None:
+        """Free the tiled postings (the fused kernel was chosen)."""
+        self.ptr = self.rows = self.vals = None
+
+
+def tile_rows() -> int:
+    """Rows per tile: their float64 dot products in a block's shared memory beside the
+    kernel's own, a multiple of 32, and addressable by 16 bits."""
+    r = (current_facts().smem_bytes - _STATIC_SMEM) // 8
+    return int(max(32, min(65504, r - r % 32)))
+
+
+def _view(index: Any) -> Postings:
+    """The index's inverted view, its feature counts made on first use (one wait)."""
+    P = index.postings
+    if P is None:
+        X = index.X
+        df = cupy.bincount(X.indices, minlength=X.shape[1]).astype(cupy.int64)
+        # a query drawn as the index's rows walks Σ_f df_f² / n_rows postings
+        walk = float((df.astype(cupy.float64) ** 2).sum()) / max(1, X.shape[0]) / max(1, X.nnz)
+        P = index.postings = Postings(df, walk)
+    return P
+
+
+def _build(index: Any, P: Postings) -> str | None:
+    """Build the tiled postings of ``index`` into ``P``; the reason why not, or None."""
+    X = index.X
+    n, F = X.shape
+    R = tile_rows()
+    T = -(-n // R)
+    table = T * F + 1
+    if T > _MAX_TILES or table >= 2**31:
+        return f"{T:,} tiles × {F:,} features: the tile table takes 2^31 entries or more"
+    keep = X.nnz * (2 + X.dtype.itemsize) + table * 4
+    scratch = X.nnz * 24 + table * 16  # rows, cells, the sort's order (int64), counts
+    try:
+        require_gpu(keep + scratch, f"The inverted view of a {n:,}×{F:,} kNN index")
+    except DeviceMemoryError as exc:
+        return str(exc)
+    rows = cupy.searchsorted(X.indptr, cupy.arange(X.nnz, dtype=X.indptr.dtype),
+                             side="right").astype(cupy.int32) - 1
+    cell = (rows // R) * F + X.indices  # (tile, feature), below 2^31
+    # the postings of a cell may come in any order: each row takes one term of a feature
+    order = cupy.argsort(cell)
+    counts = cupy.bincount(cell, minlength=table - 1)
+    P.ptr = cupy.concatenate([cupy.zeros(1, cupy.int64), cupy.cumsum(counts)]).astype(cupy.int32)
+    P.rows = (rows % R)[order].astype(cupy.uint16)
+    P.vals = X.data[order]
+    P.tile_rows, P.n_tiles = R, T
+    return None
+
+
+def _kmax(k: int) -> int:
+    return next((m for m in KNN_SELECT if k <= m), 0)
+
+
+def _unusable(index: Any, qs: Any, k: int) -> str | None:
+    """Why the postings kernel cannot take this call, or None."""
+    if qs.C is None:
+        return "dense index and queries (cuBLAS)"
+    if qs.form.op != _DOT:
+        return f"{index.metric} is not a dot-product metric"
+    if not _kmax(k):
+        return f"k={k} is beyond the lists ({KNN_SELECT[-1]})"
+    if 0 in index.shape or qs.n == 0:
+        return "an empty index or no queries"
+    return None
+
+
+def _record(kernel: str, reason: str, timings: dict[str, float] | None = None) -> str:
+    _last.clear()
+    _last.update(kernel=kernel, reason=reason, timings_ms=dict(timings or {}))
+    return kernel
+
+
+def last_choice() -> dict[str, Any]:
+    """What the last GPU kNN call of this process ran: ``kernel`` ("fused" or "postings"),
+    ``reason``, and ``timings_ms`` (milliseconds per query of each kernel where the tuner
+    measured them in that call)."""
+    return dict(_last)
+
+
+@contextmanager
+def forced(kernel: str | None) -> Iterator[None]:
+    """Run the GPU kNN calls of the block with ``kernel`` ("fused", "postings"; None: the
+    measured rule) wherever it can take them. Process-wide: not for concurrent callers."""
+    global _forced
+    if kernel not in (None, *KERNELS):
+        raise ValueError(f"The 'kernel' parameter of forced must be one of {sorted(KERNELS)} "
+                         f"or None. Got {kernel!r} instead.")
+    before, _forced = _forced, kernel
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def _shape_class(index: Any, P: Postings, k: int, nq: int) -> tuple:
+    n, F = index.shape
+    return (current_facts().name, index.dtype.str, _kmax(k), round(math.log2(n)),
+            round(math.log2(F)), round(math.log2(max(1, index.X.nnz))),
+            round(2 * math.log2(max(P.walk, 1e-9))), round(math.log2(min(nq, _SAMPLE))))
+
+
+def choose(index: Any, qs: Any, k: int, budget: int, fused: Callable[[int, int], Any],
+           fused_step: int) -> str:
+    """The kernel for kNN of ``qs`` against ``index``: "postings" (the inverted view built)
+    or "fused". ``fused(s, e)`` runs the fused kernel on queries s..e, ``fused_step`` queries
+    a launch (what the tuner times it by). Logged at INFO when measured; see
+    :func:`last_choice`."""
+    why = _unusable(index, qs, k)
+    if why is not None:
+        return _record("fused", why)
+    capturing = cupy.cuda.get_current_stream().is_capturing()
+    P = index.postings
+    if capturing and (P is None or not P.built):  # no waits, no allocations of our own
+        return _record("fused", "a CUDA graph is being captured")
+    if _forced is not None:
+        if _forced == "postings":
+            P = _view(index)
+            why = None if P.built else _build(index, P)
+            if why is not None:
+                return _record("fused", f"postings forced, but: {why}")
+        return _record(_forced, "forced")
+    if capturing:
+        return _record("postings", "the inverted view built; a CUDA graph is being captured")
+    P = _view(index)
+    if P.walk >= MODEL_CUTOFF:
+        return _record("fused", f"model: a query walks {P.walk:.2f} of the index's nonzeros")
+    key = _shape_class(index, P, k, qs.n)
+    with _lock:
+        rates = _tuned.get(key)
+    nnz = max(1, index.X.nnz)
+    reason = "tuned for its shape class"
+    if rates is None:
+        rates = _measure(index, P, qs, k, budget, fused, fused_step)
+        if isinstance(rates, str):
+            return _record("fused", rates)
+        with _lock:
+            _tuned[key] = rates
+        logger.info("kNN kernels timed for %s: fused %.4f ms a query, postings %.4f ms a "
+                    "query and %.2f ms per million nonzeros to build (a query walks %.3f of "
+                    "the index's nonzeros)", key, rates["fused"], rates["postings"],
+                    1e6 * rates["build"], P.walk)
+        reason = "measured"
+    build = 0.0 if P.built else rates["build"] * nnz
+    timings = {"fused": rates["fused"] * qs.n, "postings": rates["postings"] * qs.n + build}
+    choice = min(timings, key=timings.get)
+    why = None if choice == "fused" or P.built else _build(index, P)
+    if why is not None:
+        return _record("fused", why, timings)
+    if choice == "fused":
+        P.drop()
+    (logger.info if reason == "measured" else logger.debug)(
+        "kNN of %d queries: the %s kernel (%s; expected ms: %s)", qs.n, choice, reason,
+        ", ".join(f"{name} {v:.3f}" for name, v in timings.items()))
+    return _record(choice, reason, timings)
+
+
+def _measure(index: Any, P: Postings, qs: Any, k: int, budget: int,
+             fused: Callable[[int, int], Any], fused_step: int) -> dict[str, float] | str:
+    """Milliseconds a query of each kernel on the first queries, and to build the inverted
+    view per index nonzero; or why the view cannot be built."""
+    build = 0.0
+    if not P.built:
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        why = _build(index, P)
+        if why is not None:
+            return why
+        stop.record()
+        stop.synchronize()
+        build = cupy.cuda.get_elapsed_time(start, stop) / max(1, index.X.nnz)
+    m = min(qs.n, _SAMPLE)
+
+    def run_fused() -> None:
+        for s in range(0, m, fused_step):
+            fused(s, min(m, s + fused_step))
+
+    t_f = time_gpu(run_fused, repeats=2, warmup=1)
+    t_p = time_gpu(lambda: _batches(index, P, qs, 0, m, k, budget, None), repeats=2, warmup=1)
+    return {"fused": 1e3 * t_f / m, "postings": 1e3 * t_p / m, "build": build}
+
+
+def batch_size(index: Any, P: Postings, n_queries: int, k: int, budget: int) -> int:
+    """Queries a launch: their tiles' candidates and the selection's output within
+    ``budget`` bytes."""
+    item = index.dtype.itemsize
+    per_query = (P.n_tiles + 1) * k * (item + 4)
+    return int(max(1, min(n_queries, _MAX_BATCH, budget // max(1, per_query))))
+
+
+def _launch(index: Any, P: Postings, qs: Any, s: int, e: int, k: int
+            ) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """Keys and int32 ids of the k best rows of queries s..e (sorted, ties to the lower id)."""
+    X = index.X
+    n, F = X.shape
+    nb = e - s
+    t = c_type(X.dtype)
+    kmax = _kmax(k)
+    a, b = int(qs.host_ptr[s]), int(qs.host_ptr[e])
+    q_ptr = (qs.C.indptr[s:e + 1] - a).astype(cupy.int32)
+    q_idx = cupy.ascontiguousarray(qs.C.indices[a:b], dtype=cupy.int32)
+    q_val = cupy.ascontiguousarray(qs.C.data[a:b])
+    m = P.n_tiles * k
+    cand_key = cupy.empty((nb, m), dtype=X.dtype)
+    cand_id = cupy.empty((nb, m), dtype=cupy.int32)
+    null = np.uintp(0)
+
+    def ptr(x: Any) -> Any:
+        return null if x is None else x
+
+    def part(x: Any) -> Any:
+        return null if x is None else x[s:e]
+
+    fn = get_function("knn.cu", f"mgpu_knn_postings<{t}, {kmax}>", KNN_GROUPS["postings"])
+    fn((nb, P.n_tiles), (_THREADS,), (
+        P.ptr, P.rows, P.vals, np.int32(n), np.int32(F), np.int32(P.tile_rows),
+        q_ptr, q_idx, q_val, ptr(index.s1), ptr(index.s2), part(qs.s1), part(qs.s2),
+        np.int32(qs.form.fin), np.float64(F), np.float64(index.p), np.int32(k),
+        cand_key, cand_id), shared_mem=P.tile_rows * 8)
+    if P.n_tiles == 1:  # the one tile's k best are the answer
+        return cand_key, cand_id
+    out_key = cupy.empty((nb, k), dtype=X.dtype)
+    out_id = cupy.empty((nb, k), dtype=cupy.int32)
+    sel = get_function("knn.cu", f"mgpu_select_k<{t}, {kmax}>", KNN_GROUPS["select"])
+    sel((nb,), (_THREADS,), (cand_key, cand_id, np.int64(m), np.int32(k), out_key, out_id))
+    return out_key, out_id
+
+
+def _batches(index: Any, P: Postings, qs: Any, s0: int, e0: int, k: int, budget: int,
+             out: tuple[cupy.ndarray, cupy.ndarray, bool] | None) -> None:
+    """Queries s0..e0 in launches within ``budget``; into ``out`` (distances, ids, negate)."""
+    if not qs.C.has_sorted_indices:  # each query's features in increasing order
+        qs.C.sort_indices()
+    step = batch_size(index, P, e0 - s0, k, budget)
+    for s in range(s0, e0, step):
+        e = min(e0, s + step)
+        d, i = _launch(index, P, qs, s, e, k)
+        if out is not None:
+            dist, ids, negate = out
+            dist[s:e] = -d if negate else d
+            ids[s:e] = i
+
+
+def knn_postings(index: Any, qs: Any, k: int, similarity: bool, budget: int
+                 ) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """kNN of a prepared query set by the postings kernel (after :func:`choose` returned
+    "postings"): distances in the index's dtype, int64 ids, as the fused path returns them."""
+    P = index.postings
+    dist = cupy.empty((qs.n, k), dtype=index.dtype)
+    ids = cupy.empty((qs.n, k), dtype=cupy.int64)
+    _batches(index, P, qs, 0, qs.n, k, budget, (dist, ids, similarity))
+    return dist, ids
