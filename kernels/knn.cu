@@ -538,6 +538,37 @@ mgpu_knn_postings(const int* __restrict__ tile_ptr, const unsigned short* __rest
     mgpu::block_best_k<T, KMAX>(lk, li, filled, k, s_key, s_id, out_key + at, out_id + at);
 }
 
+// The tiled postings of mgpu_knn_postings from the index's CSR, one thread per index row:
+// mgpu_postings_count adds each nonzero to the count of its (tile, feature) cell; after the
+// caller's prefix sum (cursor: each cell's first slot), mgpu_postings_fill puts (row in
+// tile, value) into the next free slot of the cell. The order within a cell is arbitrary:
+// its rows are distinct, and the kernel adds one term to each.
+__global__ void mgpu_postings_count(const int* __restrict__ indptr,
+                                    const int* __restrict__ indices, int n_rows, int n_feat,
+                                    int tile_rows, int* __restrict__ counts) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n_rows) return;
+    int* cell = counts + (long long)(r / tile_rows) * n_feat;
+    for (int i = indptr[r]; i < indptr[r + 1]; ++i) atomicAdd(cell + indices[i], 1);
+}
+
+template <typename T>
+__global__ void mgpu_postings_fill(const int* __restrict__ indptr,
+                                   const int* __restrict__ indices, const T* __restrict__ data,
+                                   int n_rows, int n_feat, int tile_rows,
+                                   int* __restrict__ cursor, unsigned short* __restrict__ p_row,
+                                   T* __restrict__ p_val) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n_rows) return;
+    int* cell = cursor + (long long)(r / tile_rows) * n_feat;
+    const unsigned short local = (unsigned short)(r % tile_rows);
+    for (int i = indptr[r]; i < indptr[r + 1]; ++i) {
+        const int at = atomicAdd(cell + indices[i], 1);
+        p_row[at] = local;
+        p_val[at] = data[i];
+    }
+}
+
 // The peer of the benchmark's NAMM rows: one thread per (query, index row) pair walks the
 // union of the two sorted rows, the plain form of the union semiring (and the fused walk's
 // reference, to the bit, in the GPU tests).

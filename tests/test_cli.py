@@ -240,6 +240,20 @@ def test_bench_knn_cpu(runner, tmp_path):
     assert r.exit_code != 0 and "'metric' parameter of bench knn" in r.output
 
 
+def test_gpu_knn_table_says_which_kernel_ran_and_which_peer_was_wrong():
+    from mgpu.bench.knn import markdown_gpu
+
+    row = {"metric": "cosine", "mgpu_qps": 50000.0, "kernel": "postings",
+           "fused_qps": 19000.0, "postings_qps": 50000.0, "speedup_vs_cusparse": 12.8,
+           "peers": {"spgemm_100": "RuntimeError: CUSPARSE_STATUS_INSUFFICIENT_RESOURCES",
+                     "spgemm_500": "wrong: k-th distance off by 0.5 (relative)",
+                     "spmm_500": 3900.0, "spmm_2000": 3910.0}}
+    head, rule, line = markdown_gpu([row], "wide").splitlines()
+    assert head.count("|") == rule.count("|") == line.count("|")
+    assert ("| wide | cosine | 50,000 | postings | 19,000 | 50,000 | fails | wrong | 3,900 | "
+            "3,910 | – | – | 12.8× |") in line
+
+
 def test_run_mf_gpu_mode_on_a_cluster_without_gpus(runner, tmp_path, data_dir, monkeypatch):
     import mgpu.distributed.cluster as cl
 

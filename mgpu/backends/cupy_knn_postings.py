@@ -10,10 +10,12 @@ them from a tiled, inverted copy of the index: rows cut into tiles whose float64
 fit in a block's shared memory, and per tile and feature the (row in tile, value) pairs. One
 block per (query, tile) adds q·x feature by feature, in feature order, so each dot product is
 the fused kernel's sum to the bit; it finishes every row of its tile and keeps its k best;
-``mgpu_select_k`` then picks the k best of the tiles'. Only the dot-product ("expanded")
-metrics run this way: those whose operation is ``KnnOp.DOT`` in
-:data:`mgpu.backends.knn_codes.KNN_CODES` (euclidean, sqeuclidean, cosine, inner product,
-dice, jaccard, russellrao, hellinger), with sparse queries and k within the fused lists.
+``mgpu_select_k`` then picks the k best of the tiles'. The copy is made by two passes over
+the index's rows (count each (tile, feature) cell, prefix sums, fill with atomic cursors), no
+sort. Only the dot-product ("expanded") metrics run this way: those whose operation is
+``KnnOp.DOT`` in :data:`mgpu.backends.knn_codes.KNN_CODES` (euclidean, sqeuclidean, cosine,
+inner product, dice, jaccard, russellrao, hellinger), with sparse queries and k within the
+fused lists.
 
 The choice (:func:`choose`) is measured, as SDDMM's tuner is: a cost model first (the
 postings an index-like query walks against the index's nonzeros; at :data:`MODEL_CUTOFF` or
@@ -51,7 +53,7 @@ from mgpu.backends.memory import DeviceMemoryError, require_gpu
 from mgpu.backends.timing import time_gpu
 
 __all__ = ["KERNELS", "MODEL_CUTOFF", "Postings", "choose", "forced", "knn_postings",
-           "last_choice"]
+           "last_choice", "tile_rows", "walk"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ _MAX_BATCH = 1 << 16  # queries a launch (the grid's first dimension) at most
 _MAX_TILES = 65535  # the grid's second dimension
 _DOT = int(KnnOp.DOT)
 
-_tuned: dict[tuple, str] = {}
+_tuned: dict[tuple, dict[str, float]] = {}  # shape class -> rates (or the model's verdict)
 _lock = threading.Lock()
 _forced: str | None = None
 _last: dict[str, Any] = {}
@@ -78,30 +80,18 @@ _last: dict[str, Any] = {}
 
 @dataclass
 class Postings:
-    """The inverted view of a prepared index: its feature counts (the cost model) and, once
-    built, the tiled postings the kernel reads."""
+    """The tiled postings of a prepared index, as the kernel reads them."""
 
-    df: cupy.ndarray  # nonzeros per feature (int64)
-    walk: float  # postings an index-like query walks, over the index's nonzeros
-    tile_rows: int = 0
-    n_tiles: int = 0
-    ptr: cupy.ndarray | None = None  # int32, n_tiles * n_features + 1
-    rows: cupy.ndarray | None = None  # uint16, the row within its tile
-    vals: cupy.ndarray | None = None  # the index's (transformed) values
-
-    @property
-    def built(self) -> bool:
-        return self.ptr is not None
+    tile_rows: int
+    n_tiles: int
+    ptr: cupy.ndarray  # int32, n_tiles * n_features + 1: a (tile, feature)'s first posting
+    rows: cupy.ndarray  # uint16, the row within its tile
+    vals: cupy.ndarray  # the index's (transformed) values
 
     @property
     def nbytes(self) -> int:
         """Device bytes the view holds."""
-        arrays = (self.df, self.ptr, self.rows, self.vals)
-        return sum(int(a.nbytes) for a in arrays if a is not None)
-
-    def drop(self) -> None:
-        """Free the tiled postings (the fused kernel was chosen)."""
-        self.ptr = self.rows = self.vals = None
+        return int(self.ptr.nbytes + self.rows.nbytes + self.vals.nbytes)
 
 
 def tile_rows() -> int:
@@ -111,20 +101,16 @@ def tile_rows() -> int:
     return int(max(32, min(65504, r - r % 32)))
 
 
-def _view(index: Any) -> Postings:
-    """The index's inverted view, its feature counts made on first use (one wait)."""
-    P = index.postings
-    if P is None:
-        X = index.X
-        df = cupy.bincount(X.indices, minlength=X.shape[1]).astype(cupy.int64)
-        # a query drawn as the index's rows walks Σ_f df_f² / n_rows postings
-        walk = float((df.astype(cupy.float64) ** 2).sum()) / max(1, X.shape[0]) / max(1, X.nnz)
-        P = index.postings = Postings(df, walk)
-    return P
+def walk(X: Any) -> float:
+    """The postings a query drawn as X's rows walks, over X's nonzeros: Σ_f df_f² / (rows ·
+    nnz), df_f the rows holding feature f (the cost model; one wait)."""
+    df = cupy.bincount(X.indices, minlength=X.shape[1]).astype(cupy.float64)
+    return float((df * df).sum()) / max(1, X.shape[0]) / max(1, X.nnz)
 
 
-def _build(index: Any, P: Postings) -> str | None:
-    """Build the tiled postings of ``index`` into ``P``; the reason why not, or None."""
+def _build(index: Any) -> str | None:
+    """Build the tiled postings of ``index`` (kept as ``index.postings``); the reason why
+    not, or None."""
     X = index.X
     n, F = X.shape
     R = tile_rows()
@@ -133,21 +119,28 @@ def _build(index: Any, P: Postings) -> str | None:
     if T > _MAX_TILES or table >= 2**31:
         return f"{T:,} tiles × {F:,} features: the tile table takes 2^31 entries or more"
     keep = X.nnz * (2 + X.dtype.itemsize) + table * 4
-    scratch = X.nnz * 24 + table * 16  # rows, cells, the sort's order (int64), counts
+    scratch = table * 12  # the counts (int32), their prefix sums (int64)
     try:
         require_gpu(keep + scratch, f"The inverted view of a {n:,}×{F:,} kNN index")
     except DeviceMemoryError as exc:
         return str(exc)
-    rows = cupy.searchsorted(X.indptr, cupy.arange(X.nnz, dtype=X.indptr.dtype),
-                             side="right").astype(cupy.int32) - 1
-    cell = (rows // R) * F + X.indices  # (tile, feature), below 2^31
-    # the postings of a cell may come in any order: each row takes one term of a feature
-    order = cupy.argsort(cell)
-    counts = cupy.bincount(cell, minlength=table - 1)
-    P.ptr = cupy.concatenate([cupy.zeros(1, cupy.int64), cupy.cumsum(counts)]).astype(cupy.int32)
-    P.rows = (rows % R)[order].astype(cupy.uint16)
-    P.vals = X.data[order]
-    P.tile_rows, P.n_tiles = R, T
+    group = KNN_GROUPS["postings"]
+    grid = (-(-n // _THREADS),)
+    indptr = X.indptr.astype(cupy.int32, copy=False)
+    indices = X.indices.astype(cupy.int32, copy=False)
+    counts = cupy.zeros(table, dtype=cupy.int32)
+    get_function("knn.cu", "mgpu_postings_count", group)(grid, (_THREADS,), (
+        indptr, indices, np.int32(n), np.int32(F), np.int32(R), counts))
+    ptr = cupy.empty(table, dtype=cupy.int32)
+    ptr[0] = 0
+    ptr[1:] = cupy.cumsum(counts[:-1], dtype=cupy.int64)
+    cursor = counts  # reused: each cell's next free slot
+    cursor[:] = ptr
+    rows = cupy.empty(X.nnz, dtype=cupy.uint16)
+    vals = cupy.empty(X.nnz, dtype=X.dtype)
+    get_function("knn.cu", f"mgpu_postings_fill<{c_type(X.dtype)}>", group)(grid, (_THREADS,), (
+        indptr, indices, X.data, np.int32(n), np.int32(F), np.int32(R), cursor, rows, vals))
+    index.postings = Postings(R, T, ptr, rows, vals)
     return None
 
 
@@ -176,8 +169,8 @@ def _record(kernel: str, reason: str, timings: dict[str, float] | None = None) -
 
 def last_choice() -> dict[str, Any]:
     """What the last GPU kNN call of this process ran: ``kernel`` ("fused" or "postings"),
-    ``reason``, and ``timings_ms`` (milliseconds per query of each kernel where the tuner
-    measured them in that call)."""
+    ``reason``, and ``timings_ms`` (the milliseconds the rule expected of each kernel for
+    the call's queries, the inverted view's build included; empty where no timing decided)."""
     return dict(_last)
 
 
@@ -196,82 +189,80 @@ def forced(kernel: str | None) -> Iterator[None]:
         _forced = before
 
 
-def _shape_class(index: Any, P: Postings, k: int, nq: int) -> tuple:
+def _shape_class(index: Any, k: int, nq: int) -> tuple:
     n, F = index.shape
     return (current_facts().name, index.dtype.str, _kmax(k), round(math.log2(n)),
             round(math.log2(F)), round(math.log2(max(1, index.X.nnz))),
-            round(2 * math.log2(max(P.walk, 1e-9))), round(math.log2(min(nq, _SAMPLE))))
+            round(math.log2(min(nq, _SAMPLE))))
 
 
 def choose(index: Any, qs: Any, k: int, budget: int, fused: Callable[[int, int], Any],
            fused_step: int) -> str:
-    """The kernel for kNN of ``qs`` against ``index``: "postings" (the inverted view built)
+    """The kernel for kNN of ``qs`` against ``index``: "postings" (``index.postings`` built)
     or "fused". ``fused(s, e)`` runs the fused kernel on queries s..e, ``fused_step`` queries
-    a launch (what the tuner times it by). Logged at INFO when measured; see
-    :func:`last_choice`."""
+    a launch (what the tuner times it by). A shape class seen before costs no wait; the
+    first of a class is timed and logged at INFO; see :func:`last_choice`."""
     why = _unusable(index, qs, k)
     if why is not None:
         return _record("fused", why)
-    capturing = cupy.cuda.get_current_stream().is_capturing()
-    P = index.postings
-    if capturing and (P is None or not P.built):  # no waits, no allocations of our own
+    if cupy.cuda.get_current_stream().is_capturing():  # no waits, no allocations of ours
         return _record("fused", "a CUDA graph is being captured")
+    built = index.postings is not None
     if _forced is not None:
-        if _forced == "postings":
-            P = _view(index)
-            why = None if P.built else _build(index, P)
-            if why is not None:
-                return _record("fused", f"postings forced, but: {why}")
+        why = None if _forced == "fused" or built else _build(index)
+        if why is not None:
+            return _record("fused", f"postings forced, but: {why}")
         return _record(_forced, "forced")
-    if capturing:
-        return _record("postings", "the inverted view built; a CUDA graph is being captured")
-    P = _view(index)
-    if P.walk >= MODEL_CUTOFF:
-        return _record("fused", f"model: a query walks {P.walk:.2f} of the index's nonzeros")
-    key = _shape_class(index, P, k, qs.n)
+    key = _shape_class(index, k, qs.n)
     with _lock:
         rates = _tuned.get(key)
-    nnz = max(1, index.X.nnz)
     reason = "tuned for its shape class"
     if rates is None:
-        rates = _measure(index, P, qs, k, budget, fused, fused_step)
+        rates = _measure(index, qs, k, budget, fused, fused_step)
         if isinstance(rates, str):
             return _record("fused", rates)
         with _lock:
             _tuned[key] = rates
-        logger.info("kNN kernels timed for %s: fused %.4f ms a query, postings %.4f ms a "
-                    "query and %.2f ms per million nonzeros to build (a query walks %.3f of "
-                    "the index's nonzeros)", key, rates["fused"], rates["postings"],
-                    1e6 * rates["build"], P.walk)
         reason = "measured"
-    build = 0.0 if P.built else rates["build"] * nnz
+        built = index.postings is not None
+    if "model" in rates:
+        return _record("fused", f"model: a query walks {rates['model']:.2f} of the index's "
+                                "nonzeros")
+    build = 0.0 if built else rates["build"] * max(1, index.X.nnz)
     timings = {"fused": rates["fused"] * qs.n, "postings": rates["postings"] * qs.n + build}
     choice = min(timings, key=timings.get)
-    why = None if choice == "fused" or P.built else _build(index, P)
+    why = None if choice == "fused" or built else _build(index)
     if why is not None:
         return _record("fused", why, timings)
     if choice == "fused":
-        P.drop()
+        index.postings = None  # its memory back
     (logger.info if reason == "measured" else logger.debug)(
         "kNN of %d queries: the %s kernel (%s; expected ms: %s)", qs.n, choice, reason,
         ", ".join(f"{name} {v:.3f}" for name, v in timings.items()))
     return _record(choice, reason, timings)
 
 
-def _measure(index: Any, P: Postings, qs: Any, k: int, budget: int,
-             fused: Callable[[int, int], Any], fused_step: int) -> dict[str, float] | str:
-    """Milliseconds a query of each kernel on the first queries, and to build the inverted
-    view per index nonzero; or why the view cannot be built."""
+def _measure(index: Any, qs: Any, k: int, budget: int, fused: Callable[[int, int], Any],
+             fused_step: int) -> dict[str, float] | str:
+    """The cost model's verdict ({"model": walk}) where the postings cannot win; otherwise
+    milliseconds a query of each kernel on the first queries and to build the inverted view
+    per index nonzero; or why the view cannot be built."""
+    w = walk(index.X)
+    if w >= MODEL_CUTOFF:
+        logger.info("kNN kernel for a %s index: fused (a query walks %.2f of its nonzeros)",
+                    index.shape, w)
+        return {"model": w}
     build = 0.0
-    if not P.built:
+    if index.postings is None:
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        why = _build(index, P)
+        why = _build(index)
         if why is not None:
             return why
         stop.record()
         stop.synchronize()
         build = cupy.cuda.get_elapsed_time(start, stop) / max(1, index.X.nnz)
+    P = index.postings
     m = min(qs.n, _SAMPLE)
 
     def run_fused() -> None:
@@ -280,7 +271,12 @@ def _measure(index: Any, P: Postings, qs: Any, k: int, budget: int,
 
     t_f = time_gpu(run_fused, repeats=2, warmup=1)
     t_p = time_gpu(lambda: _batches(index, P, qs, 0, m, k, budget, None), repeats=2, warmup=1)
-    return {"fused": 1e3 * t_f / m, "postings": 1e3 * t_p / m, "build": build}
+    rates = {"fused": 1e3 * t_f / m, "postings": 1e3 * t_p / m, "build": build}
+    logger.info("kNN kernels timed on a %s index: fused %.4f ms a query, postings %.4f ms a "
+                "query and %.2f ms per million nonzeros to build (a query walks %.3f of the "
+                "index's nonzeros)", index.shape, rates["fused"], rates["postings"],
+                1e6 * build, w)
+    return rates
 
 
 def batch_size(index: Any, P: Postings, n_queries: int, k: int, budget: int) -> int:
@@ -348,8 +344,7 @@ def knn_postings(index: Any, qs: Any, k: int, similarity: bool, budget: int
                  ) -> tuple[cupy.ndarray, cupy.ndarray]:
     """kNN of a prepared query set by the postings kernel (after :func:`choose` returned
     "postings"): distances in the index's dtype, int64 ids, as the fused path returns them."""
-    P = index.postings
     dist = cupy.empty((qs.n, k), dtype=index.dtype)
     ids = cupy.empty((qs.n, k), dtype=cupy.int64)
-    _batches(index, P, qs, 0, qs.n, k, budget, (dist, ids, similarity))
+    _batches(index, index.postings, qs, 0, qs.n, k, budget, (dist, ids, similarity))
     return dist, ids
