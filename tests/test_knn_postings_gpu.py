@@ -102,13 +102,20 @@ def _run(kernel, X, Q, k, metric, dtype, **kw):
     return d.get(), i.get()
 
 
-def _check_reference(metric, X, Q, d, i, k, rtol):
+def _check_reference(metric, X, Q, d, i, k, dtype):
+    """Distances as the reference's of the same (rounded) input, ids as its ids except among
+    distances that tie to rounding, and equal keys ordered by id."""
+    X, Q = X.astype(dtype).astype(np.float64), Q.astype(dtype).astype(np.float64)
+    rtol = 1e-9 if dtype == np.float64 else 2e-5
+    # the expanded forms near 0: sqrt of a difference of squared norms (docs/metrics.md)
+    sq = max(1.0, float(X.multiply(X).sum(axis=1).max()), float(Q.multiply(Q).sum(axis=1).max()))
+    atol = {"euclidean": 1e-7 * np.sqrt(sq), "sqeuclidean": 1e-13 * sq,
+            "hellinger": 1e-7}.get(metric, 0.0) + rtol
     ref = _reference(metric, X, Q)
-    rd, ri = _best(metric, ref, k)
-    np.testing.assert_allclose(d, rd, rtol=rtol, atol=rtol)
-    # ids as the reference's, except among distances that tie (to rounding)
+    rd, _ = _best(metric, ref, k)
+    np.testing.assert_allclose(d, rd, rtol=rtol, atol=atol)
     got = np.take_along_axis(ref, i, axis=1)
-    np.testing.assert_allclose(got, rd, rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(got, rd, rtol=rtol, atol=atol)
     exact = d[:, 1:] == d[:, :-1]
     assert (i[:, 1:][exact] > i[:, :-1][exact]).all()  # equal keys: lower id first
 
@@ -124,7 +131,7 @@ def test_postings_equal_the_fused_kernel_to_the_bit_and_the_reference(metric, dt
         d, i = _run("postings", X, Q, k, metric, dtype)
         fd, fi = _run("fused", X, Q, k, metric, dtype)
         assert np.array_equal(i, fi) and np.array_equal(d, fd), (metric, k)
-        _check_reference(metric, X, Q, d, i, k, 1e-9 if dtype == np.float64 else 2e-5)
+        _check_reference(metric, X, Q, d, i, k, dtype)
         if metric in ("euclidean", "sqeuclidean") and k >= 3:
             # the query equal to row 3 and its duplicates in the second and third tiles
             assert i[2, :3].tolist() == [3, X.shape[0] // 2, X.shape[0] - 1]
@@ -142,7 +149,7 @@ def test_postings_in_many_launches_and_one_tile(metric):
     assert np.array_equal(i, fi) and np.array_equal(d, fd)
     X1, Q1 = _corpus(metric, 400, 4)
     d, i = _run("postings", X1, Q1, 16, metric, np.float64)
-    _check_reference(metric, X1, Q1, d, i, 16, 1e-9)
+    _check_reference(metric, X1, Q1, d, i, 16, np.float64)
 
 
 @pytest.mark.parametrize("metric", ["cosine", "dice"])
@@ -158,7 +165,7 @@ def test_postings_when_k_exceeds_the_index_rows(metric):
         d, i = knn_prepared(tile, Q, 20, ring, p)
         assert postings.last_choice()["kernel"] == "postings"
     assert d.shape == (Q.shape[0], 12)
-    _check_reference(metric, X, Q, d, i, 12, 1e-9)
+    _check_reference(metric, X, Q, d, i, 12, np.float64)
     assert sorted(i[5].tolist()) == list(range(12))
 
 
@@ -178,8 +185,7 @@ def test_the_rule_s_choice_is_right_and_said(metric, dtype):
         choice = postings.last_choice()
         assert choice["kernel"] in postings.KERNELS
         reasons.append(choice["reason"])
-        _check_reference(metric, X, Q, d.get(), i.get(), 10,
-                         1e-9 if dtype == np.float64 else 2e-5)
+        _check_reference(metric, X, Q, d.get(), i.get(), 10, dtype)
     # a shape class is timed once; the model may decide without timing
     assert reasons[1] in ("tuned for its shape class",) or reasons[1].startswith("model")
 
@@ -196,6 +202,10 @@ def test_the_rule_keeps_the_fused_kernel_where_postings_cannot_run():
     with postings.forced("postings"):
         mgpu.knn(_gpu(X, np.float64), _gpu(Q, np.float64), 150, metric="cosine")
     assert "beyond the lists" in postings.last_choice()["reason"]
+    import cupy
+
+    mgpu.knn(cupy.asarray(X.toarray()), cupy.asarray(Q.toarray()), 5, metric="cosine")
+    assert postings.last_choice()["kernel"] == "cublas"
     with pytest.raises(ValueError, match="The 'kernel' parameter of forced must be one of "
                                          r"\['fused', 'postings'\] or None. Got 'bogus'"):
         with postings.forced("bogus"):

@@ -150,8 +150,6 @@ def _kmax(k: int) -> int:
 
 def _unusable(index: Any, qs: Any, k: int) -> str | None:
     """Why the postings kernel cannot take this call, or None."""
-    if qs.C is None:
-        return "dense index and queries (cuBLAS)"
     if qs.form.op != _DOT:
         return f"{index.metric} is not a dot-product metric"
     if not _kmax(k):
@@ -168,9 +166,10 @@ def _record(kernel: str, reason: str, timings: dict[str, float] | None = None) -
 
 
 def last_choice() -> dict[str, Any]:
-    """What the last GPU kNN call of this process ran: ``kernel`` ("fused" or "postings"),
-    ``reason``, and ``timings_ms`` (the milliseconds the rule expected of each kernel for
-    the call's queries, the inverted view's build included; empty where no timing decided)."""
+    """What the last GPU kNN call of this process ran: ``kernel`` ("fused", "postings", or
+    "cublas" for a dense index and dense queries), ``reason``, and ``timings_ms`` (the
+    milliseconds the rule expected of each kernel for the call's queries, the inverted
+    view's build included; empty where no timing decided)."""
     return dict(_last)
 
 
@@ -202,6 +201,9 @@ def choose(index: Any, qs: Any, k: int, budget: int, fused: Callable[[int, int],
     or "fused". ``fused(s, e)`` runs the fused kernel on queries s..e, ``fused_step`` queries
     a launch (what the tuner times it by). A shape class seen before costs no wait; the
     first of a class is timed and logged at INFO; see :func:`last_choice`."""
+    if qs.C is None:  # the fused path's dense form: cuBLAS
+        _record("cublas", "dense index and queries")
+        return "fused"
     why = _unusable(index, qs, k)
     if why is not None:
         return _record("fused", why)
