@@ -42,6 +42,9 @@
 // with the same order: each thread keeps a sorted list of its share, then k rounds of a
 // block-wide arg-min over the list heads.
 //
+// mgpu_knn_postings<T, KMAX> (below): the dot-product metrics from a tiled inverted copy of
+// the index, for wide corpora; the same keys, ids and tie order as mgpu_knn_csr.
+//
 // The key is the distance, negated for similarities (inner product), so smaller is better.
 #include "common.cuh"
 
