@@ -97,6 +97,27 @@ def _expanded_peers(Xg, metric: str, k: int):
     return {"spgemm": spgemm, "spmm": spmm}
 
 
+def _dense_peers(Xg, metric: str, k: int):
+    """The cuBLAS route of dense input (cupy): ``Q @ Xᵀ`` per query batch, the distance
+    formula, then ``argpartition`` for the k best."""
+    import cupy
+
+    sq = (Xg * Xg).sum(axis=1)
+    norms = cupy.sqrt(sq)
+
+    def gemm(Qb):
+        S = Qb @ Xg.T
+        qsq = (Qb * Qb).sum(axis=1)
+        if metric == "cosine":
+            D = 1 - S / (cupy.sqrt(qsq)[:, None] * norms[None, :] + 1e-30)
+        else:
+            D = cupy.sqrt(cupy.maximum(qsq[:, None] + sq[None, :] - 2 * S, 0))
+        idx = cupy.argpartition(D, k, axis=1)[:, :k]
+        return cupy.take_along_axis(D, idx, 1), idx
+
+    return {"gemm": gemm}
+
+
 def _naive_peer(Xg, metric: str, k: int):
     """One thread per (query, row) pair over the union of the two rows, then the k best."""
     import cupy
@@ -119,7 +140,8 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
     """Queries/s of mgpu on the GPU (float32) and of its peers, in one run, per metric.
 
     Peers: the cuSPARSE SpGEMM route (batches of 100 and 500 queries) and SpMM route (500 and
-    2,000) for cosine and euclidean; the naive union kernel for the NAMM metrics; scikit-learn
+    2,000) for cosine and euclidean on sparse input, the cuBLAS route (``Q @ Xᵀ``, 500 and
+    2,000) on dense input; the naive union kernel for the NAMM metrics; scikit-learn
     brute force on all cores (float64, on the first ``sklearn_queries`` queries, a tenth of
     that for NAMM metrics). mgpu's neighbour ids are checked against scikit-learn's.
     """
@@ -128,6 +150,7 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
     from sklearn.neighbors import NearestNeighbors
 
     import mgpu
+    from mgpu.backends.cupy_knn import knn_batches
     from mgpu.backends.timing import time_gpu
     from mgpu.ops.distances import resolve_metric
 
@@ -148,10 +171,15 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
         d, i = mgpu.knn(Xg, Qg, k, metric=ring.name)
         t = time_gpu(lambda: mgpu.knn(Xg, Qg, k, metric=ring.name), repeats=repeats, warmup=0)
         row["mgpu_qps"] = nq / t
+        plan = knn_batches(Xg, Qg, k, ring.name)
+        row.update(launches=plan.launches, queries_per_launch=plan.per_launch,
+                   plan=plan.describe())
         peers: dict[str, Any] = {}
-        if not dense and ring.name in ("cosine", "euclidean"):
-            routes = _expanded_peers(Xg, ring.name, k)
-            for name, bs in (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000)):
+        if ring.name in ("cosine", "euclidean"):
+            routes = (_dense_peers if dense else _expanded_peers)(Xg, ring.name, k)
+            sizes = ((("gemm", 500), ("gemm", 2000)) if dense else
+                     (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000)))
+            for name, bs in sizes:
                 key = f"{name}_{bs}"
                 try:
                     t = time_gpu(lambda: _peer_batches(routes[name], Qg, bs),
@@ -204,8 +232,8 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
 
 def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
     head = ("| corpus | metric | mgpu q/s | SpGEMM 100 | SpGEMM 500 | SpMM 500 | SpMM 2000 | "
-            "naive union | scikit-learn | vs best cuSPARSE | vs naive | vs scikit-learn | "
-            "ids equal | others tie |")
+            "GEMM 500 | GEMM 2000 | naive union | scikit-learn | vs best cuSPARSE/cuBLAS | "
+            "vs naive | vs scikit-learn | ids equal | others tie |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
 
     def fmt(v):
@@ -219,7 +247,8 @@ def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
         lines.append(
             f"| {label} | {r['metric']} | {r['mgpu_qps']:,.0f} | {fmt(p.get('spgemm_100'))} | "
             f"{fmt(p.get('spgemm_500'))} | {fmt(p.get('spmm_500'))} | "
-            f"{fmt(p.get('spmm_2000'))} | {fmt(p.get('naive_union'))} | "
+            f"{fmt(p.get('spmm_2000'))} | {fmt(p.get('gemm_500'))} | "
+            f"{fmt(p.get('gemm_2000'))} | {fmt(p.get('naive_union'))} | "
             f"{fmt(r.get('sklearn_qps'))} | {ratio('speedup_vs_cusparse')} | "
             f"{ratio('speedup_vs_naive')} | {ratio('speedup_vs_sklearn')} | "
             + (f"{r['ids_equal']:.1%} | {'yes' if r['differing_ids_are_ties'] else 'NO'} |"
