@@ -90,6 +90,23 @@ def test_one_launch_equals_many_and_the_float64_reference(metric, dense):
         mgpu.knn(Xg, Qg, n + 1, metric=metric)
 
 
+@pytest.mark.parametrize("metric", ["cosine", "euclidean", "inner_product"])
+def test_dense_and_sparse_sides_mixed(metric):
+    """A dense index keeps no CSR copy for cuBLAS; sparse queries make it on first use."""
+    from mgpu.backends.cupy_knn import prepare_index, prepare_queries
+
+    X, Q = _data(metric, 250, 120, 30, 21)
+    ref = _reference(metric, X, Q)
+    for xd, qd in ((True, False), (False, True)):
+        d, i = mgpu.knn(_gpu(X, xd), _gpu(Q, qd), 7, metric=metric)
+        _check(d.get(), i.get(), ref, 7, metric == "inner_product")
+    index = prepare_index(_gpu(X, True), metric, 2.0)
+    assert index.X is None and index.dense is not None and index.shape == X.shape
+    assert prepare_queries(index, _gpu(Q, True)).dense is not None and index.X is None
+    X_csr, order = index.csr()
+    assert X_csr.nnz == X.nnz and sorted(order.get().tolist()) == list(range(X.shape[0]))
+
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_the_lists_of_a_large_index_in_one_launch_and_in_many(k):
     """An index with more rows than the warps' lists hold keeps the lists (not every key):

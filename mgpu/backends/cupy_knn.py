@@ -204,9 +204,11 @@ class GpuIndex:
     def csr(self) -> tuple[csp.csr_matrix, cupy.ndarray]:
         """The rows as the fused kernel reads them and their order; an index of dense rows
         that cuBLAS takes as they are makes them when sparse queries first come."""
-        if self.X is None:
-            self.X = _checked_nnz(_as_csr(self.dense))
-            self.order = _longest_first(self.X)
+        if self.order is None:  # set last: a thread that sees it sees X
+            X = _checked_nnz(_as_csr(self.dense))
+            order = _longest_first(X)
+            self.X = X
+            self.order = order
         return self.X, self.order
 
 
@@ -502,7 +504,8 @@ def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget
                                 f"memory for one query beside its inputs and results; "
                                 f"{format_bytes(max(available - held, 0))} are available. "
                                 f"{hint}")
-    logger.debug("%s: %s", what, plan.describe())
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s: %s", what, plan.describe())
     qs = prepare_queries(index, queries)
     if plan.launches == 1:  # the results are the selection's own arrays
         d, i = batch_knn(index, qs, 0, nq, k, plan)
