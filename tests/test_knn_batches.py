@@ -115,7 +115,7 @@ def test_dense_launches_hold_the_whole_query_set_when_it_fits():
     # MNIST t10k: 10,000 rows, float32, k=10: 40 kB of keys a query
     plan = plan_dense(10_000, 2246, 10, 4, budget=BUDGET)
     assert plan.launches == 1 and plan.query_bytes == 40_000 and plan.blocks == 0
-    assert "cuBLAS keys" in plan.describe()
+    assert plan.describe() == "1 launch(es) of up to 2,246 queries (cuBLAS keys)"
     plan = plan_dense(10_000, 10_000, 10, 4, budget=BUDGET)
     assert plan.per_launch == BUDGET // 40_000 and plan.launches == 2
     assert plan_dense(10_000, 10, 200, 4, budget=BUDGET).query_bytes == 10_000 * 12

@@ -60,11 +60,12 @@ class KnnBatches:
         return -(-self.per_launch // self.width) if self.width else 0
 
     def describe(self) -> str:
-        form = ("cuBLAS keys" if not self.blocks else "key tile" if self.tile
-                else f"lists of {self.kmax}")
-        grid = f", grid {self.blocks}×{self.groups}" if self.blocks else ""
-        return (f"{self.launches} launch(es) of up to {self.per_launch:,} queries "
-                f"({form}, {self.width} a group{grid})")
+        if not self.blocks:
+            how = "cuBLAS keys"
+        else:
+            form = "key tile" if self.tile else f"lists of {self.kmax}"
+            how = f"{form}, {self.width} a group, grid {self.blocks}×{self.groups}"
+        return f"{self.launches} launch(es) of up to {self.per_launch:,} queries ({how})"
 
 
 def _launches(n_queries: int, per_launch: int) -> int:
