@@ -1,12 +1,14 @@
 // Exact sparse kNN and pairwise distances through one semiring table (mgpu/ops/distances.py).
 //
-// mgpu_knn_csr<T, I, OP, M, KMAX>: one warp per index row, a batch of up to 32*M queries
-// held dense (features x queries, row-major, so that the queries of one feature are
-// contiguous). The warp reads its row's nonzeros once, 32 at a time, and broadcasts each
-// (feature, value) to the lanes; lane l accumulates queries l, l+32, ... by reading their
-// values of that feature, a coalesced load from the dense query block. Index nonzeros are
-// thus read once per batch (not once per query), and the query block is sized to stay in
-// L2. Rows are taken from a global counter in the order given (longest first), which
+// mgpu_knn_csr<T, I, OP, M, KMAX>: one warp per index row and group of up to 32*M queries
+// held dense (features x queries of the launch, row-major, so that the queries of one
+// feature are contiguous). The grid's y axis holds the launch's groups (q_group queries
+// each, the last may hold fewer), so one launch answers many groups. The warp reads its
+// row's nonzeros once, 32 at a time, and broadcasts each (feature, value) to the lanes;
+// lane l accumulates its group's queries l, l+32, ... by reading their values of that
+// feature, a coalesced load from the dense query block. Index nonzeros are thus read once
+// per group (not once per query), and a group's part of the query block is sized to stay
+// in L2. Rows are taken from a counter per group in the order given (longest first), which
 // balances warps without a partition.
 //
 // The dot-product ("expanded") metrics accumulate q * x over the index row's nonzeros (the
@@ -36,7 +38,8 @@
 // does not order ties by row), and writes them out at the end: k candidates per query leave
 // each warp, never the distances.
 // KMAX == 0: every key is written to a dense (query x index row) tile (pairwise distances,
-// and kNN with k beyond the fused lists).
+// kNN with k beyond the fused lists, and kNN on indexes small enough that the lists would
+// keep about every row anyway).
 //
 // mgpu_select_k<T, KMAX>: the k best of each row of a candidate matrix (keys, optional ids)
 // with the same order: each thread keeps a sorted list of its share, then k rounds of a
@@ -208,15 +211,16 @@ __device__ __forceinline__ void list_insert(T* keys, int* ids, int& n, int k, T 
 
 }  // namespace mgpu
 
-// q_ptr, q_idx, q_val: the batch's queries as CSR (q_ptr relative to the batch), for the union
-// walk in feature order, or for L-infinity ordered by decreasing |value| (q_val holds |value|);
-// unused by the other operations. qd: the dense block, read by the dot-product operations and
-// L-infinity only.
+// q_ptr, q_idx, q_val: the launch's queries as CSR (q_ptr[c] for query c of the launch, an
+// offset into q_idx and q_val, which may hold other queries' nonzeros around them), for the
+// union walk in feature order, or for L-infinity ordered by decreasing |value| (q_val holds
+// |value|); unused by the other operations. qd: the dense block (features x n_q), read by the
+// dot-product operations and L-infinity only. counter: one zeroed int per group.
 template <typename T, typename I, int OP, int M, int KMAX>
 __global__ void __launch_bounds__(MGPU_KNN_THREADS)
 mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
              const T* __restrict__ data, const int* __restrict__ order, int n_rows,
-             const T* __restrict__ qd, int n_q,
+             const T* __restrict__ qd, int n_q, int q_group,
              const double* __restrict__ xs1, const double* __restrict__ xs2,
              const double* __restrict__ qs1, const double* __restrict__ qs2,
              const int* __restrict__ q_ptr, const int* __restrict__ q_idx,
@@ -228,6 +232,10 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
     const int lane = threadIdx.x & 31;
     const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long n_warps = (long long)gridDim.x * (blockDim.x >> 5);
+    // this block's group of queries (grid y): q0 .. q0 + nq - 1, each with its own row counter
+    const int q0 = blockIdx.y * q_group;
+    const int nq = min(q_group, n_q - q0);
+    counter += blockIdx.y;
 
     // per owned query: sorted (key, row) lists; sized by KMAX, filled to k
     T keys[M][KMAX > 0 ? KMAX : 1];
@@ -239,9 +247,9 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
 #pragma unroll
     for (int m = 0; m < M; ++m) {
         filled[m] = 0;
-        const int c = lane + 32 * m;
-        mq[m] = (OP == mgpu::OP_CORRELATION && c < n_q) ? qs1[c] : 0.0;
-        q_end[m] = (UNION && c < n_q) ? q_ptr[c + 1] : 0;
+        const int c = q0 + lane + 32 * m;
+        mq[m] = (OP == mgpu::OP_CORRELATION && lane + 32 * m < nq) ? qs1[c] : 0.0;
+        q_end[m] = (UNION && lane + 32 * m < nq) ? q_ptr[c + 1] : 0;
     }
 
     for (;;) {
@@ -265,8 +273,8 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
             q_only[m] = 0.0;
             x_only[m] = 0.0;
             if (UNION) {
-                const int c = lane + 32 * m;
-                q_pos[m] = c < n_q ? q_ptr[c] : 0;
+                const int c = q0 + lane + 32 * m;
+                q_pos[m] = lane + 32 * m < nq ? q_ptr[c] : 0;
                 q_next[m] = q_pos[m] < q_end[m] ? q_idx[q_pos[m]] : END;
             }
         }
@@ -307,8 +315,8 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
                     const T* qrow = qd + (long long)jt * n_q;
 #pragma unroll
                     for (int m = 0; m < M; ++m) {
-                        const int c = lane + 32 * m;
-                        const double q = c < n_q ? (double)qrow[c] : 0.0;
+                        const int c = q0 + lane + 32 * m;
+                        const double q = lane + 32 * m < nq ? (double)qrow[c] : 0.0;
                         mgpu::accumulate<OP>(a[m], b[m], q, xt, p);
                     }
                 }
@@ -317,8 +325,8 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
 
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-            const int c = lane + 32 * m;
-            if (c >= n_q) continue;
+            const int c = q0 + lane + 32 * m;
+            if (lane + 32 * m >= nq) continue;
             if (UNION) {  // the query's features after the row's last
                 for (; q_pos[m] < q_end[m]; ++q_pos[m]) {
                     mgpu::union_add<OP>(q_only[m], b[m], (double)q_val[q_pos[m]], 0.0, mq[m],
@@ -361,8 +369,8 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
     if (KMAX > 0) {
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-            const int c = lane + 32 * m;
-            if (c >= n_q) continue;
+            const int c = q0 + lane + 32 * m;
+            if (lane + 32 * m >= nq) continue;
             const long long base = ((long long)c * n_warps + warp) * k;
             for (int t = 0; t < k; ++t) {
                 out_key[base + t] = t < filled[m] ? keys[m][t] : mgpu::pos_inf<T>();
@@ -425,6 +433,20 @@ __device__ __forceinline__ void block_best_k(const T* lk, const int* li, int n, 
 }
 
 }  // namespace mgpu
+
+// The dense block of a launch's queries (features x n_q, zeroed by the caller) from their CSR
+// (q_ptr as mgpu_knn_csr takes it): one warp a query writes its nonzeros.
+template <typename T>
+__global__ void __launch_bounds__(MGPU_KNN_THREADS)
+mgpu_query_block(const int* __restrict__ q_ptr, const int* __restrict__ q_idx,
+                 const T* __restrict__ q_val, int n_q, T* __restrict__ qd) {
+    const long long c = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (c >= n_q) return;
+    const int end = q_ptr[c + 1];
+    for (int s = q_ptr[c] + (threadIdx.x & 31); s < end; s += 32) {
+        qd[(long long)q_idx[s] * n_q + c] = q_val[s];
+    }
+}
 
 // The k best of each of n_rows rows of m candidates (keys[r*m + j], ids[r*m + j] or j when
 // ids is null), best first; one block per row.

@@ -30,7 +30,8 @@ pins a kernel (the benchmark, the tests).
 
 This module does not import :mod:`mgpu.backends.cupy_knn`, which calls it: the prepared
 index and query set are read by their fields (``X``, ``s1``, ``s2``, ``metric``, ``p``;
-``C``, ``host_ptr``, ``s1``, ``s2``, ``form``).
+``n``, ``ptr``, ``idx``, ``val``, ``s1``, ``s2``, ``dense``, ``form``: each query's
+nonzeros in feature order, as the fused kernel's dot product takes them).
 """
 from __future__ import annotations
 
@@ -195,13 +196,14 @@ def _shape_class(index: Any, k: int, nq: int) -> tuple:
             round(math.log2(min(nq, _SAMPLE))))
 
 
-def choose(index: Any, qs: Any, k: int, budget: int, fused: Callable[[int, int], Any],
-           fused_step: int) -> str:
+def choose(index: Any, qs: Any, k: int, budget: int, plan: Any,
+           fused: Callable[[int, int, Any], Any]) -> str:
     """The kernel for kNN of ``qs`` against ``index``: "postings" (``index.postings`` built)
-    or "fused". ``fused(s, e)`` runs the fused kernel on queries s..e, ``fused_step`` queries
-    a launch (what the tuner times it by). A shape class seen before costs no wait; the
-    first of a class is timed and logged at INFO; see :func:`last_choice`."""
-    if qs.C is None:  # the fused path's dense form: cuBLAS
+    or "fused". ``fused(s, e, plan)`` runs the fused kernel on queries s..e in one launch of
+    ``plan`` (the call's :class:`~mgpu.backends.knn_batches.KnnBatches`, which the tuner
+    times it by). A shape class seen before costs no wait; the first of a class is timed and
+    logged at INFO; see :func:`last_choice`."""
+    if qs.dense is not None:  # the fused path's dense form: cuBLAS
         _record("cublas", "dense index and queries")
         return "fused"
     why = _unusable(index, qs, k)
@@ -220,7 +222,7 @@ def choose(index: Any, qs: Any, k: int, budget: int, fused: Callable[[int, int],
         rates = _tuned.get(key)
     reason = "tuned for its shape class"
     if rates is None:
-        rates = _measure(index, qs, k, budget, fused, fused_step)
+        rates = _measure(index, qs, k, budget, plan, fused)
         if isinstance(rates, str):
             return _record("fused", rates)
         with _lock:
@@ -244,8 +246,8 @@ def choose(index: Any, qs: Any, k: int, budget: int, fused: Callable[[int, int],
     return _record(choice, reason, timings)
 
 
-def _measure(index: Any, qs: Any, k: int, budget: int, fused: Callable[[int, int], Any],
-             fused_step: int) -> dict[str, float] | str:
+def _measure(index: Any, qs: Any, k: int, budget: int, plan: Any,
+             fused: Callable[[int, int, Any], Any]) -> dict[str, float] | str:
     """The cost model's verdict ({"model": walk}) where the postings cannot win; otherwise
     milliseconds a query of each kernel on the first queries and to build the inverted view
     per index nonzero; or why the view cannot be built."""
@@ -268,8 +270,8 @@ def _measure(index: Any, qs: Any, k: int, budget: int, fused: Callable[[int, int
     m = min(qs.n, _SAMPLE)
 
     def run_fused() -> None:
-        for s in range(0, m, fused_step):
-            fused(s, min(m, s + fused_step))
+        for s in range(0, m, plan.per_launch):
+            fused(s, min(m, s + plan.per_launch), plan)
 
     t_f = time_gpu(run_fused, repeats=2, warmup=1)
     t_p = time_gpu(lambda: _batches(index, P, qs, 0, m, k, budget, None), repeats=2, warmup=1)
@@ -297,10 +299,6 @@ def _launch(index: Any, P: Postings, qs: Any, s: int, e: int, k: int
     nb = e - s
     t = c_type(X.dtype)
     kmax = _kmax(k)
-    a, b = int(qs.host_ptr[s]), int(qs.host_ptr[e])
-    q_ptr = (qs.C.indptr[s:e + 1] - a).astype(cupy.int32)
-    q_idx = cupy.ascontiguousarray(qs.C.indices[a:b], dtype=cupy.int32)
-    q_val = cupy.ascontiguousarray(qs.C.data[a:b])
     m = P.n_tiles * k
     cand_key = cupy.empty((nb, m), dtype=X.dtype)
     cand_id = cupy.empty((nb, m), dtype=cupy.int32)
@@ -315,7 +313,7 @@ def _launch(index: Any, P: Postings, qs: Any, s: int, e: int, k: int
     fn = get_function("knn.cu", f"mgpu_knn_postings<{t}, {kmax}>", KNN_GROUPS["postings"])
     fn((nb, P.n_tiles), (_THREADS,), (
         P.ptr, P.rows, P.vals, np.int32(n), np.int32(F), np.int32(P.tile_rows),
-        q_ptr, q_idx, q_val, ptr(index.s1), ptr(index.s2), part(qs.s1), part(qs.s2),
+        qs.ptr[s:e + 1], qs.idx, qs.val, ptr(index.s1), ptr(index.s2), part(qs.s1), part(qs.s2),
         np.int32(qs.form.fin), np.float64(F), np.float64(index.p), np.int32(k),
         cand_key, cand_id), shared_mem=P.tile_rows * 8)
     if P.n_tiles == 1:  # the one tile's k best are the answer
@@ -330,8 +328,6 @@ def _launch(index: Any, P: Postings, qs: Any, s: int, e: int, k: int
 def _batches(index: Any, P: Postings, qs: Any, s0: int, e0: int, k: int, budget: int,
              out: tuple[cupy.ndarray, cupy.ndarray, bool] | None) -> None:
     """Queries s0..e0 in launches within ``budget``; into ``out`` (distances, ids, negate)."""
-    if not qs.C.has_sorted_indices:  # each query's features in increasing order
-        qs.C.sort_indices()
     step = batch_size(index, P, e0 - s0, k, budget)
     for s in range(s0, e0, step):
         e = min(e0, s + step)

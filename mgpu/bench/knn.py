@@ -130,6 +130,27 @@ def _kernel_rates(Xg, Qg, k: int, metric: str, repeats: int) -> dict[str, Any]:
     return out
 
 
+def _dense_peers(Xg, metric: str, k: int):
+    """The cuBLAS route of dense input (cupy): ``Q @ Xᵀ`` per query batch, the distance
+    formula, then ``argpartition`` for the k best."""
+    import cupy
+
+    sq = (Xg * Xg).sum(axis=1)
+    norms = cupy.sqrt(sq)
+
+    def gemm(Qb):
+        S = Qb @ Xg.T
+        qsq = (Qb * Qb).sum(axis=1)
+        if metric == "cosine":
+            D = 1 - S / (cupy.sqrt(qsq)[:, None] * norms[None, :] + 1e-30)
+        else:
+            D = cupy.sqrt(cupy.maximum(qsq[:, None] + sq[None, :] - 2 * S, 0))
+        idx = cupy.argpartition(D, k, axis=1)[:, :k]
+        return cupy.take_along_axis(D, idx, 1), idx
+
+    return {"gemm": gemm}
+
+
 def _naive_peer(Xg, metric: str, k: int):
     """One thread per (query, row) pair over the union of the two rows, then the k best."""
     import cupy
@@ -152,11 +173,12 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
     """Queries/s of mgpu on the GPU (float32) and of its peers, in one run, per metric.
 
     Peers: the cuSPARSE SpGEMM route (batches of 100 and 500 queries) and SpMM route (500 and
-    2,000) for cosine and euclidean, each route's first batch checked against mgpu's
-    distances (a wrong answer is reported, not timed); the naive union kernel for the NAMM
-    metrics; scikit-learn brute force on all cores (float64, on the first ``sklearn_queries``
-    queries, a tenth of that for NAMM metrics). mgpu's neighbour ids are checked against
-    scikit-learn's. ``kernel`` is the kernel mgpu's rule ran (fused or postings); for the
+    2,000) for cosine and euclidean on sparse input, each route's first batch checked against
+    mgpu's distances (a wrong answer is reported, not timed), the cuBLAS route (``Q @ Xᵀ``,
+    500 and 2,000) on dense input; the naive union kernel for the NAMM metrics; scikit-learn
+    brute force on all cores (float64, on the first ``sklearn_queries`` queries, a tenth of
+    that for NAMM metrics). mgpu's neighbour ids are checked against scikit-learn's.
+    ``kernel`` is the kernel mgpu's rule ran (fused, postings or cublas); for the
     dot-product metrics on sparse input ``fused_qps`` and ``postings_qps`` time each kernel
     forced.
     """
@@ -166,7 +188,7 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
 
     import mgpu
     from mgpu.backends import cupy_knn_postings as postings
-    from mgpu.backends.cupy_knn import FORMS
+    from mgpu.backends.cupy_knn import FORMS, knn_batches
     from mgpu.backends.knn_codes import KnnOp
     from mgpu.backends.timing import time_gpu
     from mgpu.ops.distances import resolve_metric
@@ -191,10 +213,15 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
         row["kernel"] = postings.last_choice().get("kernel")
         if not dense and FORMS[ring.name].op == KnnOp.DOT:
             row.update(_kernel_rates(Xg, Qg, k, ring.name, repeats))
+        plan = knn_batches(Xg, Qg, k, ring.name)
+        row.update(launches=plan.launches, queries_per_launch=plan.per_launch,
+                   plan=plan.describe())
         peers: dict[str, Any] = {}
-        if not dense and ring.name in ("cosine", "euclidean"):
-            routes = _expanded_peers(Xg, ring.name, k)
-            for name, bs in (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000)):
+        if ring.name in ("cosine", "euclidean"):
+            routes = (_dense_peers if dense else _expanded_peers)(Xg, ring.name, k)
+            sizes = ((("gemm", 500), ("gemm", 2000)) if dense else
+                     (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000)))
+            for name, bs in sizes:
                 key = f"{name}_{bs}"
                 try:
                     wrong = _peer_error(routes[name], Qg, bs, d)
@@ -251,8 +278,9 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
 
 def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
     head = ("| corpus | metric | mgpu q/s | kernel | fused q/s | postings q/s | SpGEMM 100 | "
-            "SpGEMM 500 | SpMM 500 | SpMM 2000 | naive union | scikit-learn | "
-            "vs best cuSPARSE | vs naive | vs scikit-learn | ids equal | others tie |")
+            "SpGEMM 500 | SpMM 500 | SpMM 2000 | GEMM 500 | GEMM 2000 | naive union | "
+            "scikit-learn | vs best cuSPARSE/cuBLAS | vs naive | vs scikit-learn | ids equal | "
+            "others tie |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
 
     def fmt(v):
@@ -270,7 +298,8 @@ def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
             f"{fmt(r.get('fused_qps'))} | {fmt(r.get('postings_qps'))} | "
             f"{fmt(p.get('spgemm_100'))} | "
             f"{fmt(p.get('spgemm_500'))} | {fmt(p.get('spmm_500'))} | "
-            f"{fmt(p.get('spmm_2000'))} | {fmt(p.get('naive_union'))} | "
+            f"{fmt(p.get('spmm_2000'))} | {fmt(p.get('gemm_500'))} | "
+            f"{fmt(p.get('gemm_2000'))} | {fmt(p.get('naive_union'))} | "
             f"{fmt(r.get('sklearn_qps'))} | {ratio('speedup_vs_cusparse')} | "
             f"{ratio('speedup_vs_naive')} | {ratio('speedup_vs_sklearn')} | "
             + (f"{r['ids_equal']:.1%} | {'yes' if r['differing_ids_are_ties'] else 'NO'} |"
