@@ -92,10 +92,10 @@ def _gpu(S, dtype):
     return csp.csr_matrix(S.astype(dtype))
 
 
-def _run(kernel, X, Q, k, metric, dtype, **kw):
+def _run(kernel, X, Q, k, metric, dtype, blocks_per_sm=2, **kw):
     from mgpu.backends import cupy_knn_postings as postings
 
-    with postings.forced(kernel):
+    with postings.forced(kernel, blocks_per_sm):
         d, i = mgpu.knn(_gpu(X, dtype), _gpu(Q, dtype), k, metric=metric, **kw)
         assert postings.last_choice()["kernel"] == kernel, postings.last_choice()
     assert d.dtype == dtype and i.dtype == np.int64
@@ -120,15 +120,19 @@ def _check_reference(metric, X, Q, d, i, k, dtype):
     assert (i[:, 1:][exact] > i[:, :-1][exact]).all()  # equal keys: lower id first
 
 
+@pytest.mark.parametrize("blocks_per_sm", [2, 4])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("metric", EXPANDED)
-def test_postings_equal_the_fused_kernel_to_the_bit_and_the_reference(metric, dtype):
-    from mgpu.backends.cupy_knn_postings import tile_rows
+def test_postings_equal_the_fused_kernel_to_the_bit_and_the_reference(metric, dtype,
+                                                                      blocks_per_sm):
+    """At both tile sizes the tuner weighs (the larger past 48 KiB of shared memory)."""
+    from mgpu.backends.cupy_knn_postings import TILE_BLOCKS, tile_rows
 
-    R = tile_rows()
+    assert blocks_per_sm in TILE_BLOCKS
+    R = tile_rows(blocks_per_sm)
     X, Q = _corpus(metric, 2 * R + 37, len(metric))  # a last tile of 37 rows
     for k in (1, 10, 40):  # lists of 16 and of 128; k beyond the last tile's rows
-        d, i = _run("postings", X, Q, k, metric, dtype)
+        d, i = _run("postings", X, Q, k, metric, dtype, blocks_per_sm)
         fd, fi = _run("fused", X, Q, k, metric, dtype)
         assert np.array_equal(i, fi) and np.array_equal(d, fd), (metric, k)
         _check_reference(metric, X, Q, d, i, k, dtype)
@@ -184,6 +188,8 @@ def test_the_rule_s_choice_is_right_and_said(metric, dtype):
         d, i = mgpu.knn(Xg, Qg, 10, metric=metric)
         choice = postings.last_choice()
         assert choice["kernel"] in postings.KERNELS
+        if choice["kernel"] == "postings":
+            assert choice["tile_rows"] in [tile_rows(b) for b in postings.TILE_BLOCKS]
         reasons.append(choice["reason"])
         _check_reference(metric, X, Q, d.get(), i.get(), 10, dtype)
     # a shape class is timed once; the model may decide without timing
@@ -209,4 +215,54 @@ def test_the_rule_keeps_the_fused_kernel_where_postings_cannot_run():
     with pytest.raises(ValueError, match="The 'kernel' parameter of forced must be one of "
                                          r"\['fused', 'postings'\] or None. Got 'bogus'"):
         with postings.forced("bogus"):
+            pass
+
+
+def test_the_tuner_s_sample_is_spread_over_the_call_s_queries():
+    """Every (n // m)-th query with its features, values and statistics: the rates of the
+    call's mix, where the first queries of a corpus are its longest documents."""
+    import cupy
+
+    from mgpu.backends import cupy_knn_postings as postings
+    from mgpu.backends.cupy_knn import prepare_index, prepare_queries
+
+    X, _ = _corpus("cosine", 500, 21)
+    Q = sp.csr_matrix(X[:103])
+    Q.sort_indices()
+    index = prepare_index(_gpu(X, np.float64), "cosine", 2.0)
+    qs = prepare_queries(index, _gpu(Q, np.float64))
+    part = postings.sample(qs, 10, X.shape[1])
+    sel = np.arange(10) * 10
+    assert part.n == 10 and part.ptr.dtype == cupy.int32 and part.idx.dtype == cupy.int32
+    got = sp.csr_matrix((part.val.get(), part.idx.get(), part.ptr.get()), shape=(10, X.shape[1]))
+    want = sp.csr_matrix((qs.val.get(), qs.idx.get(), qs.ptr.get()), shape=Q.shape)[sel]
+    assert (got != want).nnz == 0 and got.has_sorted_indices
+    stats = [(a, b) for a, b in ((part.s1, qs.s1), (part.s2, qs.s2)) if b is not None]
+    assert stats  # cosine's norms
+    for a, b in stats:
+        np.testing.assert_array_equal(a.get(), b.get()[sel])
+    assert postings.sample(qs, 103, X.shape[1]) is qs
+
+
+def test_the_postings_kernel_s_own_shared_memory_is_what_the_tiles_leave_it():
+    """tile_rows leaves _STATIC_SMEM beside the tile: the kernel's static shared memory must
+    fit in it, or two blocks would not share an SM (or a launch would fail)."""
+    from mgpu.backends import cupy_knn_postings as postings
+    from mgpu.backends.instances import KNN_GROUPS
+    from mgpu.backends.loader import get_function
+
+    for expression in KNN_GROUPS["postings"]:
+        if expression.startswith("mgpu_knn_postings"):
+            fn = get_function("knn.cu", expression, KNN_GROUPS["postings"])
+            assert 0 < fn.attributes["shared_size_bytes"] <= postings._STATIC_SMEM, expression
+    assert postings.tile_rows(2) > postings.tile_rows(4) >= 32
+    assert postings.tile_rows(2) % 32 == 0 and postings.tile_rows(2) <= 65504
+
+
+def test_forced_refuses_a_bad_blocks_per_sm():
+    from mgpu.backends import cupy_knn_postings as postings
+
+    with pytest.raises(ValueError, match="The 'blocks_per_sm' parameter of forced must be an "
+                                         "int >= 1. Got 0 instead."):
+        with postings.forced("postings", 0):
             pass

@@ -511,7 +511,7 @@ def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget
     qs = prepare_queries(index, queries)
     # wide corpora: the postings of the queries' features only (a measured choice)
     if postings.choose(index, qs, k, budget, plan,
-                       lambda s, e, p: batch_knn(index, qs, s, e, k, p)) == "postings":
+                       lambda q, s, e, p: batch_knn(index, q, s, e, k, p)) == "postings":
         return postings.knn_postings(index, qs, k, similarity, budget)
     if plan.launches == 1:  # the results are the selection's own arrays
         d, i = batch_knn(index, qs, 0, nq, k, plan)
