@@ -383,16 +383,16 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
 namespace mgpu {
 
 // A thread's first U postings of one feature in a tile (lo..hi): rows (-1 past the end) and
-// values.
+// values. Consecutive threads read consecutive postings (coalesced).
 template <typename T, int U>
 __device__ __forceinline__ void load_postings(const unsigned short* __restrict__ p_row,
                                               const T* __restrict__ p_val, int lo, int hi,
-                                              int* pr, double* pv) {
+                                              int* pr, T* pv) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int i = lo + (int)threadIdx.x + u * MGPU_KNN_THREADS;
         pr[u] = i < hi ? (int)p_row[i] : -1;
-        pv[u] = i < hi ? (double)p_val[i] : 0.0;
+        pv[u] = i < hi ? p_val[i] : T(0);
     }
 }
 
@@ -471,18 +471,29 @@ mgpu_select_k(const T* __restrict__ keys, const int* __restrict__ ids, long long
 
 // mgpu_knn_postings<T, KMAX>: the dot-product metrics from the index's postings (an
 // inverted view: the index rows cut into tiles of tile_rows rows; within a tile, per feature,
-// the (row in tile, value) pairs of that feature's nonzeros, rows ascending; tile_ptr[tile *
-// n_feat + f] .. tile_ptr[tile * n_feat + f + 1] are those of feature f in the tile). One
-// block per (query, tile), the query's blocks of one tile launched together so that the
-// tile's postings stay in L2. The block holds the tile's dot products in shared memory
-// (float64) and walks the query's features in increasing order; for each, its threads add
-// q * x over that feature's postings in the tile (distinct rows: no two threads meet), then
-// wait for each other before the next feature. Each row's dot product is thus the fused
-// kernel's sum, term by term in feature order: the same bits, so the same keys and ids.
+// the (row in tile, value) pairs of that feature's nonzeros; tile_ptr[tile * n_feat + f] ..
+// tile_ptr[tile * n_feat + f + 1] are those of feature f in the tile). One block per (query,
+// tile), the query's blocks of one tile launched together so that the tile's postings stay
+// in L2. The block holds the tile's dot products in shared memory (float64) and walks the
+// query's features in increasing order; for each, its threads add q * x over that feature's
+// postings in the tile (distinct rows: no two threads meet), then wait for each other before
+// the next feature. Each row's dot product is thus the fused kernel's sum, term by term in
+// feature order: the same bits, so the same keys and ids.
+//
+// A step (one feature) is short, a few postings a thread and a barrier, so its loads would
+// stall it: the features of a chunk of the query (MGPU_KNN_THREADS at a time) are first
+// compacted to those with postings in the tile (a block-wide count, in feature order), and
+// each thread keeps the first U postings of the next D features in registers, loaded D steps
+// before they are added, so the loads of several steps are in flight across the barriers.
+// Postings of a feature past the first U per thread (a long posting list) are read in the
+// step itself, each thread a strided share.
+//
 // Every row of the tile is then finished (rows the query shares no feature with hold 0, as in
 // the fused kernel) and the block's k best (key, row) pairs, ties to the lower row, go to
 // out_key/out_id[(query * n_tiles + tile) * k + t] for the selection over the tiles.
-// Dynamic shared memory: tile_rows doubles.
+// q_ptr, q_idx, q_val: the launch's queries as CSR (q_ptr as mgpu_knn_csr takes it), each
+// query's features increasing. Dynamic shared memory: tile_rows doubles (the caller opts in
+// to more than 48 KiB where the tile needs it).
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(MGPU_KNN_THREADS)
 mgpu_knn_postings(const int* __restrict__ tile_ptr, const unsigned short* __restrict__ p_row,
@@ -493,58 +504,87 @@ mgpu_knn_postings(const int* __restrict__ tile_ptr, const unsigned short* __rest
                   const double* __restrict__ qs1, const double* __restrict__ qs2,
                   int fin, double n_features, double p, int k,
                   T* __restrict__ out_key, int* __restrict__ out_id) {
+    constexpr int WARPS = MGPU_KNN_THREADS / 32;
+    constexpr int U = 2;  // postings a thread holds per feature
+    constexpr int D = 4;  // features loaded ahead
     extern __shared__ double acc[];
     __shared__ int s_lo[MGPU_KNN_THREADS];
     __shared__ int s_hi[MGPU_KNN_THREADS];
     __shared__ double s_q[MGPU_KNN_THREADS];
-    __shared__ T s_key[MGPU_KNN_THREADS / 32];
-    __shared__ int s_id[MGPU_KNN_THREADS / 32];
+    __shared__ int s_count[WARPS];
+    __shared__ T s_key[WARPS];
+    __shared__ int s_id[WARPS];
     const int c = blockIdx.x;
     const int tile = blockIdx.y;
     const int row0 = tile * tile_rows;
     const int rows = min(tile_rows, n_rows - row0);
     const int tid = threadIdx.x;
-    for (int r = tid; r < rows; r += blockDim.x) acc[r] = 0.0;
+    const int lane = tid & 31, wid = tid >> 5;
+    for (int r = tid; r < rows; r += MGPU_KNN_THREADS) acc[r] = 0.0;
 
-    // U postings of a feature per thread held in registers: those of the next feature are
-    // loaded before the wait that ends the current one, so that their latency overlaps it
-    constexpr int U = 4;
-    int pr[U];
-    double pv[U];
+    int pr[D][U];
+    T pv[D][U];
     const int* tp = tile_ptr + (long long)tile * n_feat;
     const int qa = q_ptr[c], qb = q_ptr[c + 1];
     for (int base = qa; base < qb; base += MGPU_KNN_THREADS) {
-        __syncthreads();  // the tile zeroed, or the last chunk's features all added
         const int j = base + tid;
+        int lo = 0, hi = 0;
+        double qv = 0.0;
         if (j < qb) {  // the chunk's features: their postings in the tile and the query's value
             const int f = q_idx[j];
-            s_lo[tid] = tp[f];
-            s_hi[tid] = tp[f + 1];
-            s_q[tid] = (double)q_val[j];
+            lo = tp[f];
+            hi = tp[f + 1];
+            qv = (double)q_val[j];
+        }
+        // compaction: the features with postings in the tile, in feature order
+        const unsigned keep = __ballot_sync(MGPU_FULL_MASK, hi > lo);
+        if (lane == 0) s_count[wid] = __popc(keep);
+        __syncthreads();  // the counts; the tile zeroed, or the last chunk's features all added
+        int at = 0, n = 0;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const int cw = s_count[w];
+            at += w < wid ? cw : 0;
+            n += cw;
+        }
+        if (hi > lo) {
+            at += __popc(keep & ((1u << lane) - 1u));
+            s_lo[at] = lo;
+            s_hi[at] = hi;
+            s_q[at] = qv;
         }
         __syncthreads();
-        const int n = min(MGPU_KNN_THREADS, qb - base);
-        // features without postings in the tile are skipped (the same for every thread)
-        int t = 0;
-        while (t < n && s_lo[t] == s_hi[t]) ++t;
-        if (t < n) mgpu::load_postings<T, U>(p_row, p_val, s_lo[t], s_hi[t], pr, pv);
-        while (t < n) {
-            const int hi = s_hi[t];
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            if (d < n) mgpu::load_postings<T, U>(p_row, p_val, s_lo[d], s_hi[d], pr[d], pv[d]);
+        }
+        for (int t = 0; t < n; ++t) {
             const double q = s_q[t];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                if (pr[u] >= 0) acc[pr[u]] = fma(q, pv[u], acc[pr[u]]);
+                if (pr[0][u] >= 0) acc[pr[0][u]] = fma(q, (double)pv[0][u], acc[pr[0][u]]);
             }
             // a long feature: its postings past the first U per thread
-            for (int i = s_lo[t] + U * MGPU_KNN_THREADS + tid; i < hi; i += MGPU_KNN_THREADS) {
+            const int hi_t = s_hi[t];
+#pragma unroll 4
+            for (int i = s_lo[t] + U * MGPU_KNN_THREADS + tid; i < hi_t; i += MGPU_KNN_THREADS) {
                 const int r = p_row[i];
                 acc[r] = fma(q, (double)p_val[i], acc[r]);
             }
-            int next = t + 1;
-            while (next < n && s_lo[next] == s_hi[next]) ++next;
-            if (next < n) mgpu::load_postings<T, U>(p_row, p_val, s_lo[next], s_hi[next], pr, pv);
+            // the ring of loaded features moves one step; the free slot takes feature t + D
+#pragma unroll
+            for (int d = 0; d + 1 < D; ++d) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    pr[d][u] = pr[d + 1][u];
+                    pv[d][u] = pv[d + 1][u];
+                }
+            }
+            if (t + D < n) {
+                mgpu::load_postings<T, U>(p_row, p_val, s_lo[t + D], s_hi[t + D], pr[D - 1],
+                                          pv[D - 1]);
+            }
             __syncthreads();  // the next feature may hold the same rows
-            t = next;
         }
     }
     __syncthreads();
