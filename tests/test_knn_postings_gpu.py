@@ -254,7 +254,7 @@ def test_the_postings_kernel_s_own_shared_memory_is_what_the_tiles_leave_it():
     for expression in KNN_GROUPS["postings"]:
         if expression.startswith("mgpu_knn_postings"):
             fn = get_function("knn.cu", expression, KNN_GROUPS["postings"])
-            assert 0 < fn.attributes["shared_size_bytes"] <= postings._STATIC_SMEM, expression
+            assert 0 < fn.shared_size_bytes <= postings._STATIC_SMEM, expression
     assert postings.tile_rows(2) > postings.tile_rows(4) >= 32
     assert postings.tile_rows(2) % 32 == 0 and postings.tile_rows(2) <= 65504
 
@@ -266,3 +266,23 @@ def test_forced_refuses_a_bad_blocks_per_sm():
                                          "int >= 1. Got 0 instead."):
         with postings.forced("postings", 0):
             pass
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean", "inner_product"])
+def test_postings_of_a_dense_index_with_sparse_queries(metric):
+    """A dense index keeps no CSR for cuBLAS: the postings are made from the one the sparse
+    queries make, and equal the fused kernel's answer to the bit."""
+    import cupy
+
+    from mgpu.backends import cupy_knn_postings as postings
+
+    X, Q = _corpus(metric, 700, 8)
+    got = {}
+    for kernel in ("fused", "postings"):
+        with postings.forced(kernel):
+            d, i = mgpu.knn(cupy.asarray(X.toarray()), _gpu(Q, np.float64), 10, metric=metric)
+            assert postings.last_choice()["kernel"] == kernel
+        got[kernel] = (d.get(), i.get())
+    assert np.array_equal(got["postings"][0], got["fused"][0])
+    assert np.array_equal(got["postings"][1], got["fused"][1])
+    _check_reference(metric, X, Q, *got["postings"], 10, np.float64)

@@ -36,7 +36,8 @@ kernel is the choice. :func:`last_choice` says what the last call ran and why; :
 pins a kernel (the benchmark, the tests).
 
 This module does not import :mod:`mgpu.backends.cupy_knn`, which calls it: the prepared
-index and query set are read by their fields (``X``, ``s1``, ``s2``, ``metric``, ``p``;
+index and query set are read by their fields (``X``, made by ``csr()`` for a dense index,
+``s1``, ``s2``, ``metric``, ``p``;
 ``n``, ``ptr``, ``idx``, ``val``, ``s1``, ``s2``, ``dense``, ``form``: each query's
 nonzeros in feature order, as the fused kernel's dot product takes them).
 """
@@ -253,6 +254,8 @@ def choose(index: Any, qs: Any, k: int, budget: int, plan: Any,
     why = _unusable(index, qs, k)
     if why is not None:
         return _record("fused", why)
+    index.csr()  # a dense index's rows as CSR: made on its first sparse queries, as the fused
+    # path would make them
     if cupy.cuda.get_current_stream().is_capturing():  # no waits, no allocations of ours
         return _record("fused", "a CUDA graph is being captured")
     if _forced is not None:
