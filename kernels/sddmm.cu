@@ -7,6 +7,9 @@
 //   nonzero, each lane loading W elements at a time (16-byte loads when W > 1) and the group
 //   reducing with shuffles; 32 / V virtual warps × U nonzeros each are in flight per warp.
 //   Used when the whole of B stays in L2, and for inputs the tiled kernel does not take.
+//   The one launch of a small call does all of it: the product writes P's column indices
+//   beside its values (it reads S's anyway), and a few blocks past the product's copy
+//   indptr and check the operands for the call's finiteness flag (mgpu_sddmm_csr_extras).
 //
 // mgpu_sddmm_tiled<T, W, V, STAGE_B>: the SM-L2 scheme (STAGE_B = false) and the SM-SM scheme
 //   (STAGE_B = true) on a tiled COO copy of S made by mgpu/backends/cupy.py. S's columns are
@@ -32,6 +35,31 @@ __device__ __forceinline__ long long mgpu_row_of(const I* __restrict__ indptr, l
     return lo;
 }
 
+// The blocks of an mgpu_sddmm_csr launch past its product_blocks (none, or a few): they copy
+// indptr to out_indptr (when not null) and, with a flag (not null), look at every value of
+// fa, fb and fc (na, nb, nc of them: the factors and S's values of a checked call) and raise
+// *flag when any is NaN or infinite, as kernels/flags.cu does, in the product's own launch.
+// The flag may be pinned host memory: a block writes it at most once, and only on a find.
+template <typename T, typename I>
+__device__ __forceinline__ void mgpu_sddmm_csr_extras(
+        const I* __restrict__ indptr, long long n_rows, I* __restrict__ out_indptr,
+        long long product_blocks, const T* __restrict__ fa, long long na,
+        const T* __restrict__ fb, long long nb, const T* __restrict__ fc, long long nc,
+        int* __restrict__ flag) {
+    const long long step = (long long)(gridDim.x - product_blocks) * blockDim.x;
+    const long long first = (long long)(blockIdx.x - product_blocks) * blockDim.x + threadIdx.x;
+    if (out_indptr != nullptr) {
+        for (long long r = first; r <= n_rows; r += step) out_indptr[r] = indptr[r];
+    }
+    if (flag == nullptr) return;  // the same for the whole launch
+    bool bad = false;
+    // no early exit after a find: finite inputs, the ones whose time counts, read all anyway
+    for (long long e = first; e < na; e += step) bad |= !isfinite(fa[e]);
+    for (long long e = first; e < nb; e += step) bad |= !isfinite(fb[e]);
+    for (long long e = first; e < nc; e += step) bad |= !isfinite(fc[e]);
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
 template <typename T, typename I, int W, int V>
 __global__ void mgpu_sddmm_csr(const I* __restrict__ indptr,
                                const I* __restrict__ indices,
@@ -43,10 +71,22 @@ __global__ void mgpu_sddmm_csr(const I* __restrict__ indptr,
                                int K,
                                int hadamard,
                                int nz_per_warp,
-                               T* __restrict__ out) {
+                               T* __restrict__ out,
+                               I* __restrict__ out_indices,
+                               I* __restrict__ out_indptr,
+                               long long product_blocks,
+                               const T* __restrict__ fa, long long na,
+                               const T* __restrict__ fb, long long nb,
+                               const T* __restrict__ fc, long long nc,
+                               int* __restrict__ flag) {
     using VT = typename mgpu::vec<T, W>::type;
     constexpr int G = 32 / V;
     constexpr int U = MGPU_SDDMM_U;
+    if (blockIdx.x >= product_blocks) {  // the blocks past the product's (uniform per block)
+        mgpu_sddmm_csr_extras(indptr, n_rows, out_indptr, product_blocks, fa, na, fb, nb, fc,
+                              nc, flag);
+        return;
+    }
     const int lane = threadIdx.x & 31;
     const int g = lane / V, sub = lane % V;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -60,12 +100,14 @@ __global__ void mgpu_sddmm_csr(const I* __restrict__ indptr,
     long long end = indptr[i + 1];
     for (long long q = p0; q < p1; q += G * U) {
         long long arow[U], bcol[U];
+        I col[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const long long p = min(q + g + u * G, p1 - 1);  // nondecreasing per virtual warp
             while (end <= p) end = indptr[++i + 1];
             arow[u] = i * KV;
-            bcol[u] = (long long)indices[p] * KV;
+            col[u] = indices[p];
+            bcol[u] = (long long)col[u] * KV;
         }
         T acc[U];
 #pragma unroll
@@ -78,7 +120,10 @@ __global__ void mgpu_sddmm_csr(const I* __restrict__ indptr,
         for (int u = 0; u < U; ++u) {
             const T v = mgpu::group_sum<V>(acc[u]);
             const long long p = q + g + u * G;
-            if (sub == 0 && p < p1) out[p] = hadamard ? v * values[p] : v;
+            if (sub == 0 && p < p1) {
+                out[p] = hadamard ? v * values[p] : v;
+                if (out_indices != nullptr) out_indices[p] = col[u];  // P's own copy
+            }
         }
     }
 }

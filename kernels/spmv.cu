@@ -151,6 +151,56 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
 }
 }  // namespace mgpu
 
+// The carries of a launch of few tiles, added in the launch itself (done not null): every
+// block counts itself done in *done (after a fence, so that its y and carries are seen), and
+// the last one adds the carries as the two passes below do (mgpu_spmv_carries, then
+// mgpu_carry_apply), reading what the other blocks wrote from L2, and sets *done back to 0
+// for the next launch on its stream. One block does it all, so the host launches it only
+// for few tiles (mgpu/backends/cupy_spmv.py); more go to the passes' own launches.
+namespace mgpu {
+__device__ __forceinline__ long long carry_head_l2(const int* carry_row, long long p, int row) {
+    long long lo = 0, hi = p;
+    while (lo < hi) {
+        const long long mid = (lo + hi) >> 1;
+        if (__ldcg(carry_row + mid) < row) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+template <typename T>
+__device__ void spmv_last_block_carries(unsigned int* done, const int* carry_row,
+                                        double* carry_val, long long n_tiles, long long m,
+                                        T* y, const int* rows) {
+    __shared__ bool s_last;
+    __threadfence();  // this thread's writes of y and of the carries, before the count
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;  // the same for the whole block
+    __threadfence();
+    // pass 1: each row's non-head carries into its head's, a warp's run summed first
+    for (long long base = 0; base < n_tiles; base += blockDim.x) {
+        const long long p = base + threadIdx.x;
+        const bool valid = p < n_tiles;
+        const int row = valid ? __ldcg(carry_row + p) : -1;  // -1 never equals a real row
+        const long long head = valid ? carry_head_l2(carry_row, p, row) : p;
+        bool first_in_warp;
+        const double v = warp_run_sum((valid && head != p) ? __ldcg(carry_val + p) : 0.0, row,
+                                      &first_in_warp);
+        if (valid && first_in_warp && row < m && v != 0.0) atomicAdd(&carry_val[head], v);
+    }
+    __syncthreads();  // the block's atomics done before the heads are read
+    // pass 2: each head adds its row's total once
+    for (long long p = threadIdx.x; p < n_tiles; p += blockDim.x) {
+        const int row = __ldcg(carry_row + p);
+        if (row >= m || (p > 0 && __ldcg(carry_row + p - 1) == row)) continue;
+        T* out = y + (rows == nullptr ? row : rows[row]);
+        *out = static_cast<T>(static_cast<double>(__ldcg(out)) + __ldcg(carry_val + p));
+    }
+    if (threadIdx.x == 0) *done = 0;
+}
+}  // namespace mgpu
+
 // Launch bounds of 16 blocks per SM keep the registers within a full SM's occupancy. SEARCH:
 // the block finds its tile's place itself (a launch of a few waves, where the latency of a
 // separate search launch counts most); otherwise tile_row holds it (many waves, where the
@@ -176,7 +226,8 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
                 const long long* __restrict__ tile_row, T* __restrict__ y,
                 int* __restrict__ carry_row, double* __restrict__ carry_val,
                 int* __restrict__ bad, const int* __restrict__ rows,
-                const int* __restrict__ empty, long long n_empty, long long n_x) {
+                const int* __restrict__ empty, long long n_empty, long long n_x,
+                unsigned int* __restrict__ done) {
     constexpr int TILE = MGPU_SPMV_THREADS * ITEMS;
     __shared__ int s_end[TILE + 1];      // row ends of the tile's rows, relative to nz0
     __shared__ T s_val[TILE];            // products of the tile's nonzeros (rounded to T)
@@ -203,6 +254,9 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     }
     if (d0 >= total) {  // the same for the whole block
         if (CHECK && __syncthreads_or(!x_finite) && threadIdx.x == 0) *bad = 1;
+        if (done != nullptr) mgpu::spmv_last_block_carries(done, carry_row, carry_val,
+                                                           total > 0 ? (total + TILE - 1) / TILE : 0,
+                                                           m, y, rows);
         return;
     }
     if (SEARCH) {  // warp 0 finds where the tile starts, warp 1 where it ends
@@ -284,6 +338,8 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     }
     // bad may be pinned host memory (mgpu/backends/flags.py): one write a block at most
     if (CHECK && __syncthreads_or(!finite) && threadIdx.x == 0) *bad = 1;
+    if (done != nullptr) mgpu::spmv_last_block_carries(done, carry_row, carry_val,
+                                                       (total + TILE - 1) / TILE, m, y, rows);
 }
 
 // The carries are added in two passes, in double, so that a row cut by thousands of pieces is

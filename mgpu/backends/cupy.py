@@ -27,6 +27,7 @@ from mgpu.backends.dispatch import (
 )
 from mgpu.backends.flags import Flag, device_flag, flag_nonfinite
 from mgpu.backends.instances import INSTANCES
+from mgpu.backends.launch import address, launcher
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import gpu_available, require_gpu, require_gpu_unless_small
 from mgpu.backends.numpy import ROW_ABS_SUM, ROW_SQ_SUM, ROW_SUM, dense_row_reduce
@@ -211,21 +212,41 @@ def _sddmm_function(expression: str):
     return get_function(_SDDMM, expression, (expression,))
 
 
+# mgpu_sddmm_csr's arguments (mgpu.backends.launch): indptr, indices, values, A, B, n_rows,
+# nnz, K, hadamard, nz_per_warp, out, out_indices, out_indptr, product_blocks, the three
+# arrays checked for the flag and their sizes, the flag
+_CSR_SIGNATURE = "pppppqqiiipppqpqpqpqp"
+_EXTRA_ITEMS = 8  # values a thread of the extra blocks looks at, at least
+
+
 def run_csr(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
-            out: cupy.ndarray) -> None:
-    """``out`` (S's nonzeros, CSR order) by the virtual-warp kernel straight on CSR."""
+            out: cupy.ndarray, out_indices: cupy.ndarray | None = None,
+            out_indptr: cupy.ndarray | None = None, checked: tuple[cupy.ndarray, ...] = (),
+            flag: Flag | None = None) -> None:
+    """``out`` (S's nonzeros, CSR order) by the virtual-warp kernel straight on CSR, in one
+    launch (:mod:`mgpu.backends.launch`). With ``out_indices`` and ``out_indptr`` (S's
+    sizes and index dtype) the launch also writes P's copies of S's index arrays; with
+    ``flag``, it checks every value of the (at most three, C-ordered, of the product's
+    dtype) ``checked`` arrays for NaN and infinity and raises the flag on a find: blocks
+    past the product's do both."""
     nnz = int(S.nnz)
-    if not nnz:
-        return
     W = _vector_width(A, B)
     V = _lanes(A.shape[1] // W)
-    nz_per_warp, blocks = _csr_launch(nnz, V)
-    fn = _sddmm_function(
-        f"mgpu_sddmm_csr<{c_type(A.dtype)}, {c_type(S.indptr.dtype)}, {W}, {V}>")
-    fn((blocks,), (_SDDMM_THREADS,), (
-        S.indptr, S.indices, S.data, A, B, cupy.int64(S.shape[0]), cupy.int64(nnz),
-        cupy.int32(A.shape[1]), cupy.int32(1 if hadamard else 0), cupy.int32(nz_per_warp), out,
-    ))
+    nz_per_warp, blocks = _csr_launch(nnz, V) if nnz else (1, 0)
+    sizes = [int(c.size) for c in checked] + [0] * (3 - len(checked))
+    work = (S.shape[0] + 1 if out_indptr is not None else 0) \
+        + (sum(sizes) if flag is not None else 0)
+    extra = min(-(-work // (_SDDMM_THREADS * _EXTRA_ITEMS)), 2 * current_facts().sms)
+    if not blocks + extra:
+        return
+    ptrs = [c.data.ptr for c in checked] + [0] * (3 - len(checked))
+    expr = f"mgpu_sddmm_csr<{c_type(A.dtype)}, {c_type(S.indptr.dtype)}, {W}, {V}>"
+    launch = launcher(_SDDMM, expr, (expr,), _CSR_SIGNATURE, _SDDMM_INSTANCES)
+    launch((blocks + extra,), (_SDDMM_THREADS,), (
+        S.indptr.data.ptr, S.indices.data.ptr, S.data.data.ptr, A.data.ptr, B.data.ptr,
+        S.shape[0], nnz, A.shape[1], 1 if hadamard else 0, nz_per_warp, out.data.ptr,
+        address(out_indices), address(out_indptr), blocks, ptrs[0], sizes[0], ptrs[1],
+        sizes[1], ptrs[2], sizes[2], 0 if flag is None else flag.addr))
 
 
 def _csr_launch(nnz: int, V: int) -> tuple[int, int]:
@@ -326,27 +347,60 @@ def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: 
     """P = S ∘ (A Bᵀ) by the plan's kernel (the tuned plan for S's shape class if None).
 
     With ``flag``, every value of A and B (and of S with ``hadamard``) is checked for NaN
-    and infinity in one launch after the product's (:func:`mgpu.backends.flags
-    .flag_nonfinite`); nothing waits here.
+    and infinity; nothing waits here. By the CSR kernel, the whole call is one launch: the
+    product, P's index arrays and the check (:func:`run_csr`), into one allocation
+    (:func:`csr_output`). By a tiled scheme, the check is a launch of its own after the
+    product's (:func:`mgpu.backends.flags.flag_nonfinite`).
     """
+    if plan is None and S.nnz:
+        plan = call_plan(S, A, B)
+    if plan is None or plan.scheme == "csr":
+        values, indices, indptr = csr_output(S, A.dtype)
+        run_csr(S, A, B, hadamard, values, indices, indptr,
+                (A, B, S.data) if hadamard else (A, B), flag)
+        return csr_of(S, values, indices, indptr)  # made while the device works
     out = cupy.empty(int(S.nnz), dtype=A.dtype)
-    launch_sddmm(S, A, B, hadamard, call_plan(S, A, B) if plan is None and S.nnz else plan,
-                 out)
+    launch_sddmm(S, A, B, hadamard, plan, out)
     if flag is not None:
         flag_nonfinite((A, B, S.data) if hadamard else (A, B), flag)
     return with_values(S, out)
 
 
+def csr_output(S: csp.csr_matrix, dtype: Any) -> tuple[cupy.ndarray, cupy.ndarray,
+                                                       cupy.ndarray]:
+    """Uninitialised arrays for a product on S's pattern: values (S's nonzeros, ``dtype``),
+    indices and indptr (S's sizes and index dtype), views of one ``cupy.empty`` of
+    ``dtype`` (one request of the memory pool instead of three; each array starts on a
+    16-byte boundary)."""
+    nnz, it, dt = int(S.nnz), S.indptr.dtype, np.dtype(dtype)
+    at_indices = -(-nnz * dt.itemsize // 16) * 16
+    at_indptr = at_indices + -(-nnz * it.itemsize // 16) * 16
+    end = at_indptr + (S.shape[0] + 1) * it.itemsize
+    mem = cupy.empty(-(-end // dt.itemsize), dtype=dt).data
+    return (cupy.ndarray((nnz,), dt, memptr=mem),
+            cupy.ndarray((nnz,), it, memptr=mem + at_indices),
+            cupy.ndarray((S.shape[0] + 1,), it, memptr=mem + at_indptr))
+
+
+def csr_of(S: csp.csr_matrix, values: cupy.ndarray, indices: cupy.ndarray,
+           indptr: cupy.ndarray) -> csp.csr_matrix:
+    """A CSR matrix of S's shape holding the given arrays (S's pattern, in P's own arrays).
+
+    Made from S and then handed the arrays: cupyx's constructor from a ``(data, indices,
+    indptr)`` triple reads indptr's ends back from the device, a wait on every call."""
+    P = csp.csr_matrix(S)  # shares S's arrays: no copy, nothing read back
+    P.data, P.indices, P.indptr = values, indices, indptr
+    return P
+
+
 def with_values(S: csp.csr_matrix, values: cupy.ndarray) -> csp.csr_matrix:
     """A CSR matrix of S's pattern, with its own copies of S's index arrays, holding
-    ``values``.
+    ``values`` (the tiled schemes' and the fallback's output; the CSR kernel writes the
+    copies itself).
 
-    Made from S and then handed the new arrays: cupyx's constructor from a ``(data, indices,
-    indptr)`` triple reads indptr's ends back from the device, a wait on every call. The
-    copies are two ``cudaMemcpyAsync`` into one new allocation (``indices`` and ``indptr``
-    are views of it), not two copy kernels of two allocations.
+    The copies are two ``cudaMemcpyAsync`` into one new allocation (``indices`` and
+    ``indptr`` are views of it), not two copy kernels of two allocations.
     """
-    P = csp.csr_matrix(S)  # shares S's arrays: no copy, nothing read back
     idx, ptr = S.indices, S.indptr
     if idx.dtype == ptr.dtype and idx.flags.c_contiguous and ptr.flags.c_contiguous:
         both = cupy.empty(idx.size + ptr.size, dtype=idx.dtype)
@@ -357,8 +411,7 @@ def with_values(S: csp.csr_matrix, values: cupy.ndarray) -> csp.csr_matrix:
                 dst.data.copy_from_device_async(src.data, src.nbytes, stream)
     else:
         indices, indptr = idx.copy(), ptr.copy()
-    P.data, P.indices, P.indptr = values, indices, indptr
-    return P
+    return csr_of(S, values, indices, indptr)
 
 
 def sddmm_fallback(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray,

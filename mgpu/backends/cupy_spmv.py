@@ -21,6 +21,7 @@ from mgpu.backends.dispatch import (
 )
 from mgpu.backends.flags import Flag, device_flag, flag_nonfinite
 from mgpu.backends.instances import INSTANCES, SPMM_ITEMS, SPMV_ITEMS
+from mgpu.backends.launch import address, launcher
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import require_gpu_unless_small
 from mgpu.backends.spmv_plan import SpMVPlan
@@ -88,28 +89,60 @@ def _function(expression: str):
     return get_function(_SPMV, expression, INSTANCES[_SPMV])
 
 
+def _launcher(expression: str, signature: str):
+    return launcher(_SPMV, expression, INSTANCES[_SPMV], signature)
+
+
 def _blocks(n: int, threads: int = _THREADS) -> tuple[int]:
     return (max(1, -(-n // threads)),)
 
 
-_NO_FLAG = np.uint64(0)  # a null pointer: no flag (nothing checked), no row map, no list
+# launches of at most this many SpMV tiles add their carries in the merge launch itself
+# (its last block: see kernels/spmv.cu); more go to the carry passes' own launches
+_FUSED_CARRIES = 4096
+# the kernels' arguments (mgpu.backends.launch), in their order
+_MERGE_SIGNATURE = "ppppqqpppppppqqp"  # indptr .. x, m, nnz, tile_row .. empty, n_empty, n_x, done
+_CARRIES_SIGNATURE = "ppqq"
+_APPLY_SIGNATURE = "ppqqqpp"
+_SEARCH_SIGNATURE = "pqqqqp"
+_done: dict[tuple[int, int], cupy.ndarray] = {}  # (device, stream) -> the merge's counter
 
 
-def _add_carries(carry_row: cupy.ndarray, carry_val: cupy.ndarray, n_pieces: int, m: int,
-                 k: int, out: cupy.ndarray, rows: cupy.ndarray | None = None) -> None:
-    """The fix-up: gather each cut row's carries at its first piece, in double (pass 1),
-    then add the total to the row once (pass 2): to row ``rows[row]`` of ``out`` when the
-    merge ran over a compacted A."""
-    n, m64, k64 = cupy.int64(n_pieces), cupy.int64(m), cupy.int64(k)
+def _done_counter() -> int:
+    """The address of the current stream's counter of finished blocks (a zeroed device
+    int, set back to 0 by the last block of each launch that uses it): launches on one
+    stream run one after another, those of other streams count in their own."""
+    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
+    counter = _done.get(key)
+    if counter is None:
+        counter = _done.setdefault(key, cupy.zeros(1, dtype=cupy.uint32))
+    return counter.data.ptr
+
+
+def _carries(n_pieces: int, k: int) -> tuple[object, int, int]:
+    """One allocation for the carries of ``n_pieces`` pieces and ``k`` columns: the memory
+    (to hold until the launches are queued) and the addresses of the rows (int32) and the
+    values (double, 8-byte aligned)."""
+    at_val = -(-4 * n_pieces // 16) * 16
+    mem = cupy.cuda.alloc(at_val + 8 * n_pieces * k)
+    return mem, mem.ptr, mem.ptr + at_val
+
+
+def _add_carries(carry_row: int, carry_val: int, n_pieces: int, m: int, k: int,
+                 out: cupy.ndarray, rows: cupy.ndarray | None = None) -> None:
+    """The fix-up (at the addresses of the carries' rows and values): gather each cut
+    row's carries at its first piece, in double (pass 1), then add the total to the row
+    once (pass 2): to row ``rows[row]`` of ``out`` when the merge ran over a compacted A."""
     if k == 1 and out.ndim == 1:
-        _function("mgpu_spmv_carries")(_blocks(n_pieces), (_THREADS,),
-                                       (carry_row, carry_val, n, m64))
+        _launcher("mgpu_spmv_carries", _CARRIES_SIGNATURE)(
+            _blocks(n_pieces), (_THREADS,), (carry_row, carry_val, n_pieces, m))
     else:
-        _function("mgpu_spmm_carries")(_blocks(n_pieces * k), (_THREADS,),
-                                       (carry_row, carry_val, n, m64, k64))
-    _function(f"mgpu_carry_apply<{c_type(out.dtype)}>")(
+        _function("mgpu_spmm_carries")(_blocks(n_pieces * k), (_THREADS,), (
+            np.uint64(carry_row), np.uint64(carry_val), cupy.int64(n_pieces), cupy.int64(m),
+            cupy.int64(k)))
+    _launcher(f"mgpu_carry_apply<{c_type(out.dtype)}>", _APPLY_SIGNATURE)(
         _blocks(n_pieces * k), (_THREADS,),
-        (carry_row, carry_val, n, m64, k64, out, _NO_FLAG if rows is None else rows))
+        (carry_row, carry_val, n_pieces, m, k, out.data.ptr, address(rows)))
 
 
 def _tile_starts(indptr: cupy.ndarray, m: int, nnz: int, items: int) -> cupy.ndarray:
@@ -117,10 +150,9 @@ def _tile_starts(indptr: cupy.ndarray, m: int, nnz: int, items: int) -> cupy.nda
     ``m`` after the last (``mgpu_spmv_tile_search``, a thread a tile)."""
     n_tiles = -(-(m + nnz) // (_TILE_THREADS * items))
     tile_row = cupy.empty(n_tiles + 1, dtype=cupy.int64)
-    _function("mgpu_spmv_tile_search")(
+    _launcher("mgpu_spmv_tile_search", _SEARCH_SIGNATURE)(
         _blocks(n_tiles + 1), (_THREADS,),
-        (indptr, cupy.int64(m), cupy.int64(nnz), cupy.int64(_TILE_THREADS * items),
-         cupy.int64(n_tiles), tile_row))
+        (indptr.data.ptr, m, nnz, _TILE_THREADS * items, n_tiles, tile_row.data.ptr))
     return tile_row
 
 
@@ -151,7 +183,9 @@ def plan_spmv(A: csp.csr_matrix) -> SpMVPlan:
 def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
                flag: Flag | None = None, plan: SpMVPlan | None = None) -> cupy.ndarray:
     """``A @ x`` for 1-D ``x``: ``mgpu_spmv_merge`` over tiles of ``128 * items`` merge
-    items, and the carry passes (skipped for a single tile). Where each tile starts on the
+    items, and the carries: added by the merge launch's own last block for up to
+    ``_FUSED_CARRIES`` tiles (one launch in all), by the carry passes' launches for more,
+    not at all for a single tile. Where each tile starts on the
     merge path is found by the tile's own block in a launch of up to ``_SEARCH_WAVES`` waves
     of tiles, by a search launch before it otherwise, and is read from ``plan`` (made by
     :func:`plan_spmv` for this A) when there is one; the plan may also have the merge run
@@ -182,20 +216,22 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
         n_tiles = -(-(m + nnz) // (_TILE_THREADS * items))
         search = n_tiles <= _SEARCH_WAVES * current_facts().sms * _TILES_PER_SM
         # null: each tile's block finds its own place
-        tile_row = _NO_FLAG if search else _tile_starts(indptr, m, nnz, items)
-    t = c_type(A.dtype)
-    carry_row = cupy.empty(n_tiles, dtype=cupy.int32)
-    carry_val = cupy.empty(n_tiles, dtype=cupy.float64)
+        tile_row = None if search else _tile_starts(indptr, m, nnz, items)
+    mem, carry_row, carry_val = _carries(n_tiles, 1)
+    fused = 1 < n_tiles <= _FUSED_CARRIES  # the carries added by the merge's last block
     # blocks past the tiles only zero empty rows: TILE of them a block
     grid = max(n_tiles, -(-n_empty // (_TILE_THREADS * items)))
     check = "false" if flag is None else "true"
-    _function(f"mgpu_spmv_merge<{t}, {items}, {check}, {'true' if search else 'false'}>")(
+    _launcher(f"mgpu_spmv_merge<{c_type(A.dtype)}, {items}, {check}, "
+              f"{'true' if search else 'false'}>", _MERGE_SIGNATURE)(
         (grid,), (_TILE_THREADS,),
-        (indptr, A.indices, A.data, x, cupy.int64(m), cupy.int64(nnz), tile_row, y, carry_row,
-         carry_val, _NO_FLAG if flag is None else flag.ptr, _NO_FLAG if rows is None else rows,
-         _NO_FLAG if empty is None else empty, cupy.int64(n_empty), cupy.int64(x.size)))
-    if n_tiles > 1:
+        (indptr.data.ptr, A.indices.data.ptr, A.data.data.ptr, x.data.ptr, m, nnz,
+         address(tile_row), y.data.ptr, carry_row, carry_val,
+         0 if flag is None else flag.addr, address(rows), address(empty), n_empty, x.size,
+         _done_counter() if fused else 0))
+    if n_tiles > 1 and not fused:
         _add_carries(carry_row, carry_val, n_tiles, m, 1, y, rows)
+    del mem  # back to the pool once queued: the stream's later work comes after
     return y
 
 
@@ -222,17 +258,16 @@ def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None,
         flag_nonfinite((A.data, X), flag)
     if m == 0 or k == 0:
         return Y
-    t = c_type(A.dtype)
-    carry_row = cupy.empty(n_pieces, dtype=cupy.int32)
-    carry_val = cupy.empty((n_pieces, k), dtype=cupy.float64)
+    mem, carry_row, carry_val = _carries(n_pieces, k)
     grid = (-(-n_pieces // _SPMM_PIECES), col_blocks)
     block = (32, _SPMM_PIECES)
-    _function(f"mgpu_spmm_merge<{t}, {items}>")(
+    _function(f"mgpu_spmm_merge<{c_type(A.dtype)}, {items}>")(
         grid, block,
         (A.indptr, A.indices, A.data, X, cupy.int64(m), cupy.int64(nnz), cupy.int64(k),
-         cupy.int64(n_pieces), Y, carry_row, carry_val),
+         cupy.int64(n_pieces), Y, np.uint64(carry_row), np.uint64(carry_val)),
     )
     _add_carries(carry_row, carry_val, n_pieces, m, k, Y)
+    del mem
     return Y
 
 

@@ -30,7 +30,8 @@ import cupy
 import numpy as np
 
 from mgpu.backends.instances import INSTANCES
-from mgpu.backends.loader import c_type, get_function
+from mgpu.backends.launch import launcher
+from mgpu.backends.loader import c_type
 
 __all__ = ["Flag", "device_flag", "flag_nonfinite"]
 
@@ -39,7 +40,6 @@ _FLAGS_INSTANCES = INSTANCES[_FLAGS]
 _SLOTS = 1024  # int32 flags in one page of pinned memory; another page if they are all taken
 _THREADS = 256
 _BLOCKS_PER_SM = 8  # resident blocks of 256 threads on an SM: the grid-stride loop's width
-_NULL = np.uint64(0)
 
 
 class _Page:
@@ -69,15 +69,20 @@ _lock = threading.Lock()
 
 class Flag:
     """One flag slot taken for one call (:func:`device_flag`), a context manager that
-    gives it back: ``ptr`` (numpy uint64) is its device address, to pass to the kernels;
-    :meth:`raised` waits for the call's stream and reads it."""
+    gives it back: ``addr`` (int) is its device address, for :mod:`mgpu.backends.launch`;
+    ``ptr`` the same as a numpy uint64, for CuPy's launches; :meth:`raised` waits for the
+    call's stream and reads it."""
 
-    __slots__ = ("_page", "_slot", "_stream", "ptr", "_read")
+    __slots__ = ("_page", "_slot", "_stream", "addr", "_read")
 
     def __init__(self, page: _Page, slot: int, stream: Any, device: int) -> None:
         self._page, self._slot, self._stream = page, slot, stream
-        self.ptr = np.uint64(page.device_ptr(device) + 4 * slot)
+        self.addr = page.device_ptr(device) + 4 * slot
         self._read: bool | None = None
+
+    @property
+    def ptr(self) -> np.uint64:
+        return np.uint64(self.addr)
 
     def raised(self) -> bool:
         """Whether a kernel raised the flag: waits for everything queued so far on the stream
@@ -103,7 +108,9 @@ def device_flag() -> Flag:
     device = cupy.cuda.runtime.getDevice()
     stream = cupy.cuda.get_current_stream()
     with _lock:
-        page = next((p for p in _pages if p.free), None)
+        page = _pages[0] if _pages and _pages[0].free else None  # nearly always
+        if page is None:
+            page = next((p for p in _pages if p.free), None)
         if page is None:  # every slot held: more calls in flight than slots, a new page
             page = _Page()
             _pages.append(page)
@@ -135,6 +142,10 @@ def _max_blocks(device: int) -> int:
     return int(sms) * _BLOCKS_PER_SM
 
 
+# mgpu_flag_nonfinite's arguments (mgpu.backends.launch): three (array, size) pairs, the flag
+_SIGNATURE = "pqpqpqp"
+
+
 def flag_nonfinite(arrays: Sequence[cupy.ndarray], flag: Flag) -> None:
     """Launch the check of every value of ``arrays`` (float32 or float64; other dtypes hold
     no NaN and are skipped; a strided array is copied first) on the current stream:
@@ -146,13 +157,14 @@ def flag_nonfinite(arrays: Sequence[cupy.ndarray], flag: Flag) -> None:
             by_dtype.setdefault(a.dtype, []).append(
                 a if a.flags.c_contiguous else cupy.ascontiguousarray(a))
     for dtype, group in by_dtype.items():
-        fn = get_function(_FLAGS, f"mgpu_flag_nonfinite<{c_type(dtype)}>", _FLAGS_INSTANCES)
+        launch = launcher(_FLAGS, f"mgpu_flag_nonfinite<{c_type(dtype)}>", _FLAGS_INSTANCES,
+                          _SIGNATURE)
         for s in range(0, len(group), 3):
             part = group[s:s + 3]
-            args: list[Any] = []
+            args: list[int] = []
             for a in part:
-                args += [a, cupy.int64(a.size)]
-            args += [_NULL, cupy.int64(0)] * (3 - len(part))
+                args += [a.data.ptr, a.size]
+            args += [0, 0] * (3 - len(part))
             n = sum(int(a.size) for a in part)
             blocks = min(-(-n // _THREADS), _max_blocks(cupy.cuda.runtime.getDevice()))
-            fn((blocks,), (_THREADS,), (*args, flag.ptr))
+            launch((blocks,), (_THREADS,), (*args, flag.addr))

@@ -188,9 +188,11 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
 
     The call's steps are run one by one, as :func:`mgpu.ops.sddmm.sddmm` runs them, each
     timed on the host: ``validation`` (the options, shapes, kinds, devices and S's format),
-    ``planning`` (the memory rule and the per-call scheme), ``launch`` (the product's kernel
-    and the finiteness check's, queued), ``output`` (the result matrix and its index
-    copies, queued), ``wait`` (the one wait for the stream, and the flag's read). ``kernel``
+    ``planning`` (the memory rule and the per-call scheme), ``launch`` (the output's memory
+    and the launches, queued: for the CSR kernel one launch that also writes P's index
+    arrays and checks the values), ``output`` (the result matrix, made while the device
+    works; for a tiled scheme its index copies too), ``wait`` (the one wait for the stream,
+    and the flag's read). ``kernel``
     is the device's time for the queued work (CUDA events around 20 calls' launches back to
     back), ``call`` the public call's own wall time, ``unaccounted`` what the steps miss of
     it (Python calls between them).
@@ -200,7 +202,7 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
 
     import mgpu
     from mgpu.backends import cupy as gpu
-    from mgpu.backends.flags import device_flag, flag_nonfinite
+    from mgpu.backends.flags import device_flag
     from mgpu.ops.sddmm import (
         check_dense_factors,
         check_sddmm_options,
@@ -233,11 +235,9 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
         plan = gpu.call_plan(S1, A1, B1)
         t2 = clock()
         with device_flag() as flag:
-            out = cupy.empty(S1.nnz, dtype=A1.dtype)
-            gpu.launch_sddmm(S1, A1, B1, False, plan, out)
-            flag_nonfinite((A1, B1), flag)
+            finish = _queue(gpu, S1, A1, B1, plan, flag)
             t3 = clock()
-            gpu.with_values(S1, out)
+            finish()
             t4 = clock()
             flag.raised()
             t5 = clock()
@@ -248,10 +248,7 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
     def queued() -> None:  # launched faster than they run: the events time the device
         with device_flag() as flag:
             for _ in range(20):
-                out = cupy.empty(S1.nnz, dtype=A1.dtype)
-                gpu.launch_sddmm(S1, A1, B1, False, plan, out)
-                flag_nonfinite((A1, B1), flag)
-                gpu.with_values(S1, out)
+                _queue(gpu, S1, A1, B1, plan, flag)()
     result["kernel"] = 1e6 * time_gpu(queued, repeats=5) / 20
 
     def call() -> float:
@@ -261,6 +258,24 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
     result["call"] = 1e6 * float(np.median([call() for _ in range(repeats)]))
     result["unaccounted"] = result["call"] - sum(result[k] for k in steps)
     return result
+
+
+def _queue(gpu: Any, S: Any, A: Any, B: Any, plan: Any, flag: Any) -> Callable[[], Any]:
+    """The launches of a checked call without hadamard, as
+    :func:`mgpu.backends.cupy.sddmm_kernel` queues them (the output's memory, the product,
+    the check): the function returned makes the result matrix."""
+    import cupy
+
+    from mgpu.backends.flags import flag_nonfinite
+
+    if plan is None or plan.scheme == "csr":  # one launch
+        values, indices, indptr = gpu.csr_output(S, A.dtype)
+        gpu.run_csr(S, A, B, False, values, indices, indptr, (A, B), flag)
+        return lambda: gpu.csr_of(S, values, indices, indptr)
+    out = cupy.empty(S.nnz, dtype=A.dtype)
+    gpu.launch_sddmm(S, A, B, False, plan, out)
+    flag_nonfinite((A, B), flag)
+    return lambda: gpu.with_values(S, out)
 
 
 def breakdown_text(label: str, K: int, parts: dict[str, float]) -> str:
