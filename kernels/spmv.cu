@@ -8,7 +8,8 @@
 // many threads and an empty row costs one item, with no row compaction pass (a plan made
 // once for many products may compact them away: see mgpu_spmv_merge). Each piece finds
 // where it starts by a binary search along its diagonal, writes the rows it ends, and leaves a
-// carry (row, partial sum) for the row that its end cuts; the carry passes below add them.
+// carry (row, partial sum) for the row that its end cuts; the carry passes below add them
+// (or, for a launch of few tiles, its own last block: spmv_last_block_carries).
 // Sums are accumulated in double for both T (SpMV's products are rounded to T first). Index
 // arrays are int32 (cupyx CSR); positions along the merge are 64-bit since m + nnz may pass
 // 2^31. NaN or infinity in the operands sets *bad, which the caller reads once after the

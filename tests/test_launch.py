@@ -224,9 +224,9 @@ def test_spmv_carries_added_in_the_merge_launch_match_the_carry_passes(dtype, mo
     from mgpu.backends import cupy_spmv as gpu
 
     rng = np.random.default_rng(1)
-    m, n = 3000, 5000
-    A = sp.random(m, n, density=0.004, format="lil", random_state=rng, dtype=np.float64)
-    A[17, :] = rng.standard_normal(n)  # one row over many tiles
+    m, n = 3000, 60_000
+    A = sp.random(m, n, density=0.0005, format="lil", random_state=rng, dtype=np.float64)
+    A[17, :] = rng.standard_normal(n)  # one row over about 150 tiles
     A[2000:2600, :] = 0  # empty rows: the plan compacts A
     A = A.tocsr().astype(dtype)
     x = rng.standard_normal(n).astype(dtype)

@@ -236,7 +236,8 @@ def run_csr(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
     sizes = [int(c.size) for c in checked] + [0] * (3 - len(checked))
     work = (S.shape[0] + 1 if out_indptr is not None else 0) \
         + (sum(sizes) if flag is not None else 0)
-    extra = min(-(-work // (_SDDMM_THREADS * _EXTRA_ITEMS)), 2 * current_facts().sms)
+    # as many blocks as kernels/flags.cu's launch would take, past the product's
+    extra = min(-(-work // (_SDDMM_THREADS * _EXTRA_ITEMS)), 8 * current_facts().sms)
     if not blocks + extra:
         return
     ptrs = [c.data.ptr for c in checked] + [0] * (3 - len(checked))

@@ -111,11 +111,20 @@ _done: dict[tuple[int, int], cupy.ndarray] = {}  # (device, stream) -> the merge
 def _done_counter() -> int:
     """The address of the current stream's counter of finished blocks (a zeroed device
     int, set back to 0 by the last block of each launch that uses it): launches on one
-    stream run one after another, those of other streams count in their own."""
-    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
+    stream run one after another, those of other streams count in their own. 0 (no
+    counter: the carry passes' launches instead) on a stream without one where none is
+    made."""
+    stream = cupy.cuda.get_current_stream()
+    key = (cupy.cuda.runtime.getDevice(), stream.ptr)
     counter = _done.get(key)
     if counter is None:
-        counter = _done.setdefault(key, cupy.zeros(1, dtype=cupy.uint32))
+        # none made during a capture, nor past 256 streams (a launch may still hold one
+        # that would be freed): the carry passes' launches then
+        if stream.is_capturing() or len(_done) >= 256:
+            return 0
+        counter = cupy.zeros(1, dtype=cupy.uint32)
+        stream.synchronize()  # zeroed before the first launch that reads it
+        counter = _done.setdefault(key, counter)
     return counter.data.ptr
 
 
@@ -218,7 +227,8 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
         # null: each tile's block finds its own place
         tile_row = None if search else _tile_starts(indptr, m, nnz, items)
     mem, carry_row, carry_val = _carries(n_tiles, 1)
-    fused = 1 < n_tiles <= _FUSED_CARRIES  # the carries added by the merge's last block
+    # the carries added by the merge's last block, with the stream's counter
+    done = _done_counter() if 1 < n_tiles <= _FUSED_CARRIES else 0
     # blocks past the tiles only zero empty rows: TILE of them a block
     grid = max(n_tiles, -(-n_empty // (_TILE_THREADS * items)))
     check = "false" if flag is None else "true"
@@ -228,8 +238,8 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
         (indptr.data.ptr, A.indices.data.ptr, A.data.data.ptr, x.data.ptr, m, nnz,
          address(tile_row), y.data.ptr, carry_row, carry_val,
          0 if flag is None else flag.addr, address(rows), address(empty), n_empty, x.size,
-         _done_counter() if fused else 0))
-    if n_tiles > 1 and not fused:
+         done))
+    if n_tiles > 1 and not done:
         _add_carries(carry_row, carry_val, n_tiles, m, 1, y, rows)
     del mem  # back to the pool once queued: the stream's later work comes after
     return y
