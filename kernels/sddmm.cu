@@ -36,13 +36,16 @@ __device__ __forceinline__ long long mgpu_row_of(const I* __restrict__ indptr, l
 }
 
 // The blocks of an mgpu_sddmm_csr launch past its product_blocks (none, or a few): they copy
-// indptr to out_indptr (when not null) and, with a flag (not null), look at every value of
-// fa, fb and fc (na, nb, nc of them: the factors and S's values of a checked call) and raise
-// *flag when any is NaN or infinite, as kernels/flags.cu does, in the product's own launch.
-// The flag may be pinned host memory: a block writes it at most once, and only on a find.
+// indptr to out_indptr (when not null), and indices to out_indices too in a launch with no
+// product (product_blocks 0: the copies and the check beside a tiled scheme's product), and,
+// with a flag (not null), look at every value of fa, fb and fc (na, nb, nc of them: the
+// factors and S's values of a checked call) and raise *flag when any is NaN or infinite, as
+// kernels/flags.cu does, in the product's own launch. The flag may be pinned host memory: a
+// block writes it at most once, and only on a find.
 template <typename T, typename I>
 __device__ __forceinline__ void mgpu_sddmm_csr_extras(
-        const I* __restrict__ indptr, long long n_rows, I* __restrict__ out_indptr,
+        const I* __restrict__ indptr, const I* __restrict__ indices, long long n_rows,
+        long long nnz, I* __restrict__ out_indices, I* __restrict__ out_indptr,
         long long product_blocks, const T* __restrict__ fa, long long na,
         const T* __restrict__ fb, long long nb, const T* __restrict__ fc, long long nc,
         int* __restrict__ flag) {
@@ -50,6 +53,9 @@ __device__ __forceinline__ void mgpu_sddmm_csr_extras(
     const long long first = (long long)(blockIdx.x - product_blocks) * blockDim.x + threadIdx.x;
     if (out_indptr != nullptr) {
         for (long long r = first; r <= n_rows; r += step) out_indptr[r] = indptr[r];
+    }
+    if (product_blocks == 0 && out_indices != nullptr) {
+        for (long long p = first; p < nnz; p += step) out_indices[p] = indices[p];
     }
     if (flag == nullptr) return;  // the same for the whole launch
     bool bad = false;
@@ -83,8 +89,8 @@ __global__ void mgpu_sddmm_csr(const I* __restrict__ indptr,
     constexpr int G = 32 / V;
     constexpr int U = MGPU_SDDMM_U;
     if (blockIdx.x >= product_blocks) {  // the blocks past the product's (uniform per block)
-        mgpu_sddmm_csr_extras(indptr, n_rows, out_indptr, product_blocks, fa, na, fb, nb, fc,
-                              nc, flag);
+        mgpu_sddmm_csr_extras(indptr, indices, n_rows, nnz, out_indices, out_indptr,
+                              product_blocks, fa, na, fb, nb, fc, nc, flag);
         return;
     }
     const int lane = threadIdx.x & 31;

@@ -193,6 +193,40 @@ def test_sddmm_csr_launch_matches_cupys_launch_of_the_same_kernel(dtype, index, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sddmm_by_every_scheme_gives_p_its_own_index_arrays(dtype):
+    """P's indices and indptr are S's, in arrays of P's own (the CSR kernel writes them in
+    its launch, the launch after a tiled product copies them), checked or not, hadamard
+    or not; a factor's NaN refused by every scheme."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    import mgpu
+
+    S, A, B = _sddmm_problem(dtype, np.int32, m=3000, n=2000, K=64, seed=3)
+    Sg, Ag, Bg = csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B)
+    rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
+    plain = np.einsum("ik,ik->i", A[rows].astype(np.float64), B[S.indices].astype(np.float64))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for scheme in ("csr", "sm-l2", None):
+        plan = None if scheme is None else mgpu.sddmm_plan(Sg, 64, scheme=scheme)
+        for hadamard in (True, False):
+            for check in (True, False):
+                P = mgpu.sddmm(Sg, Ag, Bg, plan=plan, hadamard=hadamard, check_finite=check)
+                assert P.indices.data.ptr != Sg.indices.data.ptr
+                assert P.indptr.data.ptr != Sg.indptr.data.ptr
+                np.testing.assert_array_equal(P.indices.get(), S.indices)
+                np.testing.assert_array_equal(P.indptr.get(), S.indptr)
+                want = plain * S.data if hadamard else plain
+                assert np.abs(P.data.get() - want).max() <= tol * np.abs(want).max()
+        Bb = Bg.copy()
+        Bb[1999, 63] = np.nan
+        with pytest.raises(ValueError, match=r"'B' parameter of sddmm holds NaN or infinity "
+                           r"\(first at row 1999, column 63\)"):
+            mgpu.sddmm(Sg, Ag, Bb, plan=plan)
+
+
+@pytest.mark.gpu
 def test_sddmm_of_an_empty_pattern_has_its_index_arrays_and_its_check():
     import cupy
     import cupyx.scipy.sparse as csp

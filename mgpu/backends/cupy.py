@@ -25,7 +25,7 @@ from mgpu.backends.dispatch import (
     sddmm_lookup,
     sddmm_plan_lookup,
 )
-from mgpu.backends.flags import Flag, device_flag, flag_nonfinite
+from mgpu.backends.flags import Flag, device_flag
 from mgpu.backends.instances import INSTANCES
 from mgpu.backends.launch import address, launcher
 from mgpu.backends.loader import c_type, get_function
@@ -222,20 +222,22 @@ _EXTRA_ITEMS = 8  # values a thread of the extra blocks looks at, at least
 def run_csr(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
             out: cupy.ndarray, out_indices: cupy.ndarray | None = None,
             out_indptr: cupy.ndarray | None = None, checked: tuple[cupy.ndarray, ...] = (),
-            flag: Flag | None = None) -> None:
+            flag: Flag | None = None, product: bool = True) -> None:
     """``out`` (S's nonzeros, CSR order) by the virtual-warp kernel straight on CSR, in one
     launch (:mod:`mgpu.backends.launch`). With ``out_indices`` and ``out_indptr`` (S's
     sizes and index dtype) the launch also writes P's copies of S's index arrays; with
     ``flag``, it checks every value of the (at most three, C-ordered, of the product's
     dtype) ``checked`` arrays for NaN and infinity and raises the flag on a find: blocks
-    past the product's do both."""
+    past the product's do both. Without ``product`` the launch does only those (``out`` is
+    not written): the copies and the check beside a tiled scheme's product."""
     nnz = int(S.nnz)
     W = _vector_width(A, B)
     V = _lanes(A.shape[1] // W)
-    nz_per_warp, blocks = _csr_launch(nnz, V) if nnz else (1, 0)
+    nz_per_warp, blocks = _csr_launch(nnz, V) if nnz and product else (1, 0)
     sizes = [int(c.size) for c in checked] + [0] * (3 - len(checked))
     work = (S.shape[0] + 1 if out_indptr is not None else 0) \
-        + (sum(sizes) if flag is not None else 0)
+        + (sum(sizes) if flag is not None else 0) \
+        + (nnz if out_indices is not None and not blocks else 0)
     # as many blocks as kernels/flags.cu's launch would take, past the product's
     extra = min(-(-work // (_SDDMM_THREADS * _EXTRA_ITEMS)), 8 * current_facts().sms)
     if not blocks + extra:
@@ -350,8 +352,8 @@ def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: 
     With ``flag``, every value of A and B (and of S with ``hadamard``) is checked for NaN
     and infinity; nothing waits here. By the CSR kernel, the whole call is one launch: the
     product, P's index arrays and the check (:func:`run_csr`), into one allocation
-    (:func:`csr_output`). By a tiled scheme, the check is a launch of its own after the
-    product's (:func:`mgpu.backends.flags.flag_nonfinite`).
+    (:func:`csr_output`). By a tiled scheme, the index arrays and the check are one launch
+    after the product's (:func:`run_csr` without the product).
     """
     if plan is None and S.nnz:
         plan = call_plan(S, A, B)
@@ -360,11 +362,11 @@ def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: 
         run_csr(S, A, B, hadamard, values, indices, indptr,
                 (A, B, S.data) if hadamard else (A, B), flag)
         return csr_of(S, values, indices, indptr)  # made while the device works
-    out = cupy.empty(int(S.nnz), dtype=A.dtype)
-    launch_sddmm(S, A, B, hadamard, plan, out)
-    if flag is not None:
-        flag_nonfinite((A, B, S.data) if hadamard else (A, B), flag)
-    return with_values(S, out)
+    values, indices, indptr = csr_output(S, A.dtype)
+    launch_sddmm(S, A, B, hadamard, plan, values)
+    run_csr(S, A, B, hadamard, values, indices, indptr,
+            (A, B, S.data) if hadamard else (A, B), flag, product=False)
+    return csr_of(S, values, indices, indptr)
 
 
 def csr_output(S: csp.csr_matrix, dtype: Any) -> tuple[cupy.ndarray, cupy.ndarray,

@@ -190,12 +190,12 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
     timed on the host: ``validation`` (the options, shapes, kinds, devices and S's format),
     ``planning`` (the memory rule and the per-call scheme), ``launch`` (the output's memory
     and the launches, queued: for the CSR kernel one launch that also writes P's index
-    arrays and checks the values), ``output`` (the result matrix, made while the device
-    works; for a tiled scheme its index copies too), ``wait`` (the one wait for the stream,
-    and the flag's read). ``kernel``
-    is the device's time for the queued work (CUDA events around 20 calls' launches back to
-    back), ``call`` the public call's own wall time, ``unaccounted`` what the steps miss of
-    it (Python calls between them).
+    arrays and checks the values; for a tiled scheme its product's, then one for the index
+    arrays and the check), ``output`` (the result matrix, made while the device works),
+    ``wait`` (the one wait for the stream, and the flag's read). ``kernel`` is the device's
+    time for the queued work (CUDA events around 20 calls' launches back to back), ``call``
+    the public call's own wall time, ``unaccounted`` what the steps miss of it (Python
+    calls between them).
     """
     import cupy
     import cupyx.scipy.sparse as csp
@@ -264,18 +264,13 @@ def _queue(gpu: Any, S: Any, A: Any, B: Any, plan: Any, flag: Any) -> Callable[[
     """The launches of a checked call without hadamard, as
     :func:`mgpu.backends.cupy.sddmm_kernel` queues them (the output's memory, the product,
     the check): the function returned makes the result matrix."""
-    import cupy
-
-    from mgpu.backends.flags import flag_nonfinite
-
-    if plan is None or plan.scheme == "csr":  # one launch
-        values, indices, indptr = gpu.csr_output(S, A.dtype)
-        gpu.run_csr(S, A, B, False, values, indices, indptr, (A, B), flag)
-        return lambda: gpu.csr_of(S, values, indices, indptr)
-    out = cupy.empty(S.nnz, dtype=A.dtype)
-    gpu.launch_sddmm(S, A, B, False, plan, out)
-    flag_nonfinite((A, B), flag)
-    return lambda: gpu.with_values(S, out)
+    values, indices, indptr = gpu.csr_output(S, A.dtype)
+    csr = plan is None or plan.scheme == "csr"
+    if not csr:
+        gpu.launch_sddmm(S, A, B, False, plan, values)
+    # the CSR kernel's one launch, or the copies and the check after a tiled one
+    gpu.run_csr(S, A, B, False, values, indices, indptr, (A, B), flag, product=csr)
+    return lambda: gpu.csr_of(S, values, indices, indptr)
 
 
 def breakdown_text(label: str, K: int, parts: dict[str, float]) -> str:
