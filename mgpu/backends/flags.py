@@ -107,14 +107,21 @@ def device_flag() -> Flag:
     read), so that no kernel still writes to the slot when the next call takes it."""
     device = cupy.cuda.runtime.getDevice()
     stream = cupy.cuda.get_current_stream()
-    with _lock:
-        page = _pages[0] if _pages and _pages[0].free else None  # nearly always
-        if page is None:
-            page = next((p for p in _pages if p.free), None)
-        if page is None:  # every slot held: more calls in flight than slots, a new page
-            page = _Page()
-            _pages.append(page)
+    try:  # nearly always: a slot of the first page (list.pop is atomic: no lock)
+        page = _pages[0]
         slot = page.free.pop()
+    except IndexError:  # no page yet, or the first one's slots all held
+        with _lock:
+            while True:
+                page = next((p for p in _pages if p.free), None)
+                if page is None:  # more calls in flight than slots: a new page
+                    page = _Page()
+                    _pages.append(page)
+                try:
+                    slot = page.free.pop()
+                    break
+                except IndexError:  # taken by a call on the fast path meanwhile
+                    continue
     page.values[slot] = 0  # visible to the device before the launches that follow
     return Flag(page, slot, stream, device)
 
@@ -130,8 +137,7 @@ def _give_back(flag: Flag, quiet: bool) -> None:
             if not quiet:
                 raise
             return
-    with _lock:
-        flag._page.free.append(flag._slot)
+    flag._page.free.append(flag._slot)  # atomic: no lock
 
 
 @functools.lru_cache(maxsize=None)
