@@ -154,24 +154,33 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
 
 // The carries of a launch of few tiles, added in the launch itself (done not null): every
 // block counts itself done in *done (after a fence, so that its y and carries are seen), and
-// the last one adds the carries as the two passes below do (mgpu_spmv_carries, then
-// mgpu_carry_apply), reading what the other blocks wrote from L2, and sets *done back to 0
-// for the next launch on its stream. One block does it all, so the host launches it only
-// for few tiles (mgpu/backends/cupy_spmv.py); more go to the passes' own launches.
+// the last one adds each cut row's carries to the row once, reading what the other blocks
+// wrote from L2, and sets *done back to 0 for the next launch on its stream. Its threads
+// share the work: thread t takes a run of consecutive carries (at most 32 for the launches
+// the host fuses, mgpu/backends/cupy_spmv.py), loads them 4 at a time (independent loads in
+// flight together, not one dependent search a carry), and sums each row's carries in its
+// run; a row whose carries start and end in the run is added at once, and the rows cut
+// between runs are joined by a segmented scan over the threads (log2 of the block's
+// threads steps in shared memory): the sum of a row's carries up to the end of each run.
+// Carries are sorted by row, so a row's carries are consecutive and each row is added by
+// exactly one thread: the one whose run holds the row's last carry, with the scan's sum of
+// the runs before (no atomics). s_sum and s_flag: blockDim.x doubles and ints of the
+// block's shared memory, free by now (the block's own work is done). Not inlined: its
+// registers would crowd the merge's own (the launch bounds leave 32 a thread).
 namespace mgpu {
-__device__ __forceinline__ long long carry_head_l2(const int* carry_row, long long p, int row) {
-    long long lo = 0, hi = p;
-    while (lo < hi) {
-        const long long mid = (lo + hi) >> 1;
-        if (__ldcg(carry_row + mid) < row) lo = mid + 1; else hi = mid;
-    }
-    return lo;
+template <typename T>
+__device__ __forceinline__ void spmv_add_carry(T* y, const int* rows, long long m, int row,
+                                               double v) {
+    if (row < 0 || row >= m) return;  // the last tile's "row" is m: no row
+    T* out = y + (rows == nullptr ? row : rows[row]);
+    *out = static_cast<T>(static_cast<double>(__ldcg(out)) + v);
 }
 
 template <typename T>
-__device__ void spmv_last_block_carries(unsigned int* done, const int* carry_row,
-                                        double* carry_val, long long n_tiles, long long m,
-                                        T* y, const int* rows) {
+__device__ __noinline__ void spmv_last_block_carries(unsigned int* done, const int* carry_row,
+                                                     const double* carry_val, long long n_tiles,
+                                                     long long m, T* y, const int* rows,
+                                                     double* s_sum, int* s_flag) {
     __shared__ bool s_last;
     __threadfence();  // this thread's writes of y and of the carries, before the count
     __syncthreads();
@@ -179,24 +188,66 @@ __device__ void spmv_last_block_carries(unsigned int* done, const int* carry_row
     __syncthreads();
     if (!s_last) return;  // the same for the whole block
     __threadfence();
-    // pass 1: each row's non-head carries into its head's, a warp's run summed first
-    for (long long base = 0; base < n_tiles; base += blockDim.x) {
-        const long long p = base + threadIdx.x;
-        const bool valid = p < n_tiles;
-        const int row = valid ? __ldcg(carry_row + p) : -1;  // -1 never equals a real row
-        const long long head = valid ? carry_head_l2(carry_row, p, row) : p;
-        bool first_in_warp;
-        const double v = warp_run_sum((valid && head != p) ? __ldcg(carry_val + p) : 0.0, row,
-                                      &first_in_warp);
-        if (valid && first_in_warp && row < m && v != 0.0) atomicAdd(&carry_val[head], v);
+    const int t = threadIdx.x;
+    const long long per = (n_tiles + blockDim.x - 1) / blockDim.x;
+    const long long p0 = min(n_tiles, t * per), p1 = min(n_tiles, p0 + per);
+    // the rows just before and just after the run (-1: none; rows are >= 0)
+    const int before = p0 > 0 && p0 < p1 ? __ldcg(carry_row + p0 - 1) : -1;
+    const int after = p1 < n_tiles ? __ldcg(carry_row + p1) : -1;
+    int cur = -1;       // the row of the carries being summed
+    double run = 0.0;   // their sum so far
+    bool ended = false; // a row's carries have ended inside the run
+    int lead_row = -1;  // the run's first row, when its carries began before the run
+    double lead = 0.0;  // and ended inside it: its part here
+    for (long long base = p0; base < p1; base += 4) {
+        int r[4];
+        double v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {  // issued together
+            const long long p = base + u;
+            r[u] = p < p1 ? __ldcg(carry_row + p) : -1;
+            v[u] = p < p1 ? __ldcg(carry_val + p) : 0.0;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (base + u >= p1) break;
+            if (base + u == p0) {
+                cur = r[u];
+                run = v[u];
+            } else if (r[u] == cur) {
+                run += v[u];
+            } else {  // cur's carries end here
+                if (!ended && cur == before) {
+                    lead_row = cur;  // begun in earlier runs: joined after the scan
+                    lead = run;
+                } else {
+                    spmv_add_carry(y, rows, m, cur, run);  // all of them in this run
+                }
+                ended = true;
+                cur = r[u];
+                run = v[u];
+            }
+        }
     }
-    __syncthreads();  // the block's atomics done before the heads are read
-    // pass 2: each head adds its row's total once
-    for (long long p = threadIdx.x; p < n_tiles; p += blockDim.x) {
-        const int row = __ldcg(carry_row + p);
-        if (row >= m || (p > 0 && __ldcg(carry_row + p - 1) == row)) continue;
-        T* out = y + (rows == nullptr ? row : rows[row]);
-        *out = static_cast<T>(static_cast<double>(__ldcg(out)) + __ldcg(carry_val + p));
+    // The last row of the run: its sum over this run and the earlier runs that end in it,
+    // by an inclusive segmented scan (a segment starts at a run whose last row begins in it).
+    bool head = p0 >= p1 || ended || cur != before;
+    double x = run;
+    for (int off = 1; off < static_cast<int>(blockDim.x); off <<= 1) {
+        s_sum[t] = x;
+        s_flag[t] = head;
+        __syncthreads();
+        if (t >= off) {
+            if (!head) x += s_sum[t - off];
+            head = head || s_flag[t - off];
+        }
+        __syncthreads();
+    }
+    s_sum[t] = x;
+    __syncthreads();
+    if (p0 < p1) {
+        if (lead_row >= 0) spmv_add_carry(y, rows, m, lead_row, s_sum[t - 1] + lead);
+        if (after != cur) spmv_add_carry(y, rows, m, cur, x);  // else a later run adds it
     }
     if (threadIdx.x == 0) *done = 0;
 }
@@ -257,7 +308,7 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
         if (CHECK && __syncthreads_or(!x_finite) && threadIdx.x == 0) *bad = 1;
         if (done != nullptr) mgpu::spmv_last_block_carries(done, carry_row, carry_val,
                                                            total > 0 ? (total + TILE - 1) / TILE : 0,
-                                                           m, y, rows);
+                                                           m, y, rows, s_acc, s_end);
         return;
     }
     if (SEARCH) {  // warp 0 finds where the tile starts, warp 1 where it ends
@@ -340,7 +391,8 @@ mgpu_spmv_merge(const int* __restrict__ indptr, const int* __restrict__ indices,
     // bad may be pinned host memory (mgpu/backends/flags.py): one write a block at most
     if (CHECK && __syncthreads_or(!finite) && threadIdx.x == 0) *bad = 1;
     if (done != nullptr) mgpu::spmv_last_block_carries(done, carry_row, carry_val,
-                                                       (total + TILE - 1) / TILE, m, y, rows);
+                                                       (total + TILE - 1) / TILE, m, y, rows,
+                                                       s_acc, s_end);
 }
 
 // The carries are added in two passes, in double, so that a row cut by thousands of pieces is
