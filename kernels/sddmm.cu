@@ -7,9 +7,10 @@
 //   nonzero, each lane loading W elements at a time (16-byte loads when W > 1) and the group
 //   reducing with shuffles; 32 / V virtual warps × U nonzeros each are in flight per warp.
 //   Used when the whole of B stays in L2, and for inputs the tiled kernel does not take.
-//   The one launch of a small call does all of it: the product writes P's column indices
-//   beside its values (it reads S's anyway), and a few blocks past the product's copy
-//   indptr and check the operands for the call's finiteness flag (mgpu_sddmm_csr_extras).
+//   The one launch of a small call does all of it: a few blocks past the product's copy
+//   S's index arrays into P's and check the operands for the call's finiteness flag
+//   (mgpu_sddmm_csr_extras). The product's own loop writes values only: a column index kept
+//   live through the dot products costs registers, and occupancy, on every nonzero.
 //
 // mgpu_sddmm_tiled<T, W, V, STAGE_B>: the SM-L2 scheme (STAGE_B = false) and the SM-SM scheme
 //   (STAGE_B = true) on a tiled COO copy of S made by mgpu/backends/cupy.py. S's columns are
@@ -36,8 +37,8 @@ __device__ __forceinline__ long long mgpu_row_of(const I* __restrict__ indptr, l
 }
 
 // The blocks of an mgpu_sddmm_csr launch past its product_blocks (none, or a few): they copy
-// indptr to out_indptr (when not null), and indices to out_indices too in a launch with no
-// product (product_blocks 0: the copies and the check beside a tiled scheme's product), and,
+// indptr to out_indptr and indices to out_indices (each when not null: P's own index arrays,
+// beside the product or, with product_blocks 0, beside a tiled scheme's product), and,
 // with a flag (not null), look at every value of fa, fb and fc (na, nb, nc of them: the
 // factors and S's values of a checked call) and raise *flag when any is NaN or infinite, as
 // kernels/flags.cu does, in the product's own launch. The flag may be pinned host memory: a
@@ -54,7 +55,7 @@ __device__ __forceinline__ void mgpu_sddmm_csr_extras(
     if (out_indptr != nullptr) {
         for (long long r = first; r <= n_rows; r += step) out_indptr[r] = indptr[r];
     }
-    if (product_blocks == 0 && out_indices != nullptr) {
+    if (out_indices != nullptr) {
         for (long long p = first; p < nnz; p += step) out_indices[p] = indices[p];
     }
     if (flag == nullptr) return;  // the same for the whole launch
@@ -106,14 +107,12 @@ __global__ void mgpu_sddmm_csr(const I* __restrict__ indptr,
     long long end = indptr[i + 1];
     for (long long q = p0; q < p1; q += G * U) {
         long long arow[U], bcol[U];
-        I col[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const long long p = min(q + g + u * G, p1 - 1);  // nondecreasing per virtual warp
             while (end <= p) end = indptr[++i + 1];
             arow[u] = i * KV;
-            col[u] = indices[p];
-            bcol[u] = (long long)col[u] * KV;
+            bcol[u] = (long long)indices[p] * KV;
         }
         T acc[U];
 #pragma unroll
@@ -126,10 +125,7 @@ __global__ void mgpu_sddmm_csr(const I* __restrict__ indptr,
         for (int u = 0; u < U; ++u) {
             const T v = mgpu::group_sum<V>(acc[u]);
             const long long p = q + g + u * G;
-            if (sub == 0 && p < p1) {
-                out[p] = hadamard ? v * values[p] : v;
-                if (out_indices != nullptr) out_indices[p] = col[u];  // P's own copy
-            }
+            if (sub == 0 && p < p1) out[p] = hadamard ? v * values[p] : v;
         }
     }
 }

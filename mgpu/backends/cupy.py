@@ -225,7 +225,7 @@ def run_csr(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
             flag: Flag | None = None, product: bool = True) -> None:
     """``out`` (S's nonzeros, CSR order) by the virtual-warp kernel straight on CSR, in one
     launch (:mod:`mgpu.backends.launch`). With ``out_indices`` and ``out_indptr`` (S's
-    sizes and index dtype) the launch also writes P's copies of S's index arrays; with
+    sizes and index dtype) the launch also copies S's index arrays into them; with
     ``flag``, it checks every value of the (at most three, C-ordered, of the product's
     dtype) ``checked`` arrays for NaN and infinity and raises the flag on a find: blocks
     past the product's do both. Without ``product`` the launch does only those (``out`` is
@@ -236,8 +236,7 @@ def run_csr(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
     nz_per_warp, blocks = _csr_launch(nnz, V) if nnz and product else (1, 0)
     sizes = [int(c.size) for c in checked] + [0] * (3 - len(checked))
     work = (S.shape[0] + 1 if out_indptr is not None else 0) \
-        + (sum(sizes) if flag is not None else 0) \
-        + (nnz if out_indices is not None and not blocks else 0)
+        + (sum(sizes) if flag is not None else 0) + (nnz if out_indices is not None else 0)
     # as many blocks as kernels/flags.cu's launch would take, past the product's
     extra = min(-(-work // (_SDDMM_THREADS * _EXTRA_ITEMS)), 8 * current_facts().sms)
     if not blocks + extra:
