@@ -115,18 +115,31 @@ def test_every_argument_type_reaches_the_kernel_as_cupys_launch_passes_it():
 
 @pytest.mark.gpu
 def test_launches_on_the_current_stream():
+    """The launch goes to the stream current at the call: captured into a graph on a
+    non-blocking stream, it has run nowhere until the graph is launched (a launch on any
+    other stream would have written ``out`` at once, and left the graph empty)."""
     import cupy
 
     kernel = cupy.RawKernel(_MIXED, "mixed")
     e = cupy.ones(32, dtype=cupy.float32)
     out, echo = cupy.zeros(7), cupy.zeros(32, cupy.float32)
     L = launch.Launcher(kernel.kernel, "iqfdpidqpp")
+    L((1,), (32,), (0, 0, 0.0, 0.0, e.data.ptr, 0, 0.0, 0, out.data.ptr, echo.data.ptr))
+    cupy.cuda.Device().synchronize()  # compiled and loaded, the operands ready
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
-        cupy.cuda.runtime.streamWaitEvent(s.ptr, cupy.cuda.get_current_stream().record().ptr)
-        L((1,), (32,), (1, 2, 3.0, 4.0, e.data.ptr, 5, 6.0, 7, out.data.ptr, echo.data.ptr))
-        s.synchronize()  # the launch was on s: done after s's wait
-        np.testing.assert_array_equal(out.get(stream=s), [1, 2, 3, 4, 5, 6, 7])
+        s.begin_capture()
+        try:
+            L((1,), (32,), (1, 2, 3.0, 4.0, e.data.ptr, 5, 6.0, 7, out.data.ptr,
+                            echo.data.ptr))
+        finally:
+            graph = s.end_capture()
+    cupy.cuda.Device().synchronize()
+    np.testing.assert_array_equal(out.get(), np.zeros(7))  # captured, not run
+    graph.launch(s)
+    s.synchronize()
+    np.testing.assert_array_equal(out.get(), [1, 2, 3, 4, 5, 6, 7])
+    np.testing.assert_array_equal(echo.get(), np.full(32, 2, dtype=np.float32))
 
 
 def _sddmm_problem(dtype, index, m=700, n=500, K=40, seed=0):
@@ -288,4 +301,42 @@ def test_spmv_carries_added_in_the_merge_launch_match_the_carry_passes(dtype, mo
         results[fused] = got[30].get()
     n_tiles = -(-(m + A.nnz) // (128 * gpu.spmv_items(m, A.nnz)))
     assert 1 < n_tiles <= 4096  # the fused case above did add in the merge launch
+    np.testing.assert_allclose(results[True], results[False], rtol=0, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_spmv_fused_carries_of_thousands_of_tiles(dtype, monkeypatch):
+    """Thousands of tiles (each thread of the last block sums a run of up to 32 carries):
+    rows cut once or twice, rows cut at the runs' edges, rows over many runs and empty
+    rows, added by the merge launch's last block as the carry passes add them, against a
+    float64 reference."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    import mgpu
+    from mgpu.backends import cupy_spmv as gpu
+
+    rng = np.random.default_rng(7)
+    m, n = 6000, 20_000
+    lengths = rng.integers(0, 420, m)
+    lengths[rng.random(m) < 0.1] = 0  # empty rows
+    lengths[[5, 3000, 5999]] = [19_000, 20_000, 15_000]  # rows over many tiles, the last one
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    indices = np.concatenate([np.sort(rng.choice(n, k, replace=False)) for k in lengths])
+    A = sp.csr_matrix((rng.standard_normal(indptr[-1]), indices, indptr), shape=(m, n))
+    A = A.astype(dtype)
+    x = rng.standard_normal(n).astype(dtype)
+    ref = A.astype(np.float64) @ x.astype(np.float64)
+    n_tiles = -(-(m + A.nnz) // (128 * gpu.spmv_items(m, A.nnz)))
+    assert 1000 < n_tiles <= gpu._FUSED_CARRIES  # fused, and runs of many carries a thread
+    Ag, xg = csp.csr_matrix(A), cupy.asarray(x)
+    tol = (1e-5 if dtype == np.float32 else 1e-12) * np.abs(ref).max()
+    results = {}
+    for fused in (True, False):
+        monkeypatch.setattr(gpu, "_FUSED_CARRIES", 4096 if fused else 0)
+        got = [mgpu.spmv(Ag, xg * (i + 1)) for i in range(5)]
+        for i, y in enumerate(got):
+            assert np.abs(y.get() - (i + 1) * ref).max() <= (i + 1) * tol
+        results[fused] = got[0].get()
     np.testing.assert_allclose(results[True], results[False], rtol=0, atol=tol)
