@@ -240,6 +240,32 @@ def test_sddmm_by_every_scheme_gives_p_its_own_index_arrays(dtype):
 
 
 @pytest.mark.gpu
+def test_sddmm_csr_launch_sizes_follow_the_factors_alignment():
+    """The CSR launch's remembered sizes and kernel are keyed by the factors' alignment too:
+    the same shapes with A 4 bytes off a 16-byte boundary (no vector loads), between calls
+    with aligned A, all against a float64 reference, checked and not."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    import mgpu
+
+    S, A, B = _sddmm_problem(np.float32, np.int32, m=900, n=700, K=32, seed=5)
+    Sg, Bg = csp.csr_matrix(S), cupy.asarray(B)
+    aligned = cupy.asarray(A)
+    buf = cupy.empty(A.size + 1, dtype=cupy.float32)
+    off = buf[1:].reshape(A.shape)  # C-ordered, 4 bytes past the pool's alignment
+    off[...] = aligned
+    assert off.data.ptr % 16 == 4 and off.flags.c_contiguous
+    rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
+    want = np.einsum("ik,ik->i", A[rows].astype(np.float64), B[S.indices].astype(np.float64))
+    for Ag in (aligned, off, aligned, off):
+        for check in (True, False):
+            P = mgpu.sddmm(Sg, Ag, Bg, hadamard=False, check_finite=check)
+            assert np.abs(P.data.get() - want).max() <= 1e-5 * np.abs(want).max()
+            np.testing.assert_array_equal(P.indices.get(), S.indices)
+
+
+@pytest.mark.gpu
 def test_sddmm_of_an_empty_pattern_has_its_index_arrays_and_its_check():
     import cupy
     import cupyx.scipy.sparse as csp

@@ -229,26 +229,55 @@ def run_csr(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: bool,
     ``flag``, it checks every value of the (at most three, C-ordered, of the product's
     dtype) ``checked`` arrays for NaN and infinity and raises the flag on a find: blocks
     past the product's do both. Without ``product`` the launch does only those (``out`` is
-    not written): the copies and the check beside a tiled scheme's product."""
+    not written): the copies and the check beside a tiled scheme's product.
+
+    The launch's sizes and kernel (:func:`_csr_recipe`) are looked up by one key of the
+    call's sizes, dtypes and alignment: a small call's launch is bound by the host."""
+    nnz = int(S.nnz)
+    a, b = A.data.ptr, B.data.ptr
+    sizes = [c.size for c in checked] + [0] * (3 - len(checked))
+    key = (cupy.cuda.runtime.getDevice(), S.shape[0], nnz, A.shape[1], A.dtype.char,
+           S.indptr.dtype.char, not (a | b) & 15, out_indices is None, out_indptr is None,
+           flag is None, product, *sizes)
+    recipe = _CSR_RECIPES.get(key)
+    if recipe is None:
+        recipe = _csr_recipe(S, A, B, out_indices is not None, out_indptr is not None,
+                             sizes if flag is not None else [0, 0, 0], product)
+        if len(_CSR_RECIPES) >= _CSR_RECIPES_MAX:
+            _CSR_RECIPES.clear()
+        _CSR_RECIPES[key] = recipe
+    launch, grid, nz_per_warp, blocks = recipe
+    if not grid:
+        return
+    ptrs = [c.data.ptr for c in checked] + [0] * (3 - len(checked))
+    launch(grid, _CSR_BLOCK, (
+        S.indptr.data.ptr, S.indices.data.ptr, S.data.data.ptr, a, b, S.shape[0], nnz,
+        A.shape[1], 1 if hadamard else 0, nz_per_warp, out.data.ptr, address(out_indices),
+        address(out_indptr), blocks, ptrs[0], sizes[0], ptrs[1], sizes[1], ptrs[2], sizes[2],
+        0 if flag is None else flag.addr))
+
+
+# run_csr's launches by (device, rows, nonzeros, K, dtypes, alignment, what is written and
+# checked, the checked arrays' sizes): (launcher, grid, nonzeros per warp, product blocks)
+_CSR_RECIPES: dict[tuple, tuple] = {}
+_CSR_RECIPES_MAX = 1 << 12
+_CSR_BLOCK = (_SDDMM_THREADS,)
+
+
+def _csr_recipe(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, indices: bool,
+                indptr: bool, sizes: list[int], product: bool) -> tuple:
+    """(launcher, grid, nonzeros per warp, product blocks) of a :func:`run_csr` launch;
+    ``sizes``: the checked arrays' (zeros without a flag)."""
     nnz = int(S.nnz)
     W = _vector_width(A, B)
     V = _lanes(A.shape[1] // W)
     nz_per_warp, blocks = _csr_launch(nnz, V) if nnz and product else (1, 0)
-    sizes = [int(c.size) for c in checked] + [0] * (3 - len(checked))
-    work = (S.shape[0] + 1 if out_indptr is not None else 0) \
-        + (sum(sizes) if flag is not None else 0) + (nnz if out_indices is not None else 0)
+    work = (S.shape[0] + 1 if indptr else 0) + sum(sizes) + (nnz if indices else 0)
     # as many blocks as kernels/flags.cu's launch would take, past the product's
     extra = min(-(-work // (_SDDMM_THREADS * _EXTRA_ITEMS)), 8 * current_facts().sms)
-    if not blocks + extra:
-        return
-    ptrs = [c.data.ptr for c in checked] + [0] * (3 - len(checked))
     expr = f"mgpu_sddmm_csr<{c_type(A.dtype)}, {c_type(S.indptr.dtype)}, {W}, {V}>"
     launch = launcher(_SDDMM, expr, (expr,), _CSR_SIGNATURE, _SDDMM_INSTANCES)
-    launch((blocks + extra,), (_SDDMM_THREADS,), (
-        S.indptr.data.ptr, S.indices.data.ptr, S.data.data.ptr, A.data.ptr, B.data.ptr,
-        S.shape[0], nnz, A.shape[1], 1 if hadamard else 0, nz_per_warp, out.data.ptr,
-        address(out_indices), address(out_indptr), blocks, ptrs[0], sizes[0], ptrs[1],
-        sizes[1], ptrs[2], sizes[2], 0 if flag is None else flag.addr))
+    return launch, ((blocks + extra,) if blocks + extra else ()), nz_per_warp, blocks
 
 
 def _csr_launch(nnz: int, V: int) -> tuple[int, int]:
@@ -371,17 +400,15 @@ def sddmm_kernel(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: 
 def csr_output(S: csp.csr_matrix, dtype: Any) -> tuple[cupy.ndarray, cupy.ndarray,
                                                        cupy.ndarray]:
     """Uninitialised arrays for a product on S's pattern: values (S's nonzeros, ``dtype``),
-    indices and indptr (S's sizes and index dtype), views of one ``cupy.empty`` of
-    ``dtype`` (one request of the memory pool instead of three; each array starts on a
-    16-byte boundary)."""
-    nnz, it, dt = int(S.nnz), S.indptr.dtype, np.dtype(dtype)
+    indices and indptr (S's sizes and index dtype), views of one allocation of the memory
+    pool (one request instead of three; each array starts on a 16-byte boundary)."""
+    nnz, rows, it, dt = int(S.nnz), S.shape[0], S.indptr.dtype, np.dtype(dtype)
     at_indices = -(-nnz * dt.itemsize // 16) * 16
     at_indptr = at_indices + -(-nnz * it.itemsize // 16) * 16
-    end = at_indptr + (S.shape[0] + 1) * it.itemsize
-    mem = cupy.empty(-(-end // dt.itemsize), dtype=dt).data
+    mem = cupy.cuda.alloc(at_indptr + (rows + 1) * it.itemsize)
     return (cupy.ndarray((nnz,), dt, memptr=mem),
             cupy.ndarray((nnz,), it, memptr=mem + at_indices),
-            cupy.ndarray((S.shape[0] + 1,), it, memptr=mem + at_indptr))
+            cupy.ndarray((rows + 1,), it, memptr=mem + at_indptr))
 
 
 def csr_of(S: csp.csr_matrix, values: cupy.ndarray, indices: cupy.ndarray,

@@ -209,40 +209,70 @@ def spmv_merge(A: csp.csr_matrix, x: cupy.ndarray, *, items: int | None = None,
     """
     m = int(A.shape[0])
     nnz = int(A.nnz)  # cupyx keeps data of length indptr[-1]: no device sync
-    y = cupy.empty(m, dtype=A.dtype)
     if m == 0:
         if flag is not None:  # no tile to scan x: a launch of its own
             flag_nonfinite((x,), flag)
-        return y
-    indptr, rows, empty, n_empty = A.indptr, None, None, 0
+        return cupy.empty(0, dtype=A.dtype)
+    indptr, rows, empty, n_empty, tile_row = A.indptr, None, None, 0, None
+    check = flag is not None
     if plan is not None:
-        items, n_tiles, tile_row, search = plan.items, plan.pieces, plan.starts, False
+        items, n_tiles, tile_row = plan.items, plan.pieces, plan.starts
         if plan.compacted:
             indptr, rows, empty, n_empty = plan.indptr, plan.rows, plan.empty, plan.empty_rows
         m = plan.merge_rows
+        launch = _merge_launcher(A.dtype, items, check, False)
     else:
-        items = spmv_items(m, nnz) if items is None else int(items)
-        n_tiles = -(-(m + nnz) // (_TILE_THREADS * items))
-        search = n_tiles <= _SEARCH_WAVES * current_facts().sms * _TILES_PER_SM
-        # null: each tile's block finds its own place
-        tile_row = None if search else _tile_starts(indptr, m, nnz, items)
-    mem, carry_row, carry_val = _carries(n_tiles, 1)
+        key = (cupy.cuda.runtime.getDevice(), m, nnz, A.dtype.char, items, check)
+        recipe = _MERGE_RECIPES.get(key)
+        if recipe is None:
+            recipe = _merge_recipe(m, nnz, A.dtype, items, check)
+            if len(_MERGE_RECIPES) >= _MERGE_RECIPES_MAX:
+                _MERGE_RECIPES.clear()
+            _MERGE_RECIPES[key] = recipe
+        launch, items, n_tiles, search = recipe
+        if not search:  # else each tile's block finds its own place (tile_row null)
+            tile_row = _tile_starts(indptr, m, nnz, items)
+    y, carry_row, carry_val = _output_and_carries(int(A.shape[0]), A.dtype, n_tiles)
     # the carries added by the merge's last block, with the stream's counter
     done = _done_counter() if 1 < n_tiles <= _FUSED_CARRIES else 0
     # blocks past the tiles only zero empty rows: TILE of them a block
     grid = max(n_tiles, -(-n_empty // (_TILE_THREADS * items)))
-    check = "false" if flag is None else "true"
-    _launcher(f"mgpu_spmv_merge<{c_type(A.dtype)}, {items}, {check}, "
-              f"{'true' if search else 'false'}>", _MERGE_SIGNATURE)(
-        (grid,), (_TILE_THREADS,),
-        (indptr.data.ptr, A.indices.data.ptr, A.data.data.ptr, x.data.ptr, m, nnz,
-         address(tile_row), y.data.ptr, carry_row, carry_val,
-         0 if flag is None else flag.addr, address(rows), address(empty), n_empty, x.size,
-         done))
+    launch((grid,), (_TILE_THREADS,),
+           (indptr.data.ptr, A.indices.data.ptr, A.data.data.ptr, x.data.ptr, m, nnz,
+            address(tile_row), y.data.ptr, carry_row, carry_val,
+            flag.addr if check else 0, address(rows), address(empty), n_empty, x.size, done))
     if n_tiles > 1 and not done:
         _add_carries(carry_row, carry_val, n_tiles, m, 1, y, rows)
-    del mem  # back to the pool once queued: the stream's later work comes after
     return y
+
+
+# spmv_merge's launches without a plan by (device, rows, nonzeros, dtype, items asked,
+# checked): (launcher, items, tiles, whether the tiles' blocks find their own places)
+_MERGE_RECIPES: dict[tuple, tuple] = {}
+_MERGE_RECIPES_MAX = 1 << 12
+
+
+def _merge_launcher(dtype: np.dtype, items: int, check: bool, search: bool):
+    return _launcher(f"mgpu_spmv_merge<{c_type(dtype)}, {items}, "
+                     f"{'true' if check else 'false'}, {'true' if search else 'false'}>",
+                     _MERGE_SIGNATURE)
+
+
+def _merge_recipe(m: int, nnz: int, dtype: np.dtype, items: int | None, check: bool) -> tuple:
+    items = spmv_items(m, nnz) if items is None else int(items)
+    n_tiles = -(-(m + nnz) // (_TILE_THREADS * items))
+    search = n_tiles <= _SEARCH_WAVES * current_facts().sms * _TILES_PER_SM
+    return _merge_launcher(dtype, items, check, search), items, n_tiles, search
+
+
+def _output_and_carries(m: int, dtype: np.dtype, n_tiles: int) -> tuple[cupy.ndarray, int, int]:
+    """y (``m`` of ``dtype``, uninitialised) and, in the same allocation after it (held as
+    long as y: a few bytes a tile), the addresses of the tiles' carry rows (int32) and
+    values (double, 8-byte aligned): one request of the memory pool a call."""
+    at_row = -(-m * np.dtype(dtype).itemsize // 16) * 16
+    at_val = at_row + -(-4 * n_tiles // 16) * 16
+    mem = cupy.cuda.alloc(at_val + 8 * n_tiles)
+    return cupy.ndarray((m,), dtype, memptr=mem), mem.ptr + at_row, mem.ptr + at_val
 
 
 def spmm_merge(A: csp.csr_matrix, X: cupy.ndarray, *, items: int | None = None,

@@ -188,14 +188,16 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
 
     The call's steps are run one by one, as :func:`mgpu.ops.sddmm.sddmm` runs them, each
     timed on the host: ``validation`` (the options, shapes, kinds, devices and S's format),
-    ``planning`` (the memory rule and the per-call scheme), ``launch`` (the output's memory
-    and the launches, queued: for the CSR kernel one launch that also writes P's index
-    arrays and checks the values; for a tiled scheme its product's, then one for the index
-    arrays and the check), ``output`` (the result matrix, made while the device works),
-    ``wait`` (the one wait for the stream, and the flag's read). ``kernel`` is the device's
-    time for the queued work (CUDA events around 20 calls' launches back to back), ``call``
-    the public call's own wall time, ``unaccounted`` what the steps miss of it (Python
-    calls between them).
+    ``planning`` (the memory rule and the per-call scheme), ``flag`` (the finiteness flag's
+    slot), ``memory`` (the output's one allocation and its three views), ``launch`` (the
+    launches, queued: for the CSR kernel one launch that also copies P's index arrays and
+    checks the values; for a tiled scheme its product's, then one for the index arrays and
+    the check), of which ``driver`` is the time inside ``cuLaunchKernel`` itself (the
+    rest: Python), ``output`` (the result matrix, made while the device works), ``wait``
+    (the one wait for the stream, and the flag's read). ``kernel`` is the device's time for
+    the queued work (CUDA events around 20 calls' launches back to back: the host's time
+    for them when that is longer), ``call`` the public call's own wall time,
+    ``unaccounted`` what the steps miss of it (Python calls between them).
     """
     import cupy
     import cupyx.scipy.sparse as csp
@@ -220,35 +222,46 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
         mgpu.sddmm(Sg, Ag, Bg, hadamard=False)  # compiled, tuned
     warm_device()
     stream = cupy.cuda.get_current_stream()
-    steps: dict[str, list[float]] = {k: [] for k in
-                                     ("validation", "planning", "launch", "output", "wait")}
+    names = ("validation", "planning", "flag", "memory", "launch", "output", "wait")
+    steps: dict[str, list[float]] = {k: [] for k in names}
     clock = time.perf_counter
-    for _ in range(repeats):
-        stream.synchronize()
-        t0 = clock()
-        check_sddmm_options(False, True, None, None, None)
-        check_sddmm_shapes(Sg.shape, Ag.shape, Bg.shape)
-        check_dense_factors({"A": Ag, "B": Bg}, finite=False)
-        S1, A1, B1 = sddmm_operands(check_sparse(Sg, False), Ag, Bg, False)
-        t1 = clock()
-        gpu._require_product(S1, A1, gpu.sddmm_is_usable_for(S1, A1, B1))
-        plan = gpu.call_plan(S1, A1, B1)
-        t2 = clock()
-        with device_flag() as flag:
-            finish = _queue(gpu, S1, A1, B1, plan, flag)
-            t3 = clock()
-            finish()
-            t4 = clock()
-            flag.raised()
-            t5 = clock()
-        for k, v in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
-            steps[k].append(v)
+    driver: list[float] = []
+    timed = _DriverTimer(gpu, driver, clock)
+    try:
+        for _ in range(repeats):
+            stream.synchronize()
+            t0 = clock()
+            check_sddmm_options(False, True, None, None, None)
+            check_sddmm_shapes(Sg.shape, Ag.shape, Bg.shape)
+            check_dense_factors({"A": Ag, "B": Bg}, finite=False)
+            S1, A1, B1 = sddmm_operands(check_sparse(Sg, False), Ag, Bg, False)
+            t1 = clock()
+            gpu._require_product(S1, A1, gpu.sddmm_is_usable_for(S1, A1, B1))
+            plan = gpu.call_plan(S1, A1, B1)
+            t2 = clock()
+            with device_flag() as flag:
+                t3 = clock()
+                out = gpu.csr_output(S1, A1.dtype)
+                t4 = clock()
+                _queue(gpu, S1, A1, B1, plan, flag, out)
+                t5 = clock()
+                gpu.csr_of(S1, *out)
+                t6 = clock()
+                flag.raised()
+                t7 = clock()
+            times = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6)
+            for k, v in zip(names, times):
+                steps[k].append(v)
+    finally:
+        timed.restore()
     result = {k: 1e6 * float(np.median(v)) for k, v in steps.items()}
+    result["driver"] = 1e6 * float(np.median(driver)) * len(driver) / repeats if driver \
+        else float("nan")
 
     def queued() -> None:  # launched faster than they run: the events time the device
         with device_flag() as flag:
             for _ in range(20):
-                _queue(gpu, S1, A1, B1, plan, flag)()
+                _queue(gpu, S1, A1, B1, plan, flag, gpu.csr_output(S1, A1.dtype))
     result["kernel"] = 1e6 * time_gpu(queued, repeats=5) / 20
 
     def call() -> float:
@@ -260,25 +273,50 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
     return result
 
 
-def _queue(gpu: Any, S: Any, A: Any, B: Any, plan: Any, flag: Any) -> Callable[[], Any]:
+class _DriverTimer:
+    """Every SDDMM launcher's ``cuLaunchKernel`` call timed into ``into`` (seconds) until
+    :meth:`restore`."""
+
+    def __init__(self, gpu: Any, into: list[float], clock: Callable[[], float]) -> None:
+        self._saved = []
+        for recipe in list(gpu._CSR_RECIPES.values()):
+            L = recipe[0]
+            if any(L is l for l, _ in self._saved):
+                continue
+            inner = L._launch
+
+            def timed(*args: Any, _inner: Any = inner) -> None:
+                t = clock()
+                _inner(*args)
+                into.append(clock() - t)
+            self._saved.append((L, inner))
+            L._launch = timed
+
+    def restore(self) -> None:
+        for L, inner in self._saved:
+            L._launch = inner
+
+
+def _queue(gpu: Any, S: Any, A: Any, B: Any, plan: Any, flag: Any, out: tuple) -> None:
     """The launches of a checked call without hadamard, as
-    :func:`mgpu.backends.cupy.sddmm_kernel` queues them (the output's memory, the product,
-    the check): the function returned makes the result matrix."""
-    values, indices, indptr = gpu.csr_output(S, A.dtype)
+    :func:`mgpu.backends.cupy.sddmm_kernel` queues them (the product, the check) into
+    ``out`` (:func:`mgpu.backends.cupy.csr_output`'s arrays)."""
+    values, indices, indptr = out
     csr = plan is None or plan.scheme == "csr"
     if not csr:
         gpu.launch_sddmm(S, A, B, False, plan, values)
     # the CSR kernel's one launch, or the copies and the check after a tiled one
     gpu.run_csr(S, A, B, False, values, indices, indptr, (A, B), flag, product=csr)
-    return lambda: gpu.csr_of(S, values, indices, indptr)
 
 
 def breakdown_text(label: str, K: int, parts: dict[str, float]) -> str:
     """One line of :func:`call_breakdown`'s split."""
     steps = " + ".join(f"{k} {parts[k]:.1f}" for k in
-                       ("validation", "planning", "launch", "output", "wait", "unaccounted"))
+                       ("validation", "planning", "flag", "memory", "launch", "output", "wait",
+                        "unaccounted"))
     return (f"{label}, K={K}: a checked call {parts['call']:.1f} us = {steps} "
-            f"(the device's work for it: {parts['kernel']:.1f} us)")
+            f"(of the launch, in cuLaunchKernel: {parts['driver']:.1f} us; the device's "
+            f"work for it: {parts['kernel']:.1f} us)")
 
 
 def markdown(rows: list[dict[str, Any]], label: str) -> str:

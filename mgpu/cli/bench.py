@@ -63,8 +63,8 @@ def bench_partition(data_dir: str | None, parts: tuple[int, ...]) -> None:
 @opt.repeats(None, "Timed repeats (median reported).")
 @click.option("--breakdown", is_flag=True,
               help="GPU only: also print where a checked call's time goes (validation, "
-                   "planning, launch, output, wait, and the device's time) for the smallest "
-                   "real matrix, at each K.")
+                   "planning, flag, memory, launch and its time in cuLaunchKernel, output, "
+                   "wait, and the device's time) for the smallest real matrix, at each K.")
 @opt.json_out()
 def bench_sddmm(data_dir: str | None, powerlaw: tuple[int, int] | None, nnz: float,
                 ks: tuple[int, ...], device: str, repeats: int | None, breakdown: bool,
