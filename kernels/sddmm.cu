@@ -43,6 +43,42 @@ __device__ __forceinline__ long long mgpu_row_of(const I* __restrict__ indptr, l
 // factors and S's values of a checked call) and raise *flag when any is NaN or infinite, as
 // kernels/flags.cu does, in the product's own launch. The flag may be pinned host memory: a
 // block writes it at most once, and only on a find.
+// The extra blocks run with the product's registers, so few of them fit on an SM at once (3
+// of 256 threads where the flag kernel fits 8): each thread keeps MGPU_SDDMM_XU loads in
+// flight (a grid-stride loop unrolled, independent loads first), else they would leave the
+// memory idle on a large check (hundreds of MB of factors at K = 512) at the launch's tail.
+#define MGPU_SDDMM_XU 8
+
+template <typename T>
+__device__ __forceinline__ bool mgpu_any_nonfinite(const T* __restrict__ a, long long n,
+                                                   long long first, long long step) {
+    bool bad = false;
+    long long i = first;
+    for (; i + (MGPU_SDDMM_XU - 1) * step < n; i += MGPU_SDDMM_XU * step) {
+        T v[MGPU_SDDMM_XU];
+#pragma unroll
+        for (int u = 0; u < MGPU_SDDMM_XU; ++u) v[u] = a[i + u * step];
+#pragma unroll
+        for (int u = 0; u < MGPU_SDDMM_XU; ++u) bad |= !isfinite(v[u]);
+    }
+    for (; i < n; i += step) bad |= !isfinite(a[i]);
+    return bad;
+}
+
+template <typename I>
+__device__ __forceinline__ void mgpu_copy_strided(const I* __restrict__ from, I* __restrict__ to,
+                                                  long long n, long long first, long long step) {
+    long long i = first;
+    for (; i + (MGPU_SDDMM_XU - 1) * step < n; i += MGPU_SDDMM_XU * step) {
+        I v[MGPU_SDDMM_XU];
+#pragma unroll
+        for (int u = 0; u < MGPU_SDDMM_XU; ++u) v[u] = from[i + u * step];
+#pragma unroll
+        for (int u = 0; u < MGPU_SDDMM_XU; ++u) to[i + u * step] = v[u];
+    }
+    for (; i < n; i += step) to[i] = from[i];
+}
+
 template <typename T, typename I>
 __device__ __forceinline__ void mgpu_sddmm_csr_extras(
         const I* __restrict__ indptr, const I* __restrict__ indices, long long n_rows,
@@ -52,18 +88,13 @@ __device__ __forceinline__ void mgpu_sddmm_csr_extras(
         int* __restrict__ flag) {
     const long long step = (long long)(gridDim.x - product_blocks) * blockDim.x;
     const long long first = (long long)(blockIdx.x - product_blocks) * blockDim.x + threadIdx.x;
-    if (out_indptr != nullptr) {
-        for (long long r = first; r <= n_rows; r += step) out_indptr[r] = indptr[r];
-    }
-    if (out_indices != nullptr) {
-        for (long long p = first; p < nnz; p += step) out_indices[p] = indices[p];
-    }
+    if (out_indptr != nullptr) mgpu_copy_strided(indptr, out_indptr, n_rows + 1, first, step);
+    if (out_indices != nullptr) mgpu_copy_strided(indices, out_indices, nnz, first, step);
     if (flag == nullptr) return;  // the same for the whole launch
-    bool bad = false;
     // no early exit after a find: finite inputs, the ones whose time counts, read all anyway
-    for (long long e = first; e < na; e += step) bad |= !isfinite(fa[e]);
-    for (long long e = first; e < nb; e += step) bad |= !isfinite(fb[e]);
-    for (long long e = first; e < nc; e += step) bad |= !isfinite(fc[e]);
+    const bool bad = mgpu_any_nonfinite(fa, na, first, step)
+                     | mgpu_any_nonfinite(fb, nb, first, step)
+                     | mgpu_any_nonfinite(fc, nc, first, step);
     if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
