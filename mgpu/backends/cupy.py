@@ -4,6 +4,7 @@ Imported lazily by the dispatch tables the first time CuPy data reaches an opera
 """
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import math
@@ -415,9 +416,13 @@ def csr_of(S: csp.csr_matrix, values: cupy.ndarray, indices: cupy.ndarray,
            indptr: cupy.ndarray) -> csp.csr_matrix:
     """A CSR matrix of S's shape holding the given arrays (S's pattern, in P's own arrays).
 
-    Made from S and then handed the arrays: cupyx's constructor from a ``(data, indices,
-    indptr)`` triple reads indptr's ends back from the device, a wait on every call."""
-    P = csp.csr_matrix(S)  # shares S's arrays: no copy, nothing read back
+    A shallow copy of S handed the arrays: cupyx's constructor from a ``(data, indices,
+    indptr)`` triple reads indptr's ends back from the device, a wait on every call, and
+    even from S it converts and checks each array and makes a cuSPARSE descriptor (some
+    microseconds of a small call); the copy shares S's descriptor (a general matrix,
+    zero-based: never changed) and what S knows of its pattern (sorted, no duplicates),
+    which is P's pattern too."""
+    P = copy.copy(S)  # S's attributes, S's arrays: nothing copied, nothing read back
     P.data, P.indices, P.indptr = values, indices, indptr
     return P
 
