@@ -33,7 +33,7 @@ import cupyx.scipy.sparse as csp
 import numpy as np
 from dask.utils import format_bytes
 
-from mgpu.backends import cupy_knn_postings as postings
+import mgpu.backends.cupy_knn_postings as postings
 from mgpu.backends.cupy import current_facts, row_reduce_csr_kernel
 from mgpu.backends.dispatch import (
     distances_lookup,
