@@ -70,7 +70,8 @@ INSTANCES: dict[str, tuple[str, ...]] = {
             for t in _FLOATS)
     + ("mgpu_spmv_tile_search", "mgpu_spmv_carries", "mgpu_spmm_carries"),
     # SGD block kernel of matrix factorisation: k <= 32 * KPL
-    "sgd.cu": tuple(f"mgpu_sgd_block<{t}, {kpl}>" for t in _FLOATS for kpl in SGD_KPL),
+    "sgd.cu": tuple(f"mgpu_sgd_{scheme}<{t}, {kpl}>" for scheme in ("block", "wave")
+                    for t in _FLOATS for kpl in SGD_KPL),
     # benchmark probe (float32 factors, as the SDDMM benchmark uses)
     "probe.cu": tuple(
         f"mgpu_gather_rows<float, {i}, {w}, {v}>" for i in _INDICES for w in (1, 4) for v in _LANES

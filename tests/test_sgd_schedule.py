@@ -1,0 +1,295 @@
+"""The wavefront schedule of GPU SGD (mgpu.mf.schedule): every rating once a pass, no two
+warps of a step on one user or item, any shape; on a GPU, the kernel equal to the
+sequential pass the schedule defines, and fits that reach the MovieLens target."""
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+
+from mgpu.mf import sgd_block
+from mgpu.mf.schedule import (MAX_GROUPS, WaveSchedule, build_schedule, check_scheme,
+                              pass_order, wave_groups)
+
+
+def _power_law(n: int, n_users: int, n_items: int, seed: int, a_u: float = 0.35,
+               a_i: float = 0.9):
+    """Distinct (user, item) pairs with power-law degrees (Netflix's exponents for users;
+    a steeper one for items, so one item has a large share)."""
+    rng = np.random.default_rng(seed)
+    wu = 1.0 / np.arange(1, n_users + 1) ** a_u
+    wi = 1.0 / np.arange(1, n_items + 1) ** a_i
+    u = rng.choice(n_users, 3 * n, p=wu / wu.sum())
+    i = rng.choice(n_items, 3 * n, p=wi / wi.sum())
+    key = np.unique(u * n_items + i)[:n]
+    key = key[rng.permutation(key.size)]
+    return key // n_items, key % n_items
+
+
+def _check(users: np.ndarray, items: np.ndarray, n_users: int, n_items: int, seed: int,
+           groups: int | None = None, passes: int = 3) -> WaveSchedule:
+    """Build a schedule and assert every property a pass relies on."""
+    order, s = build_schedule(users, items, n_users, n_items, seed=seed, groups=groups)
+    n, G = users.size, s.groups
+    assert s.size == n and s.offsets.shape == (G * G + 1,)
+    assert s.offsets[0] == 0 and s.offsets[-1] == n and (np.diff(s.offsets) >= 0).all()
+    assert np.array_equal(np.sort(order), np.arange(n))  # the sort is a permutation
+    su, si = users[order], items[order]
+    cell = np.repeat(np.arange(G * G), np.diff(s.offsets))
+    row, col = cell // G, cell % G
+    # a user lives in one row group, an item in one column group: two cells of a step (other
+    # rows, other columns) never share either
+    for ids, group in ((su, row), (si, col)):
+        first = np.full(max(ids.max(initial=-1) + 1, 1), -1)
+        first[ids] = group
+        assert (first[ids] == group).all()
+    # within a cell: by item, then user
+    key = si * (n_users + 1) + su
+    same = cell[1:] == cell[:-1]
+    assert (key[1:][same] > key[:-1][same]).all()
+    for epoch in range(passes):
+        d = s.diagonals(epoch)
+        assert np.array_equal(np.sort(d), np.arange(G))  # each step a different diagonal
+        po = pass_order(s, epoch)
+        assert np.array_equal(np.sort(po), np.arange(n))  # every rating exactly once a pass
+        # steps in turn: step j's ratings sit in cells (a, (a + d_j) mod G), each column
+        # once per step
+        step_of_cell = np.empty(G * G, dtype=np.int64)
+        a = np.arange(G)
+        for j, dj in enumerate(d):
+            step_of_cell[a * G + (a + dj) % G] = j
+        steps = step_of_cell[cell[po]]
+        assert (np.diff(steps) >= 0).all()
+        for j in np.unique(steps):
+            cols = col[po][steps == j]
+            rows = row[po][steps == j]
+            pairs = np.unique(rows * G + cols)
+            assert np.unique(pairs // G).size == pairs.size == np.unique(pairs % G).size
+            assert not np.intersect1d(su[po][(steps == j) & (row[po] == rows[0])],
+                                      su[po][(steps == j) & (row[po] != rows[0])]).size
+    return s
+
+
+def test_schedule_on_power_law_ratings_balances_groups_and_never_shares_a_row():
+    u, i = _power_law(20_000, 900, 300, seed=1)
+    s = _check(u, i, 900, 300, seed=5)
+    assert s.groups == wave_groups(u.size, np.unique(u).size, np.unique(i).size) == 35
+    # each row group holds about n / G ratings, off by at most its busiest user
+    order, _ = build_schedule(u, i, 900, 300, seed=5)
+    per_row = np.diff(s.offsets)[: s.groups ** 2].reshape(s.groups, s.groups)
+    busiest = np.bincount(u).max()
+    assert np.abs(per_row.sum(axis=1) - u.size / s.groups).max() <= busiest + 1
+    busiest_item = np.bincount(i).max()
+    assert np.abs(per_row.sum(axis=0) - u.size / s.groups).max() <= busiest_item + 1
+
+
+@pytest.mark.parametrize("n_users, n_items, groups", [
+    (3, 50, 8),     # fewer users than groups: empty row groups
+    (50, 3, 8),     # fewer items than groups
+    (1, 40, None),  # one user: one group, the sequential pass
+    (40, 1, 5),     # one item, groups asked for: every cell but a column empty
+    (1, 1, 1),
+])
+def test_schedule_of_narrow_shapes(n_users, n_items, groups):
+    rng = np.random.default_rng(n_users * 7 + n_items)
+    key = rng.permutation(n_users * n_items)[: max(1, n_users * n_items // 2)]
+    s = _check(key // n_items, key % n_items, n_users, n_items, seed=2, groups=groups)
+    assert s.groups == (groups or 1)
+
+
+def test_schedule_of_no_ratings_and_of_unrated_ids():
+    empty = np.empty(0, dtype=np.int64)
+    order, s = build_schedule(empty, empty, 10, 10, seed=0)
+    assert s.groups == 1 and order.size == 0 and pass_order(s, 0).size == 0
+    # ids far above the ones rated (segments with rows no rating names)
+    u = np.array([0, 5000, 5000, 9])
+    i = np.array([7, 7, 2, 2])
+    _check(u, i, 6000, 8, seed=1, groups=2)
+
+
+def test_schedule_sorted_on_the_host_where_one_key_would_overflow(monkeypatch):
+    import mgpu.mf.schedule as schedule
+
+    u, i = _power_law(4000, 300, 120, seed=8)
+    one_key, _ = build_schedule(u, i, 300, 120, seed=4)
+    monkeypatch.setattr(schedule, "_ONE_KEY", 0)
+    lexsorted, s = build_schedule(u, i, 300, 120, seed=4)
+    np.testing.assert_array_equal(lexsorted, one_key)
+    _check(u, i, 300, 120, seed=4)
+
+
+def test_schedule_is_a_function_of_the_seed():
+    u, i = _power_law(3000, 200, 100, seed=3)
+    o1, s1 = build_schedule(u, i, 200, 100, seed=11)
+    o2, s2 = build_schedule(u, i, 200, 100, seed=11)
+    o3, s3 = build_schedule(u, i, 200, 100, seed=12)
+    assert np.array_equal(o1, o2) and np.array_equal(s1.offsets, s2.offsets)
+    assert np.array_equal(pass_order(s1, 4), pass_order(s2, 4))
+    assert not np.array_equal(s1.diagonals(0), s1.diagonals(1))  # shuffled every pass
+    assert not np.array_equal(o1, o3)
+
+
+def test_wave_groups_follows_the_shape():
+    assert wave_groups(100_000_000, 480_189, 17_770) == 2500
+    assert wave_groups(10 ** 12, 10 ** 7, 10 ** 7) == MAX_GROUPS
+    assert wave_groups(10 ** 6, 3, 10 ** 5) == 3
+    assert wave_groups(0, 0, 0) == 1
+    with pytest.raises(ValueError, match=r"The 'groups' parameter of build_schedule must be in "
+                                         r"\[1, 4096\]. Got 0 instead"):
+        build_schedule(np.array([0]), np.array([0]), 1, 1, seed=0, groups=0)
+
+
+def test_cpu_pass_on_a_schedule_is_its_sequential_order_and_any_order_within_a_step():
+    """The CPU runs a scheduled block in pass_order; running the cells of each step in
+    another order (as warps would) gives the same factors to the bit: the cells of a step
+    share no row of P or Q."""
+    u, i = _power_law(6000, 400, 150, seed=4)
+    r = np.random.default_rng(0).uniform(1, 5, u.size)
+    order, s = build_schedule(u, i, 400, 150, seed=9)
+    su, si, sr = u[order], i[order], r[order]
+    rng = np.random.default_rng(1)
+    P0, Q0 = rng.random((400, 8)), rng.random((150, 8))
+    P, Q = P0.copy(), Q0.copy()
+    for _ in range(2):
+        sgd_block(su, si, sr, P, Q, 0.02, 0.05, 0.03, schedule=s)
+    assert s.passes == 2
+    ref_P, ref_Q = P0.copy(), Q0.copy()
+    G = s.groups
+    for epoch in range(2):
+        ref = WaveSchedule(G, s.offsets, s.seed, s.size)
+        d = ref.diagonals(epoch)
+        parts = []
+        for dj in d:
+            for a in reversed(range(G)):  # rows of a step backwards
+                c = (a + dj) % G
+                parts.append(np.arange(s.offsets[a * G + c], s.offsets[a * G + c + 1]))
+        sgd_block(su, si, sr, ref_P, ref_Q, 0.02, 0.05, 0.03, np.concatenate(parts))
+    np.testing.assert_array_equal(P, ref_P)
+    np.testing.assert_array_equal(Q, ref_Q)
+    # the same pass through pass_order as an explicit order
+    P2, Q2 = P0.copy(), Q0.copy()
+    sgd_block(su, si, sr, P2, Q2, 0.02, 0.05, 0.03, pass_order(s, 0))
+    P3, Q3 = P0.copy(), Q0.copy()
+    sgd_block(su, si, sr, P3, Q3, 0.02, 0.05, 0.03,
+              schedule=WaveSchedule(G, s.offsets, s.seed, s.size))
+    np.testing.assert_array_equal(P2, P3)
+
+
+def test_sgd_block_refuses_a_schedule_with_an_order_or_of_other_ratings():
+    u, i = _power_law(500, 40, 30, seed=6)
+    r = np.ones(u.size)
+    order, s = build_schedule(u, i, 40, 30, seed=0)
+    P, Q = np.ones((40, 4)), np.ones((30, 4))
+    with pytest.raises(ValueError, match="The 'schedule' parameter of sgd_block fixes the order"
+                                         r".*order=given, conflicts=None"):
+        sgd_block(u, i, r, P, Q, 0.1, 0.0, 0.0, np.arange(u.size), schedule=s)
+    with pytest.raises(ValueError, match=r"conflicts=4"):
+        sgd_block(u, i, r, P, Q, 0.1, 0.0, 0.0, conflicts=4, schedule=s)
+    with pytest.raises(ValueError, match=f"The schedule covers {u.size} ratings; this pass was "
+                                         f"given {u.size - 1}"):
+        sgd_block(u[1:], i[1:], r[1:], P, Q, 0.1, 0.0, 0.0, schedule=s)
+    with pytest.raises(TypeError, match="The 'schedule' parameter of sgd_block must be a "
+                                        "mgpu.mf.schedule.WaveSchedule or None. Got dict"):
+        sgd_block(u, i, r, P, Q, 0.1, 0.0, 0.0, schedule={"groups": 2})
+    assert s.passes == 0  # nothing ran
+
+
+def test_gpu_scheme_setting_is_checked_on_the_client():
+    from mgpu.mf.model import gpu_options
+
+    assert check_scheme("hogwild") == "hogwild"
+    assert gpu_options()["scheme"] == "wavefront"  # the default
+    with dask.config.set({"mgpu.mf.gpu-scheme": "diagonal"}):
+        with pytest.raises(ValueError, match=r"The 'mgpu.mf.gpu-scheme' setting must be one of "
+                                             r"\{'hogwild', 'wavefront'\}. Got 'diagonal'"):
+            gpu_options()
+
+
+# ----------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 3e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("k, groups, warps", [(7, 4, None), (64, 23, None), (128, 60, 7),
+                                              (200, 1, None), (256, 40, 1)])
+def test_gpu_wavefront_pass_equals_the_sequential_float64_pass(dtype, rtol, k, groups, warps):
+    """Power-law ratings, every user and item in many updates: the wavefront kernel's
+    passes equal the float64 sequential passes in pass_order (the schedule leaves the order
+    within a cell as the only order), with fewer warps than row groups too."""
+    import cupy
+
+    u, i = _power_law(20_000, 700, 250, seed=k)
+    r = np.random.default_rng(k).uniform(1, 5, u.size)
+    order, s = build_schedule(u, i, 700, 250, seed=k, groups=groups)
+    su, si, sr = u[order], i[order], r[order]
+    rng = np.random.default_rng(1)
+    P0, Q0 = (rng.random((700, k)) / np.sqrt(k)), (rng.random((250, k)) / np.sqrt(k))
+    P, Q = P0.astype(dtype).astype(np.float64), Q0.astype(dtype).astype(np.float64)
+    Pg, Qg = cupy.asarray(P0.astype(dtype)), cupy.asarray(Q0.astype(dtype))
+    gs = WaveSchedule(s.groups, cupy.asarray(s.offsets), s.seed, s.size)
+    dev = [cupy.asarray(su.astype(np.int32)), cupy.asarray(si.astype(np.int32)),
+           cupy.asarray(sr.astype(dtype))]
+    for epoch in range(3):
+        sgd_block(su, si, sr, P, Q, 0.01, 0.05, 0.02, pass_order(s, epoch))
+        sgd_block(*dev, Pg, Qg, 0.01, 0.05, 0.02, max_warps=warps, schedule=gs)
+    assert gs.passes == 3
+    np.testing.assert_allclose(Pg.get(), P, rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(Qg.get(), Q, rtol=rtol, atol=rtol)
+    # deterministic: the same passes again give the same bits
+    Pg2, Qg2 = cupy.asarray(P0.astype(dtype)), cupy.asarray(Q0.astype(dtype))
+    gs2 = WaveSchedule(s.groups, cupy.asarray(s.offsets), s.seed, s.size)
+    for _ in range(3):
+        sgd_block(*dev, Pg2, Qg2, 0.01, 0.05, 0.02, schedule=gs2)
+    assert cupy.array_equal(Pg2, Pg) and cupy.array_equal(Qg2, Qg)
+
+
+@pytest.mark.gpu
+def test_gpu_schedule_built_on_the_device_equals_the_host_one():
+    import cupy
+
+    u, i = _power_law(30_000, 2000, 400, seed=2)
+    o_h, s_h = build_schedule(u, i, 2000, 400, seed=3)
+    o_d, s_d = build_schedule(cupy.asarray(u), cupy.asarray(i), 2000, 400, seed=3)
+    assert s_d.groups == s_h.groups and isinstance(s_d.offsets, cupy.ndarray)
+    np.testing.assert_array_equal(s_d.offsets.get(), s_h.offsets)
+    np.testing.assert_array_equal(o_d.get(), o_h)
+
+
+def _movielens(data_dir):
+    from mgpu.io import load_ratings
+    from test_mf import _split
+
+    R = load_ratings(data_dir / "ratings" / "ml-latest-small-2016_ratings.csv.gz").matrix
+    return _split(R.tocoo())
+
+
+@pytest.mark.gpu
+def test_gpu_mode_at_the_default_reaches_the_movielens_target(data_dir):
+    """The gpu mode at its default settings (the wavefront scheme) reaches the tests'
+    MovieLens target (0.91, stricter than the issue's 0.98) within the sequential pass's
+    epochs, for several seeds."""
+    import mgpu
+    from mgpu.distributed import connect
+    from test_mf import MOVIELENS_TARGET
+
+    train, test = _movielens(data_dir)
+    with connect(gpus=True, n_workers=1):
+        for seed in (0, 1, 2):
+            mf = mgpu.MatrixFactorization(k=128, lr=0.005, reg=0.05, epochs=80,
+                                          target_rmse=MOVIELENS_TARGET, mode="gpu", seed=seed)
+            mf.fit(train, test)
+            h = mf.history_
+            assert h[-1]["test_rmse"] <= MOVIELENS_TARGET and len(h) < 80, (seed, h[-1])
+
+
+@pytest.mark.gpu
+def test_gpu_mode_at_the_default_is_deterministic_for_a_seed(data_dir):
+    """The wavefront scheme fixes the order of every update: two fits with one seed give
+    the same factors to the bit (the lock-free scheme cannot promise this)."""
+    import mgpu
+    from mgpu.distributed import connect
+
+    train, test = _movielens(data_dir)
+    with connect(gpus=True, n_workers=1):
+        a, b = (mgpu.MatrixFactorization(k=128, epochs=3, mode="gpu", seed=4).fit(train, test)
+                for _ in range(2))
+    np.testing.assert_array_equal(a.P_, b.P_)
+    np.testing.assert_array_equal(a.Q_, b.Q_)
