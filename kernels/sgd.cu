@@ -57,8 +57,9 @@ __global__ void mgpu_sgd_block(const int* __restrict__ users, const int* __restr
 // waits for.
 //
 // Within a sub-block the warp keeps the current user's and item's rows in registers while
-// they repeat (a busy item's run reads its row once) and fetches the rows of the next two
-// ratings while it updates this one; a prefetched row is taken only where no update between
+// they repeat (a busy item's run reads its row once: its updates are the pass's longest
+// chain), has the ids of 32 ratings at a time in its lanes, and fetches the rows of the next
+// 2–8 ratings while it updates this one; a fetched row is taken only where no update between
 // the fetch and its use touches it (else it is read again, after this warp's own store).
 
 namespace {
@@ -89,69 +90,119 @@ __device__ __forceinline__ void wave_copy(T (&dst)[KPL], const T (&src)[KPL]) {
     for (int j = 0; j < KPL; ++j) dst[j] = src[j];
 }
 
-// one sub-block's ratings [beg, end), in order, by one warp
-template <typename T, int KPL>
+// ids of 32 consecutive ratings from c, one per lane (past end: -1, as no rating names it)
+template <typename T>
+__device__ __forceinline__ void wave_ids(const int* __restrict__ users,
+                                         const int* __restrict__ items,
+                                         const T* __restrict__ ratings, long long c,
+                                         long long end, int lane, int& u, int& i, T& r) {
+    const long long t = c + lane;
+    u = t < end ? users[t] : -1;
+    i = t < end ? items[t] : -1;
+    r = t < end ? ratings[t] : T(0);
+}
+
+// one sub-block's ratings [beg, end), in order, by one warp. The ids come 32 at a time,
+// one rating per lane, and reach the warp by shuffles (no load on the update's path); the
+// rows of the next D ratings are in flight while this one is updated.
+template <typename T, int KPL, int D>
 __device__ void wave_block(const int* __restrict__ users, const int* __restrict__ items,
                            const T* __restrict__ ratings, long long beg, long long end, T* P,
                            T* Q, int k, T lr, T reg_p, T reg_q, int lane) {
     if (beg >= end) return;
-    int u = users[beg], i = items[beg];
-    T r = ratings[beg];
-    T p[KPL], q[KPL], p1[KPL], q1[KPL], p2[KPL], q2[KPL];
+    long long c = beg;  // ratings c .. c + 63 are in (cu0, ci0, cr0) and (cu1, ci1, cr1)
+    int cu0, ci0, cu1, ci1;
+    T cr0, cr1;
+    wave_ids(users, items, ratings, c, end, lane, cu0, ci0, cr0);
+    wave_ids(users, items, ratings, c + 32, end, lane, cu1, ci1, cr1);
+    auto id = [&](long long t, int& u, int& i, T& r) {  // t - c in [0, 64), warp-uniform
+        const int off = (int)(t - c);
+        const bool first = off < 32;
+        const int src = first ? off : off - 32;
+        u = __shfl_sync(MGPU_FULL_MASK, first ? cu0 : cu1, src);
+        i = __shfl_sync(MGPU_FULL_MASK, first ? ci0 : ci1, src);
+        r = __shfl_sync(MGPU_FULL_MASK, first ? cr0 : cr1, src);
+    };
+    int u, i;
+    T r;
+    id(beg, u, i, r);
+    T p[KPL], q[KPL];
     wave_load(P, u, k, lane, p);
     wave_load(Q, i, k, lane, q);
-    // the next rating: its ids, and its rows where they are not the current ones
-    int u1 = -1, i1 = -1;
-    T r1 = T(0);
-    bool p1ok = false, q1ok = false;
-    if (beg + 1 < end) {
-        u1 = users[beg + 1];
-        i1 = items[beg + 1];
-        r1 = ratings[beg + 1];
-        p1ok = u1 != u;
-        q1ok = i1 != i;
-        if (p1ok) wave_load(P, u1, k, lane, p1);
-        if (q1ok) wave_load(Q, i1, k, lane, q1);
+    // the next D ratings: ids, and rows fetched where no rating before them updates them
+    int us[D], is[D];
+    T rs[D], pv[D][KPL], qv[D][KPL];
+    bool pok[D], qok[D];
+#pragma unroll
+    for (int s = 0; s < D; ++s) {
+        us[s] = is[s] = -1;
+        rs[s] = T(0);
+        pok[s] = qok[s] = false;
+        if (beg + 1 + s < end) {
+            id(beg + 1 + s, us[s], is[s], rs[s]);
+            pok[s] = us[s] != u;
+            qok[s] = is[s] != i;
+#pragma unroll
+            for (int x = 0; x < s; ++x) {
+                pok[s] = pok[s] && us[s] != us[x];
+                qok[s] = qok[s] && is[s] != is[x];
+            }
+            if (pok[s]) wave_load(P, us[s], k, lane, pv[s]);
+            if (qok[s]) wave_load(Q, is[s], k, lane, qv[s]);
+        }
     }
     for (long long t = beg;; ++t) {
-        // the one after: its rows are final unless the current or the next rating updates them
-        int u2 = -1, i2 = -1;
-        T r2 = T(0);
-        bool p2ok = false, q2ok = false;
-        if (t + 2 < end) {
-            u2 = users[t + 2];
-            i2 = items[t + 2];
-            r2 = ratings[t + 2];
-            p2ok = u2 != u && u2 != u1;
-            q2ok = i2 != i && i2 != i1;
-            if (p2ok) wave_load(P, u2, k, lane, p2);
-            if (q2ok) wave_load(Q, i2, k, lane, q2);
-        }
         T acc = 0;
 #pragma unroll
         for (int j = 0; j < KPL; ++j) acc += p[j] * q[j];
         const T e = r - mgpu::warp_sum(acc);
 #pragma unroll
         for (int j = 0; j < KPL; ++j) {  // lanes past k hold zeros, which stay zeros
-            const T pv = p[j], qv = q[j];
-            p[j] = pv + lr * (e * qv - reg_p * pv);
-            q[j] = qv + lr * (e * pv - reg_q * qv);
+            const T pj = p[j], qj = q[j];
+            p[j] = pj + lr * (e * qj - reg_p * pj);
+            q[j] = qj + lr * (e * pj - reg_q * qj);
         }
         const bool last = t + 1 >= end;
-        if (last || u1 != u) wave_store(P, u, k, lane, p);
-        if (last || i1 != i) wave_store(Q, i, k, lane, q);
+        if (last || us[0] != u) wave_store(P, u, k, lane, p);
+        if (last || is[0] != i) wave_store(Q, i, k, lane, q);
         if (last) break;
-        if (u1 != u) {  // a row not prefetched was updated after its fetch: read it again
-            if (p1ok) wave_copy(p, p1); else wave_load(P, u1, k, lane, p);
+        if (t + 1 - c >= 32) {  // the next rating is in the second half: move on by 32
+            c += 32;
+            cu0 = cu1; ci0 = ci1; cr0 = cr1;
+            wave_ids(users, items, ratings, c + 32, end, lane, cu1, ci1, cr1);
         }
-        if (i1 != i) {
-            if (q1ok) wave_copy(q, q1); else wave_load(Q, i1, k, lane, q);
+        // the next rating becomes the current one; a row not fetched ahead was updated
+        // after the fetch would have been made, and is read again after this warp's store
+        if (us[0] != u) {
+            if (pok[0]) wave_copy(p, pv[0]); else wave_load(P, us[0], k, lane, p);
         }
-        u = u1; i = i1; r = r1;
-        u1 = u2; i1 = i2; r1 = r2;
-        p1ok = p2ok; q1ok = q2ok;
-        if (p2ok) wave_copy(p1, p2);
-        if (q2ok) wave_copy(q1, q2);
+        if (is[0] != i) {
+            if (qok[0]) wave_copy(q, qv[0]); else wave_load(Q, is[0], k, lane, q);
+        }
+        u = us[0]; i = is[0]; r = rs[0];
+#pragma unroll
+        for (int s = 0; s + 1 < D; ++s) {
+            us[s] = us[s + 1]; is[s] = is[s + 1]; rs[s] = rs[s + 1];
+            pok[s] = pok[s + 1]; qok[s] = qok[s + 1];
+            wave_copy(pv[s], pv[s + 1]);
+            wave_copy(qv[s], qv[s + 1]);
+        }
+        us[D - 1] = is[D - 1] = -1;
+        rs[D - 1] = T(0);
+        pok[D - 1] = qok[D - 1] = false;
+        if (t + 1 + D < end) {
+            id(t + 1 + D, us[D - 1], is[D - 1], rs[D - 1]);
+            bool pk = us[D - 1] != u, qk = is[D - 1] != i;
+#pragma unroll
+            for (int x = 0; x + 1 < D; ++x) {
+                pk = pk && us[D - 1] != us[x];
+                qk = qk && is[D - 1] != is[x];
+            }
+            pok[D - 1] = pk;
+            qok[D - 1] = qk;
+            if (pk) wave_load(P, us[D - 1], k, lane, pv[D - 1]);
+            if (qk) wave_load(Q, is[D - 1], k, lane, qv[D - 1]);
+        }
     }
 }
 
@@ -162,6 +213,9 @@ __global__ void mgpu_sgd_wave(const int* __restrict__ users, const int* __restri
                               const T* __restrict__ ratings, const long long* __restrict__ offsets,
                               const int* __restrict__ diagonals, int groups, int n_warps,
                               int* done, T* P, T* Q, int k, T lr, T reg_p, T reg_q) {
+    // ratings whose rows are in flight during an update: as many as 255 registers hold
+    // without spilling (8 for k <= 128 in float32, 2 for k > 128 in float64)
+    constexpr int WAVE_AHEAD = sizeof(T) * KPL <= 16 ? 8 : (sizeof(T) * KPL <= 32 ? 4 : 2);
     const int lane = threadIdx.x & 31;
     const int warp = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     if (warp >= n_warps || warp >= groups) return;  // the whole warp: a launch's padding
@@ -181,8 +235,8 @@ __global__ void mgpu_sgd_wave(const int* __restrict__ users, const int* __restri
                 __threadfence();  // its rows' stores, made before its flag, seen after it
             }
             const long long b = (long long)a * groups + c;
-            wave_block<T, KPL>(users, items, ratings, offsets[b], offsets[b + 1], P, Q, k, lr,
-                               reg_p, reg_q, lane);
+            wave_block<T, KPL, WAVE_AHEAD>(users, items, ratings, offsets[b], offsets[b + 1], P,
+                                           Q, k, lr, reg_p, reg_q, lane);
             __threadfence();  // every lane's stores visible before the flag
             __syncwarp();
             if (lane == 0) *(volatile int*)(done + a) = j + 1;

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mgpu.mf import sgd_block
-from mgpu.mf.schedule import (MAX_GROUPS, WaveSchedule, build_schedule, check_scheme,
+from mgpu.mf.schedule import (AUTO_GROUPS, WaveSchedule, build_schedule, check_scheme,
                               pass_order, wave_groups)
 
 
@@ -130,8 +130,9 @@ def test_schedule_is_a_function_of_the_seed():
 
 
 def test_wave_groups_follows_the_shape():
-    assert wave_groups(100_000_000, 480_189, 17_770) == 2500
-    assert wave_groups(10 ** 12, 10 ** 7, 10 ** 7) == MAX_GROUPS
+    assert wave_groups(100_000_000, 480_189, 17_770) == AUTO_GROUPS == 1024
+    assert wave_groups(200_000, 10 ** 5, 10 ** 5) == 111  # about 16 ratings a cell
+    assert wave_groups(10 ** 12, 10 ** 7, 10 ** 7) == AUTO_GROUPS
     assert wave_groups(10 ** 6, 3, 10 ** 5) == 3
     assert wave_groups(0, 0, 0) == 1
     with pytest.raises(ValueError, match=r"The 'groups' parameter of build_schedule must be in "

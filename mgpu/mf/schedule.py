@@ -32,7 +32,7 @@ import numpy as np
 
 from mgpu.backends import array_module, to_host
 
-__all__ = ["MIN_PER_BLOCK", "MAX_GROUPS", "SCHEMES", "WaveSchedule", "build_schedule",
+__all__ = ["AUTO_GROUPS", "MIN_PER_BLOCK", "MAX_GROUPS", "SCHEMES", "WaveSchedule", "build_schedule",
            "check_scheme", "pass_order", "wave_groups"]
 
 SCHEMES = {
@@ -48,9 +48,15 @@ MIN_PER_BLOCK = 16
 microsecond), as much as a few updates, so sub-blocks much smaller than this spend the pass
 waiting."""
 
+AUTO_GROUPS = 1024
+"""At most this many groups where the shape chooses: a warp per row group, and 1024 warps
+are resident at once on any GPU of 128 or more SMs whatever the kernel's registers (one
+thread block of 256 per SM), each with the rows of the next 2–8 ratings in flight, enough to
+keep the memory busy. More groups than resident warps would give some warps two row groups
+a step, and every step would wait for them."""
+
 MAX_GROUPS = 4096
-"""At most this many row (and column) groups: the offsets of G² sub-blocks stay within
-128 MiB, and a GPU holds fewer warps than this anyway."""
+"""At most this many groups asked for: the offsets of G² sub-blocks stay within 128 MiB."""
 
 
 @dataclass
@@ -91,15 +97,15 @@ def check_scheme(scheme: Any) -> str:
 def wave_groups(n_ratings: int, users_rated: int, items_rated: int) -> int:
     """G, from the block's shape: about :data:`MIN_PER_BLOCK` ratings per sub-block, no
     more groups than users or items that have ratings (an empty group would only wait), at
-    most :data:`MAX_GROUPS`, at least 1 (one warp: the sequential pass).
+    most :data:`AUTO_GROUPS`, at least 1 (one warp: the sequential pass).
 
     >>> wave_groups(100_000_000, 480_189, 17_770), wave_groups(22_000, 335, 4_500)
-    (2500, 37)
+    (1024, 37)
     >>> wave_groups(5, 1, 5)
     1
     """
     want = math.isqrt(max(int(n_ratings), 0) // MIN_PER_BLOCK)
-    return int(max(1, min(want, int(users_rated), int(items_rated), MAX_GROUPS)))
+    return int(max(1, min(want, int(users_rated), int(items_rated), AUTO_GROUPS)))
 
 
 _ONE_KEY = 2 ** 62  # sort keys (cell, item, user) packed in one int64 below this
