@@ -254,6 +254,38 @@ def test_gpu_schedule_built_on_the_device_equals_the_host_one():
     np.testing.assert_array_equal(o_d.get(), o_h)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["wavefront", "hogwild"])
+def test_gpu_staged_block_runs_by_its_scheme(scheme):
+    """stage_block orders a block for its scheme (the wavefront's order built on the device
+    equals the host's) and run_staged runs it: on ratings that share no user or item every
+    scheme must equal the sequential pass."""
+    import cupy
+
+    from mgpu.mf.staging import run_staged, stage_block
+
+    rng = np.random.default_rng(5)
+    n = 4000
+    u, i = rng.permutation(n), rng.permutation(n)
+    r = rng.uniform(1, 5, n)
+    staged = stage_block((u, i, r), np.dtype(np.float64), 7, scheme)
+    if scheme == "wavefront":
+        order, s = build_schedule(u, i, n, n, seed=7)
+        assert staged[3].groups == s.groups
+        np.testing.assert_array_equal(staged[0].get(), u[order])
+        np.testing.assert_array_equal(staged[3].offsets.get(), s.offsets)
+    else:
+        assert staged[3] is None
+    P0, Q0 = rng.random((n, 32)), rng.random((n, 32))
+    P, Q = P0.copy(), Q0.copy()
+    sgd_block(u, i, r, P, Q, 0.01, 0.05, 0.05)
+    Pg, Qg = cupy.asarray(P0), cupy.asarray(Q0)
+    run_staged(staged, Pg, Qg, 0.01, 0.05, 0.05,
+               {"scheme": scheme, "conflicts": 1.0, "max_warps": None})
+    np.testing.assert_allclose(Pg.get(), P, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(Qg.get(), Q, rtol=1e-12, atol=1e-12)
+
+
 def _movielens(data_dir):
     from mgpu.io import load_ratings
     from test_mf import _split

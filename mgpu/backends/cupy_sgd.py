@@ -96,13 +96,13 @@ def sgd_wave_gpu(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray
                          f"offsets) covers {schedule.size} ratings; this pass was given "
                          f"{ratings.shape[0]}. Build it (mgpu.mf.schedule.build_schedule) from "
                          "these ratings.")
+    expr = "mgpu_sgd_wave" + _check_operands(users, items, ratings, P, Q)
     offsets = cupy.asarray(schedule.offsets, dtype=cupy.int64)
     schedule.offsets = offsets  # moved to the device once, for every pass
     epoch = schedule.passes
     schedule.passes += 1
     if ratings.shape[0] == 0:
         return
-    expr = "mgpu_sgd_wave" + _check_operands(users, items, ratings, P, Q)
     fn = get_function(_SGD, expr, INSTANCES[_SGD])
     warps, per_block = wave_warps(expr, groups, max_warps)
     diagonals = cupy.asarray(schedule.diagonals(epoch))

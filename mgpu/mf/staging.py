@@ -25,8 +25,8 @@ def stage_block(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, se
     """A block's ratings on the GPU, ordered once for every pass.
 
     ``scheme="wavefront"`` (``mgpu.mf.gpu-scheme``'s default): in the order of the block's
-    wavefront schedule (:func:`mgpu.mf.schedule.build_schedule`, built here on the host,
-    once), which the returned schedule runs. ``"hogwild"``: in a random order drawn once,
+    wavefront schedule (:func:`mgpu.mf.schedule.build_schedule`, built here on the device,
+    once; the same as one built on the host), which the returned schedule runs. ``"hogwild"``: in a random order drawn once,
     as cuMF_SGD shuffles once (thousands of warps in flight reorder the updates anyway).
 
     Parameters
@@ -51,13 +51,14 @@ def stage_block(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, se
     check_scheme(scheme)
     users, items, ratings = block
     schedule = None
-    if scheme == "wavefront":
+    if scheme == "wavefront":  # built on the device: its sort takes milliseconds there
         n_users = int(users.max()) + 1 if users.size else 0
         n_items = int(items.max()) + 1 if items.size else 0
-        order, schedule = build_schedule(users, items, n_users, n_items, seed=seed)
-        schedule.offsets = cupy.asarray(schedule.offsets)
-    else:
-        order = np.random.default_rng(seed).permutation(users.shape[0])
+        u, i = cupy.asarray(users, dtype=cupy.int64), cupy.asarray(items, dtype=cupy.int64)
+        order, schedule = build_schedule(u, i, n_users, n_items, seed=seed)
+        return (u[order].astype(cupy.int32), i[order].astype(cupy.int32),
+                cupy.asarray(ratings, dtype=dtype)[order], schedule)
+    order = np.random.default_rng(seed).permutation(users.shape[0])
     return (cupy.asarray(users[order].astype(np.int32)),
             cupy.asarray(items[order].astype(np.int32)),
             cupy.asarray(ratings[order].astype(dtype)), schedule)
