@@ -105,16 +105,15 @@ __device__ __forceinline__ void wave_ids(const int* __restrict__ users,
 // one sub-block's ratings [beg, end), in order, by one warp. The ids come 32 at a time,
 // one rating per lane, and reach the warp by shuffles (no load on the update's path); the
 // rows of the next D ratings are in flight while this one is updated.
+// (cu0, ci0, cr0) and (cu1, ci1, cr1): wave_ids of beg and beg + 32, loaded by the caller
+// before it waits for the sub-block's items (ids are read-only)
 template <typename T, int KPL, int D>
 __device__ void wave_block(const int* __restrict__ users, const int* __restrict__ items,
-                           const T* __restrict__ ratings, long long beg, long long end, T* P,
-                           T* Q, int k, T lr, T reg_p, T reg_q, int lane) {
+                           const T* __restrict__ ratings, long long beg, long long end, int cu0,
+                           int ci0, T cr0, int cu1, int ci1, T cr1, T* P, T* Q, int k, T lr,
+                           T reg_p, T reg_q, int lane) {
     if (beg >= end) return;
     long long c = beg;  // ratings c .. c + 63 are in (cu0, ci0, cr0) and (cu1, ci1, cr1)
-    int cu0, ci0, cu1, ci1;
-    T cr0, cr1;
-    wave_ids(users, items, ratings, c, end, lane, cu0, ci0, cr0);
-    wave_ids(users, items, ratings, c + 32, end, lane, cu1, ci1, cr1);
     auto id = [&](long long t, int& u, int& i, T& r) {  // t - c in [0, 64), warp-uniform
         const int off = (int)(t - c);
         const bool first = off < 32;
@@ -225,18 +224,26 @@ __global__ void mgpu_sgd_wave(const int* __restrict__ users, const int* __restri
         for (int a = warp; a < groups; a += n_warps) {
             int c = a + d;
             if (c >= groups) c -= groups;
+            // what no other warp writes is loaded before the wait: the cell's bounds and ids
+            const long long b = (long long)a * groups + c;
+            const long long beg = offsets[b], end = offsets[b + 1];
+            int cu0, ci0, cu1, ci1;
+            T cr0, cr1;
+            wave_ids(users, items, ratings, beg, end, lane, cu0, ci0, cr0);
+            wave_ids(users, items, ratings, beg + 32, end, lane, cu1, ci1, cr1);
             if (j > 0) {
                 int prev = c - back;  // the row group that held column group c at step j − 1
                 if (prev < 0) prev += groups;
                 if (lane == 0) {
-                    while (*(volatile const int*)(done + prev) < j) __nanosleep(32);
+                    while (*(volatile const int*)(done + prev) < j) {
+                        asm volatile("nanosleep.u32 32;");  // sm_70+; PTX, not a header's
+                    }
                 }
                 __syncwarp();
                 __threadfence();  // its rows' stores, made before its flag, seen after it
             }
-            const long long b = (long long)a * groups + c;
-            wave_block<T, KPL, WAVE_AHEAD>(users, items, ratings, offsets[b], offsets[b + 1], P,
-                                           Q, k, lr, reg_p, reg_q, lane);
+            wave_block<T, KPL, WAVE_AHEAD>(users, items, ratings, beg, end, cu0, ci0, cr0, cu1,
+                                           ci1, cr1, P, Q, k, lr, reg_p, reg_q, lane);
             __threadfence();  // every lane's stores visible before the flag
             __syncwarp();
             if (lane == 0) *(volatile int*)(done + a) = j + 1;
