@@ -171,7 +171,7 @@ class Calibration:
     :func:`mgpu.mf.hosts.share_segments`) or each kept its own (``"separate"``: a segment
     crossing between workers was copied), "" in a calibration from before it was
     recorded, whose probe kept them separate. ``key`` names what was measured (the GPU and
-    CPU models, k, dtype, the bound on conflicting GPU updates, ``block``), so a cached
+    CPU models, k, dtype, the GPU options: scheme, conflict bound, warps; ``block``), so a cached
     calibration is reused only for the same.
     """
 
