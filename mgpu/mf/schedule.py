@@ -32,8 +32,8 @@ import numpy as np
 
 from mgpu.backends import array_module, to_host
 
-__all__ = ["AUTO_GROUPS", "MIN_PER_BLOCK", "MAX_GROUPS", "SCHEMES", "WaveSchedule", "build_schedule",
-           "check_scheme", "pass_order", "wave_groups"]
+__all__ = ["AUTO_GROUPS", "MIN_PER_BLOCK", "MAX_GROUPS", "SCHEMES", "WaveSchedule",
+           "build_schedule", "check_scheme", "pass_order", "wave_groups"]
 
 SCHEMES = {
     "wavefront": "no two warps ever update one user or item: the block's G × G grid run "
@@ -89,8 +89,9 @@ def check_scheme(scheme: Any) -> str:
     'wavefront'
     """
     if scheme not in SCHEMES:
-        raise ValueError(f"The 'mgpu.mf.gpu-scheme' setting must be one of "
-                         "{" + ", ".join(map(repr, sorted(SCHEMES))) + f"}}. Got {scheme!r} instead.")
+        names = ", ".join(map(repr, sorted(SCHEMES)))
+        raise ValueError(f"The 'mgpu.mf.gpu-scheme' setting must be one of {{{names}}}. Got "
+                         f"{scheme!r} instead.")
     return str(scheme)
 
 

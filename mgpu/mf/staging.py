@@ -26,8 +26,9 @@ def stage_block(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, se
 
     ``scheme="wavefront"`` (``mgpu.mf.gpu-scheme``'s default): in the order of the block's
     wavefront schedule (:func:`mgpu.mf.schedule.build_schedule`, built here on the device,
-    once; the same as one built on the host), which the returned schedule runs. ``"hogwild"``: in a random order drawn once,
-    as cuMF_SGD shuffles once (thousands of warps in flight reorder the updates anyway).
+    once; the same as one built on the host), which the returned schedule runs.
+    ``"hogwild"``: in a random order drawn once, as cuMF_SGD shuffles once (thousands of
+    warps in flight reorder the updates anyway).
 
     Parameters
     ----------
