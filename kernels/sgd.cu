@@ -56,11 +56,18 @@ __global__ void mgpu_sgd_block(const int* __restrict__ users, const int* __restr
 // holds (mgpu/backends/cupy_sgd.py), else a waiting warp could hold the slot of the one it
 // waits for.
 //
-// Within a sub-block the warp keeps the current user's and item's rows in registers while
-// they repeat (a busy item's run reads its row once: its updates are the pass's longest
-// chain), has the ids of 32 ratings at a time in its lanes, and fetches the rows of the next
-// 2–8 ratings while it updates this one; a fetched row is taken only where no update between
-// the fetch and its use touches it (else it is read again, after this warp's own store).
+// Within a sub-block a warp keeps D ratings in flight: a ring of D slots, each with a
+// rating's ids and the rows of P and Q fetched for it, the loop unrolled D times so that a
+// slot is a fixed set of registers (a ring shifted through registers would wait for every
+// load at the shift). Rating t is updated from slot t mod D, which is then refilled with
+// rating t + D. The current user's and item's rows stay in registers while they repeat (a
+// busy item's run reads its row once). A Q row is fetched only where the item changes: the
+// sub-block's items come in runs, so a new item has had no update yet in this sub-block. A
+// P row is fetched unless its user is among the D − 1 ratings before it (whose updates are
+// not made yet): such a row is read again, after this warp's own store, when its turn comes.
+// The P rows of the first D ratings are fetched before the step's wait (only this warp
+// writes its row groups' users), the Q rows after it. The ids come 32 at a time, one rating
+// per lane, and reach the warp by shuffles.
 
 namespace {
 
@@ -102,119 +109,139 @@ __device__ __forceinline__ void wave_ids(const int* __restrict__ users,
     r = t < end ? ratings[t] : T(0);
 }
 
-// one sub-block's ratings [beg, end), in order, by one warp. The ids come 32 at a time,
-// one rating per lane, and reach the warp by shuffles (no load on the update's path); the
-// rows of the next D ratings are in flight while this one is updated.
-// (cu0, ci0, cr0) and (cu1, ci1, cr1): wave_ids of beg and beg + 32, loaded by the caller
-// before it waits for the sub-block's items (ids are read-only)
-template <typename T, int KPL, int D>
-__device__ void wave_block(const int* __restrict__ users, const int* __restrict__ items,
-                           const T* __restrict__ ratings, long long beg, long long end, int cu0,
-                           int ci0, T cr0, int cu1, int ci1, T cr1, T* P, T* Q, int k, T lr,
-                           T reg_p, T reg_q, int lane) {
-    if (beg >= end) return;
-    long long c = beg;  // ratings c .. c + 63 are in (cu0, ci0, cr0) and (cu1, ci1, cr1)
-    auto id = [&](long long t, int& u, int& i, T& r) {  // t - c in [0, 64), warp-uniform
+// the ids of ratings c .. c + 63, one per lane in two halves; id(t) for t − c in [0, 64)
+template <typename T>
+struct WaveIds {
+    const int* __restrict__ users;
+    const int* __restrict__ items;
+    const T* __restrict__ ratings;
+    long long c, end;
+    int u0, i0, u1, i1;
+    T r0, r1;
+
+    __device__ __forceinline__ WaveIds(const int* us, const int* is, const T* rs, long long beg,
+                                       long long end_, int lane)
+        : users(us), items(is), ratings(rs), c(beg), end(end_) {
+        wave_ids(users, items, ratings, c, end, lane, u0, i0, r0);
+        wave_ids(users, items, ratings, c + 32, end, lane, u1, i1, r1);
+    }
+    // t warp-uniform, t − c in [0, 64)
+    __device__ __forceinline__ void get(long long t, int& u, int& i, T& r) const {
         const int off = (int)(t - c);
         const bool first = off < 32;
         const int src = first ? off : off - 32;
-        u = __shfl_sync(MGPU_FULL_MASK, first ? cu0 : cu1, src);
-        i = __shfl_sync(MGPU_FULL_MASK, first ? ci0 : ci1, src);
-        r = __shfl_sync(MGPU_FULL_MASK, first ? cr0 : cr1, src);
-    };
-    int u, i;
-    T r;
-    id(beg, u, i, r);
-    T p[KPL], q[KPL];
-    wave_load(P, u, k, lane, p);
-    wave_load(Q, i, k, lane, q);
-    // the next D ratings: ids, and rows fetched where no rating before them updates them
-    int us[D], is[D];
-    T rs[D], pv[D][KPL], qv[D][KPL];
-    bool pok[D], qok[D];
-#pragma unroll
-    for (int s = 0; s < D; ++s) {
-        us[s] = is[s] = -1;
-        rs[s] = T(0);
-        pok[s] = qok[s] = false;
-        if (beg + 1 + s < end) {
-            id(beg + 1 + s, us[s], is[s], rs[s]);
-            pok[s] = us[s] != u;
-            qok[s] = is[s] != i;
-#pragma unroll
-            for (int x = 0; x < s; ++x) {
-                pok[s] = pok[s] && us[s] != us[x];
-                qok[s] = qok[s] && is[s] != is[x];
-            }
-            if (pok[s]) wave_load(P, us[s], k, lane, pv[s]);
-            if (qok[s]) wave_load(Q, is[s], k, lane, qv[s]);
+        u = __shfl_sync(MGPU_FULL_MASK, first ? u0 : u1, src);
+        i = __shfl_sync(MGPU_FULL_MASK, first ? i0 : i1, src);
+        r = __shfl_sync(MGPU_FULL_MASK, first ? r0 : r1, src);
+    }
+    // make t − c < 64 (t grows by one between calls)
+    __device__ __forceinline__ void reach(long long t, int lane) {
+        if (t - c >= 64) {
+            c += 32;
+            u0 = u1; i0 = i1; r0 = r1;
+            wave_ids(users, items, ratings, c + 32, end, lane, u1, i1, r1);
         }
     }
-    for (long long t = beg;; ++t) {
-        T acc = 0;
+};
+
+// the wait of a step: until *flag >= j (lane 0 polls, sleeping between reads), then a
+// fence, so that the rows stored before the flag are seen
+__device__ __forceinline__ void wave_wait(const int* flag, int j, int lane) {
+    if (lane == 0) {
+        while (*(volatile const int*)flag < j) {
+            asm volatile("nanosleep.u32 32;");  // sm_70+; PTX, not a header's
+        }
+    }
+    __syncwarp();
+    __threadfence();
+}
+
+// one sub-block's ratings [beg, end), in order, by one warp, D of them in flight; waits
+// for flag >= j first (flag null: no wait)
+template <typename T, int KPL, int D>
+__device__ __forceinline__ void wave_cell(const int* __restrict__ users,
+                                          const int* __restrict__ items,
+                                          const T* __restrict__ ratings, long long beg,
+                                          long long end, const int* flag, int j, T* P, T* Q,
+                                          int k, T lr, T reg_p, T reg_q, int lane) {
+    static_assert(D >= 2 && D <= 32, "the ring holds 2 to 32 ratings");
+    WaveIds<T> ids(users, items, ratings, beg, end, lane);
+    int us[D], is[D];
+    T rs[D], pv[D][KPL], qv[D][KPL];
+    bool pok[D];
 #pragma unroll
-        for (int j = 0; j < KPL; ++j) acc += p[j] * q[j];
-        const T e = r - mgpu::warp_sum(acc);
+    for (int s = 0; s < D; ++s) {  // ratings beg .. beg + D − 1; past end the ids are −1
+        ids.get(beg + s, us[s], is[s], rs[s]);
+        bool ok = us[s] >= 0;
 #pragma unroll
-        for (int j = 0; j < KPL; ++j) {  // lanes past k hold zeros, which stay zeros
-            const T pj = p[j], qj = q[j];
-            p[j] = pj + lr * (e * qj - reg_p * pj);
-            q[j] = qj + lr * (e * pj - reg_q * qj);
-        }
-        const bool last = t + 1 >= end;
-        if (last || us[0] != u) wave_store(P, u, k, lane, p);
-        if (last || is[0] != i) wave_store(Q, i, k, lane, q);
-        if (last) break;
-        if (t + 1 - c >= 32) {  // the next rating is in the second half: move on by 32
-            c += 32;
-            cu0 = cu1; ci0 = ci1; cr0 = cr1;
-            wave_ids(users, items, ratings, c + 32, end, lane, cu1, ci1, cr1);
-        }
-        // the next rating becomes the current one; a row not fetched ahead was updated
-        // after the fetch would have been made, and is read again after this warp's store
-        if (us[0] != u) {
-            if (pok[0]) wave_copy(p, pv[0]); else wave_load(P, us[0], k, lane, p);
-        }
-        if (is[0] != i) {
-            if (qok[0]) wave_copy(q, qv[0]); else wave_load(Q, is[0], k, lane, q);
-        }
-        u = us[0]; i = is[0]; r = rs[0];
+        for (int x = 0; x < s; ++x) ok = ok && us[s] != us[x];
+        pok[s] = ok;
+        if (ok) wave_load(P, us[s], k, lane, pv[s]);
+    }
+    if (flag != nullptr) wave_wait(flag, j, lane);
 #pragma unroll
-        for (int s = 0; s + 1 < D; ++s) {
-            us[s] = us[s + 1]; is[s] = is[s + 1]; rs[s] = rs[s + 1];
-            pok[s] = pok[s + 1]; qok[s] = qok[s + 1];
-            wave_copy(pv[s], pv[s + 1]);
-            wave_copy(qv[s], qv[s + 1]);
-        }
-        us[D - 1] = is[D - 1] = -1;
-        rs[D - 1] = T(0);
-        pok[D - 1] = qok[D - 1] = false;
-        if (t + 1 + D < end) {
-            id(t + 1 + D, us[D - 1], is[D - 1], rs[D - 1]);
-            bool pk = us[D - 1] != u, qk = is[D - 1] != i;
+    for (int s = 0; s < D; ++s) {
+        if (is[s] >= 0 && (s == 0 || is[s] != is[s - 1])) wave_load(Q, is[s], k, lane, qv[s]);
+    }
+    int u = -1, i = -1;
+    T p[KPL], q[KPL];
+    for (long long base = beg; base < end; base += D) {
 #pragma unroll
-            for (int x = 0; x + 1 < D; ++x) {
-                pk = pk && us[D - 1] != us[x];
-                qk = qk && is[D - 1] != is[x];
+        for (int s = 0; s < D; ++s) {
+            const long long t = base + s;
+            if (t >= end) break;
+            // rating t, from slot s
+            if (us[s] != u) {
+                if (pok[s]) wave_copy(p, pv[s]); else wave_load(P, us[s], k, lane, p);
             }
-            pok[D - 1] = pk;
-            qok[D - 1] = qk;
-            if (pk) wave_load(P, us[D - 1], k, lane, pv[D - 1]);
-            if (qk) wave_load(Q, is[D - 1], k, lane, qv[D - 1]);
+            if (is[s] != i) wave_copy(q, qv[s]);
+            u = us[s];
+            i = is[s];
+            T acc = 0;
+#pragma unroll
+            for (int x = 0; x < KPL; ++x) acc += p[x] * q[x];
+            const T e = rs[s] - mgpu::warp_sum(acc);
+#pragma unroll
+            for (int x = 0; x < KPL; ++x) {  // lanes past k hold zeros, which stay zeros
+                const T px = p[x], qx = q[x];
+                p[x] = px + lr * (e * qx - reg_p * px);
+                q[x] = qx + lr * (e * px - reg_q * qx);
+            }
+            const int next = (s + 1) % D, prev = (s + D - 1) % D;  // constants once unrolled
+            const bool last = t + 1 >= end;
+            if (last || us[next] != u) wave_store(P, u, k, lane, p);
+            if (last || is[next] != i) wave_store(Q, i, k, lane, q);
+            // slot s takes rating t + D: its P row unless its user is among t + 1 ..
+            // t + D − 1 (the other slots), its Q row where its item is new
+            ids.reach(t + D, lane);
+            int nu, ni;
+            T nr;
+            ids.get(t + D, nu, ni, nr);
+            bool ok = nu >= 0;
+#pragma unroll
+            for (int x = 0; x < D; ++x) {
+                if (x != s) ok = ok && nu != us[x];
+            }
+            const bool qnew = ni >= 0 && ni != is[prev];
+            us[s] = nu;
+            is[s] = ni;
+            rs[s] = nr;
+            pok[s] = ok;
+            if (ok) wave_load(P, nu, k, lane, pv[s]);
+            if (qnew) wave_load(Q, ni, k, lane, qv[s]);
         }
     }
 }
 
 }  // namespace
 
-template <typename T, int KPL>
-__global__ void mgpu_sgd_wave(const int* __restrict__ users, const int* __restrict__ items,
-                              const T* __restrict__ ratings, const long long* __restrict__ offsets,
-                              const int* __restrict__ diagonals, int groups, int n_warps,
-                              int* done, T* P, T* Q, int k, T lr, T reg_p, T reg_q) {
-    // ratings whose rows are in flight during an update: as many as 255 registers hold
-    // without spilling (8 for k <= 128 in float32, 2 for k > 128 in float64)
-    constexpr int WAVE_AHEAD = sizeof(T) * KPL <= 16 ? 8 : (sizeof(T) * KPL <= 32 ? 4 : 2);
+// D: ratings in flight per warp (mgpu/backends/cupy_sgd.py picks it; WAVE_DEPTHS there)
+template <typename T, int KPL, int D>
+__global__ void __launch_bounds__(64) mgpu_sgd_wave(
+        const int* __restrict__ users, const int* __restrict__ items,
+        const T* __restrict__ ratings, const long long* __restrict__ offsets,
+        const int* __restrict__ diagonals, int groups, int n_warps, int* done, T* P, T* Q,
+        int k, T lr, T reg_p, T reg_q) {
     const int lane = threadIdx.x & 31;
     const int warp = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     if (warp >= n_warps || warp >= groups) return;  // the whole warp: a launch's padding
@@ -224,26 +251,14 @@ __global__ void mgpu_sgd_wave(const int* __restrict__ users, const int* __restri
         for (int a = warp; a < groups; a += n_warps) {
             int c = a + d;
             if (c >= groups) c -= groups;
-            // what no other warp writes is loaded before the wait: the cell's bounds and ids
             const long long b = (long long)a * groups + c;
-            const long long beg = offsets[b], end = offsets[b + 1];
-            int cu0, ci0, cu1, ci1;
-            T cr0, cr1;
-            wave_ids(users, items, ratings, beg, end, lane, cu0, ci0, cr0);
-            wave_ids(users, items, ratings, beg + 32, end, lane, cu1, ci1, cr1);
-            if (j > 0) {
-                int prev = c - back;  // the row group that held column group c at step j − 1
-                if (prev < 0) prev += groups;
-                if (lane == 0) {
-                    while (*(volatile const int*)(done + prev) < j) {
-                        asm volatile("nanosleep.u32 32;");  // sm_70+; PTX, not a header's
-                    }
-                }
-                __syncwarp();
-                __threadfence();  // its rows' stores, made before its flag, seen after it
-            }
-            wave_block<T, KPL, WAVE_AHEAD>(users, items, ratings, beg, end, cu0, ci0, cr0, cu1,
-                                           ci1, cr1, P, Q, k, lr, reg_p, reg_q, lane);
+            int prev = c - back;  // the row group that held column group c at step j − 1
+            if (prev < 0) prev += groups;
+            // an empty sub-block waits too: the next holder of c trusts this flag for all
+            // of c's earlier holders
+            wave_cell<T, KPL, D>(users, items, ratings, offsets[b], offsets[b + 1],
+                                 j > 0 ? done + prev : nullptr, j, P, Q, k, lr, reg_p, reg_q,
+                                 lane);
             __threadfence();  // every lane's stores visible before the flag
             __syncwarp();
             if (lane == 0) *(volatile int*)(done + a) = j + 1;

@@ -206,6 +206,32 @@ def test_gpu_scheme_setting_is_checked_on_the_client():
             gpu_options()
 
 
+def test_wave_depths_keep_the_ring_in_registers():
+    from mgpu.backends.instances import INSTANCES, WAVE_DEPTHS, wave_depths, wave_kernel
+
+    assert WAVE_DEPTHS == (2, 4, 8)
+    assert wave_depths("float", 4) == (2, 4, 8) and wave_depths("double", 4) == (2, 4)
+    assert wave_depths("float", 8) == (2, 4) and wave_depths("double", 8) == (2,)
+    assert wave_kernel("float", 4) == "mgpu_sgd_wave<float, 4, 8>"  # k = 128: 8 in flight
+    assert wave_kernel("double", 2, 2) in INSTANCES["sgd.cu"]
+    with pytest.raises(ValueError, match=r"The 'depth' parameter of the wavefront SGD kernel "
+                                         r"must be one of \[2, 4\] for float factors of 8 per "
+                                         r"lane. Got 8 instead"):
+        wave_kernel("float", 8, 8)
+
+
+@pytest.mark.parametrize("depths", ["3", "4,x", ""])
+def test_bench_sgd_refuses_a_depth_the_kernel_lacks(depths):
+    from click.testing import CliRunner
+
+    from mgpu.cli import main
+
+    r = CliRunner().invoke(main, ["bench", "sgd", "--depths", depths])
+    assert r.exit_code == 2
+    assert f"Invalid value for --depths: expected some of 2, 4, 8 or 'auto', " \
+           f"comma-separated, got {depths!r}" in " ".join(r.output.split())
+
+
 # ----------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, rtol", [(np.float32, 3e-5), (np.float64, 1e-12)])
@@ -240,6 +266,62 @@ def test_gpu_wavefront_pass_equals_the_sequential_float64_pass(dtype, rtol, k, g
     for _ in range(3):
         sgd_block(*dev, Pg2, Qg2, 0.01, 0.05, 0.02, schedule=gs2)
     assert cupy.array_equal(Pg2, Pg) and cupy.array_equal(Qg2, Qg)
+
+
+def _repeating_users(seed: int):
+    """Ratings whose sub-blocks make every case of the kernel's ring: user 3 alone rates items
+    0..19 (runs of one rating, so one user in consecutive ratings across items), six users
+    rate items 20..39 (a user again within a few ratings, its fetched row stale), and
+    power-law ratings beside them."""
+    u, i = _power_law(3000, 60, 40, seed=seed)
+    u, i = u + 6, i + 40
+    u = np.concatenate([np.full(20, 3), np.tile(np.arange(6), 20), u])
+    i = np.concatenate([np.arange(20), np.repeat(np.arange(20, 40), 6), i])
+    return u, i, 66, 80
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 3e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("k", [32, 128, 256])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_gpu_wavefront_every_ring_depth_equals_the_sequential_float64_pass(dtype, rtol, k,
+                                                                          groups):
+    """Each number of ratings in flight a warp that the kernel has for (dtype, k) gives the
+    float64 sequential pass in pass_order (rows fetched ahead are taken only where still
+    current), one sub-block (groups 1: the whole block, users repeating across item runs)
+    or several; and a depth it lacks is refused by name."""
+    import cupy
+
+    from mgpu.backends.cupy_sgd import sgd_wave_gpu
+    from mgpu.backends.instances import SGD_KPL, wave_depths
+    from mgpu.backends.loader import c_type
+
+    u, i, n_users, n_items = _repeating_users(seed=k + groups)
+    r = np.random.default_rng(k).uniform(1, 5, u.size)
+    order, s = build_schedule(u, i, n_users, n_items, seed=k, groups=groups)
+    su, si, sr = u[order], i[order], r[order]
+    rng = np.random.default_rng(2)
+    P0 = rng.random((n_users, k)) / np.sqrt(k)
+    Q0 = rng.random((n_items, k)) / np.sqrt(k)
+    P, Q = P0.astype(dtype).astype(np.float64), Q0.astype(dtype).astype(np.float64)
+    for epoch in range(2):
+        sgd_block(su, si, sr, P, Q, 0.02, 0.05, 0.02, pass_order(s, epoch))
+    dev = [cupy.asarray(su.astype(np.int32)), cupy.asarray(si.astype(np.int32)),
+           cupy.asarray(sr.astype(dtype))]
+    kpl = next(w for w in SGD_KPL if k <= 32 * w)
+    depths = wave_depths(c_type(np.dtype(dtype)), kpl)
+    assert depths[0] == 2
+    for depth in depths:
+        Pg, Qg = cupy.asarray(P0.astype(dtype)), cupy.asarray(Q0.astype(dtype))
+        gs = WaveSchedule(s.groups, cupy.asarray(s.offsets), s.seed, s.size)
+        for _ in range(2):
+            sgd_wave_gpu(*dev, Pg, Qg, 0.02, 0.05, 0.02, gs, depth=depth)
+        np.testing.assert_allclose(Pg.get(), P, rtol=rtol, atol=rtol, err_msg=f"depth {depth}")
+        np.testing.assert_allclose(Qg.get(), Q, rtol=rtol, atol=rtol, err_msg=f"depth {depth}")
+    with pytest.raises(ValueError, match=r"The 'depth' parameter of the wavefront SGD kernel "
+                                         r"must be one of \[.*\] .* Got 3 instead"):
+        sgd_wave_gpu(*dev, Pg, Qg, 0.02, 0.05, 0.02, gs, depth=3)
+    assert gs.passes == 2  # the refused pass did not count
 
 
 @pytest.mark.gpu

@@ -11,12 +11,13 @@ import numpy as np
 
 from mgpu.backends.dispatch import sgd_lookup
 from mgpu.backends.cupy import current_facts
-from mgpu.backends.instances import INSTANCES, SGD_KPL
+from mgpu.backends.instances import INSTANCES, SGD_KPL, wave_kernel
 from mgpu.backends.loader import c_type, get_function
 
 _SGD = "sgd.cu"
 _THREADS = 256
 _BLOCKS_PER_SM = 16
+_WAVE_THREADS = 64  # two warps a thread block: the SM's registers leave no warp unused
 
 
 def sgd_is_usable_for(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray,
@@ -64,31 +65,31 @@ def wave_warps(expr: str, groups: int, max_warps: int | None = None) -> tuple[in
     """(warps, warps per thread block) of a wavefront launch: one per row group, no more
     than the device holds at once (every warp of the wavefront must be resident, or one
     waiting could hold the slot of the one it waits for) nor ``max_warps``."""
-    per_block = _THREADS // 32
+    per_block = _WAVE_THREADS // 32
     resident = current_facts().sms * _resident_blocks(cupy.cuda.runtime.getDevice(), expr,
-                                                      _THREADS) * per_block
+                                                      _WAVE_THREADS) * per_block
     warps = max(1, min(groups, resident, max_warps if max_warps and max_warps > 0 else groups))
     return warps, min(per_block, warps)
 
 
 def _check_operands(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray,
-                    P: cupy.ndarray, Q: cupy.ndarray) -> str:
-    """The kernel's instantiation suffix ``<T, KPL>`` for these operands, or ValueError."""
+                    P: cupy.ndarray, Q: cupy.ndarray) -> tuple[str, int]:
+    """The kernel's (C type, KPL) for these operands, or ValueError."""
     if not sgd_is_usable_for(users, items, ratings, P, Q):
         raise ValueError(
             f"The SGD kernel takes float32 or float64 factors and ratings of one dtype, int32 "
             f"ids and 1 <= k <= {32 * SGD_KPL[-1]}. Got P {P.dtype} {P.shape}, Q {Q.dtype} "
             f"{Q.shape}, ratings {ratings.dtype}, ids {users.dtype}/{items.dtype}.")
-    kpl = next(w for w in SGD_KPL if int(P.shape[1]) <= 32 * w)
-    return f"<{c_type(P.dtype)}, {kpl}>"
+    return c_type(P.dtype), next(w for w in SGD_KPL if int(P.shape[1]) <= 32 * w)
 
 
 def sgd_wave_gpu(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray,
                  P: cupy.ndarray, Q: cupy.ndarray, lr: float, reg_p: float, reg_q: float,
-                 schedule: Any, max_warps: int | None = None) -> None:
+                 schedule: Any, max_warps: int | None = None, depth: int | None = None) -> None:
     """One pass of the wavefront scheme (``mgpu_sgd_wave``): the ratings in ``schedule``'s
     order (:func:`mgpu.mf.schedule.build_schedule`), the pass's diagonals drawn from its
-    seed and ``schedule.passes``, which this advances."""
+    seed and ``schedule.passes``, which this advances; ``depth`` ratings in flight per warp
+    (:func:`wave_kernel`). The result does not depend on ``max_warps`` or ``depth``."""
     groups = int(schedule.groups)
     if schedule.offsets.shape != (groups * groups + 1,) \
             or int(ratings.shape[0]) != int(schedule.size):
@@ -96,7 +97,7 @@ def sgd_wave_gpu(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray
                          f"offsets) covers {schedule.size} ratings; this pass was given "
                          f"{ratings.shape[0]}. Build it (mgpu.mf.schedule.build_schedule) from "
                          "these ratings.")
-    expr = "mgpu_sgd_wave" + _check_operands(users, items, ratings, P, Q)
+    expr = wave_kernel(*_check_operands(users, items, ratings, P, Q), depth)
     offsets = cupy.asarray(schedule.offsets, dtype=cupy.int64)
     schedule.offsets = offsets  # moved to the device once, for every pass
     epoch = schedule.passes
@@ -131,7 +132,7 @@ def sgd_block_gpu(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarra
     if n == 0:
         return
     k = int(P.shape[1])
-    expr = "mgpu_sgd_block" + _check_operands(users, items, ratings, P, Q)
+    expr = "mgpu_sgd_block<{}, {}>".format(*_check_operands(users, items, ratings, P, Q))
     fn = get_function(_SGD, expr, INSTANCES[_SGD])
     warps = min(warps_for(users, items, P.shape[0], Q.shape[0], conflicts), n,
                 max_warps if max_warps is not None and max_warps > 0 else n)

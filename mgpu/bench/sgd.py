@@ -29,16 +29,18 @@ def _draw(n: int, weights: Any, rng: Any) -> Any:
 
 def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *,
               conflicts: tuple[float | None, ...] = (None,), wavefront: bool = True,
-              groups: tuple[int | None, ...] = (None,), dtype: Any = np.float32,
-              repeats: int = 5, seed: int = 0) -> list[dict[str, Any]]:
+              groups: tuple[int | None, ...] = (None,), depths: tuple[int | None, ...] = (None,),
+              dtype: Any = np.float32, repeats: int = 5,
+              seed: int = 0) -> list[dict[str, Any]]:
     """Median time of one pass of the SGD kernel over ``n_ratings`` ratings, per k: the
     wavefront scheme (``wavefront``; per grid size in ``groups``, None: the one the shape
-    gives, :func:`mgpu.mf.schedule.wave_groups`) and the lock-free one per bound on
-    conflicts."""
+    gives, :func:`mgpu.mf.schedule.wave_groups`, and per ratings in flight per warp in
+    ``depths``, None: the kernel's default; depths a k lacks are left out) and the lock-free
+    one per bound on conflicts."""
     import cupy
 
-    from mgpu.backends.cupy_sgd import wave_warps, warps_for
-    from mgpu.backends.instances import SGD_KPL
+    from mgpu.backends.cupy_sgd import sgd_wave_gpu, wave_warps, warps_for
+    from mgpu.backends.instances import SGD_KPL, wave_depths, wave_kernel
     from mgpu.backends.loader import c_type
     from mgpu.backends.timing import time_gpu
     from mgpu.mf.schedule import build_schedule
@@ -54,8 +56,9 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
     out = []
     sample = slice(0, min(n_ratings, 1_000_000))
     host = [a[sample].get() for a in (users, items, ratings)]
-    schemes: list[tuple[str, Any]] = [("wavefront", g) for g in groups] if wavefront else []
-    schemes += [("hogwild", c) for c in conflicts]
+    schemes: list[tuple[str, Any, Any]] = [("wavefront", g, d) for g in groups
+                                           for d in depths] if wavefront else []
+    schemes += [("hogwild", c, None) for c in conflicts]
     staged: dict[Any, Any] = {("hogwild", c): (users, items, ratings, None) for c in conflicts}
     build_s = {}
     for g in groups if wavefront else ():  # built once, as a fit builds it once per block
@@ -66,21 +69,28 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
         del order
         cupy.cuda.Device().synchronize()
         build_s[g] = time.perf_counter() - t0
-    for k, (scheme, c) in ((k, sc) for k in ks for sc in schemes):
+    for k, (scheme, c, depth) in ((k, sc) for k in ks for sc in schemes):
+        t_kpl = (c_type(np.dtype(dtype)), next(w for w in SGD_KPL if k <= 32 * w))
+        if depth is not None and depth not in wave_depths(*t_kpl):
+            continue
+        depth = depth or wave_depths(*t_kpl)[-1]  # the kernel's default
         P = (rng.random((n_users, k), dtype=np.float64) / np.sqrt(k)).astype(dtype)
         Q = (rng.random((n_items, k), dtype=np.float64) / np.sqrt(k)).astype(dtype)
         before = rmse(*host, P.get().astype(np.float64), Q.get().astype(np.float64))
         u, i, r, sched = staged[scheme, c]
-        kw: dict[str, Any] = {"schedule": sched} if sched is not None else {"conflicts": c}
         asked, c = (c, None) if sched is not None else (None, c)  # wavefront: G asked, no bound
-        t = time_gpu(lambda: sgd_block(u, i, r, P, Q, 0.005, 0.05, 0.05, **kw),
-                     repeats=repeats, warmup=1)
+        if sched is not None:
+            def one_pass() -> None:
+                sgd_wave_gpu(u, i, r, P, Q, 0.005, 0.05, 0.05, sched, depth=depth)
+        else:
+            def one_pass() -> None:
+                sgd_block(u, i, r, P, Q, 0.005, 0.05, 0.05, conflicts=c)
+        t = time_gpu(one_pass, repeats=repeats, warmup=1)
         after = rmse(*host, P.get().astype(np.float64), Q.get().astype(np.float64))
         item = np.dtype(dtype).itemsize
         moved = n_ratings * (4 * k * item + item + 8)
         if sched is not None:
-            kpl = next(w for w in SGD_KPL if k <= 32 * w)
-            warps = wave_warps(f"mgpu_sgd_wave<{c_type(dtype)}, {kpl}>", sched.groups)[0]
+            warps = wave_warps(wave_kernel(*t_kpl, depth), sched.groups)[0]
         else:
             warps = warps_for(users, items, n_users, n_items, c)
         out.append({"device": dev, "n_users": n_users, "n_items": n_items,
@@ -88,6 +98,7 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
                     "dtype": np.dtype(dtype).name, "scheme": scheme, "conflicts": c,
                     "groups": sched.groups if sched is not None else None,
                     "schedule_s": build_s[asked] if sched is not None else None,
+                    "depth": depth if sched is not None else None,
                     "warps": warps, "median_s": t, "updates_per_s": n_ratings / t,
                     "gb_per_s": moved / t / 1e9,
                     "rmse_sample_before": before, "rmse_sample_after": after})
@@ -96,7 +107,8 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
 
 def _label(r: dict[str, Any]) -> str:
     if r.get("scheme") == "wavefront":
-        return f"wavefront, {r['groups']:,}² cells (built in {r['schedule_s']:.2f} s)"
+        return (f"wavefront, {r['groups']:,}² cells, {r['depth']} in flight a warp (built in "
+                f"{r['schedule_s']:.2f} s)")
     return f"hogwild, bound {'none' if r['conflicts'] is None else r['conflicts']}"
 
 

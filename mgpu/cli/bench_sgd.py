@@ -11,6 +11,7 @@ import numpy as np
 from mgpu.cli import _options as opt
 from mgpu.cli._inputs import load_ratings
 from mgpu.cli._output import write_json
+from mgpu.backends.instances import WAVE_DEPTHS
 from mgpu.mf.schedule import MAX_GROUPS
 
 
@@ -19,6 +20,18 @@ def _need_gpu(what: str) -> None:
 
     if visible_gpus() == 0:
         raise click.UsageError(what)
+
+
+def _depths(text: str) -> tuple[int | None, ...]:
+    """--depths as a tuple (None: the kernel's default), or BadParameter."""
+    try:
+        ring = tuple(None if d.strip() == "auto" else int(d) for d in text.split(","))
+    except ValueError:
+        ring = ()
+    if not ring or any(d is not None and d not in WAVE_DEPTHS for d in ring):
+        raise click.BadParameter(f"expected some of {', '.join(map(str, WAVE_DEPTHS))} or "
+                                 f"'auto', comma-separated, got {text!r}", param_hint="--depths")
+    return ring
 
 
 @click.command("sgd")
@@ -38,12 +51,16 @@ def _need_gpu(what: str) -> None:
 @click.option("--groups", default="auto", show_default=True,
               help="Comma-separated grid sizes G of the wavefront scheme ('auto': the one the "
               "data's shape gives, as a fit chooses it).")
+@click.option("--depths", default="auto", show_default=True,
+              help="Comma-separated ratings in flight per warp of the wavefront kernel, of "
+              f"{', '.join(map(str, WAVE_DEPTHS))} ('auto': the kernel's default, the deepest "
+              "a k has; a depth a k lacks is skipped).")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
               show_default=True)
 @opt.repeats(5)
 @opt.json_out()
 def bench_sgd(shape: tuple[int, int], n_ratings: int, ks: tuple[int, ...], conflicts: str,
-              wavefront: bool, groups: str, dtype: str, repeats: int,
+              wavefront: bool, groups: str, depths: str, dtype: str, repeats: int,
               json_path: str | None) -> None:
     """Updates/s of the GPU SGD block kernel of matrix factorisation, the wavefront scheme
     beside the lock-free one's bounds (one pass = every rating once, power-law user and
@@ -66,11 +83,12 @@ def bench_sgd(shape: tuple[int, int], n_ratings: int, ks: tuple[int, ...], confl
     if any(g is not None and not 1 <= g <= MAX_GROUPS for g in sizes):
         raise click.BadParameter(f"every G must be in [1, {MAX_GROUPS}], got {groups!r}",
                                  param_hint="--groups")
+    ring = _depths(depths)
     if not bounds and not wavefront:
         raise click.UsageError("nothing to time: give --conflicts or --wavefront")
     _need_gpu("bench sgd times the GPU kernel; no GPU is visible.")
     rows = b.bench_gpu(*shape, n_ratings, ks, conflicts=bounds, wavefront=wavefront,
-                       groups=sizes, dtype=np.dtype(dtype), repeats=repeats)
+                       groups=sizes, depths=ring, dtype=np.dtype(dtype), repeats=repeats)
     click.echo(b.markdown(rows))
     write_json(json_path, rows)
 

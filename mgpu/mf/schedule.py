@@ -44,16 +44,19 @@ SCHEMES = {
 """How a GPU runs a block's SGD pass (``mgpu.mf.gpu-scheme``)."""
 
 MIN_PER_BLOCK = 16
-"""Mean ratings per sub-block the grid aims at: a step costs a warp one flag read (about a
-microsecond), as much as a few updates, so sub-blocks much smaller than this spend the pass
-waiting."""
+"""Mean ratings per sub-block the grid aims at. A step costs a warp a fixed few microseconds
+(the flag's wait and fence, the ring of the next ratings' rows filled once: about one memory
+round trip) and each rating about 0.2 µs once the ring runs (kernels/sgd.cu), so a pass of N
+ratings over G groups (G warps) takes about G·o + (N/G)·t, least where a sub-block holds
+N/G² = o/t, some 15 ratings."""
 
 AUTO_GROUPS = 1024
-"""At most this many groups where the shape chooses: a warp per row group, and 1024 warps
-are resident at once on any GPU of 128 or more SMs whatever the kernel's registers (one
-thread block of 256 per SM), each with the rows of the next 2–8 ratings in flight, enough to
-keep the memory busy. More groups than resident warps would give some warps two row groups
-a step, and every step would wait for them."""
+"""At most this many groups where the shape chooses: a warp per row group, and every warp of
+a pass must be resident at once. The wavefront kernel at k <= 128 in float32 with 8 ratings in
+flight a warp uses about 164 registers a thread, so an SM holds 12 of its warps (1,584 on a
+132-SM H100; 2,376 with 4 in flight): 1024 fits any GPU of 86 or more SMs. More groups than
+resident warps give some warps two row groups a step, and every step waits for them. The
+shape alone chooses G (not the device), so that a CPU and a GPU run one schedule."""
 
 MAX_GROUPS = 4096
 """At most this many groups asked for: the offsets of G² sub-blocks stay within 128 MiB."""
