@@ -1,12 +1,14 @@
 // Exact sparse kNN and pairwise distances through one semiring table (mgpu/ops/distances.py).
 //
-// mgpu_knn_csr<T, I, OP, M, KMAX>: one warp per index row, a batch of up to 32*M queries
-// held dense (features x queries, row-major, so that the queries of one feature are
-// contiguous). The warp reads its row's nonzeros once, 32 at a time, and broadcasts each
-// (feature, value) to the lanes; lane l accumulates queries l, l+32, ... by reading their
-// values of that feature, a coalesced load from the dense query block. Index nonzeros are
-// thus read once per batch (not once per query), and the query block is sized to stay in
-// L2. Rows are taken from a global counter in the order given (longest first), which
+// mgpu_knn_csr<T, I, OP, M, KMAX>: one warp per index row and group of up to 32*M queries
+// held dense (features x queries of the launch, row-major, so that the queries of one
+// feature are contiguous). The grid's y axis holds the launch's groups (q_group queries
+// each, the last may hold fewer), so one launch answers many groups. The warp reads its
+// row's nonzeros once, 32 at a time, and broadcasts each (feature, value) to the lanes;
+// lane l accumulates its group's queries l, l+32, ... by reading their values of that
+// feature, a coalesced load from the dense query block. Index nonzeros are thus read once
+// per group (not once per query), and a group's part of the query block is sized to stay
+// in L2. Rows are taken from a counter per group in the order given (longest first), which
 // balances warps without a partition.
 //
 // The dot-product ("expanded") metrics accumulate q * x over the index row's nonzeros (the
@@ -36,11 +38,15 @@
 // does not order ties by row), and writes them out at the end: k candidates per query leave
 // each warp, never the distances.
 // KMAX == 0: every key is written to a dense (query x index row) tile (pairwise distances,
-// and kNN with k beyond the fused lists).
+// kNN with k beyond the fused lists, and kNN on indexes small enough that the lists would
+// keep about every row anyway).
 //
 // mgpu_select_k<T, KMAX>: the k best of each row of a candidate matrix (keys, optional ids)
 // with the same order: each thread keeps a sorted list of its share, then k rounds of a
 // block-wide arg-min over the list heads.
+//
+// mgpu_knn_postings<T, KMAX> (below): the dot-product metrics from a tiled inverted copy of
+// the index, for wide corpora; the same keys, ids and tie order as mgpu_knn_csr.
 //
 // The key is the distance, negated for similarities (inner product), so smaller is better.
 #include "common.cuh"
@@ -205,15 +211,16 @@ __device__ __forceinline__ void list_insert(T* keys, int* ids, int& n, int k, T 
 
 }  // namespace mgpu
 
-// q_ptr, q_idx, q_val: the batch's queries as CSR (q_ptr relative to the batch), for the union
-// walk in feature order, or for L-infinity ordered by decreasing |value| (q_val holds |value|);
-// unused by the other operations. qd: the dense block, read by the dot-product operations and
-// L-infinity only.
+// q_ptr, q_idx, q_val: the launch's queries as CSR (q_ptr[c] for query c of the launch, an
+// offset into q_idx and q_val, which may hold other queries' nonzeros around them), for the
+// union walk in feature order, or for L-infinity ordered by decreasing |value| (q_val holds
+// |value|); unused by the other operations. qd: the dense block (features x n_q), read by the
+// dot-product operations and L-infinity only. counter: one zeroed int per group.
 template <typename T, typename I, int OP, int M, int KMAX>
 __global__ void __launch_bounds__(MGPU_KNN_THREADS)
 mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
              const T* __restrict__ data, const int* __restrict__ order, int n_rows,
-             const T* __restrict__ qd, int n_q,
+             const T* __restrict__ qd, int n_q, int q_group,
              const double* __restrict__ xs1, const double* __restrict__ xs2,
              const double* __restrict__ qs1, const double* __restrict__ qs2,
              const int* __restrict__ q_ptr, const int* __restrict__ q_idx,
@@ -225,6 +232,10 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
     const int lane = threadIdx.x & 31;
     const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long n_warps = (long long)gridDim.x * (blockDim.x >> 5);
+    // this block's group of queries (grid y): q0 .. q0 + nq - 1, each with its own row counter
+    const int q0 = blockIdx.y * q_group;
+    const int nq = min(q_group, n_q - q0);
+    counter += blockIdx.y;
 
     // per owned query: sorted (key, row) lists; sized by KMAX, filled to k
     T keys[M][KMAX > 0 ? KMAX : 1];
@@ -236,9 +247,9 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
 #pragma unroll
     for (int m = 0; m < M; ++m) {
         filled[m] = 0;
-        const int c = lane + 32 * m;
-        mq[m] = (OP == mgpu::OP_CORRELATION && c < n_q) ? qs1[c] : 0.0;
-        q_end[m] = (UNION && c < n_q) ? q_ptr[c + 1] : 0;
+        const int c = q0 + lane + 32 * m;
+        mq[m] = (OP == mgpu::OP_CORRELATION && lane + 32 * m < nq) ? qs1[c] : 0.0;
+        q_end[m] = (UNION && lane + 32 * m < nq) ? q_ptr[c + 1] : 0;
     }
 
     for (;;) {
@@ -262,8 +273,8 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
             q_only[m] = 0.0;
             x_only[m] = 0.0;
             if (UNION) {
-                const int c = lane + 32 * m;
-                q_pos[m] = c < n_q ? q_ptr[c] : 0;
+                const int c = q0 + lane + 32 * m;
+                q_pos[m] = lane + 32 * m < nq ? q_ptr[c] : 0;
                 q_next[m] = q_pos[m] < q_end[m] ? q_idx[q_pos[m]] : END;
             }
         }
@@ -304,8 +315,8 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
                     const T* qrow = qd + (long long)jt * n_q;
 #pragma unroll
                     for (int m = 0; m < M; ++m) {
-                        const int c = lane + 32 * m;
-                        const double q = c < n_q ? (double)qrow[c] : 0.0;
+                        const int c = q0 + lane + 32 * m;
+                        const double q = lane + 32 * m < nq ? (double)qrow[c] : 0.0;
                         mgpu::accumulate<OP>(a[m], b[m], q, xt, p);
                     }
                 }
@@ -314,8 +325,8 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
 
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-            const int c = lane + 32 * m;
-            if (c >= n_q) continue;
+            const int c = q0 + lane + 32 * m;
+            if (lane + 32 * m >= nq) continue;
             if (UNION) {  // the query's features after the row's last
                 for (; q_pos[m] < q_end[m]; ++q_pos[m]) {
                     mgpu::union_add<OP>(q_only[m], b[m], (double)q_val[q_pos[m]], 0.0, mq[m],
@@ -358,14 +369,82 @@ mgpu_knn_csr(const I* __restrict__ indptr, const int* __restrict__ indices,
     if (KMAX > 0) {
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-            const int c = lane + 32 * m;
-            if (c >= n_q) continue;
+            const int c = q0 + lane + 32 * m;
+            if (lane + 32 * m >= nq) continue;
             const long long base = ((long long)c * n_warps + warp) * k;
             for (int t = 0; t < k; ++t) {
                 out_key[base + t] = t < filled[m] ? keys[m][t] : mgpu::pos_inf<T>();
                 out_id[base + t] = t < filled[m] ? ids[m][t] : MGPU_NO_ID;
             }
         }
+    }
+}
+
+namespace mgpu {
+
+// A thread's first U postings of one feature in a tile (lo..hi): rows (-1 past the end) and
+// values. Consecutive threads read consecutive postings (coalesced).
+template <typename T, int U>
+__device__ __forceinline__ void load_postings(const unsigned short* __restrict__ p_row,
+                                              const T* __restrict__ p_val, int lo, int hi,
+                                              int* pr, T* pv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int i = lo + (int)threadIdx.x + u * MGPU_KNN_THREADS;
+        pr[u] = i < hi ? (int)p_row[i] : -1;
+        pv[u] = i < hi ? p_val[i] : T(0);
+    }
+}
+
+// The k best of a block's sorted per-thread lists (lk, li: n entries each), best first, into
+// out_key[0..k), out_id[0..k) (written by thread 0): k rounds of a block-wide arg-min over the
+// lists' heads. Every thread of the block calls it; ids are distinct within the block (fillers
+// only lose), so one thread owns each winner.
+template <typename T, int KMAX>
+__device__ __forceinline__ void block_best_k(const T* lk, const int* li, int n, int k,
+                                             T* s_key, int* s_id, T* __restrict__ out_key,
+                                             int* __restrict__ out_id) {
+    const int lane = threadIdx.x & 31;
+    const int wid = threadIdx.x >> 5;
+    int head = 0;
+    for (int t = 0; t < k; ++t) {
+        T bk = head < n ? lk[head] : pos_inf<T>();
+        int bi = head < n ? li[head] : MGPU_NO_ID;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const T ok = __shfl_xor_sync(MGPU_FULL_MASK, bk, off);
+            const int oi = __shfl_xor_sync(MGPU_FULL_MASK, bi, off);
+            if (before(ok, oi, bk, bi)) { bk = ok; bi = oi; }
+        }
+        if (lane == 0) { s_key[wid] = bk; s_id[wid] = bi; }
+        __syncthreads();
+        bk = s_key[0];
+        bi = s_id[0];
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+            if (before(s_key[w], s_id[w], bk, bi)) { bk = s_key[w]; bi = s_id[w]; }
+        }
+        __syncthreads();
+        if (head < n && li[head] == bi && lk[head] == bk) ++head;
+        if (threadIdx.x == 0) {
+            out_key[t] = bk;
+            out_id[t] = bi;
+        }
+    }
+}
+
+}  // namespace mgpu
+
+// The dense block of a launch's queries (features x n_q, zeroed by the caller) from their CSR
+// (q_ptr as mgpu_knn_csr takes it): one warp a query writes its nonzeros.
+template <typename T>
+__global__ void __launch_bounds__(MGPU_KNN_THREADS)
+mgpu_query_block(const int* __restrict__ q_ptr, const int* __restrict__ q_idx,
+                 const T* __restrict__ q_val, int n_q, T* __restrict__ qd) {
+    const long long c = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (c >= n_q) return;
+    const int end = q_ptr[c + 1];
+    for (int s = q_ptr[c] + (threadIdx.x & 31); s < end; s += 32) {
+        qd[(long long)q_idx[s] * n_q + c] = q_val[s];
     }
 }
 
@@ -387,33 +466,171 @@ mgpu_select_k(const T* __restrict__ keys, const int* __restrict__ ids, long long
     for (long long j = threadIdx.x; j < m; j += blockDim.x) {
         mgpu::list_insert<T, KMAX>(lk, li, n, k, rk[j], ri ? ri[j] : (int)j);
     }
+    mgpu::block_best_k<T, KMAX>(lk, li, n, k, s_key, s_id, out_key + r * k, out_id + r * k);
+}
 
-    const int lane = threadIdx.x & 31;
-    const int wid = threadIdx.x >> 5;
-    int head = 0;
-    for (int t = 0; t < k; ++t) {
-        T bk = head < n ? lk[head] : mgpu::pos_inf<T>();
-        int bi = head < n ? li[head] : MGPU_NO_ID;
+// mgpu_knn_postings<T, KMAX>: the dot-product metrics from the index's postings (an
+// inverted view: the index rows cut into tiles of tile_rows rows; within a tile, per feature,
+// the (row in tile, value) pairs of that feature's nonzeros; tile_ptr[tile * n_feat + f] ..
+// tile_ptr[tile * n_feat + f + 1] are those of feature f in the tile). One block per (query,
+// tile), the query's blocks of one tile launched together so that the tile's postings stay
+// in L2. The block holds the tile's dot products in shared memory (float64) and walks the
+// query's features in increasing order; for each, its threads add q * x over that feature's
+// postings in the tile (distinct rows: no two threads meet), then wait for each other before
+// the next feature. Each row's dot product is thus the fused kernel's sum, term by term in
+// feature order: the same bits, so the same keys and ids.
+//
+// A step (one feature) is short, a few postings a thread and a barrier, so its loads would
+// stall it: the features of a chunk of the query (MGPU_KNN_THREADS at a time) are first
+// compacted to those with postings in the tile (a block-wide count, in feature order), and
+// each thread keeps the first U postings of the next D features in registers, loaded D steps
+// before they are added, so the loads of several steps are in flight across the barriers.
+// Postings of a feature past the first U per thread (a long posting list) are read in the
+// step itself, each thread a strided share.
+//
+// Every row of the tile is then finished (rows the query shares no feature with hold 0, as in
+// the fused kernel) and the block's k best (key, row) pairs, ties to the lower row, go to
+// out_key/out_id[(query * n_tiles + tile) * k + t] for the selection over the tiles.
+// q_ptr, q_idx, q_val: the launch's queries as CSR (q_ptr as mgpu_knn_csr takes it), each
+// query's features increasing. Dynamic shared memory: tile_rows doubles (the caller opts in
+// to more than 48 KiB where the tile needs it).
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(MGPU_KNN_THREADS)
+mgpu_knn_postings(const int* __restrict__ tile_ptr, const unsigned short* __restrict__ p_row,
+                  const T* __restrict__ p_val, int n_rows, int n_feat, int tile_rows,
+                  const int* __restrict__ q_ptr, const int* __restrict__ q_idx,
+                  const T* __restrict__ q_val,
+                  const double* __restrict__ xs1, const double* __restrict__ xs2,
+                  const double* __restrict__ qs1, const double* __restrict__ qs2,
+                  int fin, double n_features, double p, int k,
+                  T* __restrict__ out_key, int* __restrict__ out_id) {
+    constexpr int WARPS = MGPU_KNN_THREADS / 32;
+    constexpr int U = 2;  // postings a thread holds per feature
+    constexpr int D = 4;  // features loaded ahead
+    extern __shared__ double acc[];
+    __shared__ int s_lo[MGPU_KNN_THREADS];
+    __shared__ int s_hi[MGPU_KNN_THREADS];
+    __shared__ double s_q[MGPU_KNN_THREADS];
+    __shared__ int s_count[WARPS];
+    __shared__ T s_key[WARPS];
+    __shared__ int s_id[WARPS];
+    const int c = blockIdx.x;
+    const int tile = blockIdx.y;
+    const int row0 = tile * tile_rows;
+    const int rows = min(tile_rows, n_rows - row0);
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, wid = tid >> 5;
+    for (int r = tid; r < rows; r += MGPU_KNN_THREADS) acc[r] = 0.0;
+
+    int pr[D][U];
+    T pv[D][U];
+    const int* tp = tile_ptr + (long long)tile * n_feat;
+    const int qa = q_ptr[c], qb = q_ptr[c + 1];
+    for (int base = qa; base < qb; base += MGPU_KNN_THREADS) {
+        const int j = base + tid;
+        int lo = 0, hi = 0;
+        double qv = 0.0;
+        if (j < qb) {  // the chunk's features: their postings in the tile and the query's value
+            const int f = q_idx[j];
+            lo = tp[f];
+            hi = tp[f + 1];
+            qv = (double)q_val[j];
+        }
+        // compaction: the features with postings in the tile, in feature order
+        const unsigned keep = __ballot_sync(MGPU_FULL_MASK, hi > lo);
+        if (lane == 0) s_count[wid] = __popc(keep);
+        __syncthreads();  // the counts; the tile zeroed, or the last chunk's features all added
+        int at = 0, n = 0;
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const T ok = __shfl_xor_sync(MGPU_FULL_MASK, bk, off);
-            const int oi = __shfl_xor_sync(MGPU_FULL_MASK, bi, off);
-            if (mgpu::before(ok, oi, bk, bi)) { bk = ok; bi = oi; }
+        for (int w = 0; w < WARPS; ++w) {
+            const int cw = s_count[w];
+            at += w < wid ? cw : 0;
+            n += cw;
         }
-        if (lane == 0) { s_key[wid] = bk; s_id[wid] = bi; }
+        if (hi > lo) {
+            at += __popc(keep & ((1u << lane) - 1u));
+            s_lo[at] = lo;
+            s_hi[at] = hi;
+            s_q[at] = qv;
+        }
         __syncthreads();
-        bk = s_key[0];
-        bi = s_id[0];
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
-            if (mgpu::before(s_key[w], s_id[w], bk, bi)) { bk = s_key[w]; bi = s_id[w]; }
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            if (d < n) mgpu::load_postings<T, U>(p_row, p_val, s_lo[d], s_hi[d], pr[d], pv[d]);
         }
-        __syncthreads();
-        // ids are distinct within a row (fillers only lose), so one thread owns the winner
-        if (head < n && li[head] == bi && lk[head] == bk) ++head;
-        if (threadIdx.x == 0) {
-            out_key[r * k + t] = bk;
-            out_id[r * k + t] = bi;
+        for (int t = 0; t < n; ++t) {
+            const double q = s_q[t];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (pr[0][u] >= 0) acc[pr[0][u]] = fma(q, (double)pv[0][u], acc[pr[0][u]]);
+            }
+            // a long feature: its postings past the first U per thread
+            const int hi_t = s_hi[t];
+#pragma unroll 4
+            for (int i = s_lo[t] + U * MGPU_KNN_THREADS + tid; i < hi_t; i += MGPU_KNN_THREADS) {
+                const int r = p_row[i];
+                acc[r] = fma(q, (double)p_val[i], acc[r]);
+            }
+            // the ring of loaded features moves one step; the free slot takes feature t + D
+#pragma unroll
+            for (int d = 0; d + 1 < D; ++d) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    pr[d][u] = pr[d + 1][u];
+                    pv[d][u] = pv[d + 1][u];
+                }
+            }
+            if (t + D < n) {
+                mgpu::load_postings<T, U>(p_row, p_val, s_lo[t + D], s_hi[t + D], pr[D - 1],
+                                          pv[D - 1]);
+            }
+            __syncthreads();  // the next feature may hold the same rows
         }
+    }
+    __syncthreads();
+
+    T lk[KMAX];
+    int li[KMAX];
+    int filled = 0;
+    const double q1 = qs1 ? qs1[c] : 0.0, q2 = qs2 ? qs2[c] : 0.0;
+    for (int r = tid; r < rows; r += MGPU_KNN_THREADS) {
+        const int row = row0 + r;
+        const double d = mgpu::finish(fin, acc[r], 0.0, xs1 ? xs1[row] : 0.0,
+                                      xs2 ? xs2[row] : 0.0, q1, q2, n_features, p);
+        mgpu::list_insert<T, KMAX>(lk, li, filled, k, (T)d, row);
+    }
+    const long long at = ((long long)c * gridDim.y + tile) * k;
+    mgpu::block_best_k<T, KMAX>(lk, li, filled, k, s_key, s_id, out_key + at, out_id + at);
+}
+
+// The tiled postings of mgpu_knn_postings from the index's CSR, one thread per index row:
+// mgpu_postings_count adds each nonzero to the count of its (tile, feature) cell; after the
+// caller's prefix sum (cursor: each cell's first slot), mgpu_postings_fill puts (row in
+// tile, value) into the next free slot of the cell. The order within a cell is arbitrary:
+// its rows are distinct, and the kernel adds one term to each.
+__global__ void mgpu_postings_count(const int* __restrict__ indptr,
+                                    const int* __restrict__ indices, int n_rows, int n_feat,
+                                    int tile_rows, int* __restrict__ counts) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n_rows) return;
+    int* cell = counts + (long long)(r / tile_rows) * n_feat;
+    for (int i = indptr[r]; i < indptr[r + 1]; ++i) atomicAdd(cell + indices[i], 1);
+}
+
+template <typename T>
+__global__ void mgpu_postings_fill(const int* __restrict__ indptr,
+                                   const int* __restrict__ indices, const T* __restrict__ data,
+                                   int n_rows, int n_feat, int tile_rows,
+                                   int* __restrict__ cursor, unsigned short* __restrict__ p_row,
+                                   T* __restrict__ p_val) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n_rows) return;
+    int* cell = cursor + (long long)(r / tile_rows) * n_feat;
+    const unsigned short local = (unsigned short)(r % tile_rows);
+    for (int i = indptr[r]; i < indptr[r + 1]; ++i) {
+        const int at = atomicAdd(cell + indices[i], 1);
+        p_row[at] = local;
+        p_val[at] = data[i];
     }
 }
 

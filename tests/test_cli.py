@@ -240,6 +240,50 @@ def test_bench_knn_cpu(runner, tmp_path):
     assert r.exit_code != 0 and "'metric' parameter of bench knn" in r.output
 
 
+def test_gpu_knn_table_says_which_kernel_ran_and_which_peer_was_wrong():
+    from mgpu.bench.knn import markdown_gpu
+
+    row = {"metric": "cosine", "mgpu_qps": 50000.0, "kernel": "postings",
+           "fused_qps": 19000.0, "postings_qps": 50000.0, "speedup_vs_cusparse": 12.8,
+           "peers": {"spgemm_100": "RuntimeError: CUSPARSE_STATUS_INSUFFICIENT_RESOURCES",
+                     "spgemm_500": "wrong: k-th distance off mgpu's by 0.5 (relative)",
+                     "spgemm_20": "wrong: k-th distance off scikit-learn's by 0.2 (relative)",
+                     "spgemm_5": 900.0, "spgemm_best": {"batch": 5, "qps": 900.0},
+                     "spmm_500": 3900.0, "spmm_2000": 3910.0}}
+    head, rule, line = markdown_gpu([row], "wide").splitlines()
+    assert head.count("|") == rule.count("|") == line.count("|")
+    assert "| SpGEMM best right (batch) |" in head
+    assert ("| wide | cosine | 50,000 | postings | 19,000 | 50,000 | fails | wrong | 900 (5) | "
+            "3,900 | 3,910 | – | – | – | – | 12.8× |") in line
+
+
+def test_spgemm_gets_smaller_batches_until_one_answers_rightly():
+    from mgpu.bench.knn import SPGEMM_SMALLER, spgemm_smaller
+
+    tried = []
+
+    def rate(bs):
+        tried.append(bs)
+        return {20: "wrong: k-th distance off mgpu's by 0.3 (relative)", 5: 700.0}.get(bs, 1.0)
+
+    peers = {"spgemm_100": "RuntimeError: out of resources", "spgemm_500": "wrong: ..."}
+    assert SPGEMM_SMALLER == (20, 5)
+    out = spgemm_smaller(peers, rate, 400)
+    assert tried == [20, 5]
+    assert out == {"spgemm_20": "wrong: k-th distance off mgpu's by 0.3 (relative)",
+                   "spgemm_5": 700.0, "spgemm_5_queries": 400,
+                   "spgemm_best": {"batch": 5, "qps": 700.0}}
+    # a right batch of 100 or 500: no smaller batch, the faster right one is the best
+    tried.clear()
+    out = spgemm_smaller({"spgemm_100": 2000.0, "spgemm_500": 3000.0}, rate, 400)
+    assert tried == [] and out == {"spgemm_best": {"batch": 500, "qps": 3000.0}}
+    out = spgemm_smaller({"spgemm_100": 2000.0, "spgemm_500": "wrong: ..."}, rate, 400)
+    assert out == {"spgemm_best": {"batch": 100, "qps": 2000.0}}
+    # none right at any size: no best, every failure kept
+    out = spgemm_smaller(peers, lambda bs: "fails", 400)
+    assert out == {"spgemm_20": "fails", "spgemm_5": "fails"}
+
+
 def test_run_mf_gpu_mode_on_a_cluster_without_gpus(runner, tmp_path, data_dir, monkeypatch):
     import mgpu.distributed.cluster as cl
 

@@ -2,14 +2,16 @@
 
 The index (CSR, or dense turned CSR) is prepared once: values transformed as its metric
 needs (pattern, square root, logarithm, rows normalised), rows ordered longest first for
-the kernel's row counter, per-row statistics in float64. Queries come in batches held dense
-(features × queries), as many as keep that block in half the L2 and within the working
-memory. Each batch runs one fused kernel (dot/union pass, element-wise finish, per-lane top-k
-lists) and one selection over the k candidates each warp left.
+the kernel's row counter, per-row statistics in float64. The queries are prepared once too
+(CSR with int32 offsets, statistics); a launch takes views of them. A launch holds as many
+groups of queries as the working memory allows (all of them on a small index), each group's
+block held dense (features × queries) within half the L2 (:mod:`mgpu.backends.knn_batches`).
+Each launch runs one fused kernel (dot/union pass, element-wise finish, per-lane top-k lists,
+or every key where the index is small) and one selection.
 
 Dense index and queries with an expanded metric go through cuBLAS (``cupy.matmul``) instead:
-dot products per batch, finished in place, then the same selection; for correlation, of
-the rows centred first (a cosine of centred rows).
+dot products of as many queries as the working memory holds, finished in place, then the
+same selection; for correlation, of the rows centred first (a cosine of centred rows).
 
 The union metrics and correlation of sparse (or mixed) input walk the union of each pair's
 nonzeros in the fused kernel, with the batch's queries as CSR (see ``kernels/knn.cu``): no
@@ -31,6 +33,7 @@ import cupyx.scipy.sparse as csp
 import numpy as np
 from dask.utils import format_bytes
 
+from mgpu.backends import cupy_knn_postings as postings
 from mgpu.backends.cupy import current_facts, row_reduce_csr_kernel
 from mgpu.backends.dispatch import (
     distances_lookup,
@@ -39,7 +42,20 @@ from mgpu.backends.dispatch import (
     knn_prepare_lookup,
     knn_prepared_lookup,
 )
+from mgpu.backends.cupy_knn_input import as_csr as _as_csr
+from mgpu.backends.cupy_knn_input import device_input
+from mgpu.backends.cupy_knn_input import normalised as _normalised
+from mgpu.backends.cupy_knn_input import transformed as _transformed
 from mgpu.backends.instances import KNN_GROUPS
+from mgpu.backends.knn_batches import (
+    THREADS,
+    WARPS_PER_BLOCK,
+    KnnBatches,
+    fused_kmax,
+    lane_slots,
+    plan_dense,
+    plan_fused,
+)
 from mgpu.backends.knn_codes import KNN_CODES, KnnOp
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import DeviceMemoryError, require_gpu
@@ -47,11 +63,7 @@ from mgpu.backends.numpy import ROW_SUM
 
 logger = logging.getLogger(__name__)
 
-_THREADS = 256
-_BLOCKS_PER_SM = 4
-_FUSED_KMAX = (16, 128)  # list lengths the fused kernel is built with
-_LANES_PER_WARP = 32
-_TILE_K = 1 << 30  # a k that no fused list holds: the key-tile form
+_THREADS = THREADS
 
 OP_DOT, OP_LINF = int(KnnOp.DOT), int(KnnOp.LINF)  # the operations with a path of their own
 OP_CORRELATION = int(KnnOp.CORRELATION)
@@ -166,66 +178,6 @@ FORMS: dict[str, Form] = {
 _L1_COUNTS = Form(int(KnnOp.L1_COUNTS), FORMS["manhattan"].fin, q_stats=_abs_sum)
 
 
-# ------------------------------------------------------------------------------ input
-
-
-def device_input(X: Any) -> Any:
-    """X (a real 2-D array or sparse matrix, host or device, its kind and shape checked by
-    :func:`mgpu.ops.distances.check_knn_input`) on the device as the kernels take it:
-    float32/float64 (other reals become float64), CSR with summed duplicates, sorted indices
-    and no stored zeros, or a C-ordered dense array."""
-    if isinstance(X, np.ndarray) or type(X).__module__.startswith("scipy"):
-        X = csp.csr_matrix(X) if hasattr(X, "tocsr") else cupy.asarray(X)
-    dtype = X.dtype if X.dtype.name in ("float32", "float64") else np.dtype(np.float64)
-    if csp.issparse(X):
-        X = csp.csr_matrix(X, dtype=dtype, copy=True)
-        X.sum_duplicates()
-        X = _without_zeros(X)
-        X.sort_indices()
-        return X
-    return cupy.ascontiguousarray(X, dtype=dtype)
-
-
-def _without_zeros(X: csp.csr_matrix) -> csp.csr_matrix:
-    """X without stored zeros. (cupyx's eliminate_zeros goes through cuSPARSE's compress,
-    which on the CUDA 13 stack also loses negative values.)"""
-    keep = X.data != 0
-    if bool(keep.all()):
-        return X
-    rows = cupy.searchsorted(X.indptr, cupy.arange(X.nnz), side="right") - 1
-    counts = cupy.bincount(rows[keep], minlength=X.shape[0])
-    indptr = cupy.concatenate([cupy.zeros(1, X.indptr.dtype), cupy.cumsum(counts)]).astype(
-        X.indptr.dtype)
-    return csp.csr_matrix((X.data[keep], X.indices[keep], indptr), shape=X.shape)
-
-
-def _as_csr(X: Any) -> csp.csr_matrix:
-    if csp.issparse(X):
-        return X
-    C = csp.csr_matrix(X)  # drops the zeros of a dense array
-    # ...but leaves the indices of larger arrays unsorted, and the union walk and the
-    # merge kernels take each row in feature order
-    C.sort_indices()
-    return C
-
-
-def _normalised(X: csp.csr_matrix) -> csp.csr_matrix:
-    # a row's sum depends on the row alone (one warp per row), so a query equal to an index
-    # row is scaled exactly as that row is, whatever matrix each sits in
-    sums = row_reduce_csr_kernel(X, ROW_SUM).astype(cupy.float64)
-    scale = 1.0 / sums
-    rows = cupy.searchsorted(X.indptr, cupy.arange(X.nnz), side="right") - 1
-    data = (X.data.astype(cupy.float64) * scale[rows]).astype(X.dtype)
-    return csp.csr_matrix((data, X.indices, X.indptr), shape=X.shape)
-
-
-def _transformed(X: csp.csr_matrix, fn: Callable[[Any], Any] | None) -> csp.csr_matrix:
-    if fn is None:
-        return X
-    data = fn(X.data.astype(cupy.float64)).astype(X.dtype)
-    return csp.csr_matrix((data, X.indices, X.indptr), shape=X.shape)
-
-
 # ------------------------------------------------------------------------------ index
 
 
@@ -235,20 +187,53 @@ class GpuIndex:
 
     metric: str
     p: float
-    X: csp.csr_matrix  # values transformed for the kernel
-    order: cupy.ndarray  # rows, longest first (int32)
+    X: csp.csr_matrix | None  # values transformed for the kernel (None: made on first use)
+    order: cupy.ndarray | None  # rows, longest first (int32)
     s1: cupy.ndarray | None
     s2: cupy.ndarray | None
     dense: cupy.ndarray | None  # transformed dense rows, kept for the cuBLAS path
     counts: bool = False  # manhattan: integer values, sums exact (_counts)
+    postings: Any = None  # the inverted view (cupy_knn_postings), made when first weighed
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.X.shape
+        return (self.X if self.X is not None else self.dense).shape
 
     @property
     def dtype(self) -> np.dtype:
-        return self.X.dtype
+        return (self.X if self.X is not None else self.dense).dtype
+
+    def csr(self) -> tuple[csp.csr_matrix, cupy.ndarray]:
+        """The rows as the fused kernel reads them and their order; an index of dense rows
+        that cuBLAS takes as they are makes them when sparse queries first come."""
+        if self.order is None:  # set last: a thread that sees it sees X
+            X = _checked_nnz(_as_csr(self.dense))
+            order = _longest_first(X)
+            self.X = X
+            self.order = order
+        return self.X, self.order
+
+
+def _checked_nnz(C: csp.csr_matrix) -> csp.csr_matrix:
+    if C.nnz >= 2**31:
+        raise ValueError(f"The index has {C.nnz} nonzeros; one GPU tile takes fewer than 2^31. "
+                         "Split it over workers (mgpu.from_scipy(..., axis=0)).")
+    return C
+
+
+def _longest_first(C: csp.csr_matrix) -> cupy.ndarray:
+    return cupy.argsort(-cupy.diff(C.indptr), kind="stable").astype(cupy.int32)
+
+
+# the row statistics that dense rows give without a CSR copy (sums of squares, norms)
+_DENSE_STATS = (_none, _sq, _norm)
+
+
+def _dense_stats(X: cupy.ndarray, stats: Stats) -> tuple[Any, None]:
+    if stats is _none:
+        return None, None
+    sq = cupy.square(X, dtype=cupy.float64).sum(axis=1)
+    return (sq if stats is _sq else cupy.sqrt(sq)), None
 
 
 def _csr_bytes(X: Any) -> int:
@@ -266,27 +251,26 @@ def prepare_index(X: Any, metric: str, p: float) -> GpuIndex:
     require_gpu(2 * _csr_bytes(X) + X.shape[0] * (4 + 2 * np.dtype(X.dtype).itemsize),
                 f"A kNN index of {X.shape[0]:,}×{X.shape[1]:,} ({metric})",
                 "Split it into row tiles over several GPUs (mgpu.from_scipy(..., axis=0)).")
-    C = _as_csr(X)
-    if C.nnz >= 2**31:
-        raise ValueError(f"The index has {C.nnz} nonzeros; one GPU tile takes fewer than 2^31. "
-                         "Split it over workers (mgpu.from_scipy(..., axis=0)).")
+    if isinstance(X, cupy.ndarray) and _cublas(form) and form.x_stats in _DENSE_STATS:
+        # dense rows for cuBLAS as they are: no CSR copy unless sparse queries come
+        return GpuIndex(metric, p, None, None, *_dense_stats(X, form.x_stats), X)
+    C = _checked_nnz(_as_csr(X))
     if form.normalise:
         C = _normalised(C)
     s1, s2 = form.x_stats(C, p)
     Xt = _transformed(C, form.x_values)
-    order = cupy.argsort(-cupy.diff(Xt.indptr), kind="stable").astype(cupy.int32)
-    return GpuIndex(metric, p, Xt, order, s1, s2, _dense_rows(X, form, s1),
+    return GpuIndex(metric, p, Xt, _longest_first(Xt), s1, s2, _dense_rows(X, form, s1),
                     metric == "manhattan" and _counts(C))
 
 
 def _dense_rows(X: Any, form: Form, s1: Any) -> cupy.ndarray | None:
     """Dense rows for the cuBLAS path (a dense X and a dot-product metric without a value
     transform), centred by their means ``s1`` for correlation; None for the fused kernel."""
-    if not isinstance(X, cupy.ndarray):
+    if not isinstance(X, cupy.ndarray) or not _cublas(form):
         return None
     if form.op == OP_CORRELATION:
         return X - s1.astype(X.dtype)[:, None]  # a constant row: exactly 0
-    return X if form.op == OP_DOT and form.x_values is None else None
+    return X
 
 
 # ----------------------------------------------------------------------------- batches
@@ -296,97 +280,104 @@ def _kernel(group: str, expression: str):
     return get_function("knn.cu", expression, KNN_GROUPS[group])
 
 
-def _warps(n_rows: int) -> tuple[int, int]:
-    sms = current_facts().sms
-    blocks = max(1, min(sms * _BLOCKS_PER_SM, -(-n_rows // (_THREADS // 32))))
-    return blocks, blocks * (_THREADS // 32)
-
-
-def query_bytes(index: GpuIndex, k: int, dense: bool = False) -> int:
-    """Device bytes one query of a batch takes: its dense column and its candidates (or its
-    row of keys); ``dense`` for the cuBLAS path, a row of distances and ids."""
-    n_rows, n_features = index.shape
-    item = index.dtype.itemsize
+def _plan(shape: tuple[int, int], n_queries: int, k: int, dtype: Any, dense: bool,
+          budget: int) -> KnnBatches:
+    item = np.dtype(dtype).itemsize
     if dense:
-        return n_rows * (item + 8)
-    _, n_warps = _warps(n_rows)
-    return n_features * item + (
-        n_warps * k * (item + 4) if _fused_kmax(k) else n_rows * (item + 8))
+        return plan_dense(shape[0], n_queries, k, item, budget=budget)
+    facts = current_facts()
+    return plan_fused(shape[0], shape[1], n_queries, k, item, sms=facts.sms,
+                      l2_bytes=facts.l2_bytes, budget=budget)
 
 
-def batch_size(index: GpuIndex, n_queries: int, k: int, budget: int) -> int:
-    """Queries per kernel launch: the dense query block in half the L2 and, with the
-    candidates (or the key tile) of the launch, within ``budget`` bytes."""
-    n_features = index.shape[1]
-    item = index.dtype.itemsize
-    l2 = current_facts().l2_bytes
-    lanes = 32 if _fused_kmax(k) == 128 else 4 * _LANES_PER_WARP
-    per_query = query_bytes(index, k)
-    fit_l2 = (l2 // 2) // max(1, n_features * item)
-    nb = int(max(1, min(lanes, n_queries, fit_l2, budget // max(1, per_query))))
-    return nb - nb % 32 if nb > 32 else nb  # whole warps of queries
+def _cublas(form: Form) -> bool:
+    """Whether dense rows of this form go through cuBLAS (a dot product of the values as
+    given, or correlation's of the rows centred)."""
+    return form.op == OP_CORRELATION or (form.op == OP_DOT and form.x_values is None)
 
 
-def _fused_kmax(k: int) -> int:
-    """The list length of the fused kernel for k, or 0 for the key-tile form."""
-    return next((m for m in _FUSED_KMAX if k <= m), 0)
+def knn_batches(index: Any, queries: Any, k: int, metric: str,
+                working_memory: Any = None) -> KnnBatches:
+    """The launches :func:`mgpu.knn` makes for this CuPy index and queries (what a benchmark
+    reports beside its timings); the call itself may take fewer queries a launch where the
+    device has less memory free than the working memory."""
+    dense = all(isinstance(a, cupy.ndarray) for a in (index, queries)) and _cublas(FORMS[metric])
+    return _plan(index.shape, queries.shape[0], k, index.dtype, dense, _budget(working_memory))
 
 
 @dataclass
 class QuerySet:
-    """Checked queries made ready once for a prepared index: values in the kernel's form and
-    per-row statistics (sparse), or the dense rows for the cuBLAS path."""
+    """Checked queries made ready once for a prepared index: their CSR with int32 offsets
+    (values in the kernel's form, each row in feature order; for L-infinity also each row's
+    features and |values| by decreasing |value|) and per-row statistics, or the dense rows
+    for the cuBLAS path. A launch takes views of these: nothing is cut, copied or read back
+    per launch."""
 
-    C: csp.csr_matrix | None
-    host_ptr: np.ndarray | None  # C.indptr on the host, to cut batches without syncing
+    n: int
+    ptr: cupy.ndarray | None
+    idx: cupy.ndarray | None
+    val: cupy.ndarray | None
+    by_mag: tuple[cupy.ndarray, cupy.ndarray] | None
     s1: cupy.ndarray | None
     s2: cupy.ndarray | None
     dense: cupy.ndarray | None
     form: Form  # the index's, or manhattan's exact form between counts
 
-    @property
-    def n(self) -> int:
-        return (self.dense if self.dense is not None else self.C).shape[0]
-
 
 def prepare_queries(index: GpuIndex, Q: Any) -> QuerySet:
     form = FORMS[index.metric]
-    C = _as_csr(Q).astype(index.dtype)
+    if index.dense is not None and isinstance(Q, cupy.ndarray) and form.q_stats in _DENSE_STATS:
+        Qd = Q.astype(index.dtype, copy=False)  # cuBLAS takes them as they are
+        return QuerySet(Q.shape[0], None, None, None, None, *_dense_stats(Qd, form.q_stats),
+                        Qd, form)
+    C = _as_csr(Q)
+    C = C if C.dtype == index.dtype else C.astype(index.dtype)
     if index.counts and _counts(C):
         form = _L1_COUNTS
     if form.normalise:
         C = _normalised(C)
     s1, s2 = form.q_stats(C, index.p)
     if index.dense is not None and isinstance(Q, cupy.ndarray):
-        return QuerySet(None, None, s1, s2, _dense_rows(Q.astype(index.dtype, copy=False),
-                                                        form, s1), form)
+        return QuerySet(Q.shape[0], None, None, None, None, s1, s2,
+                        _dense_rows(Q.astype(index.dtype, copy=False), form, s1), form)
     C = _transformed(C, form.q_values)
     if form.op in UNION_WALK:
         C.sort_indices()  # the union walk takes each query's nonzeros in feature order
-    return QuerySet(C, C.indptr.get(), s1, s2, None, form)
+    if C.nnz >= 2**31:
+        raise ValueError(f"The queries have {C.nnz} nonzeros; one call takes fewer than 2^31. "
+                         "Pass fewer queries a call.")
+    ptr = C.indptr.astype(cupy.int32, copy=False)
+    idx = C.indices.astype(cupy.int32, copy=False)
+    by_mag = None
+    if form.op == OP_LINF:
+        # per row: |value| descending (a stable sort of (row, -|value|) pairs, in float64,
+        # which holds every row number exactly)
+        rows = cupy.searchsorted(ptr, cupy.arange(C.nnz, dtype=cupy.int32), side="right") - 1
+        mag = cupy.abs(C.data)
+        by = cupy.lexsort(cupy.stack([-mag.astype(cupy.float64), rows.astype(cupy.float64)]))
+        by_mag = (idx[by], mag[by])
+    return QuerySet(C.shape[0], ptr, idx, C.data, by_mag, s1, s2, None, form)
 
 
 def _query_block(index: GpuIndex, qs: QuerySet, s: int, e: int, form: Form
                  ) -> tuple[Any, Any, Any, Any]:
     """Queries s..e as the kernel reads them: dense (features × queries; None for the union
-    walk, which reads the CSR), their statistics, and their nonzeros as CSR relative to the
-    batch, in feature order for the union walk, by decreasing |value| for L∞."""
-    a, b = int(qs.host_ptr[s]), int(qs.host_ptr[e])
-    ptr = (qs.C.indptr[s:e + 1] - a).astype(cupy.int32)
-    ind, val = qs.C.indices[a:b], qs.C.data[a:b]
+    walk, which reads the CSR), their statistics, and their nonzeros as CSR (offsets into
+    the whole set's arrays), in feature order for the union walk, by decreasing |value| for
+    L∞. Views and, for the dense block, one fill and one scatter kernel."""
+    nb = e - s
+    ptr = qs.ptr[s:e + 1]
     qd = None
     lq = (None, None, None)
     if form.op in UNION_WALK:
-        lq = (ptr, cupy.ascontiguousarray(ind, dtype=cupy.int32), cupy.ascontiguousarray(val))
+        lq = (ptr, qs.idx, qs.val)
     else:
-        qd = cupy.zeros((index.shape[1], e - s), dtype=index.dtype)
-        rows = cupy.searchsorted(ptr, cupy.arange(b - a), side="right") - 1
-        qd[ind, rows] = val
+        qd = cupy.zeros((index.shape[1], nb), dtype=index.dtype)
+        if nb and qs.val.size:
+            fn = _kernel("select", f"mgpu_query_block<{c_type(index.dtype)}>")
+            fn((-(-nb * 32 // _THREADS),), (_THREADS,), (ptr, qs.idx, qs.val, np.int32(nb), qd))
         if form.op == OP_LINF:
-            # per row: |value| descending (a stable sort of (row, -|value|) pairs)
-            mag = cupy.abs(val)
-            by = cupy.lexsort(cupy.stack([-mag, rows.astype(mag.dtype)]))
-            lq = (ptr, ind[by].astype(cupy.int32), mag[by])
+            lq = (ptr, *qs.by_mag)
 
     def part(x):
         return None if x is None else x[s:e]
@@ -394,23 +385,28 @@ def _query_block(index: GpuIndex, qs: QuerySet, s: int, e: int, form: Form
     return qd, part(qs.s1), part(qs.s2), lq
 
 
-def _launch_fused(index: GpuIndex, form: Form, nb: int, qd: Any, s1: Any, s2: Any, lq: Any,
-                  kmax: int, k: int, out_key: cupy.ndarray, out_id: Any, ld_out: int) -> None:
-    X = index.X
+def _launch_fused(index: GpuIndex, form: Form, plan: KnnBatches, nb: int, qd: Any, s1: Any,
+                  s2: Any, lq: Any, k: int, out_key: cupy.ndarray, out_id: Any,
+                  ld_out: int) -> None:
+    """One launch of the fused kernel over queries 0..nb of the block: ``plan.blocks`` ×
+    (its groups of ``plan.width``), a row counter per group."""
+    X, order = index.csr()
     n_rows, n_features = X.shape
     t = c_type(X.dtype)
-    lanes = 1 if kmax == 128 else 4
-    blocks, _ = _warps(n_rows)
-    fn = _kernel(f"op{form.op}-{t}", f"mgpu_knn_csr<{t}, int, {form.op}, {lanes}, {kmax}>")
-    counter = cupy.zeros(1, dtype=cupy.int32)
+    groups = -(-nb // plan.width)
+    if not groups:
+        return
+    fn = _kernel(f"op{form.op}-{t}", f"mgpu_knn_csr<{t}, int, {form.op}, "
+                                     f"{lane_slots(plan.kmax)}, {plan.kmax}>")
+    counter = cupy.zeros(groups, dtype=cupy.int32)
     null = np.uintp(0)
 
     def ptr(a):
         return null if a is None else a
 
-    fn((blocks,), (_THREADS,), (
-        X.indptr, X.indices, X.data, index.order, np.int32(n_rows),
-        ptr(qd), np.int32(nb),
+    fn((plan.blocks, groups), (_THREADS,), (
+        X.indptr, X.indices, X.data, order, np.int32(n_rows),
+        ptr(qd), np.int32(nb), np.int32(plan.width),
         ptr(index.s1), ptr(index.s2), ptr(s1), ptr(s2),
         ptr(lq[0]), ptr(lq[1]), ptr(lq[2]),
         np.int32(form.fin), np.float64(n_features), np.float64(index.p), np.int32(k),
@@ -420,7 +416,7 @@ def _launch_fused(index: GpuIndex, form: Form, nb: int, qd: Any, s1: Any, s2: An
 def _select(keys: cupy.ndarray, ids: cupy.ndarray | None, k: int) -> tuple[cupy.ndarray, cupy.ndarray]:
     """The k best of each row of ``keys`` (ties to the lower id)."""
     rows, m = keys.shape
-    kmax = _fused_kmax(k)
+    kmax = fused_kmax(k)
     if kmax == 0:  # beyond the lists: a stable sort keeps the lower id first among ties
         order = cupy.argsort(keys, axis=1)[:, :k]
         sel_ids = order if ids is None else cupy.take_along_axis(ids, order, axis=1)
@@ -458,32 +454,31 @@ def _dense_dot_keys(index: GpuIndex, form: Form, qs: QuerySet, s: int, e: int,
             np.int32(fin), np.float64(index.shape[1]), np.float64(index.p)))
 
 
-def batch_keys(index: GpuIndex, qs: QuerySet, s: int, e: int, out: cupy.ndarray) -> None:
+def batch_keys(index: GpuIndex, qs: QuerySet, s: int, e: int, out: cupy.ndarray,
+               plan: KnnBatches) -> None:
     """Every key of queries s..e against the index, into ``out`` (e - s × index rows)."""
     form = qs.form
     if qs.dense is not None:
         _dense_dot_keys(index, form, qs, s, e, out)
         return
     qd, s1, s2, lq = _query_block(index, qs, s, e, form)
-    _launch_fused(index, form, e - s, qd, s1, s2, lq, 0, 0, out, None,
+    _launch_fused(index, form, plan, e - s, qd, s1, s2, lq, 0, out, None,
                   out.strides[0] // out.itemsize)
 
 
-def batch_knn(index: GpuIndex, qs: QuerySet, s: int, e: int, k: int
+def batch_knn(index: GpuIndex, qs: QuerySet, s: int, e: int, k: int, plan: KnnBatches
               ) -> tuple[cupy.ndarray, cupy.ndarray]:
-    """Keys and int32 ids of the k best index rows for queries s..e."""
-    form = qs.form
-    n_rows = index.shape[0]
-    kmax = _fused_kmax(k)
-    if kmax == 0 or qs.dense is not None:
-        keys = cupy.empty((e - s, n_rows), dtype=index.dtype)
-        batch_keys(index, qs, s, e, keys)
+    """Keys and int32 ids of the k best index rows for queries s..e: one launch of the
+    fused kernel (or one cuBLAS product) and one selection."""
+    if plan.tile or qs.dense is not None:
+        keys = cupy.empty((e - s, index.shape[0]), dtype=index.dtype)
+        batch_keys(index, qs, s, e, keys, plan)
         return _select(keys, None, k)
-    qd, s1, s2, lq = _query_block(index, qs, s, e, form)
-    _, n_warps = _warps(n_rows)
-    cand_key = cupy.empty((e - s, n_warps * k), dtype=index.dtype)
-    cand_id = cupy.empty((e - s, n_warps * k), dtype=cupy.int32)
-    _launch_fused(index, form, e - s, qd, s1, s2, lq, kmax, k, cand_key, cand_id, 0)
+    qd, s1, s2, lq = _query_block(index, qs, s, e, qs.form)
+    m = plan.blocks * WARPS_PER_BLOCK * k
+    cand_key = cupy.empty((e - s, m), dtype=index.dtype)
+    cand_id = cupy.empty((e - s, m), dtype=cupy.int32)
+    _launch_fused(index, qs.form, plan, e - s, qd, s1, s2, lq, k, cand_key, cand_id, 0)
     return _select(cand_key, cand_id, k)
 
 
@@ -491,8 +486,9 @@ def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget
                  ) -> tuple[cupy.ndarray, cupy.ndarray]:
     """kNN of checked queries against a prepared index; distances in the index's dtype.
 
-    The batches' working memory is ``budget`` or what the device has left beside the
-    queries and the results, whichever is smaller (one query a batch at least);
+    The launches' working memory is ``budget`` or what the device has left beside the
+    queries and the results, whichever is smaller (one query a launch at least; the whole
+    query set in one launch where it fits, :mod:`mgpu.backends.knn_batches`);
     :class:`DeviceMemoryError` when the device cannot hold one query."""
     nq = queries.shape[0]
     item = index.dtype.itemsize
@@ -502,23 +498,29 @@ def knn_prepared(index: GpuIndex, queries: Any, k: int, similarity: bool, budget
     hint = "Pass fewer queries a call, or split the index over several GPUs."
     available = require_gpu(held, what, hint)
     dense = index.dense is not None and isinstance(queries, cupy.ndarray)
-    one = query_bytes(index, k, dense)
     if available is not None:  # None: a CUDA graph is being captured, the device not asked
-        room = available - held
-        if one > room:
-            raise DeviceMemoryError(f"{what} needs {format_bytes(one)} of GPU working memory "
-                                    f"for one query beside its inputs and results; "
-                                    f"{format_bytes(max(room, 0))} are available. {hint}")
-        budget = min(budget, room)  # a batch is one query at least, whatever the budget
+        budget = min(budget, available - held)  # a launch is one query at least, whatever
+    plan = _plan(index.shape, nq, k, index.dtype, dense, budget)
+    if available is not None and plan.query_bytes > available - held:
+        raise DeviceMemoryError(f"{what} needs {format_bytes(plan.query_bytes)} of GPU working "
+                                f"memory for one query beside its inputs and results; "
+                                f"{format_bytes(max(available - held, 0))} are available. "
+                                f"{hint}")
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s: %s", what, plan.describe())
     qs = prepare_queries(index, queries)
-    step = batch_size(index, nq, k, budget)
-    if qs.dense is not None:
-        step = int(max(1, min(nq, budget // max(1, one))))
+    # wide corpora: the postings of the queries' features only (a measured choice)
+    if postings.choose(index, qs, k, budget, plan,
+                       lambda q, s, e, p: batch_knn(index, q, s, e, k, p)) == "postings":
+        return postings.knn_postings(index, qs, k, similarity, budget)
+    if plan.launches == 1:  # the results are the selection's own arrays
+        d, i = batch_knn(index, qs, 0, nq, k, plan)
+        return (-d if similarity else d), i.astype(cupy.int64)
     dist = cupy.empty((nq, k), dtype=index.dtype)
     ids = cupy.empty((nq, k), dtype=cupy.int64)
-    for s in range(0, nq, step):
-        e = min(nq, s + step)
-        d, i = batch_knn(index, qs, s, e, k)
+    for s in range(0, nq, plan.per_launch):
+        e = min(nq, s + plan.per_launch)
+        d, i = batch_knn(index, qs, s, e, k, plan)
         dist[s:e] = -d if similarity else d
         ids[s:e] = i
     return dist, ids
@@ -575,11 +577,14 @@ def pairwise_distances(X: Any, Y: Any, ring: Any, p: float) -> cupy.ndarray:
                 "mgpu.knn keeps k neighbours a row instead of every distance.")
     out = cupy.empty((Q.shape[0], index.shape[0]), dtype=index.dtype)
     # the key-tile form writes into out itself: only the query block counts against the budget
-    step = batch_size(prepared, Q.shape[0], _TILE_K, _budget(None) + out.nbytes)
+    facts = current_facts()
+    plan = plan_fused(*index.shape, Q.shape[0], 1, np.dtype(index.dtype).itemsize,
+                      sms=facts.sms, l2_bytes=facts.l2_bytes, budget=_budget(None),
+                      keys_out=True)
     qs = prepare_queries(prepared, Q)
-    for s in range(0, Q.shape[0], step):
-        e = min(Q.shape[0], s + step)
-        batch_keys(prepared, qs, s, e, out[s:e])
+    for s in range(0, Q.shape[0], plan.per_launch):
+        e = min(Q.shape[0], s + plan.per_launch)
+        batch_keys(prepared, qs, s, e, out[s:e], plan)
     return -out if ring.similarity else out
 
 

@@ -65,7 +65,10 @@ KNN_GROUPS: dict[str, tuple[str, ...]] = {
        + ((f"mgpu_centred_stats<{t}>",) if op == KnnOp.CORRELATION else ())
        for op in KNN_OPS for t in _FLOATS},
     "select": tuple(f"mgpu_select_k<{t}, {kmax}>" for t in _FLOATS for kmax in KNN_SELECT)
-    + tuple(f"mgpu_finish_tile<{t}>" for t in _FLOATS),
+    + tuple(f"mgpu_{f}<{t}>" for f in ("finish_tile", "query_block") for t in _FLOATS),
+    # the dot-product metrics from the index's postings (cupy_knn_postings), lists as above
+    "postings": tuple(f"mgpu_knn_postings<{t}, {kmax}>" for t in _FLOATS for kmax in KNN_SELECT)
+    + ("mgpu_postings_count",) + tuple(f"mgpu_postings_fill<{t}>" for t in _FLOATS),
     # the benchmark's one-thread-per-pair union peer (NAMM operations)
     "naive": tuple(f"mgpu_union_naive<{t}, {int(op)}>" for t in _FLOATS
                    for op in sorted(UNION_OPS)),

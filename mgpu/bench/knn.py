@@ -97,6 +97,143 @@ def _expanded_peers(Xg, metric: str, k: int):
     return {"spgemm": spgemm, "spmm": spmm}
 
 
+# SpGEMM batches tried, smaller, where neither 100 nor 500 queries a batch answers rightly
+# (cuSPARSE runs out of resources, or loses products, on a wide corpus's larger batches);
+# they are timed on queries spread over the set, at most this many
+SPGEMM_SMALLER = (20, 5)
+_SMALL_BATCH_QUERIES = 400
+_CHECKED_QUERIES = 100  # a peer's answer is checked on its first batches up to this many
+
+
+def _peer_error(route, Qg, bs: int, refs: dict[str, np.ndarray]) -> str | None:
+    """Why a peer route is wrong, or None: its k-th distance on the first batches (at least
+    ``_CHECKED_QUERIES`` queries) against each reference's (``refs``: mgpu's float32
+    answer, scikit-learn's float64 one of the first queries), to 1% (float32 rounding leaves
+    far less there; a lost product, far more). A peer that answers wrongly is no timing to
+    compare with."""
+    import cupy
+
+    n = min(Qg.shape[0], max(bs, _CHECKED_QUERIES))
+    got = np.concatenate([cupy.sort(route(Qg[s:min(n, s + bs)])[0], axis=1)[:, -1].get()
+                          for s in range(0, n, bs)]).astype(np.float64)
+    for name, want in refs.items():
+        m = min(got.shape[0], want.shape[0])
+        err = np.abs(got[:m] - want[:m]) / np.maximum(want[:m], 1.0)
+        worst = float(err.max(initial=0.0))
+        if worst > 1e-2:
+            return f"wrong: k-th distance off {name}'s by {worst:.2g} (relative)"
+    return None
+
+
+def _peer_rate(route, Qg, bs: int, refs: dict[str, np.ndarray], repeats: int,
+               timed_on: Any = None) -> float | str:
+    """Queries/s of a peer route in batches of ``bs`` (on ``timed_on`` where given), or
+    why it has none: "wrong: ..." or its own failure."""
+    import cupy
+
+    from mgpu.backends.timing import time_gpu
+
+    try:
+        wrong = _peer_error(route, Qg, bs, refs)
+        if wrong is not None:
+            return wrong
+        Q = Qg if timed_on is None else timed_on
+        t = time_gpu(lambda: _peer_batches(route, Q, bs), repeats=repeats, warmup=1)
+        return Q.shape[0] / t
+    except Exception as exc:  # the peer's own failure is a result
+        cupy.get_default_memory_pool().free_all_blocks()
+        return f"{type(exc).__name__}: {str(exc)[:60]}"
+
+
+def _peer_rates(routes, Qg, sizes, refs: dict[str, np.ndarray], repeats: int
+                ) -> dict[str, Any]:
+    """Each route at each batch size, then SpGEMM's smaller batches (:func:`spgemm_smaller`),
+    timed on queries spread over the set."""
+    import cupy
+
+    peers: dict[str, Any] = {}
+    for name, bs in sizes:
+        peers[f"{name}_{bs}"] = _peer_rate(routes[name], Qg, bs, refs, repeats)
+    if "spgemm" in routes:
+        nq = Qg.shape[0]
+        m = min(nq, _SMALL_BATCH_QUERIES)
+
+        def rate(bs: int) -> float | str:
+            spread = Qg[cupy.arange(m) * (nq // m)]
+            return _peer_rate(routes["spgemm"], Qg, bs, refs, repeats, spread)
+
+        peers.update(spgemm_smaller(peers, rate, m))
+    return peers
+
+
+def spgemm_smaller(peers: dict[str, Any], rate: Any, m: int) -> dict[str, Any]:
+    """Where neither SpGEMM batch of ``peers`` (100, 500) answers rightly, ``rate(bs)`` of
+    each batch of :data:`SPGEMM_SMALLER` in turn until one does (timed on ``m`` queries);
+    and ``spgemm_best``: the fastest right SpGEMM batch ({"batch", "qps"}), if any."""
+    out: dict[str, Any] = {}
+    if not any(isinstance(peers.get(f"spgemm_{b}"), float) for b in (100, 500)):
+        for bs in SPGEMM_SMALLER:
+            out[f"spgemm_{bs}"] = rate(bs)
+            if isinstance(out[f"spgemm_{bs}"], float):
+                out[f"spgemm_{bs}_queries"] = m
+                break
+    right = {int(key.split("_")[1]): v for key, v in {**peers, **out}.items()
+             if key.startswith("spgemm_") and isinstance(v, float)}
+    if right:
+        bs = max(right, key=right.get)
+        out["spgemm_best"] = {"batch": bs, "qps": right[bs]}
+    return out
+
+
+def _kernel_rates(Xg, Qg, k: int, metric: str, repeats: int) -> dict[str, Any]:
+    """q/s of mgpu's fused and postings kernels, each forced (the postings at each tile
+    size the tuner weighs, the best as ``postings_qps``)."""
+    import mgpu
+    from mgpu.backends import cupy_knn_postings as postings
+    from mgpu.backends.timing import time_gpu
+
+    out: dict[str, Any] = {}
+    by_tile: dict[int, Any] = {}
+    for kernel, blocks in [("fused", 1)] + [("postings", b) for b in postings.TILE_BLOCKS]:
+        with postings.forced(kernel, blocks):
+            mgpu.knn(Xg, Qg, k, metric=metric)
+            choice = postings.last_choice()
+            if choice.get("kernel") != kernel:
+                rate: Any = choice.get("reason")
+            else:
+                rate = Qg.shape[0] / time_gpu(lambda: mgpu.knn(Xg, Qg, k, metric=metric),
+                                              repeats=repeats, warmup=0)
+        if kernel == "fused":
+            out["fused_qps"] = rate
+        else:
+            by_tile[choice.get("tile_rows", postings.tile_rows(blocks))] = rate
+    rates = [v for v in by_tile.values() if isinstance(v, float)]
+    out["postings_qps"] = max(rates) if rates else next(iter(by_tile.values()))
+    out["postings_qps_by_tile"] = by_tile
+    return out
+
+
+def _dense_peers(Xg, metric: str, k: int):
+    """The cuBLAS route of dense input (cupy): ``Q @ Xᵀ`` per query batch, the distance
+    formula, then ``argpartition`` for the k best."""
+    import cupy
+
+    sq = (Xg * Xg).sum(axis=1)
+    norms = cupy.sqrt(sq)
+
+    def gemm(Qb):
+        S = Qb @ Xg.T
+        qsq = (Qb * Qb).sum(axis=1)
+        if metric == "cosine":
+            D = 1 - S / (cupy.sqrt(qsq)[:, None] * norms[None, :] + 1e-30)
+        else:
+            D = cupy.sqrt(cupy.maximum(qsq[:, None] + sq[None, :] - 2 * S, 0))
+        idx = cupy.argpartition(D, k, axis=1)[:, :k]
+        return cupy.take_along_axis(D, idx, 1), idx
+
+    return {"gemm": gemm}
+
+
 def _naive_peer(Xg, metric: str, k: int):
     """One thread per (query, row) pair over the union of the two rows, then the k best."""
     import cupy
@@ -118,16 +255,26 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
               ) -> list[dict[str, Any]]:
     """Queries/s of mgpu on the GPU (float32) and of its peers, in one run, per metric.
 
-    Peers: the cuSPARSE SpGEMM route (batches of 100 and 500 queries) and SpMM route (500 and
-    2,000) for cosine and euclidean; the naive union kernel for the NAMM metrics; scikit-learn
-    brute force on all cores (float64, on the first ``sklearn_queries`` queries, a tenth of
-    that for NAMM metrics). mgpu's neighbour ids are checked against scikit-learn's.
+    Peers: the cuSPARSE SpGEMM route (batches of 100 and 500 queries, and of
+    :data:`SPGEMM_SMALLER` where neither answers rightly; ``spgemm_best`` is its fastest
+    right batch) and SpMM route (500 and 2,000) for cosine and euclidean on sparse input, the
+    cuBLAS route (``Q @ Xᵀ``, 500 and 2,000) on dense input, each route's first batches
+    checked against mgpu's distances and scikit-learn's float64 ones (a wrong answer is
+    reported, not timed); the naive union kernel for the NAMM metrics; scikit-learn brute
+    force on all cores (float64, on the first ``sklearn_queries`` queries, a tenth of that
+    for NAMM metrics). mgpu's neighbour ids are checked against scikit-learn's. ``kernel``
+    is the kernel mgpu's rule ran (fused, postings or cublas) and ``rule`` what it said on
+    the first call (its measurement); for the dot-product metrics on sparse input
+    ``fused_qps`` and ``postings_qps`` time each kernel forced (the postings at each tile
+    size of the tuner, ``postings_qps_by_tile``; ``postings_qps`` the best).
     """
     import cupy
     import cupyx.scipy.sparse as csp
-    from sklearn.neighbors import NearestNeighbors
 
     import mgpu
+    from mgpu.backends import cupy_knn_postings as postings
+    from mgpu.backends.cupy_knn import FORMS, knn_batches
+    from mgpu.backends.knn_codes import KnnOp
     from mgpu.backends.timing import time_gpu
     from mgpu.ops.distances import resolve_metric
 
@@ -146,20 +293,27 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
                                "dense": dense, "device": cupy.cuda.runtime.getDeviceProperties(
                                    cupy.cuda.Device().id)["name"].decode()}
         d, i = mgpu.knn(Xg, Qg, k, metric=ring.name)
+        row["rule"] = postings.last_choice()
         t = time_gpu(lambda: mgpu.knn(Xg, Qg, k, metric=ring.name), repeats=repeats, warmup=0)
         row["mgpu_qps"] = nq / t
+        row["kernel"] = postings.last_choice().get("kernel")
+        if not dense and FORMS[ring.name].op == KnnOp.DOT:
+            row.update(_kernel_rates(Xg, Qg, k, ring.name, repeats))
+        plan = knn_batches(Xg, Qg, k, ring.name)
+        row.update(launches=plan.launches, queries_per_launch=plan.per_launch,
+                   plan=plan.describe())
+        sk_q = min(nq, sklearn_queries if ring.kind == "expanded" else
+                   max(1, sklearn_queries // 10))
+        sk = _sklearn(index, queries[:sk_q], k, ring.name)
         peers: dict[str, Any] = {}
-        if not dense and ring.name in ("cosine", "euclidean"):
-            routes = _expanded_peers(Xg, ring.name, k)
-            for name, bs in (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000)):
-                key = f"{name}_{bs}"
-                try:
-                    t = time_gpu(lambda: _peer_batches(routes[name], Qg, bs),
-                                 repeats=repeats, warmup=1)
-                    peers[key] = nq / t
-                except Exception as exc:  # the peer's own failure is a result
-                    peers[key] = f"{type(exc).__name__}: {str(exc)[:60]}"
-                    cupy.get_default_memory_pool().free_all_blocks()
+        if ring.name in ("cosine", "euclidean"):
+            routes = (_dense_peers if dense else _expanded_peers)(Xg, ring.name, k)
+            sizes = ((("gemm", 500), ("gemm", 2000)) if dense else
+                     (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000)))
+            refs = {"mgpu": np.abs(d[:, -1].get().astype(np.float64))}
+            if sk is not None:
+                refs["scikit-learn"] = sk[0][:, -1]
+            peers = _peer_rates(routes, Qg, sizes, refs, repeats)
         if not dense and ring.kind == "namm":
             nn_q = min(nq, naive_queries)
             budget_rows = max(1, (1 << 30) // (4 * index.shape[0]))
@@ -175,17 +329,10 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
             row["speedup_vs_cusparse"] = row["mgpu_qps"] / max(numeric)
         if "naive_union" in peers:
             row["speedup_vs_naive"] = row["mgpu_qps"] / peers["naive_union"]
-        sk_q = min(nq, sklearn_queries if ring.kind == "expanded" else
-                   max(1, sklearn_queries // 10))
-        nn = NearestNeighbors(n_neighbors=k, metric=_SKLEARN.get(ring.name, ring.name),
-                              algorithm="brute", n_jobs=-1)
-        try:
-            nn.fit(index)
-        except ValueError:  # scikit-learn has no sparse form of this metric
+        if sk is None:  # scikit-learn has no sparse form of this metric
             out.append(row)
             continue
-        rd, ri = nn.kneighbors(queries[:sk_q])
-        t_sk = time_cpu(lambda: nn.kneighbors(queries[:sk_q]), repeats=1, warmup=0)
+        rd, ri, t_sk = sk
         row["sklearn_qps"] = sk_q / t_sk
         row["sklearn_queries"] = sk_q
         row["speedup_vs_sklearn"] = row["mgpu_qps"] / row["sklearn_qps"]
@@ -202,24 +349,52 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
     return out
 
 
+def _sklearn(index: Any, queries: Any, k: int, metric: str
+             ) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """scikit-learn's brute-force answer (float64 distances, ids) and its time, or None
+    where it has no sparse form of the metric."""
+    from sklearn.neighbors import NearestNeighbors
+
+    nn = NearestNeighbors(n_neighbors=k, metric=_SKLEARN.get(metric, metric),
+                          algorithm="brute", n_jobs=-1)
+    try:
+        nn.fit(index)
+    except ValueError:
+        return None
+    rd, ri = nn.kneighbors(queries)
+    t = time_cpu(lambda: nn.kneighbors(queries), repeats=1, warmup=0)
+    return rd, ri, t
+
+
 def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
-    head = ("| corpus | metric | mgpu q/s | SpGEMM 100 | SpGEMM 500 | SpMM 500 | SpMM 2000 | "
-            "naive union | scikit-learn | vs best cuSPARSE | vs naive | vs scikit-learn | "
-            "ids equal | others tie |")
+    head = ("| corpus | metric | mgpu q/s | kernel | fused q/s | postings q/s | SpGEMM 100 | "
+            "SpGEMM 500 | SpGEMM best right (batch) | SpMM 500 | SpMM 2000 | GEMM 500 | "
+            "GEMM 2000 | naive union | "
+            "scikit-learn | vs best cuSPARSE/cuBLAS | vs naive | vs scikit-learn | ids equal | "
+            "others tie |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
 
     def fmt(v):
         if v is None:
             return "–"
-        return f"{v:,.0f}" if isinstance(v, float) else "fails"
+        if isinstance(v, float):
+            return f"{v:,.0f}"
+        return "wrong" if str(v).startswith("wrong") else "fails"
+
+    def best(v):
+        return "–" if v is None else f"{v['qps']:,.0f} ({v['batch']})"
 
     for r in rows:
         p = r["peers"]
         ratio = lambda key: f"{r[key]:.1f}×" if key in r else "–"  # noqa: E731
         lines.append(
-            f"| {label} | {r['metric']} | {r['mgpu_qps']:,.0f} | {fmt(p.get('spgemm_100'))} | "
-            f"{fmt(p.get('spgemm_500'))} | {fmt(p.get('spmm_500'))} | "
-            f"{fmt(p.get('spmm_2000'))} | {fmt(p.get('naive_union'))} | "
+            f"| {label} | {r['metric']} | {r['mgpu_qps']:,.0f} | {r.get('kernel') or '–'} | "
+            f"{fmt(r.get('fused_qps'))} | {fmt(r.get('postings_qps'))} | "
+            f"{fmt(p.get('spgemm_100'))} | "
+            f"{fmt(p.get('spgemm_500'))} | {best(p.get('spgemm_best'))} | "
+            f"{fmt(p.get('spmm_500'))} | "
+            f"{fmt(p.get('spmm_2000'))} | {fmt(p.get('gemm_500'))} | "
+            f"{fmt(p.get('gemm_2000'))} | {fmt(p.get('naive_union'))} | "
             f"{fmt(r.get('sklearn_qps'))} | {ratio('speedup_vs_cusparse')} | "
             f"{ratio('speedup_vs_naive')} | {ratio('speedup_vs_sklearn')} | "
             + (f"{r['ids_equal']:.1%} | {'yes' if r['differing_ids_are_ties'] else 'NO'} |"

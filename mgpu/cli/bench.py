@@ -260,6 +260,11 @@ def bench_knn(input: str | None, corpus: tuple[int, int], density: float, dense:
         rows = b.bench_gpu(X, X[:n_queries], k, tuple(names), sklearn_queries=sklearn_queries,
                            repeats=max(repeats, 3))
         click.echo(b.markdown_gpu(rows, label))
+        for r in rows:  # what the timing is made of: the kernel and the fused launches
+            rule = r.get("rule") or {}
+            tile = f", tiles of {rule['tile_rows']:,} rows" if "tile_rows" in rule else ""
+            click.echo(f"mgpu {r['metric']}: the {r.get('kernel')} kernel "
+                       f"({rule.get('reason', '')}{tile}); fused: {r['plan']}")
     else:
         rows = b.bench_cpu(X, X[:n_queries], k, tuple(names), repeats=repeats)
         click.echo(b.markdown(rows, label))
