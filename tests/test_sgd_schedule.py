@@ -220,6 +220,36 @@ def test_wave_depths_keep_the_ring_in_registers():
         wave_kernel("float", 8, 8)
 
 
+def test_resident_launch_holds_the_warps_the_registers_allow():
+    """The residency arithmetic of the wavefront launch: blocks of two warps an SM from the
+    registers as the CUDA occupancy calculator counts them (each of 4 sub-partitions gives a
+    warp whole units of 256), then warps = min(G, SMs · blocks · 2, max_warps)."""
+    from mgpu.backends.occupancy import blocks_by_registers, resident_launch
+
+    # ptxas of mgpu_sgd_wave<float, 4, D> (k = 128) for D = 8, 4, 2: 12, 16, 28 warps an SM
+    assert [blocks_by_registers(r, 64) for r in (164, 108, 72)] == [6, 8, 14]
+    assert blocks_by_registers(128, 64) == 8  # 4096 a warp: exactly 4 per sub-partition
+    assert blocks_by_registers(129, 64) == 6  # 4352 a warp: 3 per sub-partition
+    assert blocks_by_registers(16, 64) == 32 and blocks_by_registers(16, 32) == 32  # caps
+    assert blocks_by_registers(32, 1024, max_warps_per_sm=48) == 1
+    assert blocks_by_registers(255, 1024) == 0 and blocks_by_registers(256, 32) == 0
+    # a 132-SM H100
+    assert resident_launch(1024, 132, 6, 2) == (1024, 2, 512)  # every row group its warp
+    assert resident_launch(2048, 132, 6, 2) == (1584, 2, 792)  # some warps take two
+    assert resident_launch(2048, 132, 8, 2)[0] == 2048
+    assert resident_launch(4096, 132, 14, 2) == (3696, 2, 1848)
+    assert resident_launch(1024, 132, 1, 2)[0] == 264  # one block an SM: what a failed query gave
+    assert resident_launch(37, 132, 6, 2, max_warps=7) == (7, 2, 4)
+    assert resident_launch(5, 132, 6, 2, max_warps=0) == (5, 2, 3)  # 0: no cap
+    assert resident_launch(1, 132, 6, 2) == (1, 1, 1)
+    with pytest.raises(ValueError, match=r"resident_launch needs groups, sms, blocks_per_sm "
+                                         r"and warps_per_block >= 1. Got 8, 132, 0, 2"):
+        resident_launch(8, 132, 0, 2)
+    with pytest.raises(ValueError, match=r"blocks_by_registers needs regs > 0 and threads > 0. "
+                                         r"Got regs=0, threads=64"):
+        blocks_by_registers(0, 64)
+
+
 @pytest.mark.parametrize("depths", ["3", "4,x", ""])
 def test_bench_sgd_refuses_a_depth_the_kernel_lacks(depths):
     from click.testing import CliRunner
@@ -322,6 +352,30 @@ def test_gpu_wavefront_every_ring_depth_equals_the_sequential_float64_pass(dtype
                                          r"must be one of \[.*\] .* Got 3 instead"):
         sgd_wave_gpu(*dev, Pg, Qg, 0.02, 0.05, 0.02, gs, depth=3)
     assert gs.passes == 2  # the refused pass did not count
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t, kpl", [("float", 4), ("double", 4), ("float", 8)])
+def test_gpu_wave_launch_holds_every_warp_the_registers_allow(t, kpl):
+    """The driver's occupancy calculator is asked about the compiled wavefront kernel (its
+    CUfunction, not a wrapper: a query that fails must not fall back to one block an SM) and
+    agrees with the registers' arithmetic; the launch takes every resident warp up to G."""
+    from mgpu.backends.cupy import current_facts
+    from mgpu.backends.cupy_sgd import wave_occupancy, wave_warps
+    from mgpu.backends.instances import wave_depths, wave_kernel
+    from mgpu.backends.occupancy import blocks_by_registers
+
+    sms = current_facts().sms
+    for depth in wave_depths(t, kpl):
+        expr = wave_kernel(t, kpl, depth)
+        occ = wave_occupancy(expr)
+        assert occ.source == "driver" and occ.sms == sms, (expr, occ)
+        assert occ.blocks_per_sm == occ.by_registers == blocks_by_registers(occ.regs, 64) >= 2, \
+            (expr, occ)
+        resident = sms * occ.blocks_per_sm * 2
+        for groups in (37, 1024, 4096):
+            assert wave_warps(expr, groups) == (min(groups, resident), 2), (expr, groups, occ)
+        assert wave_warps(expr, 1024, max_warps=7) == (7, 2)
 
 
 @pytest.mark.gpu

@@ -4,15 +4,20 @@ lock-free warp-per-rating scheme (``mgpu_sgd_block``) and the wavefront scheme
 from __future__ import annotations
 
 import functools
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 import cupy
 import numpy as np
 
 from mgpu.backends.dispatch import sgd_lookup
-from mgpu.backends.cupy import current_facts
+from mgpu.backends.cupy import current_facts, device_facts
 from mgpu.backends.instances import INSTANCES, SGD_KPL, wave_kernel
 from mgpu.backends.loader import c_type, get_function
+from mgpu.backends.occupancy import blocks_by_registers, resident_launch
+
+logger = logging.getLogger(__name__)
 
 _SGD = "sgd.cu"
 _THREADS = 256
@@ -49,27 +54,63 @@ def warps_for(users: cupy.ndarray, items: cupy.ndarray, n_users: int, n_items: i
     return int(max(1, min(full, conflicts * n // busiest)))
 
 
+@dataclass(frozen=True)
+class Occupancy:
+    """What a wavefront launch's residency rests on, for one kernel on one device."""
+
+    blocks_per_sm: int  # thread blocks of _WAVE_THREADS an SM holds: the driver's answer
+    regs: int  # registers a thread (the compiled kernel's attribute)
+    by_registers: int  # the same count from regs (occupancy.blocks_by_registers)
+    sms: int
+    source: str  # "driver", or "registers" where CuPy lacks the occupancy call
+
+    @property
+    def warps(self) -> int:
+        """Warps of the kernel the device holds at once."""
+        return self.sms * self.blocks_per_sm * (_WAVE_THREADS // 32)
+
+
 @functools.lru_cache(maxsize=None)
-def _resident_blocks(device: int, expr: str, threads: int) -> int:
-    """Thread blocks of ``threads`` of a kernel that one SM holds at once (the occupancy
-    calculator's answer; one, which any kernel that launches gets, where CuPy lacks it)."""
+def _occupancy(device: int, expr: str) -> Occupancy:
     fn = get_function(_SGD, expr, INSTANCES[_SGD])
+    attrs = cupy.cuda.Device(device).attributes
+    regs = int(fn.num_regs)
+    by_regs = blocks_by_registers(
+        regs, _WAVE_THREADS, regs_per_sm=attrs.get("MaxRegistersPerMultiprocessor", 65536),
+        regs_per_block=attrs.get("MaxRegistersPerBlock", 65536),
+        max_warps_per_sm=attrs.get("MaxThreadsPerMultiProcessor", 2048) // 32,
+        max_blocks_per_sm=attrs.get("MaxBlocksPerMultiprocessor", 32))
     try:
-        return max(1, int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            fn.ptr, threads, 0)))
-    except (AttributeError, cupy.cuda.driver.CUDADriverError):
-        return 1
+        query = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor
+    except AttributeError:  # older CuPy: the calculator's arithmetic on the registers
+        blocks, source = by_regs, "registers"
+    else:  # the RawKernel's CUfunction is fn.kernel.ptr (the RawKernel itself has no ptr)
+        blocks, source = int(query(fn.kernel.ptr, _WAVE_THREADS, 0)), "driver"
+    if blocks < 1:
+        raise RuntimeError(f"{expr} ({regs} registers a thread) fits no block of "
+                           f"{_WAVE_THREADS} threads on an SM of device {device}.")
+    if blocks != by_regs:
+        logger.warning("%s: the driver holds %d blocks of %d threads an SM, the registers "
+                       "(%d a thread) allow %d", expr, blocks, _WAVE_THREADS, regs, by_regs)
+    return Occupancy(blocks, regs, by_regs, device_facts(device).sms, source)
+
+
+def wave_occupancy(expr: str) -> Occupancy:
+    """The occupancy of the wavefront kernel ``expr`` on the current device (once per
+    device and kernel; compiles the kernel if it is not yet)."""
+    return _occupancy(cupy.cuda.runtime.getDevice(), expr)
 
 
 def wave_warps(expr: str, groups: int, max_warps: int | None = None) -> tuple[int, int]:
     """(warps, warps per thread block) of a wavefront launch: one per row group, no more
     than the device holds at once (every warp of the wavefront must be resident, or one
     waiting could hold the slot of the one it waits for) nor ``max_warps``."""
-    per_block = _WAVE_THREADS // 32
-    resident = current_facts().sms * _resident_blocks(cupy.cuda.runtime.getDevice(), expr,
-                                                      _WAVE_THREADS) * per_block
-    warps = max(1, min(groups, resident, max_warps if max_warps and max_warps > 0 else groups))
-    return warps, min(per_block, warps)
+    occ = wave_occupancy(expr)
+    warps, per_block, _ = resident_launch(groups, occ.sms, occ.blocks_per_sm,
+                                          _WAVE_THREADS // 32, max_warps)
+    logger.debug("%s, %d groups: %d warps (%d blocks of %d threads an SM, %d registers, %s)",
+                 expr, groups, warps, occ.blocks_per_sm, _WAVE_THREADS, occ.regs, occ.source)
+    return warps, per_block
 
 
 def _check_operands(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray,
