@@ -54,9 +54,9 @@ AUTO_GROUPS = 1024
 """At most this many groups where the shape chooses: a warp per row group, and every warp of
 a pass must be resident at once. The wavefront kernel at k <= 128 in float32 with 8 ratings in
 flight a warp uses about 164 registers a thread, so an SM holds 12 of its warps (1,584 on a
-132-SM H100; 2,376 with 4 in flight): 1024 fits any GPU of 86 or more SMs. More groups than
-resident warps give some warps two row groups a step, and every step waits for them. The
-shape alone chooses G (not the device), so that a CPU and a GPU run one schedule."""
+132-SM H100; 16, 2,112, with 4 in flight): 1024 fits any GPU of 86 or more SMs. More groups
+than resident warps give some warps two row groups a step, and every step waits for them.
+The shape alone chooses G (not the device), so that a CPU and a GPU run one schedule."""
 
 MAX_GROUPS = 4096
 """At most this many groups asked for: the offsets of G² sub-blocks stay within 128 MiB."""
