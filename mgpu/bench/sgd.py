@@ -5,7 +5,9 @@ Ratings are drawn on the GPU with power-law user and item degrees (Netflix's sha
 default: 480,189 users, 17,770 items, 100M ratings, the busiest user and item with about the
 shares Netflix's have, 0.02% and 0.25%), factors of k columns; one timed pass visits every
 rating once. The wavefront scheme (``mgpu.mf.gpu-scheme``'s default, :mod:`mgpu.mf.schedule`)
-runs the ratings in its schedule, built once on the device (its seconds reported apart);
+runs the ratings in its schedule, built once on the device (its seconds reported apart,
+and its heaviest column group: a pass takes that group's ratings one after another, so the
+pass's time over them bounds the time a warp spends on a rating);
 the lock-free scheme visits them in a random order with the warps in flight bounded as
 matrix factorisation bounds them (``mgpu.mf.gpu-conflicts``) or not at all. The bytes
 column counts what a pass must move at least: the two factor rows read and written, the
@@ -60,7 +62,7 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
                                            for d in depths] if wavefront else []
     schemes += [("hogwild", c, None) for c in conflicts]
     staged: dict[Any, Any] = {("hogwild", c): (users, items, ratings, None) for c in conflicts}
-    build_s = {}
+    build_s, heaviest = {}, {}
     if wavefront:  # CuPy compiles the build's kernels on first use: not the build's time
         build_schedule(users[:4096], items[:4096], n_users, n_items, seed=seed)
     for g in groups if wavefront else ():  # built once, as a fit builds it once per block
@@ -71,6 +73,8 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
         del order
         cupy.cuda.Device().synchronize()
         build_s[g] = time.perf_counter() - t0
+        cells = cupy.diff(sched.offsets).reshape(sched.groups, sched.groups)
+        heaviest[g] = int(cells.sum(axis=0).max())  # a column group's ratings: one chain
     for k, (scheme, c, depth) in ((k, sc) for k in ks for sc in schemes):
         t_kpl = (c_type(np.dtype(dtype)), next(w for w in SGD_KPL if k <= 32 * w))
         if depth is not None and depth not in wave_depths(*t_kpl):
@@ -102,6 +106,8 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
                     "dtype": np.dtype(dtype).name, "scheme": scheme, "conflicts": c,
                     "groups": sched.groups if sched is not None else None,
                     "schedule_s": build_s[asked] if sched is not None else None,
+                    # the pass is at least this column group's ratings one after another
+                    "heaviest_column": heaviest[asked] if sched is not None else None,
                     "depth": depth if sched is not None else None,
                     "warps": warps,
                     # what the residency rests on: blocks of 2 warps an SM (the driver's
@@ -125,8 +131,10 @@ def _warps(r: dict[str, Any]) -> str:
 
 def _label(r: dict[str, Any]) -> str:
     if r.get("scheme") == "wavefront":
+        chain = r["median_s"] / r["heaviest_column"] * 1e6 if r["heaviest_column"] else 0.0
         return (f"wavefront, {r['groups']:,}² cells, {r['depth']} in flight a warp (built in "
-                f"{r['schedule_s']:.2f} s)")
+                f"{r['schedule_s']:.2f} s; heaviest column group {r['heaviest_column']:,} "
+                f"ratings, the pass {chain:.2f} µs each)")
     return f"hogwild, bound {'none' if r['conflicts'] is None else r['conflicts']}"
 
 
