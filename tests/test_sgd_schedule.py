@@ -130,7 +130,7 @@ def test_schedule_is_a_function_of_the_seed():
 
 
 def test_wave_groups_follows_the_shape():
-    assert wave_groups(100_000_000, 480_189, 17_770) == AUTO_GROUPS == 1024
+    assert wave_groups(100_000_000, 480_189, 17_770) == AUTO_GROUPS == 2048
     assert wave_groups(200_000, 10 ** 5, 10 ** 5) == 111  # about 16 ratings a cell
     assert wave_groups(10 ** 12, 10 ** 7, 10 ** 7) == AUTO_GROUPS
     assert wave_groups(10 ** 6, 3, 10 ** 5) == 3
@@ -206,13 +206,15 @@ def test_gpu_scheme_setting_is_checked_on_the_client():
             gpu_options()
 
 
-def test_wave_depths_keep_the_ring_in_registers():
+def test_wave_depths_bound_the_ring_of_a_warp():
     from mgpu.backends.instances import INSTANCES, WAVE_DEPTHS, wave_depths, wave_kernel
 
     assert WAVE_DEPTHS == (2, 4, 8)
     assert wave_depths("float", 4) == (2, 4, 8) and wave_depths("double", 4) == (2, 4)
     assert wave_depths("float", 8) == (2, 4) and wave_depths("double", 8) == (2,)
-    assert wave_kernel("float", 4) == "mgpu_sgd_wave<float, 4, 8>"  # k = 128: 8 in flight
+    assert wave_kernel("float", 4) == "mgpu_sgd_wave<float, 4, 4>"  # k = 128: 4 in flight
+    assert wave_kernel("double", 4) == "mgpu_sgd_wave<double, 4, 4>"
+    assert wave_kernel("double", 8) == "mgpu_sgd_wave<double, 8, 2>"  # 4 not instantiated
     assert wave_kernel("double", 2, 2) in INSTANCES["sgd.cu"]
     with pytest.raises(ValueError, match=r"The 'depth' parameter of the wavefront SGD kernel "
                                          r"must be one of \[2, 4\] for float factors of 8 per "
@@ -224,8 +226,15 @@ def test_resident_launch_holds_the_warps_the_registers_allow():
     """The residency arithmetic of the wavefront launch: blocks of two warps an SM from the
     registers as the CUDA occupancy calculator counts them (each of 4 sub-partitions gives a
     warp whole units of 256), then warps = min(G, SMs · blocks · 2, max_warps)."""
-    from mgpu.backends.occupancy import blocks_by_registers, resident_launch
+    from mgpu.backends.occupancy import blocks_by_registers, blocks_by_shared, resident_launch
 
+    # shared memory: 228 KiB an SM over (a block's bytes + the 1 KiB the device reserves)
+    assert blocks_by_shared(9728) == 21 and blocks_by_shared(17920) == 12  # rings of 4 and 8
+    assert blocks_by_shared(0) == 32 and blocks_by_shared(0, max_blocks_per_sm=16) == 16
+    assert blocks_by_shared(17920, shared_per_sm=167936) == 8  # an A100's 164 KiB
+    assert blocks_by_shared(300_000) == 0
+    with pytest.raises(ValueError, match=r"blocks_by_shared needs shared >= 0. Got shared=-1"):
+        blocks_by_shared(-1)
     # ptxas of mgpu_sgd_wave<float, 4, D> (k = 128) for D = 8, 4, 2: 12, 16, 28 warps an SM
     assert [blocks_by_registers(r, 64) for r in (164, 108, 72)] == [6, 8, 14]
     assert blocks_by_registers(128, 64) == 8  # 4096 a warp: exactly 4 per sub-partition
@@ -355,23 +364,70 @@ def test_gpu_wavefront_every_ring_depth_equals_the_sequential_float64_pass(dtype
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 3e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("k", [124, 128])
+def test_gpu_wavefront_rows_not_16_byte_aligned_take_plain_loads_to_the_same_bits(dtype, rtol,
+                                                                                  k):
+    """Factors that start off a 16-byte boundary (views one element into their buffer) are
+    fetched by plain loads instead of 16-byte cp.async copies: the same updates in the same
+    order, so the same bits as aligned factors, and the float64 sequential pass."""
+    import cupy
+
+    from mgpu.backends.cupy_sgd import sgd_wave_gpu
+
+    u, i = _power_law(6000, 300, 120, seed=k)
+    r = np.random.default_rng(k).uniform(1, 5, u.size)
+    order, s = build_schedule(u, i, 300, 120, seed=k, groups=5)
+    su, si, sr = u[order], i[order], r[order]
+    rng = np.random.default_rng(3)
+    P0, Q0 = rng.random((300, k)) / np.sqrt(k), rng.random((120, k)) / np.sqrt(k)
+    P, Q = P0.astype(dtype).astype(np.float64), Q0.astype(dtype).astype(np.float64)
+    for epoch in range(2):
+        sgd_block(su, si, sr, P, Q, 0.02, 0.05, 0.02, pass_order(s, epoch))
+    dev = [cupy.asarray(su.astype(np.int32)), cupy.asarray(si.astype(np.int32)),
+           cupy.asarray(sr.astype(dtype))]
+    out = []
+    for shift in (0, 1):
+        Pb, Qb = cupy.empty(300 * k + 1, dtype=dtype), cupy.empty(120 * k + 1, dtype=dtype)
+        Pg = Pb[shift:shift + 300 * k].reshape(300, k)
+        Qg = Qb[shift:shift + 120 * k].reshape(120, k)
+        Pg[...], Qg[...] = cupy.asarray(P0.astype(dtype)), cupy.asarray(Q0.astype(dtype))
+        assert (Pg.data.ptr % 16 == 0) == (shift == 0) and Pg.flags.c_contiguous
+        gs = WaveSchedule(s.groups, cupy.asarray(s.offsets), s.seed, s.size)
+        for _ in range(2):
+            sgd_wave_gpu(*dev, Pg, Qg, 0.02, 0.05, 0.02, gs)
+        np.testing.assert_allclose(Pg.get(), P, rtol=rtol, atol=rtol, err_msg=f"shift {shift}")
+        np.testing.assert_allclose(Qg.get(), Q, rtol=rtol, atol=rtol, err_msg=f"shift {shift}")
+        out.append((Pg.get(), Qg.get()))
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("t, kpl", [("float", 4), ("double", 4), ("float", 8)])
 def test_gpu_wave_launch_holds_every_warp_the_registers_allow(t, kpl):
     """The driver's occupancy calculator is asked about the compiled wavefront kernel (its
     CUfunction, not a wrapper: a query that fails must not fall back to one block an SM) and
-    agrees with the registers' arithmetic; the launch takes every resident warp up to G."""
+    agrees with the arithmetic of its registers and its shared memory (its ring of rows),
+    the smaller of the two; the launch takes every resident warp up to G."""
+    import cupy
+
     from mgpu.backends.cupy import current_facts
     from mgpu.backends.cupy_sgd import wave_occupancy, wave_warps
     from mgpu.backends.instances import wave_depths, wave_kernel
-    from mgpu.backends.occupancy import blocks_by_registers
+    from mgpu.backends.occupancy import blocks_by_registers, blocks_by_shared
 
     sms = current_facts().sms
+    attrs = cupy.cuda.Device().attributes
     for depth in wave_depths(t, kpl):
         expr = wave_kernel(t, kpl, depth)
         occ = wave_occupancy(expr)
         assert occ.source == "driver" and occ.sms == sms, (expr, occ)
-        assert occ.blocks_per_sm == occ.by_registers == blocks_by_registers(occ.regs, 64) >= 2, \
-            (expr, occ)
+        assert occ.by_registers == blocks_by_registers(occ.regs, 64), (expr, occ)
+        assert occ.shared >= 2 * 2 * depth * 32 * kpl * (4 if t == "float" else 8), (expr, occ)
+        assert occ.by_shared == blocks_by_shared(
+            occ.shared, shared_per_sm=attrs["MaxSharedMemoryPerMultiprocessor"]), (expr, occ)
+        assert occ.blocks_per_sm == occ.by_resources == min(occ.by_registers, occ.by_shared) \
+            >= 2, (expr, occ)
         resident = sms * occ.blocks_per_sm * 2
         for groups in (37, 1024, 4096):
             assert wave_warps(expr, groups) == (min(groups, resident), 2), (expr, groups, occ)

@@ -15,7 +15,7 @@ from mgpu.backends.dispatch import sgd_lookup
 from mgpu.backends.cupy import current_facts, device_facts
 from mgpu.backends.instances import INSTANCES, SGD_KPL, wave_kernel
 from mgpu.backends.loader import c_type, get_function
-from mgpu.backends.occupancy import blocks_by_registers, resident_launch
+from mgpu.backends.occupancy import blocks_by_registers, blocks_by_shared, resident_launch
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,15 @@ class Occupancy:
     blocks_per_sm: int  # thread blocks of _WAVE_THREADS an SM holds: the driver's answer
     regs: int  # registers a thread (the compiled kernel's attribute)
     by_registers: int  # the same count from regs (occupancy.blocks_by_registers)
+    shared: int  # static shared memory a block (its ring of rows, the compiled attribute)
+    by_shared: int  # the count that allows (occupancy.blocks_by_shared)
     sms: int
-    source: str  # "driver", or "registers" where CuPy lacks the occupancy call
+    source: str  # "driver", or "resources" where CuPy lacks the occupancy call
+
+    @property
+    def by_resources(self) -> int:
+        """Blocks an SM holds by the registers and the shared memory: the smaller."""
+        return min(self.by_registers, self.by_shared)
 
     @property
     def warps(self) -> int:
@@ -80,19 +87,27 @@ def _occupancy(device: int, expr: str) -> Occupancy:
         regs_per_block=attrs.get("MaxRegistersPerBlock", 65536),
         max_warps_per_sm=attrs.get("MaxThreadsPerMultiProcessor", 2048) // 32,
         max_blocks_per_sm=attrs.get("MaxBlocksPerMultiprocessor", 32))
+    shared = int(fn.shared_size_bytes)
+    by_shared = blocks_by_shared(
+        shared, shared_per_sm=attrs.get("MaxSharedMemoryPerMultiprocessor", 233472),
+        reserved=attrs.get("ReservedSharedMemoryPerBlock", 1024),
+        max_blocks_per_sm=attrs.get("MaxBlocksPerMultiprocessor", 32))
+    by_res = min(by_regs, by_shared)
     try:
         query = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor
-    except AttributeError:  # older CuPy: the calculator's arithmetic on the registers
-        blocks, source = by_regs, "registers"
+    except AttributeError:  # older CuPy: the calculator's arithmetic on the resources
+        blocks, source = by_res, "resources"
     else:  # the RawKernel's CUfunction is fn.kernel.ptr (the RawKernel itself has no ptr)
         blocks, source = int(query(fn.kernel.ptr, _WAVE_THREADS, 0)), "driver"
     if blocks < 1:
-        raise RuntimeError(f"{expr} ({regs} registers a thread) fits no block of "
-                           f"{_WAVE_THREADS} threads on an SM of device {device}.")
-    if blocks != by_regs:
+        raise RuntimeError(f"{expr} ({regs} registers a thread, {shared} bytes of shared "
+                           f"memory a block) fits no block of {_WAVE_THREADS} threads on an SM "
+                           f"of device {device}.")
+    if blocks != by_res:
         logger.warning("%s: the driver holds %d blocks of %d threads an SM, the registers "
-                       "(%d a thread) allow %d", expr, blocks, _WAVE_THREADS, regs, by_regs)
-    return Occupancy(blocks, regs, by_regs, device_facts(device).sms, source)
+                       "(%d a thread) allow %d and the shared memory (%d bytes a block) %d",
+                       expr, blocks, _WAVE_THREADS, regs, by_regs, shared, by_shared)
+    return Occupancy(blocks, regs, by_regs, shared, by_shared, device_facts(device).sms, source)
 
 
 def wave_occupancy(expr: str) -> Occupancy:
@@ -108,8 +123,9 @@ def wave_warps(expr: str, groups: int, max_warps: int | None = None) -> tuple[in
     occ = wave_occupancy(expr)
     warps, per_block, _ = resident_launch(groups, occ.sms, occ.blocks_per_sm,
                                           _WAVE_THREADS // 32, max_warps)
-    logger.debug("%s, %d groups: %d warps (%d blocks of %d threads an SM, %d registers, %s)",
-                 expr, groups, warps, occ.blocks_per_sm, _WAVE_THREADS, occ.regs, occ.source)
+    logger.debug("%s, %d groups: %d warps (%d blocks of %d threads an SM, %d registers, %d "
+                 "bytes shared, %s)", expr, groups, warps, occ.blocks_per_sm, _WAVE_THREADS,
+                 occ.regs, occ.shared, occ.source)
     return warps, per_block
 
 
@@ -130,7 +146,8 @@ def sgd_wave_gpu(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray
     """One pass of the wavefront scheme (``mgpu_sgd_wave``): the ratings in ``schedule``'s
     order (:func:`mgpu.mf.schedule.build_schedule`), the pass's diagonals drawn from its
     seed and ``schedule.passes``, which this advances; ``depth`` ratings in flight per warp
-    (:func:`wave_kernel`). The result does not depend on ``max_warps`` or ``depth``."""
+    (:func:`wave_kernel`; default 4). The result does not depend on ``max_warps`` or
+    ``depth``."""
     groups = int(schedule.groups)
     if schedule.offsets.shape != (groups * groups + 1,) \
             or int(ratings.shape[0]) != int(schedule.size):

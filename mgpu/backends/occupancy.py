@@ -2,13 +2,14 @@
 wavefront SGD kernel: a waiting warp must not hold the slot of the one it waits for).
 
 Pure integers, no CuPy: the driver's occupancy calculator gives the blocks an SM holds
-(``mgpu.backends.cupy_sgd``); :func:`blocks_by_registers` is the same count from a kernel's
-registers a thread, as the CUDA occupancy calculator (``cuda_occupancy.h``) makes it for a
-kernel that uses no shared memory, and :func:`resident_launch` turns either into a launch.
+(``mgpu.backends.cupy_sgd``); :func:`blocks_by_registers` and :func:`blocks_by_shared` are
+the same count from a kernel's registers a thread and shared memory a block, as the CUDA
+occupancy calculator (``cuda_occupancy.h``) makes it (the smaller of the two), and
+:func:`resident_launch` turns either into a launch.
 """
 from __future__ import annotations
 
-__all__ = ["blocks_by_registers", "resident_launch"]
+__all__ = ["blocks_by_registers", "blocks_by_shared", "resident_launch"]
 
 
 def blocks_by_registers(regs: int, threads: int, *, regs_per_sm: int = 65536,
@@ -37,6 +38,21 @@ def blocks_by_registers(regs: int, threads: int, *, regs_per_sm: int = 65536,
     return int(min(by_regs, max_warps_per_sm // warps, max_blocks_per_sm))
 
 
+def blocks_by_shared(shared: int, *, shared_per_sm: int = 233472, reserved: int = 1024,
+                     max_blocks_per_sm: int = 32) -> int:
+    """Thread blocks an SM holds at once when each takes ``shared`` bytes of static shared
+    memory: the SM's whole shared memory (the defaults: compute capability 9.0, 228 KiB)
+    over each block's bytes and the ``reserved`` 1 KiB the device keeps of every block
+    (compute capability 8.0 on); 0 where one block does not fit.
+
+    >>> [blocks_by_shared(b) for b in (0, 9728, 17920)]  # the ring of 4 and of 8 ratings
+    [32, 21, 12]
+    """
+    if shared < 0:
+        raise ValueError(f"blocks_by_shared needs shared >= 0. Got shared={shared!r}.")
+    return int(min(shared_per_sm // (shared + reserved), max_blocks_per_sm))
+
+
 def resident_launch(groups: int, sms: int, blocks_per_sm: int, warps_per_block: int,
                     max_warps: int | None = None) -> tuple[int, int, int]:
     """(warps, warps a block, blocks) of a launch of one warp per group, every warp
@@ -44,7 +60,7 @@ def resident_launch(groups: int, sms: int, blocks_per_sm: int, warps_per_block: 
     at once), ``groups`` and ``max_warps`` (None or <= 0: no cap); at least one warp. Where
     warps fall short of groups, each warp takes several groups in turn.
 
-    >>> resident_launch(1024, 132, 6, 2)   # k = 128 float32, 8 in flight: 164 registers
+    >>> resident_launch(1024, 132, 6, 2)   # 164 registers a thread: 12 warps an SM
     (1024, 2, 512)
     >>> resident_launch(4096, 132, 14, 2)  # 2 in flight: 72 registers, 28 warps an SM
     (3696, 2, 1848)

@@ -42,7 +42,7 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
     import cupy
 
     from mgpu.backends.cupy_sgd import sgd_wave_gpu, wave_occupancy, wave_warps, warps_for
-    from mgpu.backends.instances import SGD_KPL, wave_depths, wave_kernel
+    from mgpu.backends.instances import SGD_KPL, wave_default_depth, wave_depths, wave_kernel
     from mgpu.backends.loader import c_type
     from mgpu.backends.timing import time_gpu
     from mgpu.mf.schedule import build_schedule
@@ -79,7 +79,7 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
         t_kpl = (c_type(np.dtype(dtype)), next(w for w in SGD_KPL if k <= 32 * w))
         if depth is not None and depth not in wave_depths(*t_kpl):
             continue
-        depth = depth or wave_depths(*t_kpl)[-1]  # the kernel's default
+        depth = depth or wave_default_depth(*t_kpl)  # the kernel's default
         P = (rng.random((n_users, k), dtype=np.float64) / np.sqrt(k)).astype(dtype)
         Q = (rng.random((n_items, k), dtype=np.float64) / np.sqrt(k)).astype(dtype)
         before = rmse(*host, P.get().astype(np.float64), Q.get().astype(np.float64))
@@ -115,6 +115,8 @@ def bench_gpu(n_users: int, n_items: int, n_ratings: int, ks: tuple[int, ...], *
                     "blocks_per_sm": occ.blocks_per_sm if occ else None,
                     "regs": occ.regs if occ else None,
                     "blocks_by_registers": occ.by_registers if occ else None,
+                    "shared_bytes": occ.shared if occ else None,
+                    "blocks_by_shared": occ.by_shared if occ else None,
                     "occupancy_source": occ.source if occ else None,
                     "median_s": t, "updates_per_s": n_ratings / t,
                     "gb_per_s": moved / t / 1e9,
@@ -126,7 +128,8 @@ def _warps(r: dict[str, Any]) -> str:
     if r.get("blocks_per_sm") is None:
         return f"{r['warps']:,}"
     return (f"{r['warps']:,} ({r['occupancy_source']}: {r['blocks_per_sm']} blocks/SM; "
-            f"{r['regs']} regs allow {r['blocks_by_registers']})")
+            f"{r['regs']} regs allow {r['blocks_by_registers']}, {r['shared_bytes']:,} B "
+            f"shared {r['blocks_by_shared']})")
 
 
 def _label(r: dict[str, Any]) -> str:

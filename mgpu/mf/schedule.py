@@ -46,17 +46,22 @@ SCHEMES = {
 MIN_PER_BLOCK = 16
 """Mean ratings per sub-block the grid aims at. A step costs a warp a fixed few microseconds
 (the flag's wait and fence, the ring of the next ratings' rows filled once: about one memory
-round trip) and each rating about 0.2 µs once the ring runs (kernels/sgd.cu), so a pass of N
-ratings over G groups (G warps) takes about G·o + (N/G)·t, least where a sub-block holds
-N/G² = o/t, some 15 ratings."""
+round trip; about 2.5 µs on an H100, from the pass times of G = 1024 and 2048) and each
+rating of a chain a fraction of one (kernels/sgd.cu), so a pass of N ratings over G groups
+(G warps) takes about G·o + (N/G)·t, least where a sub-block holds N/G² = o/t ratings."""
 
-AUTO_GROUPS = 1024
-"""At most this many groups where the shape chooses: a warp per row group, and every warp of
-a pass must be resident at once. The wavefront kernel at k <= 128 in float32 with 8 ratings in
-flight a warp uses about 164 registers a thread, so an SM holds 12 of its warps (1,584 on a
-132-SM H100; 16, 2,112, with 4 in flight): 1024 fits any GPU of 86 or more SMs. More groups
-than resident warps give some warps two row groups a step, and every step waits for them.
-The shape alone chooses G (not the device), so that a CPU and a GPU run one schedule."""
+AUTO_GROUPS = 2048
+"""At most this many groups where the shape chooses. A pass cannot be shorter than its
+heaviest column group's ratings one after another (their updates may not overlap), and a
+busy item's group holds that item's ratings whatever G; more groups shorten the rest of that
+group (Netflix's shape: 313k ratings at G = 1024, 269k at 2048) but add G steps' fixed cost
+to the chain. `mgpu bench sgd --groups` on Netflix's shape (H100, k = 128) was fastest at
+2048 (177 ms a pass against 202 at 1024 and 182 at 4096). Every warp of a pass must be
+resident at once: the kernel at k <= 128 in float32 with 4 ratings in flight takes about 64
+registers a thread and 10 KB of shared memory a block of two warps, so an SM holds 32 of its
+warps, and 2048 fits any GPU of 64 or more SMs; more groups than resident warps give some
+warps two row groups a step, which cost little there (G = 4096 on 2,112 warps). The shape
+alone chooses G (not the device), so that a CPU and a GPU run one schedule."""
 
 MAX_GROUPS = 4096
 """At most this many groups asked for: the offsets of G² sub-blocks stay within 128 MiB."""
@@ -104,7 +109,7 @@ def wave_groups(n_ratings: int, users_rated: int, items_rated: int) -> int:
     most :data:`AUTO_GROUPS`, at least 1 (one warp: the sequential pass).
 
     >>> wave_groups(100_000_000, 480_189, 17_770), wave_groups(22_000, 335, 4_500)
-    (1024, 37)
+    (2048, 37)
     >>> wave_groups(5, 1, 5)
     1
     """
