@@ -98,9 +98,16 @@ struct Piece;
 template <> struct Piece<float> { using type = float4; };
 template <> struct Piece<double> { using type = double2; };
 
+// a shared-memory pointer as the 32-bit address cp.async takes (PTX, not a header's)
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(p));
+    return s;
+}
+
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const unsigned s = smem_addr(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #else
     *(int4*)smem = __ldcg((const int4*)gmem);
@@ -195,7 +202,7 @@ template <typename V>
 __device__ __forceinline__ void cp_async_small(V* smem, const V* gmem) {
     static_assert(sizeof(V) == 4 || sizeof(V) == 8, "cp.async.ca copies 4 or 8 bytes here");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const unsigned s = smem_addr(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem),
                  "n"((int)sizeof(V)) : "memory");
 #else
