@@ -334,35 +334,46 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
             if (is[s] != i) wave_read<T, KPL, FAST>(sq + s * S, k, lane, q);
             u = us[s];
             i = is[s];
-            T acc = 0;
-#pragma unroll
-            for (int x = 0; x < KPL; ++x) acc += p[x] * q[x];
-            const T e = rs[s] - mgpu::warp_sum(acc);
-#pragma unroll
-            for (int x = 0; x < KPL; ++x) {  // lanes past k hold zeros, which stay zeros
-                const T px = p[x], qx = q[x];
-                p[x] = px + lr * (e * qx - reg_p * px);
-                q[x] = qx + lr * (e * px - reg_q * qx);
-            }
             const int next = (s + 1) % D, prev = (s + D - 1) % D;  // constants once unrolled
-            const bool last = t + 1 >= n;
-            if (last || us[next] != u) wave_store<T, KPL, FAST>(P, u, k, lane, p, vec);
-            if (last || is[next] != i) wave_store<T, KPL, FAST>(Q, i, k, lane, q, vec);
-            // slot s takes rating t + D: its P row unless its user is among t + 1 ..
-            // t + D − 1 (the other slots), its Q row where its item is new; one group
-            ids.reach(t + D + 1, lane);  // may rewrite t + D's place: read above, and used
+            // slot s takes rating t + D: its P row unless its user is among t + 1 .. t + D − 1
+            // (the other slots), its Q row where its item is new; one commit group. These
+            // do not wait for t's update, so they are issued in the shuffles' latency, but
+            // for a P row of t's own user, fetched after t's store.
             bool ok = nu >= 0;
 #pragma unroll
             for (int x = 0; x < D; ++x) {
                 if (x != s) ok = ok && nu != us[x];
             }
             const bool qnew = ni >= 0 && ni != is[prev];
+            const bool late = ok && nu == u;
+            T acc = 0;
+#pragma unroll
+            for (int x = 0; x < KPL; ++x) acc += p[x] * q[x];
+            // the warp's sum (mgpu::warp_sum's butterfly, every lane gets it), written out so
+            // that the refill goes between its shuffles; slot s's rows are in registers by
+            // the first shuffle (the dot product has read them)
+            acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, 16);
+            if (ok && !late) wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec);
+            if (qnew) wave_fetch<T, KPL, FAST>(sq + s * S, Q, ni, k, lane, vec);
+#pragma unroll
+            for (int off = 8; off > 0; off >>= 1)
+                acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, off);
+            const T e = rs[s] - acc;
+#pragma unroll
+            for (int x = 0; x < KPL; ++x) {  // lanes past k hold zeros, which stay zeros
+                const T px = p[x], qx = q[x];
+                p[x] = px + lr * (e * qx - reg_p * px);
+                q[x] = qx + lr * (e * px - reg_q * qx);
+            }
+            const bool last = t + 1 >= n;
+            if (last || us[next] != u) wave_store<T, KPL, FAST>(P, u, k, lane, p, vec);
+            if (last || is[next] != i) wave_store<T, KPL, FAST>(Q, i, k, lane, q, vec);
+            if (late) wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec);
+            ids.reach(t + D + 1, lane);  // may rewrite t + D's place: read above, and used
             us[s] = nu;
             is[s] = ni;
             rs[s] = nr;
             pok[s] = ok;
-            if (ok) wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec);
-            if (qnew) wave_fetch<T, KPL, FAST>(sq + s * S, Q, ni, k, lane, vec);
             cp_commit();
         }
     }

@@ -57,9 +57,9 @@ busy item's group holds that item's ratings whatever G; more groups shorten the 
 group (Netflix's shape: 313k ratings at G = 1024, 269k at 2048) but add G steps' fixed cost
 to the chain. `mgpu bench sgd --groups` on Netflix's shape (H100, k = 128) was fastest at
 2048 (177 ms a pass against 202 at 1024 and 182 at 4096). Every warp of a pass must be
-resident at once: the kernel at k <= 128 in float32 with 4 ratings in flight takes about 72
-registers a thread and 10 KB of shared memory a block of two warps, so an SM holds 28 of its
-warps (3,696 on a 132-SM H100), and 2048 fits any GPU of 74 or more SMs; more groups than
+resident at once: the kernel at k <= 128 in float32 with 4 ratings in flight takes about 80
+registers a thread and 10 KB of shared memory a block of two warps, so an SM holds 24 of its
+warps (3,168 on a 132-SM H100), and 2048 fits any GPU of 86 or more SMs; more groups than
 resident warps give some warps two row groups a step, which cost little there (G = 4096 on
 2,112 warps). The shape alone chooses G (not the device), so that a CPU and a GPU run one
 schedule."""
