@@ -62,8 +62,9 @@ __global__ void mgpu_sgd_block(const int* __restrict__ users, const int* __restr
 // cp.async.wait_group(D − 1): a counted wait, which waits for rating t's rows only. (Rows
 // loaded into registers cannot do this: every load of the ring shares one of the warp's six
 // scoreboards, and the wait for slot t's row also waited for the row of rating t + D − 1,
-// fetched one rating before: a whole memory round trip per rating, whatever D.) The slot is
-// then refilled with rating t + D. The current user's and item's rows stay in registers while
+// fetched one rating before: a whole memory round trip per rating, whatever D.) The slot
+// takes rating t + D while t's warp sum waits on its shuffles (after t's store where it is
+// t's own user's row). The current user's and item's rows stay in registers while
 // they repeat: a busy item's run reads its row once and stores it once, at its end. A Q row
 // is fetched only where the item changes: the sub-block's items come in runs, so a new item
 // has had no update yet in this sub-block. A P row is fetched unless its user is among the
