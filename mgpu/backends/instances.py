@@ -27,6 +27,47 @@ SPMV_ITEMS = (3, 5)
 SPMM_ITEMS = (8, 16)
 # SGD (kernels/sgd.cu): factor elements per lane, so k <= 32 * the largest
 SGD_KPL = (1, 2, 4, 8)
+# ratings in flight per warp of the wavefront kernel (its ring of D slots in shared memory);
+# a (T, KPL) takes the depths whose slots hold at most 128 bytes of factors per lane (8 KiB a
+# warp: the shared memory then never holds fewer blocks an SM than the registers do)
+WAVE_DEPTHS = (2, 4, 8)
+_WAVE_SLOT_BYTES = 128
+WAVE_DEFAULT_DEPTH = 4  # mgpu bench sgd --depths on Netflix's shape, k = 128: 4 was best
+
+
+def wave_depths(t: str, kpl: int) -> tuple[int, ...]:
+    """The ring depths instantiated for factors of C type ``t`` and ``kpl`` per lane."""
+    size = 8 if t == "double" else 4
+    return tuple(d for d in WAVE_DEPTHS if d * kpl * size <= _WAVE_SLOT_BYTES) or WAVE_DEPTHS[:1]
+
+
+def wave_default_depth(t: str, kpl: int) -> int:
+    """The ring depth a wavefront launch takes unless told: :data:`WAVE_DEFAULT_DEPTH` where
+    it is instantiated for (``t``, ``kpl``), else the deepest that is."""
+    depths = wave_depths(t, kpl)
+    return WAVE_DEFAULT_DEPTH if WAVE_DEFAULT_DEPTH in depths else depths[-1]
+
+
+def wave_kernel(t: str, kpl: int, depth: int | None = None) -> str:
+    """The wavefront kernel's name expression for factors of C type ``t``, ``kpl`` per lane
+    and ``depth`` ratings in flight per warp (default :func:`wave_default_depth`), or
+    ValueError naming the depths there are.
+
+    >>> wave_kernel("float", 4), wave_kernel("double", 8)
+    ('mgpu_sgd_wave<float, 4, 4>', 'mgpu_sgd_wave<double, 8, 2>')
+    >>> wave_kernel("double", 8, 4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: The 'depth' parameter of the wavefront SGD kernel must be one of [2] for ...
+    """
+    depths = wave_depths(t, kpl)
+    if depth is None:
+        depth = wave_default_depth(t, kpl)
+    if depth not in depths:
+        raise ValueError(f"The 'depth' parameter of the wavefront SGD kernel must be one of "
+                         f"{list(depths)} for {t} factors of {kpl} per lane. Got {depth!r} "
+                         "instead.")
+    return f"mgpu_sgd_wave<{t}, {kpl}, {depth}>"
+
 
 KNN_GROUPS: dict[str, tuple[str, ...]] = {
     **{f"op{op}-{t}": tuple(f"mgpu_knn_csr<{t}, int, {op}, {m}, {kmax}>" for m, kmax in KNN_SHAPES)
@@ -74,7 +115,9 @@ INSTANCES: dict[str, tuple[str, ...]] = {
     # the finiteness flag of the checked calls (mgpu.backends.flags)
     "flags.cu": tuple(f"mgpu_flag_nonfinite<{t}>" for t in _FLOATS),
     # SGD block kernel of matrix factorisation: k <= 32 * KPL
-    "sgd.cu": tuple(f"mgpu_sgd_block<{t}, {kpl}>" for t in _FLOATS for kpl in SGD_KPL),
+    "sgd.cu": tuple(f"mgpu_sgd_block<{t}, {kpl}>" for t in _FLOATS for kpl in SGD_KPL)
+    + tuple(f"mgpu_sgd_wave<{t}, {kpl}, {d}>" for t in _FLOATS for kpl in SGD_KPL
+            for d in wave_depths(t, kpl)),
     # benchmark probe (float32 factors, as the SDDMM benchmark uses)
     "probe.cu": tuple(
         f"mgpu_gather_rows<float, {i}, {w}, {v}>" for i in _INDICES for w in (1, 4) for v in _LANES

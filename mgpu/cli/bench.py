@@ -17,6 +17,7 @@ from mgpu.cli._inputs import data_root, load_corpus, load_input, load_matrix, lo
 from mgpu.cli._mf import mf_options, train
 from mgpu.cli._output import bar, plotted, write_json
 from mgpu.cli.bench_comm import _GPUS, _check_gpu_workers, bench_allreduce
+from mgpu.cli.bench_sgd import bench_sgd, bench_sgd_seeds
 
 
 
@@ -26,6 +27,8 @@ def bench() -> None:
 
 
 bench.add_command(bench_allreduce, "allreduce")
+bench.add_command(bench_sgd, "sgd")
+bench.add_command(bench_sgd_seeds, "sgd-seeds")
 
 
 def _need_gpu(what: str, usage: bool = False) -> None:
@@ -513,40 +516,6 @@ def bench_mf_scaling(ratings: str | None, synthetic: tuple[int, int, int], k: in
                        f"GradientMF step, {label}, k={k}", plot,
                        lambda r: f"{r['median_step_s'] * 1e3:.1f} ms")
     plotted(plot)
-
-
-@bench.command("sgd")
-@click.option("--shape", default="480189x17770", show_default=True, type=opt.Shape(),
-              metavar="USERSxITEMS", help="Users × items of the synthetic ratings (default: "
-              "Netflix's).")
-@click.option("--ratings", "n_ratings", default=100_000_000, show_default=True,
-              type=click.IntRange(min=1))
-@opt.ks("32,128,256", "Comma-separated numbers of factors.")
-@click.option("--conflicts", default="none,1,4", show_default=True,
-              help="Comma-separated bounds on the updates in flight on the busiest row "
-              "('none': every warp the GPU holds; mgpu.mf.gpu-conflicts is what MF uses).")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
-              show_default=True)
-@opt.repeats(5)
-@opt.json_out()
-def bench_sgd(shape: tuple[int, int], n_ratings: int, ks: tuple[int, ...], conflicts: str,
-              dtype: str, repeats: int, json_path: str | None) -> None:
-    """Updates/s of the GPU SGD block kernel of matrix factorisation (one pass = every rating
-    once, power-law user and item degrees, drawn on the GPU)."""
-    from mgpu.bench import sgd as b
-
-    _need_gpu("bench sgd times the GPU kernel; no GPU is visible.", usage=True)
-    if max(ks) > 256:
-        raise click.BadParameter("every k must be <= 256", param_hint="--k")
-    try:
-        bounds = tuple(None if c.strip() == "none" else float(c) for c in conflicts.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected numbers or 'none', got {conflicts!r}",
-                                 param_hint="--conflicts") from None
-    rows = b.bench_gpu(*shape, n_ratings, ks, conflicts=bounds, dtype=np.dtype(dtype),
-                       repeats=repeats)
-    click.echo(b.markdown(rows))
-    write_json(json_path, rows)
 
 
 @bench.command("spmv")

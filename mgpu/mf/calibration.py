@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from mgpu import config
-from mgpu.mf.staging import host_copy, stage_block
+from mgpu.mf.staging import host_copy, run_staged, stage_block
 from mgpu.sched.cost import Curve, fit_gpu_curve, fit_linear, fit_piecewise
 from mgpu.sched.cost import calibrate as prefix_times
 
@@ -171,7 +171,7 @@ class Calibration:
     :func:`mgpu.mf.hosts.share_segments`) or each kept its own (``"separate"``: a segment
     crossing between workers was copied), "" in a calibration from before it was
     recorded, whose probe kept them separate. ``key`` names what was measured (the GPU and
-    CPU models, k, dtype, the bound on conflicting GPU updates, ``block``), so a cached
+    CPU models, k, dtype, the GPU options: scheme, conflict bound, warps; ``block``), so a cached
     calibration is reused only for the same.
     """
 
@@ -383,7 +383,7 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
     stream = cupy.cuda.get_current_stream()
     for n in sizes:
         block, P, Q = _prefix_block(users, items, ratings, n, k, np.dtype(dtype), n_items)
-        staged = stage_block(block, np.dtype(dtype), n)
+        staged = stage_block(block, np.dtype(dtype), n, gpu_kw.get("scheme", "wavefront"))
         Pd = cupy.asarray(P)  # the user segment stays on the device between calls
         tr, ke = [], []
         for rep in range(repeats + 1):  # the first run compiles and warms up
@@ -392,7 +392,7 @@ def _measure(kind: str, users: np.ndarray, items: np.ndarray, ratings: np.ndarra
             Qd = cupy.asarray(Q)  # the item segment arrives from another host
             stream.synchronize()
             t1 = time.perf_counter()
-            sgd_block(*staged, Pd, Qd, 0.005, 0.05, 0.05, **gpu_kw)
+            run_staged(staged, Pd, Qd, 0.005, 0.05, 0.05, gpu_kw)
             stream.synchronize()
             t2 = time.perf_counter()
             Q = host_copy(Qd)  # both segments back, as a GPU host's call copies them

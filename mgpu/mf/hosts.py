@@ -48,7 +48,7 @@ import numpy as np
 
 from mgpu.backends import is_gpu_array, to_device
 from mgpu.mf.segments import Key, SegmentMap, SegmentStore, store_supported
-from mgpu.mf.staging import host_copy, stage_block
+from mgpu.mf.staging import host_copy, run_staged, stage_block
 
 # SegmentMap, SegmentStore and store_supported live in mgpu.mf.segments; they are
 # importable from here too, as before
@@ -66,6 +66,7 @@ class BlockHost:
                  switch_interval: float | None = None):
         self.kind = kind
         self.gpu_kw = dict(gpu_kw or {})
+        self.scheme = self.gpu_kw.get("scheme", "wavefront")  # how its GPU stages blocks
         self.pool = cf.ThreadPoolExecutor(1 if kind == "gpu" else max(1, int(threads)))
         self.blocks: dict[Any, Any] = {}  # block id -> (users, items, ratings) on the host
         self.staged: dict[Any, Any] = {}  # block id -> its ratings on the device (GPU)
@@ -254,7 +255,7 @@ class BlockHost:
         seg = np.zeros((m, k))
         self.blocks["warm"] = block
         if self.kind == "gpu":
-            self.staged["warm"] = stage_block(block, seg.dtype, 0)
+            self.staged["warm"] = stage_block(block, seg.dtype, 0, self.scheme)
         _, outs, _ = self._run_blocks(["warm"], [seg.copy()], seg.copy(), 0.0, 0.0)
         self._run_blocks(["warm"], [outs[0][0]], outs[1][0], 0.0, 0.0)  # left as made
         del self.blocks["warm"]
@@ -344,7 +345,7 @@ class BlockHost:
             Ps, Q = [self._on_device(P) for P in Ps], self._on_device(Q)
             marks[1].record()
             for b, P in zip(ids, Ps):
-                sgd_block(*self.staged[b], P, Q, lr, reg, reg, **self.gpu_kw)
+                run_staged(self.staged[b], P, Q, lr, reg, reg, self.gpu_kw)
             marks[2].record()
             outs = []
             for a, dst in zip((*Ps, Q), list(into) or [None] * (len(Ps) + 1)):
@@ -452,7 +453,7 @@ class BlockHost:
     async def _stage(self, b: Any, dtype: str, seed: int) -> None:
         if b not in self.staged:
             self.staged[b] = await self._in_pool(stage_block, self.blocks[b], np.dtype(dtype),
-                                                 seed + int(b))
+                                                 seed + int(b), self.scheme)
 
 
 class HostLost(RuntimeError):

@@ -12,7 +12,7 @@ Modes so far:
     factor segments are versioned, so each block sees the latest ones.
 ``gpu``
     The same grid on the cluster's GPU workers only, one slot per GPU, each block run by the
-    GPU kernel (``kernels/sgd.cu``, cuMF_SGD's warp-per-rating scheme).
+    GPU kernel (``kernels/sgd.cu``, cuMF_SGD's wavefront: ``mgpu.mf.gpu-scheme``).
 ``hsgd``
     The thesis's uniform baseline: GPU workers and the threads of the CPU workers together,
     a uniform grid owned round-robin, and dynamic work stealing between them.
@@ -80,6 +80,7 @@ from mgpu.mf.calibration import Calibration
 from mgpu.mf.division import columns, hsgd_star, uniform
 from mgpu.mf.hosts import HostLost, call, share_segments, start_hosts
 from mgpu.mf.modes import MODES, check_mode
+from mgpu.mf.schedule import check_scheme
 from mgpu.mf.placement import (Job, Placement, by_block, driving_worker, job_epoch, job_reown,
                                job_start, measure_gpus_alone, slots_for)
 from mgpu.mf.segments import SegmentMap
@@ -99,9 +100,10 @@ def _fresh_seed() -> int:
 
 
 def gpu_options() -> dict[str, Any]:
-    """How GPU blocks run, from ``mgpu.mf.gpu-conflicts`` and ``mgpu.mf.gpu-warps``: the
-    keywords of :func:`mgpu.mf.sgd_block` that only the GPU takes."""
-    return {"conflicts": config.get("mf.gpu-conflicts"), "max_warps": config.get("mf.gpu-warps")}
+    """How GPU blocks run (:func:`mgpu.mf.staging.run_staged`'s ``gpu_kw``), from
+    ``mgpu.mf.gpu-scheme`` (checked here, on the client), ``gpu-conflicts`` and ``gpu-warps``."""
+    return {"scheme": check_scheme(config.get("mf.gpu-scheme")),
+            "conflicts": config.get("mf.gpu-conflicts"), "max_warps": config.get("mf.gpu-warps")}
 
 
 class MatrixFactorization:

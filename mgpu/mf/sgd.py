@@ -12,6 +12,7 @@ import scipy.sparse as sp
 
 from mgpu.backends import sgd_lookup
 from mgpu.backends.jit import njit
+from mgpu.mf.schedule import WaveSchedule, pass_order
 
 __all__ = ["check_divergence", "compile_cpu", "libmf_order", "rmse", "sgd_block", "split_ratings"]
 
@@ -44,7 +45,7 @@ def _sgd(users, items, ratings, order, P, Q, lr, reg_p, reg_q):
 
 def sgd_block(users: Any, items: Any, ratings: Any, P: Any, Q: Any, lr: float, reg_p: float,
               reg_q: float, order: Any = None, conflicts: float | None = None,
-              max_warps: int | None = None) -> None:
+              max_warps: int | None = None, *, schedule: WaveSchedule | None = None) -> None:
     """One SGD pass over the given ratings, updating P and Q in place.
 
     ``users`` and ``items`` index rows of P and Q; ``order`` is the visiting order (default
@@ -56,6 +57,13 @@ def sgd_block(users: Any, items: Any, ratings: Any, P: Any, Q: Any, lr: float, r
     in about that many updates at once (None: as many warps as the device holds), and
     ``max_warps`` (GPU only) caps them outright (a GPU given a smaller share of itself).
 
+    ``schedule`` (:func:`mgpu.mf.schedule.build_schedule`, the ratings given in its order)
+    runs the wavefront scheme instead: on a GPU no two warps ever update one user or item
+    (``kernels/sgd.cu``'s ``mgpu_sgd_wave``), on a CPU the same pass one rating after the
+    other (:func:`mgpu.mf.schedule.pass_order`), with the same result; each call is the
+    schedule's next pass (its diagonals drawn from its seed and ``schedule.passes``, which
+    the call advances). It takes no ``order`` and no ``conflicts``.
+
     >>> P, Q = np.full((1, 2), 0.5), np.full((1, 2), 0.5)
     >>> sgd_block(np.array([0]), np.array([0]), np.array([1.5]), P, Q, 0.1, 0.0, 0.0)
     >>> P.round(3).tolist()
@@ -64,13 +72,32 @@ def sgd_block(users: Any, items: Any, ratings: Any, P: Any, Q: Any, lr: float, r
     kw: dict[str, Any] = {} if conflicts is None else {"conflicts": float(conflicts)}
     if max_warps is not None:
         kw["max_warps"] = int(max_warps)
+    if schedule is not None:
+        if order is not None or conflicts is not None:
+            raise ValueError(
+                "The 'schedule' parameter of sgd_block fixes the order of every update and "
+                "lets no two collide: it takes no 'order' and no 'conflicts' (got "
+                f"order={'given' if order is not None else None}, conflicts={conflicts!r}). "
+                "Pass the ratings in the schedule's order, or drop the schedule.")
+        if not isinstance(schedule, WaveSchedule):
+            raise TypeError(f"The 'schedule' parameter of sgd_block must be a "
+                            f"mgpu.mf.schedule.WaveSchedule or None. Got "
+                            f"{type(schedule).__name__} instead.")
+        kw["schedule"] = schedule
     sgd_lookup(users, items, ratings, P, Q, float(lr), float(reg_p), float(reg_q), order, **kw)
 
 
 @sgd_lookup.register(np.ndarray)
 def _sgd_cpu(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, P: np.ndarray,
              Q: np.ndarray, lr: float, reg_p: float, reg_q: float,
-             order: np.ndarray | None = None) -> None:
+             order: np.ndarray | None = None, schedule: WaveSchedule | None = None) -> None:
+    if schedule is not None:  # the GPU's wavefront pass, one rating after the other
+        if users.shape[0] != schedule.size:
+            raise ValueError(f"The schedule covers {schedule.size} ratings; this pass was given "
+                             f"{users.shape[0]}. Build it (mgpu.mf.schedule.build_schedule) "
+                             "from these ratings.")
+        order = pass_order(schedule, schedule.passes)
+        schedule.passes += 1
     _sgd(users, items, ratings, _AS_GIVEN if order is None else order, P, Q, lr, reg_p, reg_q)
 
 

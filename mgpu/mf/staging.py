@@ -14,16 +14,21 @@ from typing import Any
 
 import numpy as np
 
+from mgpu.mf.schedule import SCHEMES, WaveSchedule, build_schedule, check_scheme
 from mgpu.mf.sgd import sgd_block
 
-__all__ = ["host_copy", "stage_block", "time_alone_block"]
+__all__ = ["SCHEMES", "host_copy", "run_staged", "stage_block", "time_alone_block"]
 
 
-def stage_block(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, seed: int
-                ) -> tuple[Any, Any, Any]:
-    """A block's ratings on the GPU, in a random order drawn once.
+def stage_block(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, seed: int,
+                scheme: str = "wavefront") -> tuple[Any, Any, Any, WaveSchedule | None]:
+    """A block's ratings on the GPU, ordered once for every pass.
 
-    cuMF_SGD shuffles once too; thousands of warps in flight reorder the updates anyway.
+    ``scheme="wavefront"`` (``mgpu.mf.gpu-scheme``'s default): in the order of the block's
+    wavefront schedule (:func:`mgpu.mf.schedule.build_schedule`, built here on the device,
+    once; the same as one built on the host), which the returned schedule runs.
+    ``"hogwild"``: in a random order drawn once, as cuMF_SGD shuffles once (thousands of
+    warps in flight reorder the updates anyway).
 
     Parameters
     ----------
@@ -32,20 +37,44 @@ def stage_block(block: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: Any, se
     dtype : numpy dtype
         The ratings' dtype on the device (the factors').
     seed : int
-        Seed of the order.
+        Seed of the order (and of the schedule's passes).
+    scheme : {'wavefront', 'hogwild'}, default='wavefront'
 
     Returns
     -------
     users, items, ratings : cupy.ndarray of shape (n_ratings,)
-        int32 ids and ``dtype`` ratings on the current device, in the drawn order.
+        int32 ids and ``dtype`` ratings on the current device, in the staged order.
+    schedule : WaveSchedule or None
+        The wavefront schedule (its offsets on the device), None for ``"hogwild"``.
     """
     import cupy
 
+    check_scheme(scheme)
     users, items, ratings = block
+    schedule = None
+    if scheme == "wavefront":  # built on the device: its sort takes milliseconds there
+        n_users = int(users.max()) + 1 if users.size else 0
+        n_items = int(items.max()) + 1 if items.size else 0
+        u, i = cupy.asarray(users, dtype=cupy.int64), cupy.asarray(items, dtype=cupy.int64)
+        order, schedule = build_schedule(u, i, n_users, n_items, seed=seed)
+        return (u[order].astype(cupy.int32), i[order].astype(cupy.int32),
+                cupy.asarray(ratings, dtype=dtype)[order], schedule)
     order = np.random.default_rng(seed).permutation(users.shape[0])
     return (cupy.asarray(users[order].astype(np.int32)),
             cupy.asarray(items[order].astype(np.int32)),
-            cupy.asarray(ratings[order].astype(dtype)))
+            cupy.asarray(ratings[order].astype(dtype)), schedule)
+
+
+def run_staged(staged: tuple[Any, Any, Any, WaveSchedule | None], P: Any, Q: Any, lr: float,
+               reg_p: float, reg_q: float, gpu_kw: dict[str, Any]) -> None:
+    """One pass of SGD over a block staged by :func:`stage_block`, by its scheme: the
+    wavefront schedule's next pass, or the lock-free pass under ``gpu_kw``'s
+    ``conflicts``; ``gpu_kw``'s ``max_warps`` caps either (``scheme`` is the staging's)."""
+    users, items, ratings, schedule = staged
+    kw = {key: v for key, v in gpu_kw.items() if key != "scheme"}
+    if schedule is not None:
+        kw.pop("conflicts", None)  # a schedule has no collisions to bound
+    sgd_block(users, items, ratings, P, Q, lr, reg_p, reg_q, schedule=schedule, **kw)
 
 
 def host_copy(a: Any) -> np.ndarray:
@@ -110,7 +139,8 @@ def time_alone_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, 
     if users.size == 0:
         return {"per_rating_s": 0.0, "copy_s": 0.0}
     rng = np.random.default_rng(users.size)
-    staged = stage_block((users, items, ratings), np.dtype(dtype), 0)
+    staged = stage_block((users, items, ratings), np.dtype(dtype), 0,
+                         gpu_kw.get("scheme", "wavefront"))
     P = cupy.asarray(rng.random((n_users, k)) / np.sqrt(k), dtype=dtype)
     Q = cupy.asarray(rng.random((n_items, k)) / np.sqrt(k), dtype=dtype)
     stream = cupy.cuda.get_current_stream()
@@ -118,7 +148,7 @@ def time_alone_block(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, 
     for rep in range(repeats + 1):
         stream.synchronize()
         t0 = time.perf_counter()
-        sgd_block(*staged, P, Q, 0.005, 0.05, 0.05, **gpu_kw)
+        run_staged(staged, P, Q, 0.005, 0.05, 0.05, gpu_kw)
         stream.synchronize()
         if rep:
             times.append(time.perf_counter() - t0)
