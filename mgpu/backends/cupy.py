@@ -4,7 +4,6 @@ Imported lazily by the dispatch tables the first time CuPy data reaches an opera
 """
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import math
@@ -422,8 +421,12 @@ def csr_of(S: csp.csr_matrix, values: cupy.ndarray, indices: cupy.ndarray,
     microseconds of a small call); the copy shares S's descriptor (a general matrix,
     zero-based: never changed) and what S knows of its pattern (sorted, no duplicates),
     which is P's pattern too."""
-    P = copy.copy(S)  # S's attributes, S's arrays: nothing copied, nothing read back
-    P.data, P.indices, P.indptr = values, indices, indptr
+    # what copy.copy does for a cupyx matrix (no __copy__, __reduce__ or __slots__ there),
+    # without its protocol look-ups: a new object of S's class holding S's attributes
+    P = object.__new__(type(S))
+    state = P.__dict__
+    state.update(S.__dict__)
+    state["data"], state["indices"], state["indptr"] = values, indices, indptr
     return P
 
 
