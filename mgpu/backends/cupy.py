@@ -323,15 +323,21 @@ def run_tiled(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, hadamard: boo
         raise ValueError(f"{scheme} tile of {rows} rows × {tk} needs {smem} bytes of shared "
                          f"memory; this device gives a block {limit}")
     partial = cupy.empty(S.nnz, dtype=A.dtype) if tk < K else out  # unused with one slice
-    fn = _sddmm_function(
-        f"mgpu_sddmm_tiled<{c_type(A.dtype)}, {W}, {V}, {'true' if stage_b else 'false'}>")
-    fn((layout.n_tiles,), (_SDDMM_THREADS,), (
-        layout.tile_start, layout.tile_row0, layout.tile_panel, layout.active_rows,
-        layout.local_row, layout.local_col,
-        layout.perm if layout.perm is not None else cupy.uint64(0),  # null: CSR order
-        S.data, A, B, cupy.int64(S.shape[1]), cupy.int32(K), cupy.int32(layout.Tj),
-        cupy.int32(tk), cupy.int32(1 if hadamard else 0), partial, out,
+    expr = f"mgpu_sddmm_tiled<{c_type(A.dtype)}, {W}, {V}, {'true' if stage_b else 'false'}>"
+    # packed by mgpu.backends.launch, as run_csr's launch: not CuPy's per-argument wrapping
+    launch = launcher(_SDDMM, expr, (expr,), _TILED_SIGNATURE, _SDDMM_INSTANCES)
+    launch((layout.n_tiles,), (_SDDMM_THREADS,), (
+        layout.tile_start.data.ptr, layout.tile_row0.data.ptr, layout.tile_panel.data.ptr,
+        layout.active_rows.data.ptr, layout.local_row.data.ptr, layout.local_col.data.ptr,
+        address(layout.perm),  # null: CSR order
+        S.data.data.ptr, A.data.ptr, B.data.ptr, int(S.shape[1]), K, int(layout.Tj), tk,
+        1 if hadamard else 0, partial.data.ptr, out.data.ptr,
     ), shared_mem=smem)
+
+
+# mgpu_sddmm_tiled's arguments: the layout's six arrays and perm, S's values, A, B, n_cols,
+# K, Tj, Tk, hadamard, partial, out
+_TILED_SIGNATURE = "ppppppppppqiiiipp"
 
 
 # Per-call products (no plan) whose tuned scheme is the CSR kernel, by (device, shape, nnz,
