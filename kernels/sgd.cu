@@ -83,7 +83,9 @@ __global__ void mgpu_sgd_block(const int* __restrict__ users, const int* __restr
 // The chain of one busy item's run, rating after rating, is what bounds a pass (its updates
 // cannot overlap): the dot product (KPL fused multiply-adds), the warp's sum (5 butterfly
 // shuffles, every lane gets it), the error and the item row's update. The user's row comes
-// from the ring, its store goes out without a wait.
+// from the ring, read into registers during the previous rating's shuffles where it can be
+// (D >= 4), so that no shared-memory read waits on the chain; its store goes out without a
+// wait.
 
 namespace {
 
@@ -310,7 +312,8 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
         cp_commit();
     }
     int u = -1, i = -1;
-    T p[KPL], q[KPL];
+    T p[KPL], q[KPL], pn[KPL];
+    bool have = false;  // pn holds the next rating's P row, read in this rating's shuffles
     for (int base = 0; base < n; base += D) {
 #pragma unroll
         for (int s = 0; s < D; ++s) {
@@ -323,30 +326,24 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
             T nr;
             ids.get(t + D, nu, ni, nr);
             if (us[s] != u) {
-                if (!pok[s]) {  // its user among the D − 1 before it: read after their stores,
-                    // through the ring too (a load into registers would share a scoreboard
-                    // with the ids' loads, and every rating would wait for those)
-                    wave_fetch<T, KPL, FAST>(sp + s * S, P, us[s], k, lane, vec);
-                    cp_commit();
-                    cp_wait<0>();
+                if (have) {  // read from slot s during rating t − 1's shuffles
+#pragma unroll
+                    for (int x = 0; x < KPL; ++x) p[x] = pn[x];
+                } else {
+                    if (!pok[s]) {  // its user among the D − 1 before it: read after their
+                        // stores, through the ring too (a load into registers would share a
+                        // scoreboard with the ids' loads, and every rating would wait for those)
+                        wave_fetch<T, KPL, FAST>(sp + s * S, P, us[s], k, lane, vec);
+                        cp_commit();
+                        cp_wait<0>();
+                    }
+                    wave_read<T, KPL, FAST>(sp + s * S, k, lane, p);
                 }
-                wave_read<T, KPL, FAST>(sp + s * S, k, lane, p);
             }
             if (is[s] != i) wave_read<T, KPL, FAST>(sq + s * S, k, lane, q);
             u = us[s];
             i = is[s];
             const int next = (s + 1) % D, prev = (s + D - 1) % D;  // constants once unrolled
-            // slot s takes rating t + D: its P row unless its user is among t + 1 .. t + D − 1
-            // (the other slots), its Q row where its item is new; one commit group. These
-            // do not wait for t's update, so they are issued in the shuffles' latency, but
-            // for a P row of t's own user, fetched after t's store.
-            bool ok = nu >= 0;
-#pragma unroll
-            for (int x = 0; x < D; ++x) {
-                if (x != s) ok = ok && nu != us[x];
-            }
-            const bool qnew = ni >= 0 && ni != is[prev];
-            const bool late = ok && nu == u;
             T acc = 0;
 #pragma unroll
             for (int x = 0; x < KPL; ++x) acc += p[x] * q[x];
@@ -354,10 +351,33 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
             // that the refill goes between its shuffles; slot s's rows are in registers by
             // the first shuffle (the dot product has read them)
             acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, 16);
+            // slot s takes rating t + D: its P row unless its user is among t + 1 .. t + D − 1
+            // (the other slots), its Q row where its item is new; one commit group. These
+            // do not wait for t's update, so they are worked out and issued in the shuffles'
+            // latency, but for a P row of t's own user, fetched after t's store.
+            bool ok = nu >= 0;
+#pragma unroll
+            for (int x = 0; x < D; ++x) {
+                if (x != s) ok = ok && nu != us[x];
+            }
+            const bool qnew = ni >= 0 && ni != is[prev];
+            const bool late = ok && nu == u;
             if (ok && !late) wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec);
             if (qnew) wave_fetch<T, KPL, FAST>(sq + s * S, Q, ni, k, lane, vec);
+            acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, 8);
+            // rating t + 1's P row, from slot next, while t's sum waits on its shuffles: where
+            // it comes from the ring (its user not t's, nor among the D − 1 before it, so no
+            // store of this cell's touches it) and D >= 4 (its group, committed D − 1 ratings
+            // ago, has landed; at D = 2 it was committed one rating ago, and would be waited
+            // for). The wait leaves the D − 2 groups after t + 1's pending (t + D's copies,
+            // issued above, are in no group yet).
+            have = D >= 4 && pok[next] && us[next] != u;
+            if (have) {
+                cp_wait<D - 2>();
+                wave_read<T, KPL, FAST>(sp + next * S, k, lane, pn);
+            }
 #pragma unroll
-            for (int off = 8; off > 0; off >>= 1)
+            for (int off = 4; off > 0; off >>= 1)
                 acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, off);
             const T e = rs[s] - acc;
 #pragma unroll
