@@ -142,6 +142,43 @@ def test_launches_on_the_current_stream():
     np.testing.assert_array_equal(echo.get(), np.full(32, 2, dtype=np.float32))
 
 
+@pytest.mark.gpu
+def test_a_thread_whose_first_cuda_call_is_a_launch_gets_the_devices_context():
+    """A thread that has made no CUDA runtime call (a Dask worker's thread) has no current
+    context; the driver's launch would fail there with CUDA_ERROR_INVALID_CONTEXT. Its
+    first products, with operands made in the main thread, must run and be right."""
+    import threading
+
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    import mgpu
+
+    S, A, B = _sddmm_problem(np.float32, np.int32)
+    x = np.random.default_rng(3).standard_normal(S.shape[1]).astype(np.float32)
+    Sd, Ad, Bd, xd = csp.csr_matrix(S), cupy.asarray(A), cupy.asarray(B), cupy.asarray(x)
+    cupy.cuda.Device().synchronize()
+    got, errors = {}, []
+
+    def work():
+        try:
+            got["sddmm"] = mgpu.sddmm(Sd, Ad, Bd).get().toarray()
+            got["spmv"] = mgpu.spmv(Sd, xd).get()
+        except Exception as e:  # the main thread re-raises it below
+            errors.append(e)
+
+    for _ in range(2):  # two fresh threads: the binding is per thread
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        assert not errors, errors[0]
+        S64 = S.astype(np.float64)
+        want = S64.multiply(A.astype(np.float64) @ B.astype(np.float64).T).toarray()
+        np.testing.assert_allclose(got["sddmm"], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got["spmv"], S64 @ x.astype(np.float64), rtol=1e-5,
+                                   atol=1e-5)
+
+
 def _sddmm_problem(dtype, index, m=700, n=500, K=40, seed=0):
     rng = np.random.default_rng(seed)
     S = sp.random(m, n, density=0.02, format="csr", random_state=rng, dtype=np.float64)

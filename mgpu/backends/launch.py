@@ -73,11 +73,12 @@ class Launcher:
     ``cupy.cuda.driver.launchKernel`` and ``cupy.cuda.get_current_stream`` (the defaults)."""
 
     __slots__ = ("function", "signature", "_ptr", "_pack", "_buf", "_params", "_params_addr",
-                 "_lock", "_launch", "_stream")
+                 "_lock", "_launch", "_stream", "_driver")
 
     def __init__(self, function: Any, signature: str, *, launch: Any = None,
                  current_stream: Any = None) -> None:
         fmt, offsets, _ = layout(signature)
+        self._driver = launch is None  # the driver's launch: needs a context in the thread
         if launch is None or current_stream is None:
             import cupy
             from cupy.cuda import driver
@@ -101,6 +102,8 @@ class Launcher:
                  shared_mem: int = 0) -> None:
         gx, gy, gz = (*grid, 1, 1)[:3]
         bx, by, bz = (*block, 1, 1)[:3]
+        if self._driver and not getattr(_thread, "bound", False):
+            _bind_context()
         stream = self._stream().ptr
         with self._lock:
             self._pack.pack_into(self._buf, 0, *args)
@@ -109,7 +112,18 @@ class Launcher:
 
 
 _launchers: dict[tuple, Launcher] = {}
+_thread = threading.local()  # .bound: this thread has the device's context current
 _lock = threading.Lock()
+
+
+def _bind_context() -> None:
+    """Make the current device's primary context current in this thread: the driver's
+    launch needs one, and a thread that has made no runtime call yet (a Dask worker's
+    thread, say) has none, where CuPy's own launch would have bound it."""
+    from cupy.cuda import runtime
+
+    runtime.setDevice(runtime.getDevice())
+    _thread.bound = True
 
 
 def launcher(name: str, expression: str, name_expressions: tuple[str, ...],
