@@ -36,3 +36,18 @@ def time_gpu(fn: Callable[[], Any], *, repeats: int = 10, warmup: int = 2) -> fl
         stop.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
     return statistics.median(times)
+
+
+def warm_device(seconds: float = 0.25) -> None:
+    """Keep the current GPU busy for ``seconds``, so that the calls timed next run at its
+    working clocks: an idle GPU (as after seconds of kernel compilation and tuning) sits at
+    its lowest clocks, and calls that wait for the device after a few microseconds of work
+    each do not raise them quickly."""
+    import cupy
+
+    x = cupy.ones(1 << 24, dtype=cupy.float32)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            x *= 1.0000001
+        cupy.cuda.get_current_stream().synchronize()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends.timing import time_cpu, time_gpu
+from mgpu.backends.timing import time_cpu, time_gpu, warm_device
 
 logger = logging.getLogger(__name__)
 
@@ -165,21 +165,6 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
 
 def _scheme(plan: Any) -> str:
     return plan.scheme if plan.scheme == "csr" else f"{plan.scheme} Tj={plan.Tj} Tk={plan.Tk}"
-
-
-def warm_device(seconds: float = 0.25) -> None:
-    """Keep the current GPU busy for ``seconds``, so that the calls timed next run at its
-    working clocks: an idle GPU (as after seconds of kernel compilation and tuning) sits at
-    its lowest clocks, and calls that wait for the device after a few microseconds of work
-    each do not raise them quickly."""
-    import cupy
-
-    x = cupy.ones(1 << 24, dtype=cupy.float32)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(20):
-            x *= 1.0000001
-        cupy.cuda.get_current_stream().synchronize()
 
 
 def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, float]:

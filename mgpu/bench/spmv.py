@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends.timing import time_cpu, time_gpu
+from mgpu.backends.timing import time_cpu, time_gpu, warm_device
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
             got = mgpu.spmv(Ag, xg).get()
             same = mgpu.spmv(Ag, xg, check_finite=False).get()
             planned = mgpu.spmv(Ag, xg, plan=plan).get()
+            warm_device()  # working clocks, not an idle GPU's, for every matrix
             t_mgpu = time_gpu(lambda: mgpu.spmv(Ag, xg), repeats=repeats)
             t_unchecked = time_gpu(lambda: mgpu.spmv(Ag, xg, check_finite=False),
                                    repeats=repeats)
