@@ -344,17 +344,10 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
             u = us[s];
             i = is[s];
             const int next = (s + 1) % D, prev = (s + D - 1) % D;  // constants once unrolled
-            T acc = 0;
-#pragma unroll
-            for (int x = 0; x < KPL; ++x) acc += p[x] * q[x];
-            // the warp's sum (mgpu::warp_sum's butterfly, every lane gets it), written out so
-            // that the refill goes between its shuffles; slot s's rows are in registers by
-            // the first shuffle (the dot product has read them)
-            acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, 16);
             // slot s takes rating t + D: its P row unless its user is among t + 1 .. t + D − 1
             // (the other slots), its Q row where its item is new; one commit group. These
-            // do not wait for t's update, so they are worked out and issued in the shuffles'
-            // latency, but for a P row of t's own user, fetched after t's store.
+            // do not wait for t's update, so they are issued in the shuffles' latency, but
+            // for a P row of t's own user, fetched after t's store.
             bool ok = nu >= 0;
 #pragma unroll
             for (int x = 0; x < D; ++x) {
@@ -362,6 +355,13 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
             }
             const bool qnew = ni >= 0 && ni != is[prev];
             const bool late = ok && nu == u;
+            T acc = 0;
+#pragma unroll
+            for (int x = 0; x < KPL; ++x) acc += p[x] * q[x];
+            // the warp's sum (mgpu::warp_sum's butterfly, every lane gets it), written out so
+            // that the refill goes between its shuffles; slot s's rows are in registers by
+            // the first shuffle (the dot product has read them)
+            acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, 16);
             if (ok && !late) wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec);
             if (qnew) wave_fetch<T, KPL, FAST>(sq + s * S, Q, ni, k, lane, vec);
             acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, 8);
