@@ -83,9 +83,7 @@ __global__ void mgpu_sgd_block(const int* __restrict__ users, const int* __restr
 // The chain of one busy item's run, rating after rating, is what bounds a pass (its updates
 // cannot overlap): the dot product (KPL fused multiply-adds), the warp's sum (5 butterfly
 // shuffles, every lane gets it), the error and the item row's update. The user's row comes
-// from the ring, read into registers during the previous rating's shuffles where it can be
-// (D >= 4), so that no shared-memory read waits on the chain; its store goes out without a
-// wait.
+// from the ring, its store goes out without a wait.
 
 namespace {
 
@@ -312,8 +310,7 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
         cp_commit();
     }
     int u = -1, i = -1;
-    T p[KPL], q[KPL], pn[KPL];
-    bool have = false;  // pn holds the next rating's P row, read in this rating's shuffles
+    T p[KPL], q[KPL];
     for (int base = 0; base < n; base += D) {
 #pragma unroll
         for (int s = 0; s < D; ++s) {
@@ -326,19 +323,14 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
             T nr;
             ids.get(t + D, nu, ni, nr);
             if (us[s] != u) {
-                if (have) {  // read from slot s during rating t − 1's shuffles
-#pragma unroll
-                    for (int x = 0; x < KPL; ++x) p[x] = pn[x];
-                } else {
-                    if (!pok[s]) {  // its user among the D − 1 before it: read after their
-                        // stores, through the ring too (a load into registers would share a
-                        // scoreboard with the ids' loads, and every rating would wait for those)
-                        wave_fetch<T, KPL, FAST>(sp + s * S, P, us[s], k, lane, vec);
-                        cp_commit();
-                        cp_wait<0>();
-                    }
-                    wave_read<T, KPL, FAST>(sp + s * S, k, lane, p);
+                if (!pok[s]) {  // its user among the D − 1 before it: read after their stores,
+                    // through the ring too (a load into registers would share a scoreboard
+                    // with the ids' loads, and every rating would wait for those)
+                    wave_fetch<T, KPL, FAST>(sp + s * S, P, us[s], k, lane, vec);
+                    cp_commit();
+                    cp_wait<0>();
                 }
+                wave_read<T, KPL, FAST>(sp + s * S, k, lane, p);
             }
             if (is[s] != i) wave_read<T, KPL, FAST>(sq + s * S, k, lane, q);
             u = us[s];
@@ -364,20 +356,8 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
             acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, 16);
             if (ok && !late) wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec);
             if (qnew) wave_fetch<T, KPL, FAST>(sq + s * S, Q, ni, k, lane, vec);
-            acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, 8);
-            // rating t + 1's P row, from slot next, while t's sum waits on its shuffles: where
-            // it comes from the ring (its user not t's, nor among the D − 1 before it, so no
-            // store of this cell's touches it) and D >= 4 (its group, committed D − 1 ratings
-            // ago, has landed; at D = 2 it was committed one rating ago, and would be waited
-            // for). The wait leaves the D − 2 groups after t + 1's pending (t + D's copies,
-            // issued above, are in no group yet).
-            have = D >= 4 && pok[next] && us[next] != u;
-            if (have) {
-                cp_wait<D - 2>();
-                wave_read<T, KPL, FAST>(sp + next * S, k, lane, pn);
-            }
 #pragma unroll
-            for (int off = 4; off > 0; off >>= 1)
+            for (int off = 8; off > 0; off >>= 1)
                 acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, off);
             const T e = rs[s] - acc;
 #pragma unroll
