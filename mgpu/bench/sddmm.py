@@ -16,18 +16,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from mgpu.backends.timing import time_cpu, time_gpu, warm_device
+from mgpu.bench.partition import PARTITION_SETS
 
 logger = logging.getLogger(__name__)
 
 _CHECK_SAMPLE = 200_000
 
-# Real matrices the SDDMM benchmark runs on, relative to the data folder.
-SDDMM_SETS = (
-    "bow/ap.dat.gz",
-    "singlecell/visium_mouse_spaceranger3",
-    "graphs/soc-Slashdot0902.txt.gz",
-    "graphs/email-Enron.txt.gz",
-)
+# Real matrices the SDDMM benchmark runs on, relative to the data folder: every sparse
+# matrix of the data folder, as the partition benchmark reads them.
+SDDMM_SETS = PARTITION_SETS
 
 
 def _factors(S: sp.csr_matrix, K: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
