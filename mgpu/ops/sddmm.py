@@ -262,9 +262,11 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         On shape mismatches, operands on different devices, NaN or infinity in A or B (or in
         S's values when ``hadamard``; both with ``check_finite``), or duplicate entries in S.
     mgpu.backends.memory.DeviceMemoryError
-        (a MemoryError) Before anything is allocated, when the GPU cannot hold the result, or
-        when one row of a streamed S does not fit in ``working_memory``; it gives the bytes
-        needed and available.
+        (a MemoryError) Before anything is allocated, when the GPU cannot hold a result of
+        more than 64 MiB (or of more than 1/256 of the device's memory), or when one row of
+        a streamed S does not fit in ``working_memory``; it gives the bytes needed and
+        available. A smaller result is allocated without asking the device first: on a
+        device all but full it fails with CuPy's ``OutOfMemoryError`` (also a MemoryError).
     ImportError, RuntimeError
         With ``device='gpu'``, before anything else: CuPy is not installed (the message says
         ``pip install 'mgpu[gpu]'``), or it finds no GPU.
