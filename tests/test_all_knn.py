@@ -13,6 +13,7 @@ from mgpu.distributed.knn_graph import all_knn, merge_sorted, one_worker_kind
 from mgpu.distributed.knn import merge_top_k
 from mgpu.ops.distances import drop_self
 from mgpu.synthetic import powerlaw_csr
+from mgpu.distributed import workers_now
 
 
 def _corpus(seed: int, n: int = 90, m: int = 40) -> sp.csr_matrix:
@@ -79,7 +80,7 @@ def _host(x):
 @pytest.mark.parametrize("metric", ["cosine", "euclidean", "manhattan"])
 def test_all_knn_equals_one_device(cluster, metric):
     S = _corpus(1)
-    n_workers = len(cluster.scheduler_info()["workers"])
+    n_workers = len(workers_now(cluster))
     want_d, want_i = mgpu.knn(S, S, 6, metric=metric)
     for parts in (n_workers, 2 * n_workers + 1):  # one tile a worker, and several
         X = mgpu.from_scipy(S, parts, client=cluster)
@@ -178,7 +179,7 @@ def test_knn_graph_goes_spmd_on_one_worker_kind_and_by_tasks_on_a_mixed_one(
     assert G.nnz == S.shape[0] * k and G.diagonal().max() == 0
 
     # a worker that says it has a GPU makes the cluster mixed: the task path, same graph
-    first = sorted(cluster.scheduler_info()["workers"])[:1]
+    first = sorted(workers_now(cluster))[:1]
     monkeypatch.setattr(module, "gpu_workers", lambda client: first)
     assert not one_worker_kind(cluster)
     caplog.clear()

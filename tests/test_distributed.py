@@ -10,6 +10,7 @@ import mgpu
 from mgpu.distributed import chunk_nnz, chunk_workers, connect, describe_workers, from_scipy, gather
 from mgpu.partition import axis_counts
 from mgpu.synthetic import powerlaw_csr
+from mgpu.distributed import workers_now
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,18 @@ def test_round_trip_and_balance(client, S, axis, parts):
         assert len(set(sizes.tolist())) > 1
 
 
+def test_workers_now_names_every_worker_after_the_clients_periodic_refresh(client):
+    """The client's periodic refresh stores the scheduler's identity without its workers;
+    workers_now asks the scheduler, so it still names both workers after one."""
+    client.sync(client._update_scheduler_info)  # what the refresh does every few seconds
+    assert client._scheduler_identity.get("workers", {}) == {}  # the cache the refresh left
+    found = workers_now(client)
+    assert len(found) == 2 and all(a.startswith("tcp://") for a in found)
+    assert set(found) == set(client.nthreads())
+
+
 def test_chunks_are_spread_over_workers(client, S):
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(workers_now(client))
     x = from_scipy(S, 4, client=client)
     where = chunk_workers(x, client)
     assert [where[(i, 0)] for i in range(4)] == [(workers[i % 2],) for i in range(4)]
@@ -110,7 +121,7 @@ def test_connect_joins_a_running_cluster_and_leaves_it_running():
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
                       host="127.0.0.1", dashboard_address=None) as cluster:
         with connect(cluster.scheduler_address, timeout=20) as c:
-            assert len(c.scheduler_info()["workers"]) == 1
+            assert len(workers_now(c)) == 1
         assert cluster.status.name == "running"
         with connect(cluster.scheduler_address, timeout=20) as c2:
             assert c2.submit(sum, [1, 2]).result() == 3
@@ -196,7 +207,7 @@ def test_gpu_round_trip():
 
     S = powerlaw_csr(20000, 5000, 400_000, seed=2)
     with connect(gpus=True) as c:
-        n = len(c.scheduler_info()["workers"])
+        n = len(workers_now(c))
         x = from_scipy(S, 2 * n, client=c)
         assert isinstance(x._meta, csp.csr_matrix)
         back = x.compute()

@@ -7,6 +7,7 @@ import scipy.sparse as sp
 
 from mgpu.synthetic import powerlaw_corpus
 from mgpu.models import GaP
+from mgpu.distributed import workers_now
 
 
 def _corpus() -> sp.csr_matrix:
@@ -29,7 +30,7 @@ def test_cluster_fit_equals_one_device(client, parts):
     assert len(spread.tiles_) == parts
     assert sum(t["rows"] for t in spread.tiles_) == S.shape[0]
     assert sum(t["nnz"] for t in spread.tiles_) == S.nnz
-    assert {t["worker"] for t in spread.tiles_} <= set(client.scheduler_info()["workers"])
+    assert {t["worker"] for t in spread.tiles_} <= set(workers_now(client))
 
 
 def test_cluster_fit_on_the_ap_corpus(client, data_dir):

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 from mgpu.distributed import connect
 from mgpu.mf import split_ratings
 from mgpu.models import GradientMF
+from mgpu.distributed import workers_now
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2-workers", "3-workers"])
@@ -51,7 +52,7 @@ def test_spmd_fit_equals_the_one_device_fit_in_float64(cluster, monkeypatch):
     one = GradientMF(k=4, iters=8, lr=0.05).fit(train, test)
     calls = _spmd_calls(monkeypatch)
     seen: list[dict] = []
-    n = len(cluster.scheduler_info()["workers"])
+    n = len(workers_now(cluster))
     spread = GradientMF(k=4, iters=8, lr=0.05).fit(train, test, parts=2 * n, client=cluster,
                                                    progress=seen.append)
     assert calls == ["gradient-mf"]  # one call for the whole fit, not one per step
@@ -168,7 +169,7 @@ def test_spmd_fit_on_two_gpu_workers_equals_one_gpu():
             seen: list[dict] = []
             spread = GradientMF(k=32, iters=10, lr=0.02).fit(tr, te, client=client,
                                                              progress=seen.append)
-            assert {t["worker"] for t in spread.tiles_} == set(client.scheduler_info()["workers"])
+            assert {t["worker"] for t in spread.tiles_} == set(workers_now(client))
             assert [r["iteration"] for r in seen] == list(range(1, 11))
             for key in ("train_rmse", "test_rmse"):
                 np.testing.assert_allclose([h[key] for h in spread.history_],

@@ -17,6 +17,7 @@ from mgpu.mf.division import hsgd_star, move_rows, uniform
 from mgpu.mf.planning import alone_block_time, epoch_time, plan, side_times
 from mgpu.mf.sgd import sgd_block
 from mgpu.sched import Event
+from mgpu.distributed import workers_now
 
 
 def _ratings(n_users: int, n_items: int, n: int, seed: int):
@@ -222,7 +223,7 @@ def test_prefix_sizes_double_up_to_the_sample():
 def test_cpu_calibration_on_a_cluster_fits_and_is_cached(client, tmp_path):
     u, i = _ratings(2000, 800, 60_000, 3)
     r = np.random.default_rng(0).uniform(1, 5, u.size)
-    worker = sorted(client.scheduler_info()["workers"])[0]
+    worker = sorted(workers_now(client))[0]
     cal = calibrate(client, u, i, r, 32, cpu_worker=worker, gpu_worker=None, max_ratings=40_000,
                     repeats=2)
     assert cal.sizes == [float(s) for s in prefix_sizes(40_000)]
@@ -396,7 +397,7 @@ def test_block_hosts_wait_for_versions_and_hand_segments_over(client, shared):
     from mgpu.mf.hosts import call, share_segments, start_hosts
     from mgpu.mf.segments import SegmentMap
 
-    a, b = sorted(client.scheduler_info()["workers"])
+    a, b = sorted(workers_now(client))
     hosts = start_hosts(client, {a: ("cpu", 1), b: ("cpu", 1)})
     if shared:
         layout = [(("p", 0), 30), (("p", 1), 40), (("p", 2), 25), (("q", 0), 20)]
@@ -449,7 +450,7 @@ def test_shared_segments_need_room_and_a_file_every_host_can_open(client, tmp_pa
     from mgpu.mf.segments import store_supported
 
     assert "free" in store_supported(1 << 62)
-    a, b = sorted(client.scheduler_info()["workers"])
+    a, b = sorted(workers_now(client))
     hosts = start_hosts(client, {a: ("cpu", 1), b: ("cpu", 1)})
     layout = [(("q", 0), 4)]
     assert call(client, hosts[b], "share", str(tmp_path / "missing" / "segs"), layout, 2,
@@ -527,7 +528,7 @@ def test_a_driving_hosts_own_calls_skip_its_event_loop(client):
     the thread that makes it: the segments equal the sequential passes."""
     from mgpu.mf.hosts import call, start_hosts
 
-    a = sorted(client.scheduler_info()["workers"])[0]
+    a = sorted(workers_now(client))[0]
     host = start_hosts(client, {a: ("cpu", 2)})[a]
     rng = np.random.default_rng(3)
     # a block long enough (some milliseconds) that the later call is waiting when it ends
@@ -548,7 +549,7 @@ def test_a_driven_function_calls_its_own_host_and_the_others(client):
     another worker's host (a Dask actor call from there); its error reaches the client."""
     from mgpu.mf.hosts import call, start_hosts
 
-    a, b = sorted(client.scheduler_info()["workers"])
+    a, b = sorted(workers_now(client))
     hosts = start_hosts(client, {a: ("cpu", 1), b: ("cpu", 1)})
     for f in [call(client, hosts[a], "put", {}, {("p", 0): np.ones((2, 2))}),
               call(client, hosts[b], "put", {}, {("q", 1): np.ones((3, 2))})]:

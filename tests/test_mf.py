@@ -12,6 +12,7 @@ import mgpu
 from mgpu.io import load_ratings
 from mgpu.mf.calibration import Calibration
 from mgpu.mf import rmse, sgd_block
+from mgpu.distributed import workers_now
 
 
 # Test RMSE on the MovieLens split that every mode must reach: the issue asks for 0.98 with
@@ -313,7 +314,7 @@ def test_blocked_cpu_mode_reaches_the_movielens_target(client, data_dir):
     h = mf.history_
     assert h[-1]["test_rmse"] <= MOVIELENS_TARGET and len(h) < 80
     starts = [e for e in mf.schedule_events_ if e.kind in ("assign", "steal")]
-    n_slots = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+    n_slots = sum(w["nthreads"] for w in workers_now(client).values())
     g = n_slots + 1
     assert len(starts) == len(h) * g * g  # every block once per epoch
     counts: dict[int, int] = {}
@@ -473,7 +474,7 @@ def test_gpu_host_keeps_segments_on_the_device_and_matches_the_cpu():
     for (users, items, ratings), P in zip((b1, b2), want[:2]):
         sgd_block(users, items, ratings, P, want[2], 0.01, 0.05, 0.05)
     with connect() as client:
-        w = next(iter(client.scheduler_info()["workers"]))
+        w = next(iter(workers_now(client)))
         gpu, src = (client.submit(BlockHost, kind, 1, {"conflicts": None}, workers=[w],
                                   actor=True, pure=False).result() for kind in ("gpu", "cpu"))
         call(client, gpu, "set_peers", {"src": src}).result()

@@ -19,6 +19,7 @@ import mgpu
 import mgpu.distributed.cluster as cl
 import mgpu.distributed.protocol as pr
 from mgpu.cli import main
+from mgpu.distributed import workers_now
 
 
 class _Started(Exception):
@@ -276,7 +277,7 @@ def test_ucx_moves_a_cupy_array_between_two_gpu_workers_intact():
 
     with mgpu.connect(gpus=True, n_workers=2, protocol="ucx") as client:
         assert client.scheduler.address.startswith("ucx://")
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(workers_now(client))
         assert all(w.startswith("ucx://") for w in workers)
         x = client.submit(lambda: cupy.arange(1 << 20, dtype=cupy.float32), workers=workers[:1],
                           pure=False)

@@ -15,7 +15,7 @@ from conftest import REPO_ROOT
 from dask.core import flatten
 
 import mgpu
-from mgpu.distributed import chunk_workers, from_scipy, gather
+from mgpu.distributed import chunk_workers, from_scipy, gather, workers_now
 
 # Seconds any one wait of a worker-loss test may take: a hang fails the test with a message.
 WAIT = 60
@@ -161,9 +161,9 @@ def test_a_job_whose_workers_are_gone_stops_with_a_message_not_a_hang():
         index = from_scipy(A, 2, client=client)
         client._mgpu_cluster.scale(0)  # a LocalCluster would start a retired worker again
         deadline = time.monotonic() + 30
-        while client.scheduler_info()["workers"] and time.monotonic() < deadline:
+        while workers_now(client) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not client.scheduler_info()["workers"]
+        assert not workers_now(client)
         with dask.config.set({"mgpu.dist.stall-timeout": "2s"}):
             # kNN's first wait: the tiles' nonzeros, counted for its working-memory check
             with pytest.raises(TimeoutError, match=r"knn's index tiles \(their nonzeros, for "
@@ -177,8 +177,7 @@ def test_a_job_whose_workers_are_gone_stops_with_a_message_not_a_hang():
 
 def test_embedded_cluster_listens_on_localhost_only():
     with mgpu.connect(gpus=False, n_workers=2) as client:
-        info = client.scheduler_info()
-        addresses = [client.scheduler.address, *info["workers"]]
+        addresses = [client.scheduler.address, *workers_now(client)]
     assert addresses and all(a.startswith("tcp://127.0.0.1:") for a in addresses), addresses
 
 

@@ -10,6 +10,7 @@ import pytest
 from mgpu.sched import Block, BlockScheduler, Event, Slot
 from mgpu.sched.blocks import story
 from mgpu.sched.steal import Victim, choose_steal, is_free, pick, remaining_time, time_saved
+from mgpu.distributed import workers_now
 
 
 def _sleep(seconds: float, block_id: int) -> int:
@@ -24,7 +25,7 @@ def _grid(n: int, owners: int) -> list[Block]:
 
 
 def _slots(client) -> list[Slot]:
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(workers_now(client))
     return [Slot(f"w{k}", w) for k, w in enumerate(workers)]
 
 

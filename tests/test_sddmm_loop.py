@@ -12,6 +12,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 import mgpu
 from mgpu.distributed import from_scipy, gather
 from mgpu.synthetic import powerlaw_csr
+from mgpu.distributed import workers_now
 
 
 class _Graphs(SchedulerPlugin):
@@ -89,7 +90,7 @@ def test_a_call_returns_before_its_tiles_run(client, problem):
     Sd = from_scipy(S, 4, axis=0, client=client)
     wait(mgpu.sddmm(Sd, A, B))
     go = Event()
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(workers_now(client))
     holds = [client.submit(lambda: Event(go.name).wait(60), key=f"hold-{w}", workers=[w],
                            pure=False) for w in workers]
     try:
@@ -142,7 +143,7 @@ def test_a_stale_remembered_home_costs_a_transfer_not_a_value(client, problem, m
     S, A, B = problem
     Sd = from_scipy(S, 2, axis=0, client=client)
     ref = gather(mgpu.sddmm(Sd, A, B)).data
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(workers_now(client))
     who = client.who_has(futures_of(Sd))
     stale = {}
     for f in futures_of(Sd):

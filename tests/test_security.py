@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 import mgpu
-from mgpu.distributed import from_scipy
+from mgpu.distributed import from_scipy, workers_now
 
 def _graph(n: int = 60, seed: int = 0) -> sp.csr_matrix:
     rng = np.random.default_rng(seed)
@@ -28,7 +28,7 @@ def test_embedded_cluster_and_a_joining_client_speak_tls_from_the_config(tls_con
         with mgpu.connect(gpus=gpus, n_workers=None if gpus else 2, timeout=120) as client:
             address = client.scheduler.address
             assert address.startswith("tls://127.0.0.1:"), address
-            workers = client.scheduler_info()["workers"]
+            workers = workers_now(client)
             assert workers and all(w.startswith("tls://") for w in workers), workers
             got = mgpu.jaccard(G, parts=2)
             assert (got != expected).nnz == 0

@@ -18,6 +18,7 @@ import mgpu
 from mgpu.distributed import connect, from_scipy
 from mgpu.distributed.comms import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from mgpu.distributed.spmd import WorkerLost, spmd
+from mgpu.distributed import workers_now
 
 # the module, not the function mgpu.distributed exports under its name
 spmd_module = importlib.import_module("mgpu.distributed.spmd")
@@ -133,7 +134,7 @@ def test_the_communicator_is_cached_per_worker_set(client3):
     three = [k for k in cache if len(k[1]) == 3]
     assert len(three) == 1 and len(cache) - len(before) <= 1
     # a collection on two of the workers: another set, another communicator
-    two = sorted(client3.scheduler_info()["workers"])[:2]
+    two = sorted(workers_now(client3))[:2]
     X2 = from_scipy(S, 2, client=client3)
     X2 = client3.persist(X2, workers=two)
     out = spmd(_collectives, X2, args=(HUGE,), client=client3)
@@ -179,7 +180,7 @@ def test_a_late_rank_is_named(client3):
 
     with pytest.raises(CollectiveTimeout, match=r"rank 2 \(worker tcp://") as e:
         spmd(late, X, client=client3, timeout=1)
-    assert e.value.worker in client3.scheduler_info()["workers"]
+    assert e.value.worker in workers_now(client3)
 
 
 def test_unequal_tiles_are_refused_before_anything_runs(client3):
@@ -229,7 +230,7 @@ def test_a_lost_worker_resumes_from_the_checkpoint():
 def test_a_lost_worker_without_restarts_is_named():
     with connect(gpus=False, n_workers=3) as c:
         X = from_scipy(S, 3, client=c)
-        workers = set(c.scheduler_info()["workers"])
+        workers = set(workers_now(c))
         with pytest.raises(WorkerLost, match="that worker is gone") as e:
             spmd(_counting, X, args=(5,), client=c, restarts=0, timeout=30)
     assert e.value.worker in workers
@@ -249,7 +250,7 @@ def test_a_lost_worker_before_any_checkpoint_says_so():
 @pytest.mark.multi_gpu(2)
 def test_nccl_collectives_equal_one_process():
     with connect(gpus=True) as c:
-        n = len(c.scheduler_info()["workers"])
+        n = len(workers_now(c))
         X = from_scipy(S, 2 * n, client=c)
         assert mgpu.backends.is_gpu_array(X._meta)
         out = spmd(_collectives, X, args=(HUGE[2:],), client=c)

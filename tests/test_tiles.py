@@ -11,6 +11,7 @@ from distributed import wait
 from mgpu.distributed import from_scipy
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
 from mgpu.synthetic import powerlaw_csr
+from mgpu.distributed import workers_now
 
 
 def _row_sums(tile, factor, scale):
@@ -25,7 +26,7 @@ def test_tiles_cover_the_rows_in_order_with_their_nonzeros(client):
     assert tiles.nnz == [S[tiles.rows(i)].nnz for i in range(3)]
     assert sum(tiles.nnz) == S.nnz
     assert max(tiles.nnz) - min(tiles.nnz) <= np.diff(S.indptr).max()  # cut at nnz
-    workers = set(client.scheduler_info()["workers"])
+    workers = set(workers_now(client))
     assert all(w in workers for w in tiles.workers)
     assert [d["rows"] for d in tiles.describe()] == np.diff(tiles.bounds).tolist()
     # per-tile state held where the tile is, a shared value, one task per tile

@@ -46,7 +46,7 @@ def main() -> None:
         J = mgpu.jaccard(G, symmetrize=True)
     else:
         with mgpu.connect(gpus=False if args.cpu else None, n_workers=args.workers) as client:
-            parts = args.parts or 4 * len(client.scheduler_info()["workers"])
+            parts = args.parts or 4 * len(mgpu.distributed.workers_now(client))
             J = mgpu.jaccard(G, symmetrize=True, parts=parts, client=client)
     h = histogram(J)
     print(f"{h['edges']:,} undirected edges: mean weight {h['mean']:.4f}, median "

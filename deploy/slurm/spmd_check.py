@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     S = powerlaw_csr(*args.shape, int(args.nnz), seed=0)
     want = np.asarray(S.astype(np.float64).sum(axis=0)).ravel()
     with mgpu.connect(args.address) as client:
-        n = len(client.scheduler_info()["workers"])
+        n = len(mgpu.distributed.workers_now(client))
         X = mgpu.from_scipy(S, n * args.tiles_per_worker, client=client)
         t0 = time.perf_counter()
         ranks = mgpu.spmd(column_sums, X, args=(S.shape[1], args.elems, args.repeats),

@@ -58,7 +58,7 @@ def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
         of range; before any cluster is started.
     """
     from mgpu import knn
-    from mgpu.distributed import connect, from_scipy
+    from mgpu.distributed import connect, from_scipy, workers_now
     from mgpu.distributed.knn_graph import all_knn, one_worker_kind
 
     ring, p = resolve_metric(metric, p, func="knn-graph")
@@ -77,7 +77,7 @@ def knn_graph(S: sp.spmatrix, k: int, *, metric: str = "cosine", p: float = 2.0,
         X = from_scipy(S, parts, axis=0, client=client)
         if one_worker_kind(client):
             logger.info("knn-graph: the rows go round the %d worker(s) SPMD",
-                        len(client.scheduler_info()["workers"]))
+                        len(workers_now(client)))
             d, i = all_knn(X, k + 1, metric=ring.name, p=p, client=client, progress=progress)
         else:  # GPU and CPU workers: no one communicator; query batches go to the tiles
             logger.info("knn-graph: a mixed cluster; query batches go to the tiles as tasks")

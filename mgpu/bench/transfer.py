@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.distributed import connect
+from mgpu.distributed import connect, workers_now
 
 __all__ = ["bench_transfer", "transfer_markdown"]
 
@@ -99,7 +99,7 @@ def bench_transfer(nbytes: int, protocols: tuple[str, ...], *, gpu: bool, repeat
     for protocol in protocols:
         t0 = time.perf_counter()
         with connect(gpus=gpu, n_workers=2, protocol=protocol) as client:
-            src, dst = sorted(client.scheduler_info()["workers"])[:2]
+            src, dst = sorted(workers_now(client))[:2]
             scheme = client.scheduler.address.split("://")[0]
             if rmm_pool:
                 client.run(_use_rmm_pool, rmm_pool)

@@ -177,7 +177,7 @@ def run_jaccard(input: str, fmt: str | None, weighted: bool, symmetrize: bool, t
     row and column i are node node_ids[i] of the file.
     """
     import mgpu
-    from mgpu.distributed import connect
+    from mgpu.distributed import connect, workers_now
     from mgpu.models.jaccard import histogram, top_edges
     from mgpu.ops.jaccard import check_graph
 
@@ -187,7 +187,7 @@ def run_jaccard(input: str, fmt: str | None, weighted: bool, symmetrize: bool, t
                f"(loaded in {time.perf_counter() - t0:.1f} s)")
     with connect(address, gpus=gpus) as client:
         t0 = time.perf_counter()
-        n_parts = parts or 4 * max(1, len(client.scheduler_info()["workers"]))
+        n_parts = parts or 4 * max(1, len(workers_now(client)))
         checked = check_graph(G, "jaccard", weighted=weighted, symmetrize=symmetrize)
         with bar(total=checked.nnz, unit="edge", desc="jaccard") as b:
             J = mgpu.jaccard(checked, weighted=weighted, symmetrize=False, parts=n_parts,

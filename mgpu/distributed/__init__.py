@@ -3,7 +3,14 @@ distributed ops."""
 from __future__ import annotations
 
 from mgpu.distributed.knn_graph import all_knn
-from mgpu.distributed.cluster import Client, connect, describe_workers, visible_gpus, worker_info
+from mgpu.distributed.cluster import (
+    Client,
+    connect,
+    describe_workers,
+    visible_gpus,
+    worker_info,
+    workers_now,
+)
 from mgpu.distributed.collection import chunk_nnz, chunk_workers, from_scipy, gather
 from mgpu.distributed.knn import knn_distributed, merge_top_k
 from mgpu.distributed.neighbors import pairwise_distances  # registers the ops' dask routes
@@ -30,4 +37,5 @@ __all__ = [
     "spmd",
     "visible_gpus",
     "worker_info",
+    "workers_now",
 ]

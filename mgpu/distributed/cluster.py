@@ -23,7 +23,7 @@ from mgpu.ops.validation import Boolean, InstanceOf, Interval, check_param
 logger = logging.getLogger(__name__)
 
 __all__ = ["CLIENT", "Client", "connect", "current_client", "describe_workers", "visible_gpus",
-           "worker_info"]
+           "worker_info", "workers_now"]
 
 
 # the constraint of a ``client=`` parameter (mgpu.ops.validation.check_param)
@@ -109,7 +109,7 @@ def completed(futures: list[Any], what: str, client: Any) -> Iterator[Any]:
             done, not_done = distributed.wait(pending, timeout=timeout,
                                               return_when="FIRST_COMPLETED")
         except TimeoutError:
-            n = len(client.scheduler_info().get("workers", {}))
+            n = len(workers_now(client))
             raise TimeoutError(
                 f"{what}: {len(pending)} of {len(futures)} task(s) made no progress for "
                 f"{timeout:g} s, with {n} worker(s) in the cluster. Check the workers' logs "
@@ -141,7 +141,7 @@ def _wait_for_workers(client: Any, n: int, timeout: float, where: str, logs: str
     try:
         client.wait_for_workers(n, timeout=timeout)
     except TimeoutError as exc:
-        have = len(client.scheduler_info().get("workers", {}))
+        have = len(workers_now(client))
         client.close()
         raise TimeoutError(f"{n} worker(s) of {where} did not come up within {timeout:g} s "
                            f"({have} did). {logs}") from exc
@@ -268,7 +268,7 @@ def connect(
     --------
     >>> import mgpu
     >>> with mgpu.connect(gpus=False, n_workers=1) as client:  # doctest: +SKIP
-    ...     print(len(client.scheduler_info()["workers"]))
+    ...     print(len(mgpu.distributed.workers_now(client)))
     1
     """
     check_param(address, "address", "connect",
@@ -572,6 +572,15 @@ def worker_info(dask_worker: Any = None) -> dict[str, Any]:
     except Exception as exc:  # NVML missing or refusing: report what is known
         info["gpu"] = {"index": first, "error": f"{type(exc).__name__}: {exc}"}
     return info
+
+
+def workers_now(client: distributed.Client) -> dict[str, dict[str, Any]]:
+    """The cluster's workers by address, each with what the scheduler knows of it, asked of
+    the scheduler at the call. ``client.scheduler_info()["workers"]`` is not that: the
+    client's periodic refresh (every ``distributed.client.scheduler-info-interval``) stores
+    an identity without its workers, and can land between that call's own fetch and its
+    return, so that it names no worker while the workers are up."""
+    return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
 
 
 def describe_workers(client: distributed.Client) -> dict[str, dict[str, Any]]:

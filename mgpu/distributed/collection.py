@@ -25,7 +25,7 @@ import scipy.sparse as sp
 from dask.core import flatten
 
 from mgpu.backends import to_device
-from mgpu.distributed.cluster import CLIENT, current_client, describe_workers
+from mgpu.distributed.cluster import CLIENT, current_client, describe_workers, workers_now
 from mgpu.ops.validation import IsCallable, check_array, check_param
 from mgpu.partition import axis_counts, part_sums, split_counts
 
@@ -162,7 +162,7 @@ def gpu_workers(client: Any) -> list[str]:
 
 
 def _workers_have_gpus(client: Any) -> bool:
-    workers = client.scheduler_info()["workers"]
+    workers = workers_now(client)
     return bool(workers) and len(gpu_workers(client)) == len(workers)
 
 
@@ -256,7 +256,7 @@ def from_scipy(
     check_param(progress, "progress", "from_scipy", [IsCallable(), None])
     if client is None:
         client = current_client()
-    workers: list[str] = sorted(client.scheduler_info()["workers"]) if client else []
+    workers: list[str] = sorted(workers_now(client)) if client else []
     on_gpu = False
     if workers and device != "cpu":
         with_gpu = gpu_workers(client)

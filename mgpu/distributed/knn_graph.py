@@ -26,7 +26,7 @@ import numpy as np
 from mgpu import config
 from mgpu.backends import (array_module, is_gpu_array, is_sparse, knn_prepare_lookup,
                            knn_prepared_lookup, sparse_module, to_host)
-from mgpu.distributed.cluster import current_client
+from mgpu.distributed.cluster import current_client, workers_now
 from mgpu.distributed.collection import gpu_workers
 from mgpu.distributed.inputs import check_dask_input, is_placed, row_tiles
 from mgpu.distributed.knn import _check_tile_memory
@@ -44,7 +44,7 @@ _NO_ID = np.iinfo(np.int64).max
 def one_worker_kind(client: Any) -> bool:
     """Whether the cluster's workers are all GPU workers or all CPU workers: the SPMD ring
     needs one communicator kind (a mixed cluster keeps the task path of :func:`mgpu.knn`)."""
-    n = len(client.scheduler_info()["workers"])
+    n = len(workers_now(client))
     return len(gpu_workers(client)) in (0, n)
 
 

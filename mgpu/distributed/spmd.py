@@ -38,7 +38,7 @@ from dask.utils import parse_timedelta
 
 from mgpu import config
 from mgpu.backends import is_gpu_array, to_host
-from mgpu.distributed.cluster import CLIENT, current_client
+from mgpu.distributed.cluster import CLIENT, current_client, workers_now
 from mgpu.distributed.collection import block_futures
 from mgpu.distributed.comms import (
     CollectiveError,
@@ -347,7 +347,7 @@ def _communicator_id(client: Any, kind: str, workers: list[str]
 
 def _drop_communicator(client: Any, kind: str, workers: list[str], comm_id: str) -> None:
     _CACHE.get(client, {}).pop((kind, tuple(workers)), None)
-    alive = set(client.scheduler_info().get("workers", {}))
+    alive = set(workers_now(client))
     try:
         client.run(_forget, comm_id, workers=[w for w in workers if w in alive])
     except Exception:  # a worker left meanwhile: its links closed with it
@@ -494,7 +494,7 @@ class _Run:
         self.workers: list[str] = []
 
     def _alive(self) -> list[str]:
-        return sorted(self.client.scheduler_info().get("workers", {}))
+        return sorted(workers_now(self.client))
 
     def start(self, restarts: int) -> list[Any]:
         resumed: tuple[int, dict] | None = None

@@ -25,7 +25,7 @@ import scipy.sparse as sp
 
 from mgpu import config
 from mgpu.backends import array_module, on_device_of, synchronize, to_host
-from mgpu.distributed.cluster import CLIENT
+from mgpu.distributed.cluster import CLIENT, workers_now
 from mgpu.distributed.collection import gpu_workers
 from mgpu.distributed.spmd import spmd
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
@@ -346,7 +346,7 @@ def _one_kind(tiles: RowTiles) -> bool:
     gpu = set(gpu_workers(tiles.client))
     holders = {w for w in tiles.workers if w is not None}
     if None in tiles.workers:
-        holders |= set(tiles.client.scheduler_info()["workers"])
+        holders |= set(workers_now(tiles.client))
     return len({w in gpu for w in holders}) <= 1
 
 

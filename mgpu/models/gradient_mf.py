@@ -27,7 +27,7 @@ import scipy.sparse as sp
 import mgpu
 from mgpu import config
 from mgpu.backends import array_module, is_gpu_array, synchronize, to_host
-from mgpu.distributed.cluster import CLIENT
+from mgpu.distributed.cluster import CLIENT, workers_now
 from mgpu.distributed.tiles import RowTiles, check_scipy_or_tiles
 from mgpu.models._gradient_steps import (
     _adam,
@@ -417,7 +417,7 @@ def _place(R: Any, client: Any, parts: int | None
 def _one_kind(tiles: RowTiles) -> bool:
     """Whether every tile is on a worker of one kind (all with a GPU or all without), the
     condition of the SPMD fit: one communicator, NCCL or the host's, joins them."""
-    info = tiles.client.scheduler_info()["workers"]
+    info = workers_now(tiles.client)
     kinds = {bool(info.get(w, {}).get("resources", {}).get("GPU")) for w in tiles.workers}
     return len(kinds) == 1 and None not in tiles.workers
 
