@@ -99,13 +99,3 @@ def tls_config(tmp_path) -> dict[str, object]:
         cfg[f"distributed.comm.tls.{role}.cert"] = str(tmp_path / "node.pem")
         cfg[f"distributed.comm.tls.{role}.key"] = str(tmp_path / "node-key.pem")
     return cfg
-
-
-@pytest.fixture(scope="module")
-def cluster3():
-    """Three single-thread worker processes behind nannies (a killed one is restarted), one
-    cluster per test module that asks for it."""
-    import mgpu
-
-    with mgpu.connect(gpus=False, n_workers=3) as client:
-        yield client

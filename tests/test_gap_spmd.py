@@ -24,6 +24,13 @@ def _corpus() -> sp.csr_matrix:
     return powerlaw_corpus(900, 400, 0.03, seed=7).astype(np.float64)
 
 
+@pytest.fixture(scope="module")
+def cluster3():
+    """Three single-thread worker processes behind nannies (a killed one is restarted)."""
+    with mgpu.connect(gpus=False, n_workers=3) as client:
+        yield client
+
+
 @pytest.fixture
 def client3(cluster3):
     """cluster3 with its three workers up (the one the loss test killed comes back)."""

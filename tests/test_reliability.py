@@ -43,6 +43,13 @@ def test_jaccard_result_survives_a_killed_worker():
     assert (J != ref).nnz == 0 and np.array_equal(J.indptr, ref.indptr)
 
 
+@pytest.fixture(scope="module")
+def cluster3():
+    """Three single-thread worker processes behind nannies (a killed one is restarted)."""
+    with mgpu.connect(gpus=False, n_workers=3) as client:
+        yield client
+
+
 @pytest.fixture
 def client3(cluster3):
     """cluster3 with at least two workers up, so that a kill leaves one to carry on (the one

@@ -115,7 +115,8 @@ def check_dense_factors(factors: dict[str, Any], finite: bool = True) -> None:
                     kinds="a dense numpy or cupy array")
     if not finite:
         return
-    checked = {n: X for n, X in factors.items() if np.dtype(X.dtype).kind == "f" and X.size}
+    checked = {n: X for n, X in factors.items()
+               if finite and np.dtype(X.dtype).kind == "f" and X.size}
     flags = to_host_all([all_finite(X) for X in checked.values()])
     for (name, X), ok in zip(checked.items(), flags):
         if not bool(ok):
