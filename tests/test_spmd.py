@@ -227,6 +227,42 @@ def test_a_lost_worker_resumes_from_the_checkpoint():
     assert its.index(7) < len(its) - its[::-1].index(7) - 1  # 7 ran twice: resumed from 6
 
 
+@pytest.mark.timeout(180)
+def test_a_worker_lost_after_every_rank_finished_resumes_instead_of_hanging():
+    """A worker is killed once every rank has returned, before the client fetched the
+    results (a progress callback late behind a fast job): its rank's result is gone with it
+    and its task, pinned to that worker, is never run again. The job starts again from the
+    last checkpoint (18) and ends with the undisturbed run's values; it used to wait for
+    that result for ever."""
+    import signal
+
+    with connect(gpus=False, n_workers=3) as c:
+        X = from_scipy(S, 6, client=c)
+        clean = _merged(spmd(_counting, X, args=(None,), client=c))
+        pids = c.run(os.getpid)
+        seen, killed = [], []
+
+        def kill_when_done(record):
+            seen.append(record)
+            if record["iteration"] == 20 and not killed:
+                deadline = time.monotonic() + 30
+                while any(k.startswith("mgpu-spmd-") for keys in c.processing().values()
+                          for k in keys) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                victim = sorted(pids)[-1]
+                os.kill(pids[victim], signal.SIGKILL)
+                killed.append(victim)
+
+        got = _merged(spmd(_counting, X, args=(None,), client=c, progress=kill_when_done,
+                           timeout=30))
+    assert killed
+    assert sorted(got) == sorted(clean) == list(range(6))
+    for t in clean:
+        np.testing.assert_allclose(got[t], clean[t], rtol=1e-12)
+    its = [r["iteration"] for r in seen]
+    assert its[:20] == list(range(1, 21)) and its[20:] == [19, 20]  # resumed from 18
+
+
 def test_a_lost_worker_without_restarts_is_named():
     with connect(gpus=False, n_workers=3) as c:
         X = from_scipy(S, 3, client=c)

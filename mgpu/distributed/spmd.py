@@ -16,7 +16,8 @@ waits once per job, not once per step, and follows progress through Dask events.
   its worker and of the next rank's. When a worker is lost, :func:`spmd` (up to
   ``mgpu.spmd.restarts`` times) finds the latest iteration that every tile's state survived
   at, places the lost worker's tiles on the workers that remain (Dask remakes them from the
-  tasks that hold them), and starts the function again with ``comm.resumed`` set.
+  tasks that hold them), and starts the function again with ``comm.resumed`` set. A worker
+  lost after its rank returned, before the client fetched the result, counts as lost too.
 """
 from __future__ import annotations
 
@@ -603,15 +604,28 @@ class _Run:
 
     def _wait(self, futures: list[Any], workers: list[str], comm_id: str) -> list[Any]:
         pending = list(futures)
-        while pending and not any(f.status == "error" for f in futures):
+        gone: list[str] = []
+        check = time.monotonic() + 1.0
+        # a rank pinned to a worker that left never runs again, and a finished rank's result
+        # leaves with its worker ("lost"): neither ends by itself, and no other rank need
+        # fail when the loss comes after their last collective
+        while pending and not any(f.status in ("error", "lost") for f in futures):
             try:
                 pending = list(distributed.wait(pending, timeout=0.1,
                                                 return_when="FIRST_COMPLETED").not_done)
             except TimeoutError:
                 pass
             self._deliver()
-        if all(f.status == "finished" for f in futures):
-            return [f.result() for f in futures]
+            if pending and time.monotonic() > check:
+                check = time.monotonic() + 1.0
+                gone = self._gone([w for f, w in zip(futures, workers, strict=True)
+                                   if f in pending])
+                if gone:
+                    break
+        if not gone and all(f.status == "finished" for f in futures):
+            out = self._results(futures, workers)
+            if out is not None:
+                return out
         # the other ranks hear the verdict at their next collective: give them that long,
         # but not a rank whose worker is gone (its task waits for it for ever)
         deadline = time.monotonic() + min(self.timeout, 30.0) + 5
@@ -625,11 +639,40 @@ class _Run:
                 distributed.wait(waiting, timeout=0.5, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 pass
-        errors = [f.exception() for f in futures if f.status == "error"]
+        errors: list[BaseException] = [f.exception() for f in futures if f.status == "error"]
+        if not errors:  # no rank failed: a rank's worker left, with its task or its result
+            gone = gone or self._gone(workers) or [
+                w for f, w in zip(futures, workers, strict=True) if f.status != "finished"]
+            errors = [WorkerLost(f"rank {workers.index(w)} (worker {w}) ended without a "
+                                 "result the client could fetch: its worker left the cluster "
+                                 "with the task or its result, so that worker is gone.", w)
+                      for w in gone]
         for f in futures:
             f.cancel()
         _drop_communicator(self.client, self.kind, workers, comm_id)
         raise min(errors, key=_blame)
+
+    def _gone(self, workers: list[str]) -> list[str]:
+        """Those of ``workers`` that are no longer in the cluster."""
+        alive = set(self._alive())
+        return [w for w in workers if w not in alive]
+
+    def _results(self, futures: list[Any], workers: list[str]) -> list[Any] | None:
+        """The finished ranks' results; None when one left with its worker before it was
+        fetched (a fetch of a lost result waits for it to be made again, which a rank
+        pinned to a worker that left never is)."""
+        out = []
+        for f, w in zip(futures, workers, strict=True):
+            step = 1.0
+            while True:
+                try:
+                    out.append(f.result(timeout=step))
+                    break
+                except TimeoutError:
+                    if f.status == "error" or self._gone([w]):
+                        return None
+                    step = min(2 * step, 60.0)  # a large result: a longer fetch, not a loss
+        return out
 
     def _wait_for_reports(self, sent: int) -> None:
         deadline = time.monotonic() + 10
