@@ -44,7 +44,6 @@ from mgpu.backends.cupy import (
     csr_output,
     csr_recipe,
     plan_sddmm,
-    run_csr,
     run_tiled,
 )
 from mgpu.backends.dispatch import sddmm_plan_lookup
