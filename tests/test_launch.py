@@ -80,6 +80,57 @@ def test_values_that_do_not_fit_their_type_are_refused(signature, args, error, m
         _captured(signature, args)
 
 
+def _prepared(signature: str, args: tuple, free: tuple, grid=(3,), block=(64,), smem=0):
+    """A PreparedLaunch through a stand-in driver call; the calls' arguments and the bytes
+    each kernelParams entry points at, per launch, go to the returned list."""
+    seen = []
+
+    class _Stream:
+        ptr = 0xABC
+
+    def fake_launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        _, _, sizes = launch.layout(signature)
+        table = (ctypes.c_void_p * len(signature)).from_address(params)
+        seen.append(((f, gx, gy, gz, bx, by, bz, shared, stream, extra),
+                     [ctypes.string_at(table[i], n) for i, n in enumerate(sizes)]))
+
+    L = launch.Launcher(_Function(), signature, launch=fake_launch,
+                        current_stream=lambda: _Stream())
+    return L.prepare(grid, block, args, free, shared_mem=smem), seen
+
+
+def test_a_prepared_launch_packs_its_fixed_arguments_once_and_writes_the_free_ones():
+    args = (0, 7, -(2**40), 0, 1.5, 2**31 - 1, 0)
+    prepared, seen = _prepared("piqpfip", args, free=(0, 3, 6), grid=(5, 2), block=(32, 8),
+                               smem=48)
+    prepared(0xDEAD_0000_1000, 0x10, 2**64 - 1)
+    prepared(0x20, 0, 0x30)
+    assert [call for call, _ in seen] == [(0x1234, 5, 2, 1, 32, 8, 1, 48, 0xABC, 0)] * 2
+    fixed = [struct.pack("<i", 7), struct.pack("<q", -(2**40)), struct.pack("<f", 1.5),
+             struct.pack("<i", 2**31 - 1)]
+    for (_, got), ptrs in zip(seen, [(0xDEAD_0000_1000, 0x10, 2**64 - 1), (0x20, 0, 0x30)]):
+        assert [got[i] for i in (1, 2, 4, 5)] == fixed  # untouched by the calls
+        assert [got[i] for i in (0, 3, 6)] == [struct.pack("<Q", p) for p in ptrs]
+
+
+def test_a_prepared_launch_refuses_what_is_not_a_device_address():
+    prepared, seen = _prepared("pip", (0, 1, 0), free=(0, 2))
+    with pytest.raises(TypeError):
+        prepared(np.zeros(3), 0)  # an array for its address
+    with pytest.raises(ValueError, match=r"argument 2: a negative device address \(-8\)"):
+        prepared(0, -8)
+    with pytest.raises(ValueError, match="zip"):
+        prepared(0)  # one address short
+    assert not seen  # none of them launched
+    with pytest.raises(ValueError, match=r"argument 1 of kernel signature 'pip' cannot change "
+                                         r"per call: only pointers \('p'\) do"):
+        _prepared("pip", (0, 1, 0), free=(0, 1))
+    with pytest.raises(ValueError, match="argument 3 of kernel signature 'pip' cannot"):
+        _prepared("pip", (0, 1, 0), free=(3,))
+    with pytest.raises(struct.error):  # the fixed values are packed as a launcher packs them
+        _prepared("pip", (0, 2**31, 0), free=(0,))
+
+
 # ------------------------------------------------------------------------------------ GPU
 
 _MIXED = r"""

@@ -23,7 +23,6 @@ from mgpu.backends.dispatch import (
     row_norms_lookup,
     sddmm_flagged_lookup,
     sddmm_lookup,
-    sddmm_plan_lookup,
 )
 from mgpu.backends.flags import Flag, device_flag
 from mgpu.backends.instances import INSTANCES
@@ -268,14 +267,20 @@ def _csr_recipe(S: csp.csr_matrix, A: cupy.ndarray, B: cupy.ndarray, indices: bo
                 indptr: bool, sizes: list[int], product: bool) -> tuple:
     """(launcher, grid, nonzeros per warp, product blocks) of a :func:`run_csr` launch;
     ``sizes``: the checked arrays' (zeros without a flag)."""
-    nnz = int(S.nnz)
-    W = _vector_width(A, B)
-    V = _lanes(A.shape[1] // W)
+    return csr_recipe(S.shape[0], int(S.nnz), A.shape[1], A.dtype, S.indptr.dtype,
+                      _vector_width(A, B), indices, indptr, sizes, product)
+
+
+def csr_recipe(n_rows: int, nnz: int, K: int, dtype: Any, index_dtype: Any, W: int,
+               indices: bool, indptr: bool, sizes: list[int], product: bool) -> tuple:
+    """:func:`_csr_recipe` by the sizes alone: ``W`` elements per load (1, or 16 bytes' worth
+    for factors whose rows and base addresses allow it, :func:`_vector_width`)."""
+    V = _lanes(K // W)
     nz_per_warp, blocks = _csr_launch(nnz, V) if nnz and product else (1, 0)
-    work = (S.shape[0] + 1 if indptr else 0) + sum(sizes) + (nnz if indices else 0)
+    work = (n_rows + 1 if indptr else 0) + sum(sizes) + (nnz if indices else 0)
     # as many blocks as kernels/flags.cu's launch would take, past the product's
     extra = min(-(-work // (_SDDMM_THREADS * _EXTRA_ITEMS)), 8 * current_facts().sms)
-    expr = f"mgpu_sddmm_csr<{c_type(A.dtype)}, {c_type(S.indptr.dtype)}, {W}, {V}>"
+    expr = f"mgpu_sddmm_csr<{c_type(dtype)}, {c_type(index_dtype)}, {W}, {V}>"
     launch = launcher(_SDDMM, expr, (expr,), _CSR_SIGNATURE, _SDDMM_INSTANCES)
     return launch, ((blocks + extra,) if blocks + extra else ()), nz_per_warp, blocks
 
@@ -578,13 +583,6 @@ def plan_sddmm(S: csp.csr_matrix, K: int, dtype: Any, *, reuse: bool,
         smem_bytes=facts.smem_bytes, timings_ms=timings, layout=layout,
         pattern=pattern_key(S),
     )
-
-
-@sddmm_plan_lookup.register(csp.spmatrix)
-def _plan_sddmm(S: csp.csr_matrix, K: int, dtype: np.dtype, scheme: str | None = None
-                ) -> SDDMMPlan:
-    """:func:`mgpu.sddmm_plan` on the GPU: tuned, with the tiled layout kept."""
-    return plan_sddmm(S, int(K), dtype, reuse=True, force=scheme)
 
 
 def product_bytes(S: csp.csr_matrix, dtype: Any) -> int:

@@ -18,6 +18,11 @@ its type (an int past int32's range, a negative address) or is not a number (a c
 passed where its address belongs) makes ``pack_into`` raise, never a silent truncation;
 see :func:`address` for arrays.
 
+A launch repeated with the same sizes (a plan's) is held as a :class:`PreparedLaunch`
+(:meth:`Launcher.prepare`): grid, block and every argument but the few device addresses that
+change from call to call are packed once into a buffer of its own; a call writes those
+addresses into their slots and launches.
+
 Imported without CuPy: :func:`layout` is pure (the CPU tests check it); CuPy is imported
 when a launcher is made.
 """
@@ -28,7 +33,7 @@ import struct
 import threading
 from typing import Any
 
-__all__ = ["KINDS", "SLOT", "Launcher", "address", "launcher", "layout"]
+__all__ = ["KINDS", "SLOT", "Launcher", "PreparedLaunch", "address", "launcher", "layout"]
 
 SLOT = 8  # bytes per argument: the largest parameter these kernels take (a pointer, 64-bit)
 
@@ -109,6 +114,58 @@ class Launcher:
             self._pack.pack_into(self._buf, 0, *args)
             self._launch(self._ptr, gx, gy, gz, bx, by, bz, shared_mem, stream,
                          self._params_addr, 0)
+
+    def prepare(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
+                free: tuple[int, ...], shared_mem: int = 0) -> PreparedLaunch:
+        """This kernel's launch with ``grid``, ``block`` and ``args`` packed once into a
+        buffer of its own, all but the arguments at positions ``free`` (pointers, ``p``,
+        each written by every call: their values in ``args`` are placeholders)."""
+        for i in free:
+            if not 0 <= i < len(self.signature) or self.signature[i] != "p":
+                raise ValueError(f"argument {i} of kernel signature {self.signature!r} cannot "
+                                 "change per call: only pointers ('p') do")
+        return PreparedLaunch(self, grid, block, args, free, shared_mem)
+
+
+class PreparedLaunch:
+    """One launch of a :class:`Launcher`'s kernel with its grid, block, shared memory and
+    most arguments fixed (:meth:`Launcher.prepare`): its own argument buffer and address
+    table, packed once. A call, ``prepared(v0, v1, ...)``, writes the device addresses of
+    the ``free`` arguments, in their order, into their slots (one item assignment each:
+    no ``struct`` call, no tuple of every argument) and launches on the current stream.
+    An address must be a non-negative int below 2**64 (a device pointer, 0 for null).
+    Thread-safe, as the launcher: the slots are written and launched under a lock."""
+
+    __slots__ = ("launcher", "free", "_buf", "_params", "_params_addr", "_lock", "_dims",
+                 "_smem")
+
+    def __init__(self, launcher: Launcher, grid: tuple[int, ...], block: tuple[int, ...],
+                 args: tuple, free: tuple[int, ...], shared_mem: int = 0) -> None:
+        fmt, offsets, _ = layout(launcher.signature)
+        n = max(1, len(launcher.signature))
+        self.launcher = launcher  # keeps the kernel's module loaded
+        self.free = tuple(free)
+        self._buf = (ctypes.c_uint64 * n)()
+        struct.Struct(fmt).pack_into(self._buf, 0, *args)
+        base = ctypes.addressof(self._buf)
+        self._params = (ctypes.c_void_p * n)(*(base + o for o in offsets))
+        self._params_addr = ctypes.addressof(self._params)
+        self._lock = threading.Lock()
+        self._dims = (*(*grid, 1, 1)[:3], *(*block, 1, 1)[:3])
+        self._smem = int(shared_mem)
+
+    def __call__(self, *addresses: int) -> None:
+        L = self.launcher
+        if L._driver and not getattr(_thread, "bound", False):
+            _bind_context()
+        stream = L._stream().ptr
+        buf = self._buf
+        with self._lock:
+            for i, a in zip(self.free, addresses, strict=True):
+                buf[i] = a  # an int, else TypeError (an array passed for its address)
+                if a < 0:  # c_uint64 would take it modulo 2**64
+                    raise ValueError(f"argument {i}: a negative device address ({a})")
+            L._launch(L._ptr, *self._dims, self._smem, stream, self._params_addr, 0)
 
 
 _launchers: dict[tuple, Launcher] = {}

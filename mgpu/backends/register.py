@@ -21,10 +21,10 @@ import mgpu.backends.dispatch as d
 # without importing that module, and so its registration.
 CUPY_MODULES: dict[str, tuple] = {
     "mgpu.backends.cupy": (
-        d.row_norms_lookup, d.sddmm_lookup, d.sddmm_flagged_lookup, d.sddmm_plan_lookup,
-        d.jaccard_lookup,
+        d.row_norms_lookup, d.sddmm_lookup, d.sddmm_flagged_lookup, d.jaccard_lookup,
         d.nonfinite_lookup, d.all_finite_lookup, d.array_module_lookup,
     ),
+    "mgpu.backends.cupy_sddmm_plan": (d.sddmm_plan_lookup,),
     "mgpu.backends.cupy_knn": (
         d.knn_lookup, d.distances_lookup, d.knn_prepare_lookup, d.knn_input_lookup,
     ),

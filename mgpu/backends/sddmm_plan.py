@@ -230,6 +230,9 @@ class SDDMMPlan:
     Pass it back as ``mgpu.sddmm(S, A, B, plan=plan)`` to reuse the tiled copy of S across
     calls (the factors change, S does not: ALS, LDA). ``timings_ms`` holds what the tuner
     measured per candidate (median milliseconds), empty when the choice came from the cache.
+    ``call`` (GPU) is the plan's call with everything but the factors prepared: the launch
+    and its packed arguments, the result's index arrays
+    (:class:`mgpu.backends.cupy_sddmm_plan.PlannedCall`).
     """
 
     scheme: str
@@ -249,6 +252,7 @@ class SDDMMPlan:
     timings_ms: dict[str, float] = field(default_factory=dict, compare=False)
     layout: TileLayout | None = field(default=None, repr=False, compare=False)
     pattern: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    call: Any = field(default=None, repr=False, compare=False)
 
     @property
     def density(self) -> float:

@@ -179,7 +179,8 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
     (the one wait for the stream, and the flag's read). ``kernel`` is the device's time for
     the queued work (CUDA events around 20 calls' launches back to back: the host's time
     for them when that is longer), ``call`` the public call's own wall time,
-    ``unaccounted`` what the steps miss of it (Python calls between them).
+    ``unaccounted`` what the steps miss of it (Python calls between them). The
+    ``plan_*`` entries time the same call with a plan (:func:`_planned_breakdown`).
     """
     import cupy
     import cupyx.scipy.sparse as csp
@@ -252,7 +253,49 @@ def call_breakdown(S: sp.csr_matrix, K: int, repeats: int = 200) -> dict[str, fl
         return clock() - t0
     result["call"] = 1e6 * float(np.median([call() for _ in range(repeats)]))
     result["unaccounted"] = result["call"] - sum(result[k] for k in steps)
+    result.update(_planned_breakdown(Sg, Ag, Bg, repeats))
     return result
+
+
+def _planned_breakdown(Sg: Any, Ag: Any, Bg: Any, repeats: int) -> dict[str, float]:
+    """The same checked call with ``plan=mgpu.sddmm_plan(Sg, K)``, in microseconds (medians):
+    ``plan_before_launch`` from the call to its launch (the checks of the factors, the flag,
+    the output's memory), ``plan_launch`` the launch itself, ``plan_call`` the whole call.
+    Empty where the plan has no prepared call (the CPU)."""
+    import mgpu
+    from mgpu.backends import launch
+
+    plan = mgpu.sddmm_plan(Sg, Ag.shape[1])
+    if getattr(plan, "call", None) is None:
+        return {}
+    for _ in range(3):
+        mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan)
+    clock = time.perf_counter
+    marks: list[float] = []
+    inner = launch.PreparedLaunch.__call__
+
+    def timed(self: Any, *addresses: int) -> None:
+        marks.append(clock())
+        inner(self, *addresses)
+        marks.append(clock())
+
+    before, during, total = [], [], []
+    launch.PreparedLaunch.__call__ = timed  # type: ignore[method-assign]
+    try:
+        for _ in range(repeats):
+            marks.clear()
+            t0 = clock()
+            mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan)
+            total.append(clock() - t0)
+            if len(marks) == 2:  # one launch (the CSR scheme)
+                before.append(marks[0] - t0)
+                during.append(marks[1] - marks[0])
+    finally:
+        launch.PreparedLaunch.__call__ = inner  # type: ignore[method-assign]
+    nan = float("nan")
+    return {"plan_before_launch": 1e6 * float(np.median(before)) if before else nan,
+            "plan_launch": 1e6 * float(np.median(during)) if during else nan,
+            "plan_call": 1e6 * float(np.median(total))}
 
 
 class _DriverTimer:
@@ -296,9 +339,15 @@ def breakdown_text(label: str, K: int, parts: dict[str, float]) -> str:
     steps = " + ".join(f"{k} {parts[k]:.1f}" for k in
                        ("validation", "planning", "flag", "memory", "launch", "output", "wait",
                         "unaccounted"))
-    return (f"{label}, K={K}: a checked call {parts['call']:.1f} us = {steps} "
+    text = (f"{label}, K={K}: a checked call {parts['call']:.1f} us = {steps} "
             f"(of the launch, in cuLaunchKernel: {parts['driver']:.1f} us; the device's "
             f"work for it: {parts['kernel']:.1f} us)")
+    if "plan_call" in parts:
+        text += (f"\n{label}, K={K}: with a plan, a checked call {parts['plan_call']:.1f} us, "
+                 f"{parts['plan_before_launch']:.1f} us of it before the launch (the factors' "
+                 f"checks, the flag, the output's memory), the launch "
+                 f"{parts['plan_launch']:.1f} us")
+    return text
 
 
 def markdown(rows: list[dict[str, Any]], label: str) -> str:

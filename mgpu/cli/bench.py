@@ -67,7 +67,8 @@ def bench_partition(data_dir: str | None, parts: tuple[int, ...]) -> None:
 @click.option("--breakdown", is_flag=True,
               help="GPU only: also print where a checked call's time goes (validation, "
                    "planning, flag, memory, launch and its time in cuLaunchKernel, output, "
-                   "wait, and the device's time) for the smallest real matrix, at each K.")
+                   "wait, and the device's time) for the smallest real matrix, at each K, "
+                   "and with a plan, its time before the launch and the launch's.")
 @opt.json_out()
 def bench_sddmm(data_dir: str | None, powerlaw: tuple[int, int] | None, nnz: float,
                 ks: tuple[int, ...], device: str, repeats: int | None, breakdown: bool,

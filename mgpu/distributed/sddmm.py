@@ -231,7 +231,9 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True, plan: Any = None,
         Multiply by S's values; False gives the plain sampled product on S's pattern.
     plan : SDDMMPlan, optional
         One device only: from :func:`mgpu.sddmm_plan` on this S, to reuse its tuned scheme
-        and tiled copy of S across calls.
+        and tiled copy of S across calls; on the GPU also its prepared launch and checks,
+        its results sharing one copy of S's index arrays (read-only: details in
+        :func:`mgpu.ops.sddmm`).
     check_finite : bool, default=True
         Refuse NaN or infinity in the factors, every value of them (and S's stored values
         with ``hadamard``), naming the first place. One device: on the GPU the device checks

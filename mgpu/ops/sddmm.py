@@ -193,12 +193,19 @@ def sddmm_checked_on_device(S: Any, A: Any, B: Any, hadamard: bool,
     run, and refuse with the first place (the product is dropped)."""
     P, flagged = sddmm_flagged_lookup(*sddmm_operands(S, A, B, hadamard), bool(hadamard), plan)
     if flagged is not False:  # raised, or a fallback that looked at nothing
-        check_dense_factors({"A": A, "B": B})
-        check_sparse(S, hadamard)
-        if flagged:  # never return what was flagged: the flag and the scan disagree
-            raise RuntimeError("sddmm: the GPU flagged NaN or infinity among the operands "
-                               "that the host checks did not find.")
+        _host_checks(S, A, B, hadamard, flagged)
     return P
+
+
+def _host_checks(S: Any, A: Any, B: Any, hadamard: bool, flagged: bool | None) -> None:
+    """The host's checks of the values after the device's flag was raised (or where nothing
+    was checked on the device, ``flagged`` None): they refuse with the first bad place; a
+    raised flag they cannot explain is refused too, never returned."""
+    check_dense_factors({"A": A, "B": B})
+    check_sparse(S, hadamard)
+    if flagged:  # the flag and the scan disagree
+        raise RuntimeError("sddmm: the GPU flagged NaN or infinity among the operands "
+                           "that the host checks did not find.")
 
 
 def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
@@ -222,6 +229,13 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         From :func:`sddmm_plan` on this S: reuses its tuned scheme and its tiled copy of S,
         so repeated calls with new factors skip the preprocessing. Without one, the tuned
         scheme of S's shape class is used (tuned on first sight) and any tiling is redone.
+        On the GPU the plan also holds the kernel's launch with its arguments packed, and
+        S's checks: a call with cupy factors of the plan's dtype and shapes (C-ordered) and
+        that very S checks only their attributes before its one launch (other operands
+        take the general path, with every check). Results of such calls share one copy of
+        S's index arrays (when S's indices are sorted without duplicates), held by the
+        plan, as scipy's ``astype(copy=False)`` shares: write to ``P.data`` freely, but to
+        ``P.indices`` or ``P.indptr`` only in a copy (``P.copy()``).
     check_finite : bool, default=True
         Refuse NaN or infinity in A and B (and in S's stored values with ``hadamard``), as
         scipy.linalg's ``check_finite``: every value of A and B is checked, also those of
@@ -282,6 +296,16 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
            [0., 7.]])
     """
     check_sddmm_options(hadamard, check_finite, working_memory, progress, device)
+    if isinstance(plan, SDDMMPlan) and plan.call is not None and device is None \
+            and working_memory is None and progress is None:
+        # the plan's prepared call (GPU): its own S and factors of its shapes and dtype, or
+        # None, and then the general path below checks (and converts or refuses) as ever
+        done = plan.call(S, A, B, hadamard, check_finite)
+        if done is not None:
+            P, flagged = done
+            if flagged:
+                _host_checks(S, A, B, hadamard, flagged)
+            return P
     if is_dask_array(S):
         raise TypeError(
             "mgpu.ops.sddmm runs on one device; for a dask array S use mgpu.sddmm, which "
