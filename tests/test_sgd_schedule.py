@@ -83,6 +83,35 @@ def test_schedule_on_power_law_ratings_balances_groups_and_never_shares_a_row():
     assert np.abs(per_row.sum(axis=0) - u.size / s.groups).max() <= busiest_item + 1
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_busy_id_has_a_group_of_its_own(seed):
+    """An item (or user) of at least n / G ratings is alone in its column (row) group, so
+    the busiest group's chain is the busiest id's ratings and no more (the 0.9 exponent
+    gives items of several times n / G; two users rate every item)."""
+    u, i = _power_law(20_000, 900, 300, seed=seed)
+    u = np.concatenate([u, np.repeat([7, 8], 300)])  # two users who rate every item
+    i = np.concatenate([i, np.tile(np.arange(300), 2)])
+    key = np.unique(u * 300 + i)
+    u, i, G = key // 300, key % 300, 100
+    s = _check(u, i, 900, 300, seed=seed, groups=G, passes=1)
+    order, _ = build_schedule(u, i, 900, 300, seed=seed, groups=G)
+    cells = np.diff(s.offsets).reshape(G, G)
+    cell = np.repeat(np.arange(G * G), np.diff(s.offsets))
+    for ids, group, sums in ((u[order], cell // G, cells.sum(axis=1)),
+                             (i[order], cell % G, cells.sum(axis=0))):
+        degree = np.bincount(ids)
+        busy = np.flatnonzero(degree * G >= ids.size)
+        assert busy.size >= 2  # the case is made
+        for b in busy:
+            g = group[ids == b][0]
+            assert np.unique(ids[group == g]).tolist() == [b]  # alone
+            assert sums[g] == degree[b]
+        # the others are cut at multiples of n / G as before: a group holds at most n / G
+        # plus its last id's ratings
+        rest = np.setdiff1d(np.arange(G), [group[ids == b][0] for b in busy])
+        assert sums[rest].max() <= ids.size / G + degree[np.setdiff1d(ids, busy)].max()
+
+
 @pytest.mark.parametrize("n_users, n_items, groups", [
     (3, 50, 8),     # fewer users than groups: empty row groups
     (50, 3, 8),     # fewer items than groups

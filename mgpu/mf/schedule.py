@@ -122,9 +122,16 @@ _ONE_KEY = 2 ** 62  # sort keys (cell, item, user) packed in one int64 below thi
 
 
 def _groups_of(ids: Any, n: int, groups: int, n_ratings: int, perm: Any, xp: Any) -> Any:
-    """Each id's group: ids in the order ``perm``, cut where the prefix sum of their
-    degrees crosses a multiple of n_ratings / groups."""
+    """Each id's group: ids in the order ``perm``, but those of at least n_ratings / groups
+    ratings first, cut where the prefix sum of their degrees crosses a multiple of
+    n_ratings / groups. So such a busy id has a group of its own: its ratings, one after
+    another, are the least its group's chain can be, and no other id's lengthen it (with
+    ``perm`` alone, the ids before it in its group did: 15,000 ratings, 6%, on the busiest
+    item's group of Netflix's shape at G = 2048)."""
     degree = xp.bincount(ids, minlength=n)[perm]
+    busy = degree * groups >= max(n_ratings, 1)
+    first = xp.concatenate([xp.flatnonzero(busy), xp.flatnonzero(~busy)])
+    perm, degree = perm[first], degree[first]
     before = xp.cumsum(degree) - degree
     group = xp.empty(n, dtype=xp.int64)
     group[perm] = xp.minimum(before * groups // max(n_ratings, 1), groups - 1)
