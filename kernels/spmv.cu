@@ -158,9 +158,10 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
 // wrote from L2, and sets *done back to 0 for the next launch on its stream. Its threads
 // share the work: thread t takes a run of consecutive carries (at most 32 for the launches
 // the host fuses, mgpu/backends/cupy_spmv.py), loads them 4 at a time (independent loads in
-// flight together, not one dependent search a carry), and sums each row's carries in its
-// run; the rows whose carries start and end in the run are added as each 4 are done, with
-// their loads of y in flight together (spmv_add_carries), and the rows cut
+// flight together, not one dependent search a carry; the next 4 load while the last 4's
+// rows are added), and sums each row's carries in its run; the rows whose carries start
+// and end in the run are added as each 4 are done, with their loads of y in flight
+// together (spmv_add_carries), and the rows cut
 // between runs are joined by a segmented scan over the threads (log2 of the block's
 // threads steps in shared memory): the sum of a row's carries up to the end of each run.
 // Carries are sorted by row, so a row's carries are consecutive and each row is added by
@@ -188,6 +189,18 @@ __device__ __forceinline__ void spmv_add_carries(T* y, const int* rows, long lon
 #pragma unroll
     for (int i = 0; i < K; ++i) {
         if (at[i] >= 0) y[at[i]] = static_cast<T>(static_cast<double>(old[i]) + v[i]);
+    }
+}
+
+// The carries [base, base + 4) that lie before p1 (row -1 for the others), issued together.
+__device__ __forceinline__ void spmv_load_carries(const int* carry_row, const double* carry_val,
+                                                  long long base, long long p1, int (&r)[4],
+                                                  double (&v)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const long long p = base + u;
+        r[u] = p < p1 ? __ldcg(carry_row + p) : -1;
+        v[u] = p < p1 ? __ldcg(carry_val + p) : 0.0;
     }
 }
 
@@ -220,15 +233,10 @@ __device__ __noinline__ void spmv_last_block_carries(unsigned int* done, const i
     bool ended = false; // a row's carries have ended inside the run
     int lead_row = -1;  // the run's first row, when its carries began before the run
     double lead = 0.0;  // and ended inside it: its part here
+    int r[4];
+    double v[4];
+    spmv_load_carries(carry_row, carry_val, p0, p1, r, v);
     for (long long base = p0; base < p1; base += 4) {
-        int r[4];
-        double v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {  // issued together
-            const long long p = base + u;
-            r[u] = p < p1 ? __ldcg(carry_row + p) : -1;
-            v[u] = p < p1 ? __ldcg(carry_val + p) : 0.0;
-        }
         int add_row[4] = {-1, -1, -1, -1};  // rows whose carries all lie in this run and end
         double add[4] = {0.0, 0.0, 0.0, 0.0};  // in these four: added together, below
 #pragma unroll
@@ -252,7 +260,16 @@ __device__ __noinline__ void spmv_last_block_carries(unsigned int* done, const i
                 run = v[u];
             }
         }
+        int next_r[4];
+        double next_v[4];
+        // the next 4, in flight during the adds (they load before the stores to y)
+        spmv_load_carries(carry_row, carry_val, base + 4, p1, next_r, next_v);
         spmv_add_carries<T, 4>(y, rows, m, add_row, add);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            r[u] = next_r[u];
+            v[u] = next_v[u];
+        }
     }
     // The last row of the run: its sum over this run and the earlier runs that end in it,
     // by an inclusive segmented scan (a segment starts at a run whose last row begins in it).
