@@ -118,9 +118,9 @@ def _done_counter() -> int:
     Never in a capture, even where the stream has its counter from calls before it: a graph
     may be launched on any stream, so two replays at once, or a replay beside calls on the
     stream it was captured on, would count in the same counter and add wrong carries; and
-    in a graph, where launches cost about a microsecond, the passes' launches take less of
+    in a graph, where a launch costs about a microsecond, the passes' launches took less of
     the device's time than the last block's walk over the carries (``mgpu bench spmv``'s
-    graph column)."""
+    graph column, H100: 0.0164 against 0.0291 ms a call on Slashdot's 2,684 tiles)."""
     stream = cupy.cuda.get_current_stream()
     if stream.is_capturing():
         return 0
