@@ -158,8 +158,10 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
 // wrote from L2, and sets *done back to 0 for the next launch on its stream. Its threads
 // share the work: thread t takes a run of consecutive carries (at most 32 for the launches
 // the host fuses, mgpu/backends/cupy_spmv.py), loads them 4 at a time (independent loads in
-// flight together, not one dependent search a carry), and sums each row's carries in its
-// run; a row whose carries start and end in the run is added at once, and the rows cut
+// flight together, not one dependent search a carry; the next 4 load while the last 4's
+// rows are added), and sums each row's carries in its run; the rows whose carries start
+// and end in the run are added as each 4 are done, with their loads of y in flight
+// together (spmv_add_carries), and the rows cut
 // between runs are joined by a segmented scan over the threads (log2 of the block's
 // threads steps in shared memory): the sum of a row's carries up to the end of each run.
 // Carries are sorted by row, so a row's carries are consecutive and each row is added by
@@ -168,12 +170,38 @@ __device__ __forceinline__ void spmv_walk(const int* s_end, const T* s_val, doub
 // block's shared memory, free by now (the block's own work is done). Not inlined: its
 // registers would crowd the merge's own (the launch bounds leave 32 a thread).
 namespace mgpu {
-template <typename T>
-__device__ __forceinline__ void spmv_add_carry(T* y, const int* rows, long long m, int row,
-                                               double v) {
-    if (row < 0 || row >= m) return;  // the last tile's "row" is m: no row
-    T* out = y + (rows == nullptr ? row : rows[row]);
-    *out = static_cast<T>(static_cast<double>(__ldcg(out)) + v);
+// Adds v[i] to row row[i] of y (through rows when A is compacted) for the i < K whose row is
+// one (>= 0 and < m: the last tile's "row" is m, no row), K distinct rows: every load is
+// issued before the first store, so that the K round trips to L2 overlap instead of each
+// waiting for the store before it (the compiler may not move a load of y past a store to y).
+template <typename T, int K>
+__device__ __forceinline__ void spmv_add_carries(T* y, const int* rows, long long m,
+                                                 const int (&row)[K], const double (&v)[K]) {
+    int at[K];  // y's row (A has fewer than 2^31 - 1 rows), -1 for none
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+        const bool ok = row[i] >= 0 && row[i] < m;
+        at[i] = !ok ? -1 : rows == nullptr ? row[i] : rows[row[i]];
+    }
+    T old[K];
+#pragma unroll
+    for (int i = 0; i < K; ++i) old[i] = at[i] >= 0 ? __ldcg(y + at[i]) : T(0);
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+        if (at[i] >= 0) y[at[i]] = static_cast<T>(static_cast<double>(old[i]) + v[i]);
+    }
+}
+
+// The carries [base, base + 4) that lie before p1 (row -1 for the others), issued together.
+__device__ __forceinline__ void spmv_load_carries(const int* carry_row, const double* carry_val,
+                                                  long long base, long long p1, int (&r)[4],
+                                                  double (&v)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const long long p = base + u;
+        r[u] = p < p1 ? __ldcg(carry_row + p) : -1;
+        v[u] = p < p1 ? __ldcg(carry_val + p) : 0.0;
+    }
 }
 
 template <typename T>
@@ -182,12 +210,18 @@ __device__ __noinline__ void spmv_last_block_carries(unsigned int* done, const i
                                                      long long m, T* y, const int* rows,
                                                      double* s_sum, int* s_flag) {
     __shared__ bool s_last;
-    __threadfence();  // this thread's writes of y and of the carries, before the count
+    // The block's writes of y and of the carries, ordered before the count by the barrier
+    // and one fence of thread 0 (as a grid-wide sync does), not a fence by every thread:
+    // each is a wait for the memory, and every block pays it before it retires.
     __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(done, 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const bool last = atomicAdd(done, 1u) == gridDim.x - 1;
+        __threadfence();  // the other blocks' writes, seen by the reads after the barrier
+        s_last = last;
+    }
     __syncthreads();
     if (!s_last) return;  // the same for the whole block
-    __threadfence();
     const int t = threadIdx.x;
     const long long per = (n_tiles + blockDim.x - 1) / blockDim.x;
     const long long p0 = min(n_tiles, t * per), p1 = min(n_tiles, p0 + per);
@@ -199,15 +233,12 @@ __device__ __noinline__ void spmv_last_block_carries(unsigned int* done, const i
     bool ended = false; // a row's carries have ended inside the run
     int lead_row = -1;  // the run's first row, when its carries began before the run
     double lead = 0.0;  // and ended inside it: its part here
+    int r[4];
+    double v[4];
+    spmv_load_carries(carry_row, carry_val, p0, p1, r, v);
     for (long long base = p0; base < p1; base += 4) {
-        int r[4];
-        double v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {  // issued together
-            const long long p = base + u;
-            r[u] = p < p1 ? __ldcg(carry_row + p) : -1;
-            v[u] = p < p1 ? __ldcg(carry_val + p) : 0.0;
-        }
+        int add_row[4] = {-1, -1, -1, -1};  // rows whose carries all lie in this run and end
+        double add[4] = {0.0, 0.0, 0.0, 0.0};  // in these four: added together, below
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             if (base + u >= p1) break;
@@ -221,12 +252,23 @@ __device__ __noinline__ void spmv_last_block_carries(unsigned int* done, const i
                     lead_row = cur;  // begun in earlier runs: joined after the scan
                     lead = run;
                 } else {
-                    spmv_add_carry(y, rows, m, cur, run);  // all of them in this run
+                    add_row[u] = cur;  // all of them in this run
+                    add[u] = run;
                 }
                 ended = true;
                 cur = r[u];
                 run = v[u];
             }
+        }
+        int next_r[4];
+        double next_v[4];
+        // the next 4, in flight during the adds (they load before the stores to y)
+        spmv_load_carries(carry_row, carry_val, base + 4, p1, next_r, next_v);
+        spmv_add_carries<T, 4>(y, rows, m, add_row, add);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            r[u] = next_r[u];
+            v[u] = next_v[u];
         }
     }
     // The last row of the run: its sum over this run and the earlier runs that end in it,
@@ -246,8 +288,9 @@ __device__ __noinline__ void spmv_last_block_carries(unsigned int* done, const i
     s_sum[t] = x;
     __syncthreads();
     if (p0 < p1) {
-        if (lead_row >= 0) spmv_add_carry(y, rows, m, lead_row, s_sum[t - 1] + lead);
-        if (after != cur) spmv_add_carry(y, rows, m, cur, x);  // else a later run adds it
+        int add_row[2] = {lead_row, after != cur ? cur : -1};  // else a later run adds cur
+        double add[2] = {lead_row >= 0 ? s_sum[t - 1] + lead : 0.0, x};
+        spmv_add_carries<T, 2>(y, rows, m, add_row, add);
     }
     if (threadIdx.x == 0) *done = 0;
 }

@@ -455,3 +455,66 @@ def test_spmv_fused_carries_of_thousands_of_tiles(dtype, monkeypatch):
             assert np.abs(y.get() - (i + 1) * ref).max() <= (i + 1) * tol
         results[fused] = got[0].get()
     np.testing.assert_allclose(results[True], results[False], rtol=0, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_spmv_captured_in_a_cuda_graph_takes_the_carry_passes(dtype, monkeypatch):
+    """A call captured into a CUDA graph on a stream that already has its counter of
+    finished blocks (made by a call before the capture, as a warm-up makes it) launches the
+    carry passes, not the last block's walk; the graph's replays, with x changed in place
+    between them and fused calls on the same stream in between, give the float64
+    reference's products."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    import mgpu
+    from mgpu.backends import cupy_spmv as gpu
+    from mgpu.backends.graph import Replay
+
+    rng = np.random.default_rng(3)
+    m, n = 5000, 40_000
+    A = sp.random(m, n, density=0.002, format="lil", random_state=rng, dtype=np.float64)
+    A[11, :] = rng.standard_normal(n)  # one row over hundreds of tiles
+    A = A.tocsr().astype(dtype)
+    x = rng.standard_normal(n).astype(dtype)
+    ref = A.astype(np.float64) @ x.astype(np.float64)
+    n_tiles = -(-(m + A.nnz) // (128 * gpu.spmv_items(m, A.nnz)))
+    assert 1 < n_tiles <= gpu._FUSED_CARRIES  # fused outside a capture
+    Ag, xg = csp.csr_matrix(A), cupy.asarray(x)
+    tol = (1e-5 if dtype == np.float32 else 1e-12) * np.abs(ref).max()
+    passes = []  # the tiles of each call that launched the carry passes
+    real = gpu._add_carries
+
+    def spy(*args, **kwargs):
+        passes.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpu, "_add_carries", spy)
+    s = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.Device().synchronize()
+    with s:
+        y0 = mgpu.spmv(Ag, xg, check_finite=False)  # the stream's counter is made here
+        assert not passes  # outside a capture: the merge launch's last block
+        assert (cupy.cuda.runtime.getDevice(), s.ptr) in gpu._done
+        s.synchronize()
+        replay = Replay(lambda: mgpu.spmv(Ag, xg, check_finite=False), s)
+    assert passes == [n_tiles]  # the capture took the passes
+    assert np.abs(y0.get() - ref).max() <= tol
+    for scale in (1.0, -2.0, 0.5):
+        with s:
+            xg[...] = cupy.asarray(x * dtype(scale))
+            y = replay()
+            s.synchronize()
+        assert np.abs(y.get() - scale * ref).max() <= abs(scale) * tol
+    beside = []
+    with s:
+        xg[...] = cupy.asarray(x)
+        for i in range(10):  # replays and fused calls one after another on the stream
+            y = replay()
+            beside.append(mgpu.spmv(Ag, xg * dtype(i + 1), check_finite=False))
+        s.synchronize()
+    assert passes == [n_tiles]  # the calls outside the capture took the last block again
+    assert np.abs(y.get() - ref).max() <= tol
+    for i, got in enumerate(beside):
+        assert np.abs(got.get() - (i + 1) * ref).max() <= (i + 1) * tol
