@@ -164,6 +164,11 @@ def test_wave_groups_follows_the_shape():
     assert wave_groups(10 ** 12, 10 ** 7, 10 ** 7) == AUTO_GROUPS
     assert wave_groups(10 ** 6, 3, 10 ** 5) == 3
     assert wave_groups(0, 0, 0) == 1
+    # the busiest id bounds G: n / G at most half its ratings
+    assert wave_groups(100_000_000, 480_189, 17_770, busiest=253_793) == 789
+    assert wave_groups(200_000, 10 ** 5, 10 ** 5, busiest=4000) == 100
+    assert wave_groups(200_000, 10 ** 5, 10 ** 5, busiest=100) == 111  # small: no bound
+    assert wave_groups(10 ** 6, 10, 10, busiest=10 ** 6) == 2  # one id has them all
     with pytest.raises(ValueError, match=r"The 'groups' parameter of build_schedule must be in "
                                          r"\[1, 4096\]. Got 0 instead"):
         build_schedule(np.array([0]), np.array([0]), 1, 1, seed=0, groups=0)

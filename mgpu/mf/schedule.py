@@ -52,17 +52,14 @@ rating of a chain a fraction of one (kernels/sgd.cu), so a pass of N ratings ove
 
 AUTO_GROUPS = 2048
 """At most this many groups where the shape chooses. A pass cannot be shorter than its
-heaviest column group's ratings one after another (their updates may not overlap), and a
-busy item's group holds that item's ratings whatever G; more groups shorten the rest of that
-group (Netflix's shape: 313k ratings at G = 1024, 269k at 2048) but add G steps' fixed cost
-to the chain. `mgpu bench sgd --groups` on Netflix's shape (H100, k = 128) was fastest at
-2048 (177 ms a pass against 202 at 1024 and 182 at 4096). Every warp of a pass must be
-resident at once: the kernel at k <= 128 in float32 with 4 ratings in flight takes about 80
-registers a thread and 10 KB of shared memory a block of two warps, so an SM holds 24 of its
-warps (3,168 on a 132-SM H100), and 2048 fits any GPU of 86 or more SMs; more groups than
-resident warps give some warps two row groups a step, which cost little there (G = 4096 on
-2,112 warps). The shape alone chooses G (not the device), so that a CPU and a GPU run one
-schedule."""
+heaviest column group's ratings one after another (their updates may not overlap), and each
+step adds a fixed cost to that chain; with busy ids alone in their groups, the busiest one
+bounds G further (:func:`wave_groups`). Every warp of a pass must be resident at once: the
+kernel at k <= 128 in float32 with 4 ratings in flight takes about 80 registers a thread and
+10 KB of shared memory a block of two warps, so an SM holds 24 of its warps (3,168 on a
+132-SM H100), and 2048 fits any GPU of 86 or more SMs; more groups than resident warps give
+some warps two row groups a step, which cost little there (G = 4096 on 2,112 warps). The
+shape alone chooses G (not the device), so that a CPU and a GPU run one schedule."""
 
 MAX_GROUPS = 4096
 """At most this many groups asked for: the offsets of G² sub-blocks stay within 128 MiB."""
@@ -104,17 +101,29 @@ def check_scheme(scheme: Any) -> str:
     return str(scheme)
 
 
-def wave_groups(n_ratings: int, users_rated: int, items_rated: int) -> int:
+def wave_groups(n_ratings: int, users_rated: int, items_rated: int,
+                busiest: int = 0) -> int:
     """G, from the block's shape: about :data:`MIN_PER_BLOCK` ratings per sub-block, no
     more groups than users or items that have ratings (an empty group would only wait), at
-    most :data:`AUTO_GROUPS`, at least 1 (one warp: the sequential pass).
+    most :data:`AUTO_GROUPS`, at least 1 (one warp: the sequential pass); and, where the
+    busiest user or item has ``busiest`` ratings, no more than ``2 · n_ratings / busiest``:
+    that id's group is its chain whatever G (it has one of its own, see build_schedule), and
+    with n / G at most half of it no other group is longer (the others' ids each have fewer
+    than n / G ratings, so a group holds under 2n / G), so more groups would only add steps
+    to the chain (`mgpu bench sgd --groups`, Netflix's shape, H100: 1.44 G updates/s at
+    G = 768, 1.43 at 1024, 1.34 at 2048; 1.19 at 512, where a group of lesser items
+    outgrew the busiest item).
 
     >>> wave_groups(100_000_000, 480_189, 17_770), wave_groups(22_000, 335, 4_500)
     (2048, 37)
+    >>> wave_groups(100_000_000, 480_189, 17_770, busiest=253_793)
+    789
     >>> wave_groups(5, 1, 5)
     1
     """
     want = math.isqrt(max(int(n_ratings), 0) // MIN_PER_BLOCK)
+    if busiest > 0:
+        want = min(want, -(-2 * int(n_ratings) // int(busiest)))
     return int(max(1, min(want, int(users_rated), int(items_rated), AUTO_GROUPS)))
 
 
@@ -172,9 +181,10 @@ def build_schedule(users: Any, items: Any, n_users: int, n_items: int, *, seed: 
     xp = array_module(users)
     n = int(users.shape[0])
     if groups is None:
-        rated_u = int((xp.bincount(users, minlength=n_users) > 0).sum()) if n else 0
-        rated_i = int((xp.bincount(items, minlength=n_items) > 0).sum()) if n else 0
-        groups = wave_groups(n, rated_u, rated_i)
+        deg_u, deg_i = (xp.bincount(ids, minlength=m) if n else xp.zeros(1, dtype=xp.int64)
+                        for ids, m in ((users, n_users), (items, n_items)))
+        groups = wave_groups(n, int((deg_u > 0).sum()), int((deg_i > 0).sum()),
+                             busiest=max(int(deg_u.max()), int(deg_i.max())))
     if not 1 <= groups <= MAX_GROUPS:
         raise ValueError(f"The 'groups' parameter of build_schedule must be in [1, "
                          f"{MAX_GROUPS}]. Got {groups!r} instead.")
