@@ -136,7 +136,7 @@ def _groups_of(ids: Any, n: int, groups: int, n_ratings: int, perm: Any, xp: Any
     n_ratings / groups. So such a busy id has a group of its own: its ratings, one after
     another, are the least its group's chain can be, and no other id's lengthen it (with
     ``perm`` alone, the ids before it in its group did: 15,000 ratings, 6%, on the busiest
-    item's group of Netflix's shape at G = 2048)."""
+    item's group of Netflix's shape at G = 2048: 268,892 ratings against its 253,793)."""
     degree = xp.bincount(ids, minlength=n)[perm]
     busy = degree * groups >= max(n_ratings, 1)
     first = xp.concatenate([xp.flatnonzero(busy), xp.flatnonzero(~busy)])
