@@ -53,8 +53,11 @@ def test_dispatch_holds_only_the_tables():
 
 
 # tables only the GPU fills: the products that check their operands on the device, with the
-# kernels (the host checks them first: mgpu.ops.spmv.spmv_checked, mgpu.ops.sddmm.sddmm)
-DEVICE_ONLY = {"sddmm_flagged_lookup", "spmv_flagged_lookup"}
+# kernels (the host checks them first: mgpu.ops.spmv.spmv_checked, mgpu.ops.sddmm.sddmm),
+# and SDDMM's prepared calls of repeated calls without a plan (mgpu.ops.sddmm.sddmm asks
+# them for GPU data only: a host call has no launch to prepare)
+DEVICE_ONLY = {"sddmm_flagged_lookup", "spmv_flagged_lookup", "sddmm_repeat_lookup",
+               "sddmm_remember_lookup"}
 
 
 @pytest.mark.parametrize("name", sorted(n for n in dispatch.__all__

@@ -229,3 +229,83 @@ def test_sddmm_planned_calls_back_to_back_on_two_streams_with_refusals_between()
     for i, P in enumerate(kept):
         _close(P, (i + 1) * ref[bool(i % 3)], np.float32)
     assert all(len(page.free) == flags._SLOTS for page in flags._pages)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sddmm_repeated_call_without_a_plan_takes_the_prepared_call(dtype, monkeypatch):
+    """A call without a plan on an S run before takes that S's prepared call (kept for its
+    K and dtype while S lives): the float64 reference's values, index arrays of its own,
+    NaN and infinity refused in the general path's words; another K, an S with new index
+    arrays, factors of another dtype and an S not known free of duplicates take the general
+    path; the entry goes with S."""
+    import gc
+
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from mgpu.backends import cupy_sddmm_plan as prep
+
+    S, A, B = _problem(dtype, 32, seed=5)
+    Sg, Ag, Bg = _gpu(S, A, B)
+    taken = []
+    real = prep.PlannedCall.__call__
+
+    def spy(self, *args):
+        out = real(self, *args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(prep.PlannedCall, "__call__", spy)
+    assert id(Sg) not in prep._REPEAT
+    first = mgpu.sddmm(Sg, Ag, Bg)  # the general path, which prepares the next
+    assert taken == [] and id(Sg) in prep._REPEAT
+    for hadamard in (True, False):
+        ref = _reference(S, A, B, hadamard)
+        for check_finite in (True, False):
+            P = mgpu.sddmm(Sg, Ag * 2, Bg, hadamard=hadamard, check_finite=check_finite)
+            assert taken[-1] is True
+            _close(P, 2 * ref, dtype)
+            assert P.indices is not Sg.indices and P.indices is not first.indices
+            np.testing.assert_array_equal(P.indices.get(), S.indices)
+            np.testing.assert_array_equal(P.indptr.get(), S.indptr)
+    _close(first, _reference(S, A, B, True), dtype)  # untouched by the calls after it
+    n = len(taken)
+    with pytest.raises(ValueError, match=r"The 'B' parameter of sddmm holds NaN or infinity "
+                                         r"\(first at row 3, column 9\)"):
+        mgpu.sddmm(Sg, Ag, _gpu(_with(B, (3, 9), np.inf))[0])
+    assert taken[n:] == [True]
+    # another K: the general path, then its own entry
+    mgpu.sddmm(Sg, Ag[:, :16].copy(), Bg[:, :16].copy())
+    assert len(taken) == n + 1
+    _close(mgpu.sddmm(Sg, Ag[:, :16].copy(), Bg[:, :16].copy()),
+           _reference(S, A[:, :16], B[:, :16], True), dtype)
+    assert taken[-1] is True
+    # factors of another dtype: converted by the general path, as before
+    other = np.float64 if dtype == np.float32 else np.float32
+    n = len(taken)
+    _close(mgpu.sddmm(Sg, Ag.astype(other), Bg.astype(other)), _reference(S, A, B, True),
+           np.float32)
+    assert taken[n:] in ([], [False])
+    # new index arrays on the same S: not the prepared S any more
+    Sg.indices = Sg.indices.copy()
+    n = len(taken)
+    _close(mgpu.sddmm(Sg, Ag, Bg), _reference(S, A, B, True), dtype)
+    assert taken[n:] == [False]
+    _close(mgpu.sddmm(Sg, Ag, Bg), _reference(S, A, B, True), dtype)
+    assert taken[-1] is True  # prepared again for the new arrays
+    # S not known free of duplicates: never prepared
+    D = csp.csr_matrix(Sg)
+    D._has_canonical_format = False
+    D._has_sorted_indices = False
+    n = len(taken)
+    for _ in range(2):
+        _close(mgpu.sddmm(D, Ag, Bg), _reference(S, A, B, True), dtype)
+    assert taken[n:] == [] and id(D) not in prep._REPEAT
+    # a dense S on the GPU: refused by the general path, as before
+    with pytest.raises((TypeError, ValueError), match=r"'S' parameter of sddmm"):
+        mgpu.sddmm(cupy.asarray(S.toarray()), Ag, Bg)
+    key = id(Sg)
+    del Sg, P, first
+    gc.collect()
+    assert key not in prep._REPEAT
+    cupy.cuda.Device().synchronize()

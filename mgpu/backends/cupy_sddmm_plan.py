@@ -31,6 +31,7 @@ order). NaN and infinity are checked by the launch's flag, read after the call's
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import cupy
@@ -40,19 +41,25 @@ import numpy as np
 from mgpu.backends.cupy import (
     _CSR_BLOCK,
     _require_product,
+    call_plan,
     csr_of,
     csr_output,
     csr_recipe,
     plan_sddmm,
     run_tiled,
+    sddmm_is_usable_for,
 )
-from mgpu.backends.dispatch import sddmm_plan_lookup
+from mgpu.backends.dispatch import (
+    sddmm_plan_lookup,
+    sddmm_remember_lookup,
+    sddmm_repeat_lookup,
+)
 from mgpu.backends.flags import Flag, device_flag
 from mgpu.backends.launch import PreparedLaunch
 from mgpu.backends.memory import small_request
 from mgpu.backends.sddmm_plan import SDDMMPlan
 
-__all__ = ["PlannedCall", "plan_gpu"]
+__all__ = ["PlannedCall", "plan_gpu", "remember_call", "repeat_call"]
 
 # the arguments of mgpu_sddmm_csr (mgpu.backends.cupy's _CSR_SIGNATURE) a call writes: S's
 # values, A, B, P's values, indices and indptr (0: the plan's shared ones), the three checked
@@ -73,21 +80,22 @@ class PlannedCall:
                  "b_shape", "scheme", "layout", "Tk", "W", "out_shape", "out_indices",
                  "out_indptr", "small", "pool", "_launches")
 
-    def __init__(self, S: csp.csr_matrix, plan: SDDMMPlan) -> None:
+    def __init__(self, S: csp.csr_matrix, dtype: Any, K: int, scheme: str = "csr",
+                 layout: Any = None, Tk: int = 0, share: bool = True) -> None:
         self.device = _get_device()
         self.kind = type(S)
         self.shape = tuple(S.shape)
         self.nnz = int(S.nnz)
         self.indptr, self.indices = S.indptr, S.indices  # held: their addresses stay S's
-        self.dtype = np.dtype(plan.dtype)
+        self.dtype = np.dtype(dtype)
         m, n = self.shape
-        self.a_shape, self.b_shape = (m, plan.K), (n, plan.K)
-        self.scheme, self.layout, self.Tk = plan.scheme, plan.layout, plan.Tk
+        self.a_shape, self.b_shape = (m, K), (n, K)
+        self.scheme, self.layout, self.Tk = scheme, layout, Tk
         w = 16 // self.dtype.itemsize
-        self.W = w if plan.K and plan.K % w == 0 else 1  # a call with unaligned factors: None
+        self.W = w if K and K % w == 0 else 1  # a call with unaligned factors: None
         self.out_shape = (self.nnz,)
         need = self.nnz * self.dtype.itemsize
-        if S.has_canonical_format:  # known since sddmm_plan checked S for duplicates
+        if share and S.has_canonical_format:  # known since sddmm_plan checked S for duplicates
             self.out_indices, self.out_indptr = S.indices.copy(), S.indptr.copy()
         else:  # unsorted: each result its own (cupyx's sort_indices sorts in place)
             self.out_indices = self.out_indptr = None
@@ -165,4 +173,63 @@ def plan_gpu(S: csp.csr_matrix, K: int, dtype: np.dtype, scheme: str | None = No
     """:func:`mgpu.sddmm_plan` on the GPU: tuned, with the tiled layout kept and its calls
     prepared (:class:`PlannedCall`)."""
     plan = plan_sddmm(S, int(K), dtype, reuse=True, force=scheme)
-    return dataclasses.replace(plan, call=PlannedCall(S, plan))
+    return dataclasses.replace(plan, call=PlannedCall(S, plan.dtype, plan.K, plan.scheme,
+                                                      plan.layout, plan.Tk))
+
+
+# Calls without a plan, repeated on one S (an ALS or gradient loop's): the prepared call of
+# each S seen before, per factors' K and dtype and device, made by such a call that ran the
+# CSR kernel (call_plan None) on an S known free of duplicates (has_canonical_format, which
+# cupyx keeps with S and the general path reads as well). Results have index arrays of their
+# own, as every call without a plan gives. An entry lives as long as its S (a weak
+# reference; at most _REPEAT_MAX of them, all dropped when full).
+_REPEAT: dict[int, tuple[Any, dict[tuple, PlannedCall]]] = {}
+_REPEAT_MAX = 64
+
+
+def _forget(ref: Any, key: int) -> None:
+    entry = _REPEAT.get(key)
+    if entry is not None and entry[0] is ref:
+        del _REPEAT[key]
+
+
+@sddmm_remember_lookup.register(csp.spmatrix)
+def remember_call(S: csp.csr_matrix, A: Any, B: Any) -> None:
+    """After a call without a plan on S with factors A and B (of S's dtype, as they were
+    used): its prepared call for the next call on this S, where the call ran the CSR kernel
+    and S holds no duplicates."""
+    if type(S) is not csp.csr_matrix or type(A) is not _ndarray or type(B) is not _ndarray \
+            or A.ndim != 2 or B.ndim != 2 or not S.nnz or not sddmm_is_usable_for(S, A, B) \
+            or not S.has_canonical_format or call_plan(S, A, B) is not None:
+        return
+    key = (int(A.shape[1]), A.dtype.char, _get_device())
+    entry = _REPEAT.get(id(S))
+    if entry is None or entry[0]() is not S:
+        if len(_REPEAT) >= _REPEAT_MAX:
+            _REPEAT.clear()
+        entry = (weakref.ref(S, lambda r, i=id(S): _forget(r, i)), {})
+        _REPEAT[id(S)] = entry
+    calls = entry[1]
+    call = calls.get(key)
+    if call is None or call.indptr is not S.indptr or call.indices is not S.indices:
+        calls[key] = PlannedCall(S, A.dtype, int(A.shape[1]), share=False)
+
+
+@sddmm_repeat_lookup.register(cupy.ndarray)
+def _no_repeat(S: Any, *args: Any) -> None:
+    """A dense S: nothing prepared (the general path refuses it)."""
+    return None
+
+
+@sddmm_repeat_lookup.register(csp.spmatrix)
+def repeat_call(S: Any, A: Any, B: Any, hadamard: bool, check_finite: bool
+                ) -> tuple[csp.csr_matrix, bool] | None:
+    """:func:`mgpu.sddmm`'s call without a plan on an S it has run before: (P, flagged) by
+    that S's prepared call, or None (the general path then runs, with every check)."""
+    entry = _REPEAT.get(id(S))
+    if entry is None or entry[0]() is not S or type(A) is not _ndarray or A.ndim != 2:
+        return None
+    call = entry[1].get((A.shape[1], A.dtype.char, _get_device()))
+    if call is None or not S.has_canonical_format:
+        return None
+    return call(S, A, B, hadamard, check_finite)

@@ -27,6 +27,8 @@ __all__ = [
     "sddmm_flagged_lookup",
     "sddmm_lookup",
     "sddmm_plan_lookup",
+    "sddmm_remember_lookup",
+    "sddmm_repeat_lookup",
     "sgd_lookup",
     "spmv_flagged_lookup",
     "spmv_lookup",
@@ -43,6 +45,11 @@ sddmm_lookup = Dispatch("sddmm")
 sddmm_flagged_lookup = Dispatch("sddmm_flagged")
 # (S CSR, K, dtype, scheme) -> the SDDMMPlan of S on its device
 sddmm_plan_lookup = Dispatch("sddmm_plan")
+# (S CSR, A, B, hadamard, check_finite) -> (P, flagged) by the prepared call of a call
+# without a plan on this very S made before (GPU), or None: the general path then runs
+sddmm_repeat_lookup = Dispatch("sddmm_repeat")
+# (S CSR, A) -> None: after such a call ran on S by the general path, prepare the next one
+sddmm_remember_lookup = Dispatch("sddmm_remember")
 namm_lookup = Dispatch("namm")  # union (merge) distances between the rows of two CSR matrices
 knn_lookup = Dispatch("knn")  # (index, queries, k, ring, p, working_memory) -> (dist, ids)
 distances_lookup = Dispatch("distances")  # (X, Y, ring, p) -> dense distance matrix

@@ -24,7 +24,9 @@ CUPY_MODULES: dict[str, tuple] = {
         d.row_norms_lookup, d.sddmm_lookup, d.sddmm_flagged_lookup, d.jaccard_lookup,
         d.nonfinite_lookup, d.all_finite_lookup, d.array_module_lookup,
     ),
-    "mgpu.backends.cupy_sddmm_plan": (d.sddmm_plan_lookup,),
+    "mgpu.backends.cupy_sddmm_plan": (
+        d.sddmm_plan_lookup, d.sddmm_repeat_lookup, d.sddmm_remember_lookup,
+    ),
     "mgpu.backends.cupy_knn": (
         d.knn_lookup, d.distances_lookup, d.knn_prepare_lookup, d.knn_input_lookup,
     ),

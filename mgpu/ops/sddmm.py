@@ -15,6 +15,8 @@ from mgpu.backends import (
     sddmm_flagged_lookup,
     sddmm_lookup,
     sddmm_plan_lookup,
+    sddmm_remember_lookup,
+    sddmm_repeat_lookup,
     to_host,
     to_host_all,
 )
@@ -235,7 +237,11 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
         take the general path, with every check). Results of such calls share one copy of
         S's index arrays (when S's indices are sorted without duplicates), held by the
         plan, as scipy's ``astype(copy=False)`` shares: write to ``P.data`` freely, but to
-        ``P.indices`` or ``P.indptr`` only in a copy (``P.copy()``).
+        ``P.indices`` or ``P.indptr`` only in a copy (``P.copy()``). Without a plan, calls
+        on the GPU after the first on that very S (cupyx CSR, known sorted without
+        duplicates; factors of its dtype and the same K) reuse what depends on S alone, as
+        a plan's do, while S lives and keeps its index arrays; their results have index
+        arrays of their own.
     check_finite : bool, default=True
         Refuse NaN or infinity in A and B (and in S's stored values with ``hadamard``), as
         scipy.linalg's ``check_finite``: every value of A and B is checked, also those of
@@ -296,16 +302,21 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
            [0., 7.]])
     """
     check_sddmm_options(hadamard, check_finite, working_memory, progress, device)
-    if isinstance(plan, SDDMMPlan) and plan.call is not None and device is None \
-            and working_memory is None and progress is None:
-        # the plan's prepared call (GPU): its own S and factors of its shapes and dtype, or
-        # None, and then the general path below checks (and converts or refuses) as ever
-        done = plan.call(S, A, B, hadamard, check_finite)
-        if done is not None:
-            P, flagged = done
-            if flagged:
-                _host_checks(S, A, B, hadamard, flagged)
-            return P
+    plain = device is None and working_memory is None and progress is None
+    # a prepared call (GPU): the plan's, or that of calls without a plan on this very S run
+    # before; None for operands it was not made for, and then the general path below checks
+    # (and converts or refuses) as ever
+    prepared = None
+    if isinstance(plan, SDDMMPlan) and plan.call is not None and plain:
+        prepared = plan.call(S, A, B, hadamard, check_finite)
+    elif plan is None and plain and is_gpu_array(S):  # only the GPU prepares calls
+        prepared = sddmm_repeat_lookup(S, A, B, hadamard, check_finite)
+    if prepared is not None:
+        P, flagged = prepared
+        if flagged:
+            _host_checks(S, A, B, hadamard, flagged)
+        return P
+    given = S
     if is_dask_array(S):
         raise TypeError(
             "mgpu.ops.sddmm runs on one device; for a dask array S use mgpu.sddmm, which "
@@ -341,8 +352,12 @@ def sddmm(S: Any, A: Any, B: Any, *, hadamard: bool = True,
     if streamed:
         return same_kind(_streamed(S, A, B, hadamard, working_memory, progress), S)
     if flagged:
-        return sddmm_checked_on_device(S, A, B, hadamard, plan)  # cupyx: no sparse arrays
-    return same_kind(sddmm_local(S, A, B, hadamard, plan), S)
+        P = sddmm_checked_on_device(S, A, B, hadamard, plan)  # cupyx: no sparse arrays
+    else:
+        P = same_kind(sddmm_local(S, A, B, hadamard, plan), S)
+    if plan is None and plain and S is given and on_gpu[0]:  # the next call: prepared
+        sddmm_remember_lookup(S, A, B)
+    return P
 
 
 def stream_budget(working_memory: Any = None) -> int:
