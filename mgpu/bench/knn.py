@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import to_host
+from mgpu.backends import array_module, to_host
 from mgpu.backends.timing import time_cpu
 
 # scikit-learn's name where it differs from mgpu's
@@ -69,6 +69,20 @@ def _peer_batches(fn, Q, bs: int) -> None:
         fn(Q[s:s + bs])
 
 
+def expanded_select(S: Any, qsq: Any, sq: Any, norms: Any, metric: str, k: int
+                    ) -> tuple[Any, Any]:
+    """The peers' last step: from the dot products S (queries × index rows), the queries'
+    and the rows' squared norms (and the rows' norms), the cosine or euclidean distances
+    and each query's k nearest, unordered, as (distances, ids) on S's device."""
+    xp = array_module(S)
+    if metric == "cosine":
+        D = 1 - S / (xp.sqrt(qsq)[:, None] * norms[None, :] + 1e-30)
+    else:
+        D = xp.sqrt(xp.maximum(qsq[:, None] + sq[None, :] - 2 * S, 0))
+    idx = xp.argpartition(D, k, axis=1)[:, :k]
+    return xp.take_along_axis(D, idx, 1), idx
+
+
 def _expanded_peers(Xg, metric: str, k: int):
     """The two cuSPARSE routes of the peer timings (cupyx), for cosine and euclidean: the
     sparse product per query batch (SpGEMM, Q·Xᵀ) or the index times a densified query block
@@ -81,12 +95,7 @@ def _expanded_peers(Xg, metric: str, k: int):
 
     def finish(S, Qb):
         qsq = cupy.asarray(Qb.multiply(Qb).sum(axis=1)).ravel()
-        if metric == "cosine":
-            D = 1 - S / (cupy.sqrt(qsq)[:, None] * norms[None, :] + 1e-30)
-        else:
-            D = cupy.sqrt(cupy.maximum(qsq[:, None] + sq[None, :] - 2 * S, 0))
-        idx = cupy.argpartition(D, k, axis=1)[:, :k]
-        return cupy.take_along_axis(D, idx, 1), idx
+        return expanded_select(S, qsq, sq, norms, metric, k)
 
     def spgemm(Qb):
         return finish((Qb @ XgT).toarray(), Qb)
@@ -222,14 +231,7 @@ def _dense_peers(Xg, metric: str, k: int):
     norms = cupy.sqrt(sq)
 
     def gemm(Qb):
-        S = Qb @ Xg.T
-        qsq = (Qb * Qb).sum(axis=1)
-        if metric == "cosine":
-            D = 1 - S / (cupy.sqrt(qsq)[:, None] * norms[None, :] + 1e-30)
-        else:
-            D = cupy.sqrt(cupy.maximum(qsq[:, None] + sq[None, :] - 2 * S, 0))
-        idx = cupy.argpartition(D, k, axis=1)[:, :k]
-        return cupy.take_along_axis(D, idx, 1), idx
+        return expanded_select(Qb @ Xg.T, (Qb * Qb).sum(axis=1), sq, norms, metric, k)
 
     return {"gemm": gemm}
 
