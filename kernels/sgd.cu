@@ -82,8 +82,13 @@ __global__ void mgpu_sgd_block(const int* __restrict__ users, const int* __restr
 //
 // The chain of one busy item's run, rating after rating, is what bounds a pass (its updates
 // cannot overlap): the dot product (KPL fused multiply-adds), the warp's sum (5 butterfly
-// shuffles, every lane gets it), the error and the item row's update. The user's row comes
-// from the ring, its store goes out without a wait.
+// shuffles, every lane gets it), the error and the item row's update, written as
+// p(1 − lr reg_p) + (lr e) q (two operations a factor; the same update as above). The user's
+// row comes from the ring, its store goes out without a wait. One warp issues that chain's
+// instructions in order, so what a rating costs is mostly how many there are: the copies
+// and stores that depend on a rating's ids are predicated, not branched around (a branch
+// the compiler cannot prove uniform costs the warp a convergence barrier and its resolution
+// each time), and the ids' ring is tested for its refill once every D ratings.
 
 namespace {
 
@@ -115,6 +120,18 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #endif
 }
 
+// cp_async16 where `on`: one predicated copy, no branch around it
+__device__ __forceinline__ void cp_async16_if(bool on, void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = smem_addr(smem);
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n"
+                 " @q cp.async.cg.shared.global [%0], [%1], 16;\n}\n"
+                 ::"r"(s), "l"(gmem), "r"((int)on) : "memory");
+#else
+    if (on) *(int4*)smem = __ldcg((const int4*)gmem);
+#endif
+}
+
 __device__ __forceinline__ void cp_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -133,7 +150,7 @@ __device__ __forceinline__ void cp_wait() {
 // factors, 16 bytes at a time where vec (else plain loads and stores)
 template <typename T, int KPL, bool FAST>
 __device__ __forceinline__ void wave_fetch(T* s, const T* M, int row, int k, int lane,
-                                           bool vec) {
+                                           bool vec, bool on = true) {
     const T* m = M + (long long)row * k;
     const int f0 = lane * KPL;
     if (WaveVec<T, KPL>::ok && (FAST || vec)) {
@@ -141,13 +158,13 @@ __device__ __forceinline__ void wave_fetch(T* s, const T* M, int row, int k, int
 #pragma unroll
         for (int x = 0; x < WaveVec<T, KPL>::N; ++x) {
             const int f = f0 + W * x;  // k is a multiple of W: a piece is whole or out
-            if (FAST || f < k) cp_async16(s + f, m + f);
+            cp_async16_if(on && (FAST || f < k), s + f, m + f);
         }
     } else {
 #pragma unroll
         for (int x = 0; x < KPL; ++x) {
             const int f = f0 + x;
-            if (f < k) s[f] = __ldcg(m + f);
+            if (on && f < k) s[f] = __ldcg(m + f);
         }
     }
 }
@@ -178,7 +195,7 @@ __device__ __forceinline__ void wave_read(const T* s, int k, int lane, T (&v)[KP
 
 template <typename T, int KPL, bool FAST>
 __device__ __forceinline__ void wave_store(T* M, int row, int k, int lane, const T (&v)[KPL],
-                                           bool vec) {
+                                           bool vec, bool on = true) {
     T* m = M + (long long)row * k;
     const int f0 = lane * KPL;
     if (WaveVec<T, KPL>::ok && (FAST || vec)) {
@@ -187,13 +204,13 @@ __device__ __forceinline__ void wave_store(T* M, int row, int k, int lane, const
 #pragma unroll
         for (int x = 0; x < WaveVec<T, KPL>::N; ++x) {
             const int f = f0 + W * x;
-            if (FAST || f < k) __stcg((P*)(m + f), *(const P*)(v + W * x));
+            if (on && (FAST || f < k)) __stcg((P*)(m + f), *(const P*)(v + W * x));
         }
     } else {
 #pragma unroll
         for (int x = 0; x < KPL; ++x) {
             const int f = f0 + x;
-            if (f < k) __stcg(m + f, v[x]);
+            if (on && f < k) __stcg(m + f, v[x]);
         }
     }
 }
@@ -285,7 +302,7 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
                                           long long end, const int* flag, int j, T* P, T* Q,
                                           int k, T lr, T reg_p, T reg_q, int lane, bool vec,
                                           T* sp, T* sq, int* su, int* si, T* sr) {
-    static_assert(D >= 2 && D <= 8, "the ring holds 2 to 8 ratings");
+    static_assert(D >= 2 && D <= 8 && 32 % D == 0, "the ring holds 2, 4 or 8 ratings");
     constexpr int S = 32 * KPL;  // a slot's elements
     const int n = (int)(end - beg);  // a cell's ratings fit 32 bits (the schedule's G >= 1)
     WaveIds<T> ids(users + beg, items + beg, ratings + beg, n, su, si, sr, lane);
@@ -311,6 +328,7 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
     }
     int u = -1, i = -1;
     T p[KPL], q[KPL];
+    const T keep_p = T(1) - lr * reg_p, keep_q = T(1) - lr * reg_q;
     for (int base = 0; base < n; base += D) {
 #pragma unroll
         for (int s = 0; s < D; ++s) {
@@ -322,16 +340,15 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
             int nu, ni;  // rating t + D's ids, read here: the read's latency hides in t's
             T nr;
             ids.get(t + D, nu, ni, nr);
-            if (us[s] != u) {
-                if (!pok[s]) {  // its user among the D − 1 before it: read after their stores,
-                    // through the ring too (a load into registers would share a scoreboard
-                    // with the ids' loads, and every rating would wait for those)
-                    wave_fetch<T, KPL, FAST>(sp + s * S, P, us[s], k, lane, vec);
-                    cp_commit();
-                    cp_wait<0>();
-                }
-                wave_read<T, KPL, FAST>(sp + s * S, k, lane, p);
+            const bool newu = us[s] != u;
+            if (newu && !pok[s]) {  // its user among the D − 1 before it: read after their
+                // stores, through the ring too (a load into registers would share a
+                // scoreboard with the ids' loads, and every rating would wait for those)
+                wave_fetch<T, KPL, FAST>(sp + s * S, P, us[s], k, lane, vec);
+                cp_commit();
+                cp_wait<0>();
             }
+            if (newu) wave_read<T, KPL, FAST>(sp + s * S, k, lane, p);
             if (is[s] != i) wave_read<T, KPL, FAST>(sq + s * S, k, lane, q);
             u = us[s];
             i = is[s];
@@ -354,23 +371,26 @@ __device__ __forceinline__ void wave_cell(const int* __restrict__ users,
             // that the refill goes between its shuffles; slot s's rows are in registers by
             // the first shuffle (the dot product has read them)
             acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, 16);
-            if (ok && !late) wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec);
-            if (qnew) wave_fetch<T, KPL, FAST>(sq + s * S, Q, ni, k, lane, vec);
+            wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec, ok && !late);
+            wave_fetch<T, KPL, FAST>(sq + s * S, Q, ni, k, lane, vec, qnew);
 #pragma unroll
             for (int off = 8; off > 0; off >>= 1)
                 acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, off);
-            const T e = rs[s] - acc;
+            const T le = lr * (rs[s] - acc);
 #pragma unroll
             for (int x = 0; x < KPL; ++x) {  // lanes past k hold zeros, which stay zeros
                 const T px = p[x], qx = q[x];
-                p[x] = px + lr * (e * qx - reg_p * px);
-                q[x] = qx + lr * (e * px - reg_q * qx);
+                p[x] = le * qx + keep_p * px;
+                q[x] = le * px + keep_q * qx;
             }
             const bool last = t + 1 >= n;
-            if (last || us[next] != u) wave_store<T, KPL, FAST>(P, u, k, lane, p, vec);
-            if (last || is[next] != i) wave_store<T, KPL, FAST>(Q, i, k, lane, q, vec);
-            if (late) wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec);
-            ids.reach(t + D + 1, lane);  // may rewrite t + D's place: read above, and used
+            wave_store<T, KPL, FAST>(P, u, k, lane, p, vec, last || us[next] != u);
+            wave_store<T, KPL, FAST>(Q, i, k, lane, q, vec, last || is[next] != i);
+            wave_fetch<T, KPL, FAST>(sp + s * S, P, nu, k, lane, vec, late);
+            // the ids' ring moves on every 32 ratings, when t + D + 1 is a multiple of 32:
+            // with D a divisor of 32, only at a group's last slot (the test stays out of
+            // the others). It may rewrite t + D's place: read above, and used
+            if (s == D - 1) ids.reach(t + D + 1, lane);
             us[s] = nu;
             is[s] = ni;
             rs[s] = nr;

@@ -246,7 +246,8 @@ def test_wave_depths_bound_the_ring_of_a_warp():
     assert WAVE_DEPTHS == (2, 4, 8)
     assert wave_depths("float", 4) == (2, 4, 8) and wave_depths("double", 4) == (2, 4)
     assert wave_depths("float", 8) == (2, 4) and wave_depths("double", 8) == (2,)
-    assert wave_kernel("float", 4) == "mgpu_sgd_wave<float, 4, 4>"  # k = 128: 4 in flight
+    assert wave_kernel("float", 4) == "mgpu_sgd_wave<float, 4, 8>"  # k = 128: 8 in flight
+    assert wave_kernel("float", 8) == "mgpu_sgd_wave<float, 8, 4>"  # k = 256: 8 not there
     assert wave_kernel("double", 4) == "mgpu_sgd_wave<double, 4, 4>"
     assert wave_kernel("double", 8) == "mgpu_sgd_wave<double, 8, 2>"  # 4 not instantiated
     assert wave_kernel("double", 2, 2) in INSTANCES["sgd.cu"]

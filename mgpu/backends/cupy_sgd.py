@@ -146,8 +146,8 @@ def sgd_wave_gpu(users: cupy.ndarray, items: cupy.ndarray, ratings: cupy.ndarray
     """One pass of the wavefront scheme (``mgpu_sgd_wave``): the ratings in ``schedule``'s
     order (:func:`mgpu.mf.schedule.build_schedule`), the pass's diagonals drawn from its
     seed and ``schedule.passes``, which this advances; ``depth`` ratings in flight per warp
-    (:func:`wave_kernel`; default 4). The result does not depend on ``max_warps`` or
-    ``depth``."""
+    (:func:`wave_kernel`; default 8 where the rows allow it). The result does not depend on
+    ``max_warps`` or ``depth``."""
     groups = int(schedule.groups)
     if schedule.offsets.shape != (groups * groups + 1,) \
             or int(ratings.shape[0]) != int(schedule.size):

@@ -53,7 +53,7 @@ def _depths(text: str) -> tuple[int | None, ...]:
               "data's shape gives, as a fit chooses it).")
 @click.option("--depths", default="auto", show_default=True,
               help="Comma-separated ratings in flight per warp of the wavefront kernel, of "
-              f"{', '.join(map(str, WAVE_DEPTHS))} ('auto': the kernel's default, 4, or the "
+              f"{', '.join(map(str, WAVE_DEPTHS))} ('auto': the kernel's default, 8, or the "
               "deepest a k has below it; a depth a k lacks is skipped).")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
               show_default=True)

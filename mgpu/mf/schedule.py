@@ -55,10 +55,11 @@ AUTO_GROUPS = 2048
 heaviest column group's ratings one after another (their updates may not overlap), and each
 step adds a fixed cost to that chain; with busy ids alone in their groups, the busiest one
 bounds G further (:func:`wave_groups`). Every warp of a pass must be resident at once: the
-kernel at k <= 128 in float32 with 4 ratings in flight takes about 80 registers a thread and
-10 KB of shared memory a block of two warps, so an SM holds 24 of its warps (3,168 on a
-132-SM H100), and 2048 fits any GPU of 86 or more SMs; more groups than resident warps give
-some warps two row groups a step, which cost little there (G = 4096 on 2,112 warps). The
+kernel at k <= 128 in float32 with 8 ratings in flight (the default) takes about 118
+registers a thread and 18 KB of shared memory a block of two warps, so an SM holds 16 of its
+warps (2,112 on a 132-SM H100), and 2048 fits any GPU of 128 or more SMs; more groups than
+resident warps give some warps two row groups a step, which cost little (G = 4096 on 2,112
+warps). The
 shape alone chooses G (not the device), so that a CPU and a GPU run one schedule."""
 
 MAX_GROUPS = 4096
