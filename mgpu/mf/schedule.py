@@ -111,9 +111,9 @@ def wave_groups(n_ratings: int, users_rated: int, items_rated: int,
     that id's group is its chain whatever G (it has one of its own, see build_schedule), and
     with n / G at most half of it no other group is longer (the others' ids each have fewer
     than n / G ratings, so a group holds under 2n / G), so more groups would only add steps
-    to the chain (`mgpu bench sgd --groups`, Netflix's shape, H100: 1.44 G updates/s at
-    G = 768, 1.43 at 1024, 1.34 at 2048; 1.19 at 512, where a group of lesser items
-    outgrew the busiest item).
+    to the chain (`mgpu bench sgd --groups`, Netflix's shape, H100: 1.78 G updates/s at the
+    shape's G = 789, 1.61 at 2048; with the kernel before, 1.44 at 768, 1.43 at 1024 and
+    1.19 at 512, where a group of lesser items outgrew the busiest item).
 
     >>> wave_groups(100_000_000, 480_189, 17_770), wave_groups(22_000, 335, 4_500)
     (2048, 37)
