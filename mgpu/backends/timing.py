@@ -38,6 +38,31 @@ def time_gpu(fn: Callable[[], Any], *, repeats: int = 10, warmup: int = 2) -> fl
     return statistics.median(times)
 
 
+def time_gpu_rounds(fns: dict[str, Callable[[], Any]], *, repeats: int = 10,
+                    warmup: int = 2) -> dict[str, float]:
+    """Median time of each of ``fns`` on the current CUDA stream in seconds (CUDA events),
+    timed in rounds: a round times every function once, in turn. Calls of tens of
+    microseconds are at the mercy of the machine's state (the device's clocks, the host's
+    load), which can stay off for a whole series; in rounds such a stretch falls on every
+    function alike, so their ratios hold where separate series would not."""
+    import cupy
+
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    cupy.cuda.Device().synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times[name].append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def warm_device(seconds: float = 0.25) -> None:
     """Keep the current GPU busy for ``seconds``, so that the calls timed next run at its
     working clocks: an idle GPU (as after seconds of kernel compilation and tuning) sits at

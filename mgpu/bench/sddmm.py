@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends.timing import time_cpu, time_gpu, warm_device
+from mgpu.backends.timing import time_cpu, time_gpu, time_gpu_rounds, warm_device
 from mgpu.bench.partition import PARTITION_SETS
 
 logger = logging.getLogger(__name__)
@@ -108,9 +108,8 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
         A, B = _factors(S, K, K)
         Ag, Bg = cupy.asarray(A), cupy.asarray(B)
         # Both paths compiled and tuned before either is timed (the first call of a shape
-        # class tunes for seconds), the device's clocks up again after that.
-        # The errors are checked on the host first: every timed series below starts from the
-        # device's working clocks (warm_device), none after seconds of host work.
+        # class tunes for seconds), and the errors checked on the host before any timing:
+        # every timed series below starts from the device's working clocks (warm_device).
         P = mgpu.sddmm(Sg, Ag, Bg, hadamard=False)
         plan = mgpu.sddmm_plan(Sg, K)
         Pp = mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan)
@@ -124,14 +123,20 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
             Btt = torch.from_dlpack(Bg).t().contiguous()
             ref = torch_sddmm(At, Btt).values()
             row["cusparse_max_rel_err"] = _sample_error(S, A, B, cupy.from_dlpack(ref).get(), K)
-        row["mgpu_s"] = _timed(lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False), repeats)
+        # mgpu's calls, with and without a plan, and cuSPARSE's, timed in rounds (one call
+        # of each a round): the machine's state on a stretch of rounds falls on all alike
+        rounds = {"mgpu": lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False),
+                  "mgpu_plan": lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan)}
+        if torch_sddmm is not None:
+            rounds["cusparse"] = lambda: torch_sddmm(At, Btt)
+        warm_device()
+        row.update({f"{name}_s": t for name, t in
+                    time_gpu_rounds(rounds, repeats=repeats).items()})
         per_call = call_plan(Sg, Ag, Bg)  # what the timed calls without a plan ran
         row["call_scheme"] = "csr" if per_call is None else _scheme(per_call)
         row["plan"] = plan.describe()
         row["scheme"] = _scheme(plan)
         row["tuning_ms"] = dict(plan.timings_ms)
-        row["mgpu_plan_s"] = _timed(lambda: mgpu.sddmm(Sg, Ag, Bg, hadamard=False, plan=plan),
-                                    repeats)
         # The gather bound: every nonzero reads one row of B (K·4 bytes), mostly from L2; the
         # probe kernel does that gather alone, on the same pattern, and nothing else.
         g_out = cupy.empty(S.nnz, dtype=cupy.float32)
@@ -146,8 +151,6 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
                 gd[s0:s0 + chunk] = (Ag[r] * Bg[c]).sum(1)
 
         row["cupy_gather_dot_s"] = _timed(gather_dot, max(3, repeats // 2))
-        if torch_sddmm is not None:
-            row["cusparse_s"] = _timed(lambda: torch_sddmm(At, Btt), repeats)
         for name in ("mgpu", "mgpu_plan", "gather", "cupy_gather_dot", "cusparse"):
             if f"{name}_s" in row:
                 row[f"{name}_gflops"] = flop / row[f"{name}_s"] / 1e9
