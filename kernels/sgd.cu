@@ -111,16 +111,8 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return s;
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = smem_addr(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-#else
-    *(int4*)smem = __ldcg((const int4*)gmem);
-#endif
-}
-
-// cp_async16 where `on`: one predicated copy, no branch around it
+// a 16-byte copy into shared memory (L2 only, as __ldcg) where `on`: one predicated copy, no
+// branch around it
 __device__ __forceinline__ void cp_async16_if(bool on, void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned s = smem_addr(smem);
