@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends.timing import time_cpu, time_gpu, warm_device
+from mgpu.backends.timing import time_cpu, time_gpu, time_gpu_rounds, warm_device
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
     matrices : sequence of (name, sparse matrix)
         Any scipy format; each is used as float32 CSR.
     repeats : int, default=10
-        Timed calls per method (after warm-up calls); the median is reported.
+        Timed calls per method (after warm-up calls); the median is reported. On the GPU
+        the methods are timed in rounds, one call of each a round.
     device : {'auto', 'gpu', 'cpu'}, default='auto'
         'auto' runs on the GPU when one is visible, else on the CPU.
     seed : int, default=0
@@ -131,12 +132,16 @@ def bench_spmv(matrices: Sequence[tuple[str, sp.spmatrix]], repeats: int = 10, *
             same = mgpu.spmv(Ag, xg, check_finite=False).get()
             planned = mgpu.spmv(Ag, xg, plan=plan).get()
             warm_device()  # working clocks, not an idle GPU's, for every matrix
-            t_mgpu = time_gpu(lambda: mgpu.spmv(Ag, xg), repeats=repeats)
-            t_unchecked = time_gpu(lambda: mgpu.spmv(Ag, xg, check_finite=False),
-                                   repeats=repeats)
-            t_planned = time_gpu(lambda: mgpu.spmv(Ag, xg, plan=plan), repeats=repeats)
-            t_kernels = time_gpu(lambda: gpu_kernels(Ag, xg), repeats=repeats)
-            t_peer = time_gpu(lambda: Ag @ xg, repeats=repeats)
+            # timed in rounds (one call of each a round): a stretch of the machine's state
+            # (clocks, host load) falls on all of them alike, the peer included
+            t = time_gpu_rounds({
+                "mgpu": lambda: mgpu.spmv(Ag, xg),
+                "unchecked": lambda: mgpu.spmv(Ag, xg, check_finite=False),
+                "planned": lambda: mgpu.spmv(Ag, xg, plan=plan),
+                "kernels": lambda: gpu_kernels(Ag, xg),
+                "peer": lambda: Ag @ xg}, repeats=repeats)
+            t_mgpu, t_unchecked, t_planned, t_kernels, t_peer = (
+                t[k] for k in ("mgpu", "unchecked", "planned", "kernels", "peer"))
             row.update(device="gpu", peer="cuSPARSE (cupyx A @ x)",
                        graph_ms=_graph_ms(lambda: mgpu.spmv(Ag, xg, check_finite=False),
                                           repeats),
