@@ -52,10 +52,21 @@ def cluster3():
 
 @pytest.fixture
 def client3(cluster3):
-    """cluster3 with at least two workers up, so that a kill leaves one to carry on (the one
-    killed by the last test is restarted by its nanny, usually within seconds)."""
-    cluster3.wait_for_workers(2, timeout=WAIT)
-    return cluster3
+    """cluster3 at full strength and settled: its three worker processes up, the same ones
+    for a second (the one killed by the last test is restarted by its nanny, usually within
+    seconds; a test that began during that restart could lose a second worker to it, which
+    no checkpoint survives, or find its victim's process gone before the kill)."""
+    deadline = time.monotonic() + WAIT
+    seen = None
+    while True:
+        cluster3.wait_for_workers(3, timeout=max(1.0, deadline - time.monotonic()))
+        now = cluster3.run(os.getpid)
+        if len(now) == 3 and now == seen:
+            return cluster3
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the cluster's workers did not settle within {WAIT} s: {now}")
+        seen = now
+        time.sleep(1.0)
 
 
 def _kill_holder(client, x) -> str:
