@@ -13,6 +13,46 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def sddmm_problem(dtype, K: int, *, m: int, n: int, density: float, seed: int,
+                  sort: bool = False):
+    """S (scipy CSR, values >= 0.5, empty rows 10..19 and empty columns 50..59) and its
+    factors A (m × K) and B (n × K), all on the host; ``sort``: S's indices sorted."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    S = sp.random(m, n, density=density, format="csr", random_state=rng, dtype=np.float64)
+    keep_r, keep_c = np.ones(m), np.ones(n)
+    keep_r[10:20], keep_c[50:60] = 0, 0
+    S = (sp.diags(keep_r) @ S @ sp.diags(keep_c)).tocsr()
+    S.eliminate_zeros()
+    if sort:
+        S.sort_indices()
+    S.data += 0.5
+    S = S.astype(dtype)
+    A = rng.standard_normal((m, K)).astype(dtype)
+    B = rng.standard_normal((n, K)).astype(dtype)
+    return S, A, B
+
+
+def sddmm_reference(S, A, B, hadamard: bool):
+    """S's sampled A Bᵀ in float64 (times S's values with ``hadamard``), in S's order."""
+    import numpy as np
+
+    rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
+    v = np.einsum("ik,ik->i", A[rows].astype(np.float64), B[S.indices].astype(np.float64))
+    return v * S.data.astype(np.float64) if hadamard else v
+
+
+def to_gpu(*xs):
+    """Each of ``xs`` on the device: a scipy matrix as a cupyx CSR matrix, else a CuPy array."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    return tuple(csp.csr_matrix(x) if sp.issparse(x) else cupy.asarray(x) for x in xs)
+
+
 def _cuda_device_count() -> int:
     # Ask the driver through CuPy only when a driver library is present at all, so that a
     # CPU-only machine never pays for (or trips over) a CuPy import.

@@ -13,6 +13,8 @@ import pytest
 import scipy.sparse as sp
 
 import mgpu
+from conftest import sddmm_problem, to_gpu as _gpu
+from conftest import sddmm_reference as _sddmm_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -27,32 +29,9 @@ def tile_search(request, monkeypatch):
     return request.param
 
 
-def _sddmm_reference(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, hadamard: bool):
-    rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
-    v = np.einsum("ik,ik->i", A[rows].astype(np.float64), B[S.indices].astype(np.float64))
-    return v * S.data if hadamard else v
-
-
 def _problem(dtype, seed=0, m=400, n=300, K=24):
     """S with empty rows 10..19 and empty columns 50..59, factors, all on the host."""
-    rng = np.random.default_rng(seed)
-    S = sp.random(m, n, density=0.03, format="csr", random_state=rng, dtype=np.float64)
-    keep_r, keep_c = np.ones(m), np.ones(n)
-    keep_r[10:20], keep_c[50:60] = 0, 0
-    S = (sp.diags(keep_r) @ S @ sp.diags(keep_c)).tocsr()
-    S.eliminate_zeros()
-    S.data += 0.5
-    S = S.astype(dtype)
-    A = rng.standard_normal((m, K)).astype(dtype)
-    B = rng.standard_normal((n, K)).astype(dtype)
-    return S, A, B
-
-
-def _gpu(*xs):
-    import cupy
-    import cupyx.scipy.sparse as csp
-
-    return tuple(csp.csr_matrix(x) if sp.issparse(x) else cupy.asarray(x) for x in xs)
+    return sddmm_problem(dtype, K, m=m, n=n, density=0.03, seed=seed)
 
 
 def _tol(dtype) -> float:

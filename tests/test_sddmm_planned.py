@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 import mgpu
+from conftest import sddmm_problem, to_gpu as _gpu
+from conftest import sddmm_reference as _reference
 
 pytestmark = pytest.mark.gpu
-
-
-def _reference(S: sp.csr_matrix, A: np.ndarray, B: np.ndarray, hadamard: bool) -> np.ndarray:
-    rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
-    v = np.einsum("ik,ik->i", A[rows].astype(np.float64), B[S.indices].astype(np.float64))
-    return v * S.data.astype(np.float64) if hadamard else v
 
 
 def _close(P, ref: np.ndarray, dtype) -> None:
@@ -32,25 +27,7 @@ def _close(P, ref: np.ndarray, dtype) -> None:
 
 def _problem(dtype, K, m=3000, n=2000, density=0.01, seed=0):
     """S (sorted, no duplicates, empty rows 10..19 and columns 50..59) and its factors."""
-    rng = np.random.default_rng(seed)
-    S = sp.random(m, n, density=density, format="csr", random_state=rng, dtype=np.float64)
-    keep_r, keep_c = np.ones(m), np.ones(n)
-    keep_r[10:20], keep_c[50:60] = 0, 0
-    S = (sp.diags(keep_r) @ S @ sp.diags(keep_c)).tocsr()
-    S.eliminate_zeros()
-    S.sort_indices()
-    S.data += 0.5
-    S = S.astype(dtype)
-    A = rng.standard_normal((m, K)).astype(dtype)
-    B = rng.standard_normal((n, K)).astype(dtype)
-    return S, A, B
-
-
-def _gpu(*xs):
-    import cupy
-    import cupyx.scipy.sparse as csp
-
-    return tuple(csp.csr_matrix(x) if sp.issparse(x) else cupy.asarray(x) for x in xs)
+    return sddmm_problem(dtype, K, m=m, n=n, density=density, seed=seed, sort=True)
 
 
 def _with(X, at, value):
