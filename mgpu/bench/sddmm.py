@@ -102,7 +102,6 @@ def bench_gpu(S: sp.csr_matrix, Ks: tuple[int, ...], repeats: int = 10) -> list[
         torch_sddmm = None
     from mgpu.backends.cupy import call_plan, gather_rows
 
-    warm_device()
     out = []
     for K in Ks:
         A, B = _factors(S, K, K)
