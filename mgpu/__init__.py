@@ -26,7 +26,8 @@ from mgpu.distributed.sddmm import sddmm  # noqa: E402
 from mgpu.distributed.spmd import spmd  # noqa: E402
 from mgpu.distributed.spmv import spmm, spmv  # noqa: E402
 from mgpu.mf import MatrixFactorization  # noqa: E402
-from mgpu.ops import pairwise_distances, row_norms, sddmm_plan, spmv_plan  # noqa: E402
+from mgpu.ops import (pairwise_distances, row_norms, sddmm_plan, spadd, spgemm,  # noqa: E402
+                      spmv_plan)
 
 __all__ = [
     "DeviceMemoryError",
@@ -41,6 +42,8 @@ __all__ = [
     "row_norms",
     "sddmm",
     "sddmm_plan",
+    "spadd",
+    "spgemm",
     "spmd",
     "spmm",
     "spmv",
