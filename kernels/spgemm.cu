@@ -43,9 +43,81 @@ __device__ __forceinline__ long long spgemm_owner(const long long* __restrict__ 
 
 __host__ __device__ constexpr int log2_of(int n) { return n > 1 ? 1 + log2_of(n >> 1) : 0; }
 
+// The products p .. p1 - 1 (p1 - p <= RUN) of the nonzeros from j on (cum[j] <= p): their
+// columns (-1 past p1) and, with VALUES, their values. Every load of the run is issued before
+// any hash insert, so that a thread waits for memory once a run, not once a product; the B row
+// start is looked up again only where the run crosses into the next nonzero.
+template <typename T, int RUN, bool VALUES>
+__device__ __forceinline__ void spgemm_fetch(const long long* __restrict__ cum,
+                                             const int* __restrict__ a_idx,
+                                             const T* __restrict__ a_val,
+                                             const int* __restrict__ b_ptr,
+                                             const int* __restrict__ b_idx,
+                                             const T* __restrict__ b_val, long long j,
+                                             long long p, long long p1, int (&cols)[RUN],
+                                             T (&prods)[RUN]) {
+    long long next = cum[j + 1];
+    long long shift = b_ptr[a_idx[j]] - cum[j];  // B position of product q: q + shift
+    T a = VALUES ? a_val[j] : T(0);
+#pragma unroll
+    for (int s = 0; s < RUN; ++s) {
+        const long long q = p + s;
+        cols[s] = -1;
+        if (q < p1) {
+            while (next <= q) {
+                ++j;
+                next = cum[j + 1];
+                shift = b_ptr[a_idx[j]] - cum[j];
+                if (VALUES) a = a_val[j];
+            }
+            cols[s] = b_idx[q + shift];
+            if (VALUES) prods[s] = a * b_val[q + shift];
+        }
+    }
+}
+
 template <int GROUP>
 __device__ __forceinline__ void group_sync() {
     if (GROUP == 32) __syncwarp(); else __syncthreads();
+}
+
+// before[w] = the set bits of bitmap[0 .. w - 1], for `words` words, by a block of BLOCK
+// threads (a multiple of 32): each thread counts a contiguous stretch, the stretches' counts
+// are scanned across the block (shuffles in a warp, then the warps' totals), and each
+// thread writes its stretch's prefixes. Ends with the block in step.
+template <int BLOCK>
+__device__ void block_scan_popc(const unsigned* __restrict__ bitmap, int* __restrict__ before,
+                                int words, int* __restrict__ warp_sums) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int per = (words + BLOCK - 1) / BLOCK;
+    const int w0 = t * per < words ? t * per : words;
+    const int w1 = w0 + per < words ? w0 + per : words;
+    int own = 0;
+    for (int w = w0; w < w1; ++w) own += __popc(bitmap[w]);
+    int incl = own;  // inclusive scan in the warp
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int v = __shfl_up_sync(MGPU_FULL_MASK, incl, off);
+        if (lane >= off) incl += v;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int s = lane < BLOCK / 32 ? warp_sums[lane] : 0;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int v = __shfl_up_sync(MGPU_FULL_MASK, s, off);
+            if (lane >= off) s += v;
+        }
+        if (lane < BLOCK / 32) warp_sums[lane] = s;  // inclusive over the warps
+    }
+    __syncthreads();
+    int run = incl - own + (warp > 0 ? warp_sums[warp - 1] : 0);
+    for (int w = w0; w < w1; ++w) {
+        before[w] = run;
+        run += __popc(bitmap[w]);
+    }
+    __syncthreads();
 }
 
 }  // namespace mgpu
@@ -150,7 +222,7 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
                    const long long* __restrict__ cum, const int* __restrict__ rows, int nrows,
                    int* __restrict__ row_nnz, const long long* __restrict__ c_off,
                    long long c_base, int* __restrict__ c_idx, T* __restrict__ c_val,
-                   unsigned long long* __restrict__ zeros) {
+                   unsigned long long* __restrict__ zeros, int words) {
     constexpr int GROUPS = (GROUP > 256 ? GROUP : 256) / GROUP;  // blocks: 256 threads or a group
     constexpr int BITS = mgpu::log2_of(TABLE);
     static_assert(TABLE == 1 << BITS && TABLE >= 2 * GROUP,
@@ -167,12 +239,21 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
     int* key = DYNAMIC ? reinterpret_cast<int*>(dynamic_smem + (NUMERIC ? TABLE * sizeof(T) : 0))
                        : static_keys + g * TABLE;
     T* val = DYNAMIC ? reinterpret_cast<T*>(dynamic_smem) : static_vals + (NUMERIC ? g * TABLE : 0);
+    // numeric, dynamic, words > 0: a bitmap of C's columns (words of 32) after the keys, and
+    // each word's count of set bits before it, which place every column of the row in order
+    // without a sort
+    const bool ranked = DYNAMIC && NUMERIC && words > 0;
+    unsigned* bitmap = reinterpret_cast<unsigned*>(key + TABLE);
+    int* before = reinterpret_cast<int*>(bitmap + words);
+    __shared__ int warp_sums[32];
     for (int r = blockIdx.x * GROUPS + g; r < nrows; r += gridDim.x * GROUPS) {
         const int row = rows[r];
         for (int t = lane; t < TABLE; t += GROUP) {
             key[t] = MGPU_SPGEMM_EMPTY;
             if (NUMERIC) val[t] = T(0);
         }
+        if (ranked)
+            for (int w = lane; w < words; w += GROUP) bitmap[w] = 0u;
         if (lane == 0) counts[g] = 0;
         mgpu::group_sync<GROUP>();
         const long long a0 = a_ptr[row], a1 = a_ptr[row + 1];
@@ -180,19 +261,22 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
         // each lane takes RUN consecutive products at a time: one search, then a walk
         int fresh = 0;
         for (long long q0 = static_cast<long long>(lane) * RUN; q0 < f; q0 += GROUP * RUN) {
-            const long long p1 = p0 + (q0 + RUN < f ? q0 + RUN : f);
-            long long p = p0 + q0;
-            long long j = mgpu::spgemm_owner(cum, a0, a1 - 1, p);
-            for (; p < p1; ++p) {
-                while (cum[j + 1] <= p) ++j;
-                const long long bp = b_ptr[a_idx[j]] + (p - cum[j]);
-                const int col = b_idx[bp];
+            const long long p = p0 + q0;
+            int cols[RUN];
+            T prods[RUN];
+            mgpu::spgemm_fetch<T, RUN, NUMERIC>(cum, a_idx, a_val, b_ptr, b_idx, b_val,
+                                                mgpu::spgemm_owner(cum, a0, a1 - 1, p), p,
+                                                p0 + (q0 + RUN < f ? q0 + RUN : f), cols, prods);
+#pragma unroll
+            for (int s = 0; s < RUN; ++s) {
+                const int col = cols[s];
+                if (col < 0) break;
                 unsigned h = mgpu::spgemm_hash(col, BITS);
                 while (true) {
                     const int prev = atomicCAS(key + h, MGPU_SPGEMM_EMPTY, col);
                     if (prev == MGPU_SPGEMM_EMPTY || prev == col) {
                         fresh += prev == MGPU_SPGEMM_EMPTY;
-                        if (NUMERIC) atomicAdd(val + h, a_val[j] * b_val[bp]);
+                        if (NUMERIC) atomicAdd(val + h, prods[s]);
                         break;
                     }
                     h = (h + 1) & (TABLE - 1);
@@ -203,6 +287,26 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
             if (fresh) atomicAdd(counts + g, fresh);
             mgpu::group_sync<GROUP>();
             if (lane == 0) row_nnz[row] = counts[g];
+        } else if (ranked) {
+            mgpu::group_sync<GROUP>();  // every product is in
+            for (int t = lane; t < TABLE; t += GROUP) {
+                const int k = key[t];
+                if (k != MGPU_SPGEMM_EMPTY) atomicOr(bitmap + (k >> 5), 1u << (k & 31));
+            }
+            mgpu::group_sync<GROUP>();
+            mgpu::block_scan_popc<GROUP>(bitmap, before, words, warp_sums);
+            const long long out = c_off[row] - c_base;
+            int zero = 0;
+            for (int t = lane; t < TABLE; t += GROUP) {
+                const int k = key[t];
+                if (k == MGPU_SPGEMM_EMPTY) continue;
+                const long long at = out + before[k >> 5] +
+                                     __popc(bitmap[k >> 5] & ((1u << (k & 31)) - 1u));
+                c_idx[at] = k;
+                c_val[at] = val[t];
+                zero += val[t] == T(0);
+            }
+            if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
         } else {
             // Gather the n occupied slots at the front of the table (in any order), fill up to
             // the next power of two with empty keys and sort only those: a row of 5 columns
@@ -283,46 +387,48 @@ mgpu_spgemm_global(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
                    int* __restrict__ keys, T* __restrict__ vals, int* __restrict__ row_nnz) {
     const long long total = rcum[nrows];
     const long long step = static_cast<long long>(gridDim.x) * blockDim.x * RUN;
-    // each thread takes RUN consecutive products at a time: the searches for the first, then
-    // a walk (into the next listed row where the run crosses one)
+    // each thread takes RUN consecutive products of the list at a time, in one piece per
+    // listed row the run falls in
     for (long long q0 = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
          q0 < total; q0 += step) {
-        const long long q1 = q0 + RUN < total ? q0 + RUN : total;
-        int r = static_cast<int>(mgpu::spgemm_owner(rcum, 0, nrows - 1, q0));
-        int row = rows[r];
-        long long shift = cum[a_ptr[row]] - rcum[r];  // product q of the list is p = q + shift
-        long long j = mgpu::spgemm_owner(cum, a_ptr[row], a_ptr[row + 1] - 1, q0 + shift);
-        long long base = toff[r];
-        unsigned long long size = static_cast<unsigned long long>(toff[r + 1] - base);
-        int fresh = 0;
-        for (long long q = q0; q < q1; ++q) {
-            if (q >= rcum[r + 1]) {  // the next listed row (one with products: rcum grows)
-                if (!NUMERIC && fresh) atomicAdd(row_nnz + row, fresh);
-                fresh = 0;
-                while (q >= rcum[r + 1]) ++r;
-                row = rows[r];
-                j = a_ptr[row];
-                shift = cum[j] - rcum[r];
-                base = toff[r];
-                size = static_cast<unsigned long long>(toff[r + 1] - base);
-            }
-            const long long p = q + shift;
-            while (cum[j + 1] <= p) ++j;
-            const long long bp = b_ptr[a_idx[j]] + (p - cum[j]);
-            const int col = b_idx[bp];
+        const long long qend = q0 + RUN < total ? q0 + RUN : total;
+        long long q = q0;
+        int r = static_cast<int>(mgpu::spgemm_owner(rcum, 0, nrows - 1, q));
+        while (q < qend) {
+            const int row = rows[r];
+            const long long a0 = a_ptr[row];
+            const long long shift = cum[a0] - rcum[r];  // product q of the list: q + shift
+            const long long stop = qend < rcum[r + 1] ? qend : rcum[r + 1];
+            int cols[RUN];
+            T prods[RUN];
+            mgpu::spgemm_fetch<T, RUN, NUMERIC>(
+                cum, a_idx, a_val, b_ptr, b_idx, b_val,
+                mgpu::spgemm_owner(cum, a0, a_ptr[row + 1] - 1, q + shift), q + shift,
+                stop + shift, cols, prods);
+            const long long base = toff[r];
+            const unsigned long long size = static_cast<unsigned long long>(toff[r + 1] - base);
             const int bits = 63 - __clzll(static_cast<long long>(size));
-            unsigned long long h = bits > 0 ? mgpu::spgemm_hash(col, bits > 31 ? 31 : bits) : 0;
-            while (true) {
-                const int prev = atomicCAS(keys + base + h, MGPU_SPGEMM_EMPTY, col);
-                if (prev == MGPU_SPGEMM_EMPTY || prev == col) {
-                    if (NUMERIC) atomicAdd(vals + base + h, a_val[j] * b_val[bp]);
-                    else fresh += prev == MGPU_SPGEMM_EMPTY;
-                    break;
+            int fresh = 0;
+#pragma unroll
+            for (int s = 0; s < RUN; ++s) {
+                const int col = cols[s];
+                if (col < 0) break;
+                unsigned long long h = bits > 0 ? mgpu::spgemm_hash(col, bits > 31 ? 31 : bits)
+                                                : 0;
+                while (true) {
+                    const int prev = atomicCAS(keys + base + h, MGPU_SPGEMM_EMPTY, col);
+                    if (prev == MGPU_SPGEMM_EMPTY || prev == col) {
+                        if (NUMERIC) atomicAdd(vals + base + h, prods[s]);
+                        else fresh += prev == MGPU_SPGEMM_EMPTY;
+                        break;
+                    }
+                    h = (h + 1) & (size - 1);
                 }
-                h = (h + 1) & (size - 1);
             }
+            if (!NUMERIC && fresh) atomicAdd(row_nnz + row, fresh);
+            q = stop;
+            while (q < qend && q >= rcum[r + 1]) ++r;
         }
-        if (!NUMERIC && fresh) atomicAdd(row_nnz + row, fresh);
     }
 }
 
@@ -339,15 +445,67 @@ mgpu_spgemm_global_gather(const int* __restrict__ rows, int nrows,
                           unsigned long long* __restrict__ zeros) {
     const long long total = toff[nrows];
     const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
-    for (long long s = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-         s < total; s += step) {
-        const int k = keys[s];
-        if (k == MGPU_SPGEMM_EMPTY) continue;
-        const int r = static_cast<int>(mgpu::spgemm_owner(toff, 0, nrows - 1, s));
-        const long long out = c_off[rows[r]] - c_base + atomicAdd(fill + r, 1);
-        c_idx[out] = k;
-        c_val[out] = vals[s];
-        if (vals[s] == T(0)) atomicAdd(zeros, 1ull);
+    const int lane = threadIdx.x & 31;
+    // warp-uniform loop: the lanes of a warp that fill one row take their places with one
+    // atomic, not one each
+    for (long long s0 = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x - lane;
+         s0 < total; s0 += step) {
+        const long long s = s0 + lane;
+        const int k = s < total ? keys[s] : MGPU_SPGEMM_EMPTY;
+        const bool occupied = k != MGPU_SPGEMM_EMPTY;
+        const int r = occupied ? static_cast<int>(mgpu::spgemm_owner(toff, 0, nrows - 1, s)) : -1;
+        const unsigned same = __match_any_sync(MGPU_FULL_MASK, r);
+        const int leader = __ffs(same) - 1;
+        int at = 0;
+        if (occupied && lane == leader) at = atomicAdd(fill + r, __popc(same));
+        at = __shfl_sync(MGPU_FULL_MASK, at, leader);
+        if (occupied) {
+            const long long out = c_off[rows[r]] - c_base + at + __popc(same & ((1u << lane) - 1));
+            c_idx[out] = k;
+            c_val[out] = vals[s];
+            if (vals[s] == T(0)) atomicAdd(zeros, 1ull);
+        }
+    }
+}
+
+// The numeric tables of mgpu_spgemm_global to C in column order, a block a listed row: a
+// bitmap of the row's columns (`words` words of 32, in dynamic shared memory, with each word's
+// count of set bits before it) places every column without a sort. Counts exact zeros into
+// `zeros`.
+template <typename T>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_global_rank(const int* __restrict__ rows, int nrows,
+                        const long long* __restrict__ toff, const int* __restrict__ keys,
+                        const T* __restrict__ vals, const long long* __restrict__ c_off,
+                        long long c_base, int* __restrict__ c_idx, T* __restrict__ c_val,
+                        unsigned long long* __restrict__ zeros, int words) {
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    unsigned* bitmap = reinterpret_cast<unsigned*>(dynamic_smem);
+    int* before = reinterpret_cast<int*>(bitmap + words);
+    __shared__ int warp_sums[32];
+    for (int r = blockIdx.x; r < nrows; r += gridDim.x) {
+        for (int w = threadIdx.x; w < words; w += blockDim.x) bitmap[w] = 0u;
+        __syncthreads();
+        const long long base = toff[r], size = toff[r + 1] - base;
+        for (long long s = threadIdx.x; s < size; s += blockDim.x) {
+            const int k = keys[base + s];
+            if (k != MGPU_SPGEMM_EMPTY) atomicOr(bitmap + (k >> 5), 1u << (k & 31));
+        }
+        __syncthreads();
+        mgpu::block_scan_popc<256>(bitmap, before, words, warp_sums);
+        const long long out = c_off[rows[r]] - c_base;
+        int zero = 0;
+        for (long long s = threadIdx.x; s < size; s += blockDim.x) {
+            const int k = keys[base + s];
+            if (k == MGPU_SPGEMM_EMPTY) continue;
+            const long long at = out + before[k >> 5] +
+                                 __popc(bitmap[k >> 5] & ((1u << (k & 31)) - 1u));
+            c_idx[at] = k;
+            c_val[at] = vals[base + s];
+            zero += vals[base + s] == T(0);
+        }
+        if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+        __syncthreads();
     }
 }
 

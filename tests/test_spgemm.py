@@ -93,12 +93,19 @@ def test_skewed_reaches_every_bin():
 
 
 @pytest.mark.gpu
-def test_every_table_runs(monkeypatch):
-    """The kernels of every table (and the global ones) run on skewed(), and agree."""
+@pytest.mark.parametrize("bitmap", [True, False])
+def test_every_table_runs(monkeypatch, bitmap):
+    """The kernels of every table (and the global ones) run on skewed(), and agree: with the
+    largest tables' rows placed by a bitmap of C's columns, and by a sort."""
+    import cupy
     import cupyx.scipy.sparse as csp
 
     import mgpu.backends.cupy_spgemm as g
 
+    if not bitmap:
+        monkeypatch.setattr(g, "_BITMAP_BYTES", 0)
+        monkeypatch.setattr(g, "_GLOBAL_BITMAP_BYTES", 0)
+    g._tables.cache_clear()
     seen = set()
     real = g._kernel
 
@@ -112,8 +119,12 @@ def test_every_table_runs(monkeypatch):
     np.testing.assert_array_equal(C.data, ref.data)
     want = {spgemm_shared("double", gr, t, False) for gr, t in SPGEMM_SYMBOLIC}
     want |= {spgemm_shared("double", gr, t, True) for gr, t in SPGEMM_NUMERIC}
-    want |= {"mgpu_spgemm_global<double, false>", "mgpu_spgemm_global<double, true>"}
+    want |= {"mgpu_spgemm_global<double, false>", "mgpu_spgemm_global<double, true>",
+             f"mgpu_spgemm_global_{'rank' if bitmap else 'gather'}<double>"}
     assert want <= seen, sorted(want - seen)
+    words = [w for *_, w in g._tables(cupy.cuda.runtime.getDevice(), True, "double", B.shape[1])]
+    assert any(words) == bitmap
+    g._tables.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -282,6 +293,8 @@ def test_too_big_a_result_is_refused_with_the_numbers(monkeypatch):
         return 1 << 40
 
     monkeypatch.setattr(g, "require_gpu", tiny)
+    monkeypatch.setattr(g, "require_gpu_unless_small",
+                        lambda n, what, hint="": tiny(n, what() if callable(what) else what, hint))
     with pytest.raises(mgpu.DeviceMemoryError, match="to_host=True") as info:
         mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B))
     # normal random values: no sum cancels, so C's count is scipy's

@@ -31,7 +31,8 @@ from mgpu.backends.dispatch import spadd_lookup, spgemm_lookup
 from mgpu.backends.instances import (INSTANCES, SPGEMM_NUMERIC, SPGEMM_RATIO, SPGEMM_RUN,
                                      SPGEMM_SYMBOLIC, spgemm_dynamic, spgemm_shared)
 from mgpu.backends.loader import c_type, get_function
-from mgpu.backends.memory import DeviceMemoryError, gpu_available, require_gpu
+from mgpu.backends.memory import (DeviceMemoryError, gpu_available, require_gpu,
+                                  require_gpu_unless_small)
 
 __all__ = ["GpuProducts", "spgemm_gpu"]
 
@@ -48,27 +49,44 @@ def _kernel(expr: str) -> Any:
     return get_function(_FILE, expr, INSTANCES[_FILE])
 
 
+# The numeric pass places the columns of a row of a dynamic-memory table by a bitmap of C's
+# columns (and its running counts) beside the table, not by a sort, where the two take at
+# most this much shared memory (8 bytes per 32 columns: B of up to 262,144 columns)
+_BITMAP_BYTES = 64 * 1024
+# ... and the rows of the tables in global memory by such a bitmap alone (a block a row), where
+# it takes at most this much (and the device allows it): B of up to 7.4 million columns
+_GLOBAL_BITMAP_BYTES = 227 * 1024
+
+
 @functools.lru_cache(maxsize=None)
-def _tables(device: int, numeric: bool, t: str) -> tuple[tuple[int, int, str, int], ...]:
+def _tables(device: int, numeric: bool, t: str, n: int = 0
+            ) -> tuple[tuple[int, int, str, int, int], ...]:
     """The shared-memory tables this device can hold, smallest first: (threads per row,
-    slots, kernel, dynamic shared memory in bytes or 0)."""
+    slots, kernel, dynamic shared memory in bytes or 0, bitmap words or 0). ``n``: the
+    columns of C (numeric pass)."""
     limit = int(cupy.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"])
+    itemsize = 4 if t == "float" else 8
     out = []
     for group, table in (SPGEMM_NUMERIC if numeric else SPGEMM_SYMBOLIC):
-        dyn = 0
+        dyn = words = 0
         if spgemm_dynamic(table, numeric):
-            dyn = table * (4 + (np.dtype(np.float32 if t == "float" else np.float64).itemsize
-                                if numeric else 0))
+            dyn = table * (4 + (itemsize if numeric else 0))
             if dyn > limit:
                 break
-        out.append((group, table, spgemm_shared(t, group, table, numeric), dyn))
+            w = -(-n // 32)
+            if numeric and 0 < 8 * w <= min(_BITMAP_BYTES, limit - dyn):
+                words = w
+                dyn += 8 * w
+        out.append((group, table, spgemm_shared(t, group, table, numeric), dyn, words))
     return tuple(out)
 
 
-def _launch_shared(expr: str, dyn: int, rows: cupy.ndarray, group: int, args: tuple) -> None:
+def _launch_shared(expr: str, dyn: int, words: int, rows: cupy.ndarray, group: int,
+                   args: tuple) -> None:
     fn = _kernel(expr)
     block = max(256, group)
     grid = (_grid(rows.size, block // group),)
+    args = args + (np.int32(words),)
     if dyn:
         if fn.max_dynamic_shared_size_bytes < dyn:
             fn.max_dynamic_shared_size_bytes = dyn
@@ -170,7 +188,7 @@ class _Product:
         self.what = (f"SpGEMM of A {A.shape[0]}×{A.shape[1]} with {A.nnz:,} nonzeros and B "
                      f"{B.shape[0]}×{B.shape[1]} with {B.nnz:,}")
         # cum, the bins' rows, row_nnz and C's row offsets
-        require_gpu(8 * (A.nnz + 1) + 24 * (self.m + 1), self.what)
+        require_gpu_unless_small(8 * (A.nnz + 1) + 24 * (self.m + 1), self.what)
         self.prod = GpuProducts(A, B)
         self.zeros = cupy.zeros(1, dtype=cupy.uint64)
 
@@ -182,12 +200,12 @@ class _Product:
         """Each row's count of distinct columns (int32, m values)."""
         row_nnz = cupy.zeros(self.m, dtype=cupy.int32)
         tables = _tables(cupy.cuda.runtime.getDevice(), False, self.t)
-        edges = tuple(table for _, table, _, _ in tables)
+        edges = tuple(table for _, table, _, _, _ in tables)
         rows, starts = _bins(self.A, self.prod.cum, 0, self.m, edges, n=self.n)
-        for b, (group, _, expr, dyn) in enumerate(tables, start=1):
+        for b, (group, _, expr, dyn, words) in enumerate(tables, start=1):
             r = rows[starts[b]:starts[b + 1]]
             if r.size:
-                _launch_shared(expr, dyn, r, group, self._args() + (
+                _launch_shared(expr, dyn, words, r, group, self._args() + (
                     r, np.int32(r.size), row_nnz, self.prod.cum, np.int64(0), row_nnz,
                     self.A.data, self.zeros))
         big = rows[starts[len(edges) + 1]:]
@@ -225,15 +243,31 @@ class _Product:
             fn((_grid(total, 256 * 4),), (256,),  # 4 products a thread at a time
                self._args() + (r, np.int32(r.size), rcum, toff, keys, vals, row_nnz))
             if numeric:
-                c_off, c_base, c_idx, c_val = out
-                fill = cupy.zeros(r.size, dtype=cupy.int32)
-                gather = _kernel(f"mgpu_spgemm_global_gather<{self.t}>")
-                gather((_grid(slots, 256),), (256,),
-                       (r, np.int32(r.size), toff, keys, vals, fill, c_off, np.int64(c_base),
-                        c_idx, c_val, self.zeros))
-                del keys, vals
-                _sort_rows(c_idx, c_val, c_off[r] - c_base, row_nnz[r].astype(cupy.int64),
-                           self.n)
+                self._place(r, toff, keys, vals, slots, row_nnz, out)
+
+    def _place(self, r: cupy.ndarray, toff: cupy.ndarray, keys: cupy.ndarray,
+               vals: cupy.ndarray, slots: int, row_nnz: cupy.ndarray, out: tuple) -> None:
+        """The filled global tables of rows ``r`` to their places in C, in column order: by
+        a bitmap of C's columns in shared memory where the device holds one, else in slot
+        order and then sorted."""
+        c_off, c_base, c_idx, c_val = out
+        words = -(-self.n // 32)
+        dev = cupy.cuda.runtime.getDevice()
+        limit = int(cupy.cuda.Device(dev).attributes["MaxSharedMemoryPerBlockOptin"])
+        if 8 * words <= min(limit, _GLOBAL_BITMAP_BYTES):
+            fn = _kernel(f"mgpu_spgemm_global_rank<{self.t}>")
+            if fn.max_dynamic_shared_size_bytes < 8 * words:
+                fn.max_dynamic_shared_size_bytes = 8 * words
+            fn((_grid(r.size, 1),), (256,), (r, np.int32(r.size), toff, keys, vals, c_off,
+                                              np.int64(c_base), c_idx, c_val, self.zeros,
+                                              np.int32(words)), shared_mem=8 * words)
+            return
+        fill = cupy.zeros(r.size, dtype=cupy.int32)
+        gather = _kernel(f"mgpu_spgemm_global_gather<{self.t}>")
+        gather((_grid(slots, 256),), (256,),
+               (r, np.int32(r.size), toff, keys, vals, fill, c_off, np.int64(c_base), c_idx,
+                c_val, self.zeros))
+        _sort_rows(c_idx, c_val, c_off[r] - c_base, row_nnz[r].astype(cupy.int64), self.n)
 
     def numeric(self, row_nnz: cupy.ndarray, c_off: cupy.ndarray, r0: int, r1: int,
                 base: int, nnz: int) -> tuple[cupy.ndarray, cupy.ndarray, int]:
@@ -245,13 +279,13 @@ class _Product:
         if nnz == 0:
             return c_idx, c_val, 0
         self.zeros.fill(0)
-        tables = _tables(cupy.cuda.runtime.getDevice(), True, self.t)
-        edges = tuple(table // 2 for _, table, _, _ in tables)
+        tables = _tables(cupy.cuda.runtime.getDevice(), True, self.t, self.n)
+        edges = tuple(table // 2 for _, table, _, _, _ in tables)
         rows, starts = _bins(self.A, self.prod.cum, r0, r1, edges, sizes=row_nnz)
-        for b, (group, _, expr, dyn) in enumerate(tables, start=1):
+        for b, (group, _, expr, dyn, words) in enumerate(tables, start=1):
             r = rows[starts[b]:starts[b + 1]]
             if r.size:
-                _launch_shared(expr, dyn, r, group, self._args() + (
+                _launch_shared(expr, dyn, words, r, group, self._args() + (
                     r, np.int32(r.size), row_nnz, c_off, np.int64(base), c_idx, c_val,
                     self.zeros))
         big = rows[starts[len(edges) + 1]:]
@@ -360,7 +394,8 @@ def spgemm_gpu(A: csp.csr_matrix, B: csp.csr_matrix, mask: csp.csr_matrix | None
             raise DeviceMemoryError(
                 f"{p.what} has {nnz:,} nonzeros, more than a CuPy sparse matrix can index "
                 f"(2³¹ − 1). {hint}")
-        require_gpu(nnz * entry + 4 * (p.m + 1), f"{p.what}: C of {nnz:,} nonzeros", hint)
+        require_gpu_unless_small(nnz * entry + 4 * (p.m + 1),
+                                 lambda: f"{p.what}: C of {nnz:,} nonzeros", hint)
         idx, val, zeros = p.numeric(row_nnz, c_off, 0, p.m, 0, nnz)
         if zeros:
             c_off, idx, val = _drop_zeros(c_off, 0, p.m, 0, idx, val)

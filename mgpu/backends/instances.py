@@ -144,7 +144,7 @@ INSTANCES: dict[str, tuple[str, ...]] = {
     "spgemm.cu": tuple(spgemm_shared(t, g, n, False) for t in _FLOATS for g, n in SPGEMM_SYMBOLIC)
     + tuple(spgemm_shared(t, g, n, True) for t in _FLOATS for g, n in SPGEMM_NUMERIC)
     + tuple(f"mgpu_spgemm_global<{t}, {b}>" for t in _FLOATS for b in ("false", "true"))
-    + tuple(f"mgpu_spgemm_global_gather<{t}>" for t in _FLOATS)
+    + tuple(f"mgpu_spgemm_global_{k}<{t}>" for k in ("gather", "rank") for t in _FLOATS)
     + tuple(f"mgpu_spgemm_masked<{t}, {SPGEMM_RUN}>" for t in _FLOATS)
     + ("mgpu_spgemm_products",)
     + tuple(f"mgpu_spgemm_{k}<{t}>" for k in ("nonzeros", "compact") for t in _FLOATS)
