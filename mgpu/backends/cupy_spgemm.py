@@ -101,12 +101,6 @@ def _grid(items: int, per_block: int) -> int:
     return int(max(1, min(-(-items // per_block), current_facts().sms * 32)))
 
 
-def _pow2(x: cupy.ndarray) -> cupy.ndarray:
-    """The smallest power of two >= x (x >= 1, int64)."""
-    return cupy.left_shift(cupy.int64(1), cupy.ceil(cupy.log2(x.astype(cupy.float64)))
-                           .astype(cupy.int64))
-
-
 class GpuProducts:
     """The intermediate products of A @ B on the device: ``cum``, their prefix sums over A's
     nonzeros (nnz(A) + 1 values, int64)."""
@@ -219,26 +213,25 @@ class _Product:
         """The rows past the shared-memory tables, with tables of at least ``want`` slots
         each in global memory, in batches that fit. Symbolic (``out`` None): counts into
         row_nnz. Numeric (``out`` = (c_off, c_base, c_idx, c_val)): fills C's rows, then
-        sorts each by column."""
+        places them in column order."""
         numeric = out is not None
         slot = 4 + (self.dtype.itemsize if numeric else 0)
-        sizes = _pow2(cupy.maximum(want, 2))
-        sizes_h = sizes.get()
+        # the few long rows' sizes are worked out on the host: one copy down, one up a batch
+        want_h, flops_h = cupy.stack([want.astype(cupy.int64),
+                                      self.prod.of_rows(self.A.indptr, rows)]).get()
+        sizes_h = np.left_shift(1, np.ceil(np.log2(np.maximum(want_h, 2))).astype(np.int64))
         available, _ = gpu_available()
         budget = int(available * _SCRATCH_SHARE)
         what = f"{self.what}: a hash table for one row of {int(sizes_h.max()):,} slots"
-        flops = self.prod.of_rows(self.A.indptr, rows)
-        flops_h = flops.get()
         for b0, b1 in _batches(sizes_h * slot, budget, what):
             r = rows[b0:b1]
-            toff = cupy.zeros(b1 - b0 + 1, dtype=cupy.int64)
-            toff[1:] = cupy.cumsum(sizes[b0:b1])
-            rcum = cupy.zeros(b1 - b0 + 1, dtype=cupy.int64)
-            rcum[1:] = cupy.cumsum(flops[b0:b1])
-            slots = int(sizes_h[b0:b1].sum())
+            offsets = np.zeros((2, b1 - b0 + 1), dtype=np.int64)
+            np.cumsum(sizes_h[b0:b1], out=offsets[0, 1:])
+            np.cumsum(flops_h[b0:b1], out=offsets[1, 1:])
+            toff, rcum = cupy.asarray(offsets)
+            slots, total = int(offsets[0, -1]), int(offsets[1, -1])
             keys = cupy.full(slots, _EMPTY, dtype=cupy.int32)
             vals = cupy.zeros(slots if numeric else 1, dtype=self.dtype)
-            total = int(flops_h[b0:b1].sum())
             fn = _kernel(f"mgpu_spgemm_global<{self.t}, {'true' if numeric else 'false'}>")
             fn((_grid(total, 256 * 4),), (256,),  # 4 products a thread at a time
                self._args() + (r, np.int32(r.size), rcum, toff, keys, vals, row_nnz))
