@@ -5,7 +5,7 @@ from mgpu.backends.dispatch import spadd_lookup, spgemm_lookup
 
 
 @spgemm_lookup.register((sp.spmatrix, sp.sparray))
-def _spgemm_host(A, B, mask):
+def _spgemm_host(A, B, mask, to_host=False):
     C = sp.csr_matrix(A @ B)
     if mask is not None:
         M = sp.csr_matrix(mask, copy=True)
