@@ -332,6 +332,12 @@ def repeats(default: int | None, help: str = "Timed runs (median).") -> Decorato
                         type=click.IntRange(min=1), help=help)
 
 
+def dtype(help: str | None = None) -> Decorator:
+    """``--dtype float32|float64`` (default float32), as the name."""
+    return click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
+                        show_default=True, help=help)
+
+
 def json_out(what: str = "every measurement") -> Decorator:
     return click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
                         callback=_output_file, help=f"Write {what} to this JSON file.")
