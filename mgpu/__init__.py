@@ -27,7 +27,7 @@ from mgpu.distributed.spmd import spmd  # noqa: E402
 from mgpu.distributed.spmv import spmm, spmv  # noqa: E402
 from mgpu.mf import MatrixFactorization  # noqa: E402
 from mgpu.ops import (pairwise_distances, row_norms, sddmm_plan, spadd, spgemm,  # noqa: E402
-                      spmv_plan)
+                      spmv_plan, triangles)
 
 __all__ = [
     "DeviceMemoryError",
@@ -48,6 +48,7 @@ __all__ = [
     "spmm",
     "spmv",
     "spmv_plan",
+    "triangles",
 ]
 
 

@@ -13,9 +13,11 @@ from mgpu.ops.rownorms import NORMS, row_norms
 from mgpu.ops.sddmm import sddmm, sddmm_plan
 from mgpu.ops.spgemm import spadd, spgemm
 from mgpu.ops.spmv import spmm, spmv, spmv_plan
+from mgpu.ops.triangles import triangles
 
 __all__ = ["NORMS", "SEMIRINGS", "NearestNeighbors", "knn", "pairwise_distances", "row_norms",
-           "sddmm", "sddmm_plan", "spadd", "spgemm", "spmm", "spmv", "spmv_plan"]
+           "sddmm", "sddmm_plan", "spadd", "spgemm", "spmm", "spmv", "spmv_plan",
+           "triangles"]
 
 
 def __getattr__(name: str) -> Any:
