@@ -26,12 +26,13 @@ from mgpu.ops.jaccard import check_graph
 
 
 def _on(xp, G):
-    """G (scipy) on xp's device: a cupyx CSR matrix for cupy."""
+    """G (scipy) on xp's device: a cupyx CSR matrix for cupy (in float64 where G holds
+    integers, which cupyx sparse matrices cannot: networkx's adjacency is int64)."""
     if xp is np:
         return G
     from conftest import to_gpu
 
-    return to_gpu(G)[0]
+    return to_gpu(G if G.dtype.kind in "bf" else G.astype(np.float64))[0]
 
 
 def _count(xp, G, **kw):
