@@ -248,6 +248,22 @@ def test_nonfinite_is_refused(xp):
         assert name in str(info.value) and "row 1, column 1" in str(info.value)
 
 
+def test_malformed_csr_is_refused(xp):
+    """Index arrays out of range or out of order are refused before any kernel reads them."""
+    A = sp.csr_matrix(np.eye(3))
+    wide = sp.csr_matrix((np.ones(3), np.array([0, 1, 7]), np.array([0, 1, 2, 3])),
+                         shape=(3, 3))
+    back = sp.csr_matrix((np.ones(3), np.array([0, 1, 2]), np.array([0, 2, 1, 3])),
+                         shape=(3, 3))
+    for args, name in (((A, wide), "'B'"), ((back, A), "'A'")):
+        for call in (mgpu.spgemm, mgpu.spadd):
+            with pytest.raises(ValueError, match="not a well-formed CSR matrix") as info:
+                call(*_on(xp, *args))
+            assert name in str(info.value)
+    with pytest.raises(ValueError, match="'mask' parameter of spgemm is not a well-formed"):
+        mgpu.spgemm(*_on(xp, A, A), mask=_on(xp, wide)[0])
+
+
 @pytest.mark.gpu
 def test_devices_must_match():
     import cupyx.scipy.sparse as csp

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.backends import all_finite, is_gpu_array, spadd_lookup, spgemm_lookup
+from mgpu.backends import (all_finite, array_module, is_gpu_array, spadd_lookup,
+                           spgemm_lookup)
 from mgpu.ops.routes import route
 from mgpu.ops.spmv import check_same_device
 from mgpu.ops.validation import (Boolean, Interval, canonical_csr, check_array, check_param,
@@ -63,12 +64,40 @@ def check_sparse_pair(A: Any, B: Any, func: str, *, product: bool) -> tuple[Any,
         A = A.astype(dt)
     if B.dtype != dt:
         B = B.astype(dt)
-    # one look at the values of both (on the GPU one wait for the device, not two); the
-    # places are found only for a refusal
-    if not bool(all_finite(A.data) & all_finite(B.data)):
+    # one look at the values and the index arrays of both (on the GPU one wait for the
+    # device); what is wrong, and where, is found only for a refusal. The kernels index B's
+    # rows by A's columns and their tables by B's columns: an index out of range would read
+    # or write outside the arrays.
+    if not bool(all_finite(A.data) & all_finite(B.data) & _well_formed(A) & _well_formed(B)):
+        _structure(A, "A", func)
+        _structure(B, "B", func)
         _finite(A, "A", func)
         _finite(B, "B", func)
     return A, B
+
+
+def _well_formed(X: Any) -> Any:
+    """Whether CSR X's index arrays are consistent (row pointers from 0 to nnz, never
+    decreasing; column indices in [0, n)): a bool on the host, a 0-d array on the device."""
+    xp = array_module(X.indptr)
+    m, n = X.shape
+    ptr, idx = X.indptr, X.indices
+    if ptr.shape != (m + 1,) or idx.ndim != 1:
+        return False
+    ok = (ptr[0] == 0) & (ptr[-1] == idx.size) & (xp.diff(ptr) >= 0).all()
+    if idx.size:
+        ok = ok & (idx.min() >= 0) & (idx.max() < n)
+    return ok
+
+
+def _structure(X: Any, name: str, func: str) -> None:
+    """Refuse a CSR X whose index arrays are not consistent, saying what is wrong."""
+    if not bool(_well_formed(X)):
+        raise ValueError(
+            f"The '{name}' parameter of {func} is not a well-formed CSR matrix of shape "
+            f"{tuple(X.shape)}: its row pointers must run from 0 to nnz without decreasing "
+            f"and its column indices lie in [0, {X.shape[1]}). Rebuild it, or check it with "
+            "scipy's X.check_format(full_check=True).")
 
 
 def check_mask(mask: Any, shape: tuple[int, int], A: Any, func: str) -> Any:
@@ -76,6 +105,8 @@ def check_mask(mask: Any, shape: tuple[int, int], A: Any, func: str) -> Any:
     another shape or device, or one with stored zeros (whose meaning would be a guess)."""
     _sparse_operand(mask, "mask", func, False)
     check_same_device(A, mask, "mask", func)
+    if getattr(mask, "format", None) == "csr":
+        _structure(mask, "mask", func)
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"The 'mask' parameter of {func} must have the result's shape "
                          f"{tuple(shape)} (A.shape[0], B.shape[1]). Got shape "
