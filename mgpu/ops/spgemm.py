@@ -27,6 +27,7 @@ _KINDS = "a scipy or cupyx sparse matrix"
 
 
 def _sparse_operand(X: Any, name: str, func: str, dask: bool) -> None:
+    # is_gpu_array: a dense CuPy operand, named only in the hint
     dense = isinstance(X, np.ndarray) or (is_gpu_array(X) and not is_sparse(X))
     hint = "; for a dense operand use mgpu.spmm (sparse × dense) or A @ X" if dense else ""
     check_array(X, name, func, accept_dense=False, accept_dask=dask,
@@ -91,7 +92,7 @@ def check_mask(mask: Any, shape: tuple[int, int], A: Any, func: str) -> Any:
 def spgemm_local(A: Any, B: Any, mask: Any = None, to_host: bool = False) -> Any:
     """The product of checked CSR operands of one device (:func:`check_sparse_pair`), and
     a checked mask or None; a CSR of that device (scipy with ``to_host``)."""
-    if is_gpu_array(A):
+    if is_gpu_array(A):  # to_host is the GPU side's alone (host results are there already)
         return spgemm_lookup(A, B, mask, to_host)
     return spgemm_lookup(A, B, mask)
 
