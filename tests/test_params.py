@@ -39,6 +39,7 @@ def _data():
 
 
 X, S, A, B, G, R = _data()
+ST = S.T.tocsr()  # S's right operand in a product (5 × 6)
 XNAN = X.copy()
 XNAN[1, 2] = NAN
 RNAN = R.copy()
@@ -171,6 +172,11 @@ CASES = [
     ("triangles", "triangles", "G", da.from_array(G, chunks=2), lambda v: mgpu.triangles(v)),
     ("triangles", "triangles", "symmetrize", "yes",
      lambda v: mgpu.triangles(G, symmetrize=v)),
+    ("spgemm", "spgemm", "B", da.from_array(ST.toarray()), lambda v: mgpu.spgemm(S, v)),
+    ("spgemm", "spgemm", "parts", 0, lambda v: mgpu.spgemm(S, ST, parts=v)),
+    ("spgemm", "spgemm", "parts", 7, lambda v: mgpu.spgemm(S, ST, parts=v)),
+    ("spgemm", "spgemm", "client", 3, lambda v: mgpu.spgemm(S, ST, parts=2, client=v)),
+    ("spgemm", "spgemm", "progress", 3, lambda v: mgpu.spgemm(S, ST, parts=2, progress=v)),
     # ------------------------------------------------------------------ distributed
     ("jaccard", "jaccard", "G", np.ones((3, 3)), lambda v: mgpu.jaccard(v)),
     ("jaccard", "jaccard", "G", sp.csr_matrix(np.ones((3, 4))), lambda v: mgpu.jaccard(v)),
@@ -388,6 +394,14 @@ DISTRIBUTED = [  # (function, parameter, call on the tiles)
     ("spmv", "x", lambda t: mgpu.spmv(t["rows"], np.full(5, NAN))),
     ("spmv", "check_finite", lambda t: mgpu.spmv(t["rows"], np.ones(5), check_finite="no")),
     ("spmm", "X", lambda t: mgpu.spmm(t["rows"], np.ones(5))),
+    ("spgemm", "B", lambda t: mgpu.spgemm(t["rows"], S)),
+    ("spgemm", "B", lambda t: mgpu.spgemm(t["rows"], _nan(ST))),
+    ("spgemm", "B", lambda t: mgpu.spgemm(t["rows"], t["rows"])),
+    ("spgemm", "mask", lambda t: mgpu.spgemm(t["rows"], ST, mask=sp.csr_matrix((6, 5)))),
+    ("spgemm", "parts", lambda t: mgpu.spgemm(t["rows"], ST, parts=2)),
+    ("spgemm", "parts", lambda t: mgpu.spgemm(S, ST, parts=7)),
+    ("spgemm", "B", lambda t: mgpu.spgemm(S, _nan(ST), parts=2)),
+    ("spgemm", "progress", lambda t: mgpu.spgemm(t["rows"], ST, progress=print)),
     ("jaccard", "G", lambda t: mgpu.jaccard(_nan(t["graph"]), parts=2)),
     ("jaccard", "weighted", lambda t: mgpu.jaccard(t["graph"], parts=2, weighted="yes")),
     ("jaccard", "progress", lambda t: mgpu.jaccard(t["graph"], parts=2, progress=3)),
