@@ -161,7 +161,7 @@ def test_refuses_what_is_not_an_undirected_graph():
                                         r"adjacency matrix.*pass scipy\.sparse\.csr_matrix"):
         mgpu.triangles(K4)
     with pytest.raises(TypeError, match=r"^The 'G' parameter of triangles is a dask array, and "
-                                        r"there is no distributed SpGEMM yet: pass a scipy or "
+                                        r"the count runs on one device: pass a scipy or "
                                         r"cupyx matrix"):
         mgpu.triangles(da.from_array(sp.csr_matrix(K4), chunks=2))
     with pytest.raises(TypeError, match="is a dask array"):

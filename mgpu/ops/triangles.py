@@ -82,7 +82,7 @@ def triangles(G: Any, *, symmetrize: bool = False) -> Any:
     Raises
     ------
     TypeError
-        Dense or non-numeric input; a dask array (there is no distributed SpGEMM yet).
+        Dense or non-numeric input; a dask array (the count runs on one device).
     ValueError
         Non-square G, NaN or infinity among its values, a pattern that is not symmetric
         (the message names an asymmetric entry and offers ``symmetrize=True``).
@@ -103,8 +103,8 @@ def triangles(G: Any, *, symmetrize: bool = False) -> Any:
     func = "triangles"
     check_param(symmetrize, "symmetrize", func, Boolean())
     if is_dask_array(G):
-        raise TypeError(f"The 'G' parameter of {func} is a dask array, and there is no "
-                        "distributed SpGEMM yet: pass a scipy or cupyx matrix (mgpu.gather "
-                        "brings a dask array of sparse tiles back as one scipy matrix).")
+        raise TypeError(f"The 'G' parameter of {func} is a dask array, and the count runs on "
+                        "one device: pass a scipy or cupyx matrix (mgpu.gather brings a dask "
+                        "array of sparse tiles back as one scipy matrix).")
     A = check_graph(G, func, weighted=False, symmetrize=symmetrize)
     return triangles_local(A)
