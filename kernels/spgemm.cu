@@ -122,26 +122,6 @@ __device__ void block_scan_popc(const unsigned* __restrict__ bitmap, int* __rest
 
 }  // namespace mgpu
 
-// The checks of a CSR operand in one pass, as bits or-ed into *bad: 1 its row pointers do not
-// run from 0 to nnz without decreasing, 2 a column index outside [0, n), 4 a value that is
-// NaN or infinite. The host waits once for the bits of both operands.
-template <typename T>
-__global__ void __launch_bounds__(256)
-mgpu_spgemm_check(const int* __restrict__ ptr, int m, const int* __restrict__ idx, long long nnz,
-                  long long n, const T* __restrict__ val, int* __restrict__ bad) {
-    int bits = 0;
-    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
-    const long long t0 = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (t0 == 0 && (ptr[0] != 0 || ptr[m] != nnz)) bits |= 1;
-    for (long long i = t0; i < m; i += step)
-        if (ptr[i + 1] < ptr[i]) bits |= 1;
-    for (long long j = t0; j < nnz; j += step) {
-        if (idx[j] < 0 || idx[j] >= n) bits |= 2;
-        if (!isfinite(val[j])) bits |= 4;
-    }
-    if (bits) atomicOr(bad, bits);
-}
-
 // cum[j + 1] = the length of the B row that A's nonzero j picks (cum[0] = 0): the host's
 // inclusive scan of cum[1:] then makes cum the products' prefix sums.
 __global__ void __launch_bounds__(256)

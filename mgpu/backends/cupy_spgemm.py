@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from dask.utils import format_bytes
 
 from mgpu.backends.cupy import current_facts
-from mgpu.backends.dispatch import spadd_lookup, spgemm_check_lookup, spgemm_lookup
+from mgpu.backends.dispatch import spadd_lookup, spgemm_lookup
 from mgpu.backends.instances import (INSTANCES, SPGEMM_NUMERIC, SPGEMM_RATIO, SPGEMM_RUN,
                                      SPGEMM_SYMBOLIC, spgemm_dynamic, spgemm_shared)
 from mgpu.backends.loader import c_type, get_function
@@ -434,20 +434,6 @@ def _canonical(X: csp.csr_matrix) -> csp.csr_matrix:
     X = X.copy()
     X.sum_duplicates()
     return X
-
-
-@spgemm_check_lookup.register(csp.spmatrix)
-def _spgemm_check_cupy(X: csp.csr_matrix) -> cupy.ndarray:
-    """The bits of ``kernels/spgemm.cu``'s check of X in one pass (no wait)."""
-    bad = cupy.zeros(1, dtype=cupy.int32)
-    if X.indptr.size != X.shape[0] + 1 or X.indices.size != X.data.size:
-        bad.fill(1)
-        return bad
-    _kernel(f"mgpu_spgemm_check<{c_type(X.dtype)}>")(
-        (_grid(max(X.shape[0], X.data.size, 1), 256),), (256,),
-        (X.indptr, np.int32(X.shape[0]), X.indices, np.int64(X.data.size), np.int64(X.shape[1]),
-         X.data, bad))
-    return bad
 
 
 @spgemm_lookup.register(csp.spmatrix)

@@ -35,7 +35,6 @@ __all__ = [
     "spmv_plan_lookup",
     "spmv_takes_as_is_lookup",
     "spadd_lookup",
-    "spgemm_check_lookup",
     "spgemm_lookup",
 ]
 
@@ -73,9 +72,6 @@ spmv_flagged_lookup = Dispatch("spmv_flagged")
 # (A CSR, B CSR, mask CSR or None) -> A @ B (restricted to mask's pattern) as canonical CSR:
 # sorted indices, no duplicates, no stored zeros; A and B of one float dtype, checked finite
 spgemm_lookup = Dispatch("spgemm")
-# (X CSR) -> 0 where X's index arrays are consistent and its values finite, else bits (1 row
-# pointers, 2 column indices, 4 values): an int on the host, a 1-element array on the device
-spgemm_check_lookup = Dispatch("spgemm_check")
 # (A CSR, B CSR, alpha, beta) -> alpha * A + beta * B as canonical CSR (as spgemm's)
 spadd_lookup = Dispatch("spadd")
 # (G CSR, weighted, r0, r1) -> Jaccard weights of the edges of rows r0..r1, in G's order

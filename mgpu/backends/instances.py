@@ -146,7 +146,7 @@ INSTANCES: dict[str, tuple[str, ...]] = {
     + tuple(f"mgpu_spgemm_global<{t}, {b}>" for t in _FLOATS for b in ("false", "true"))
     + tuple(f"mgpu_spgemm_global_{k}<{t}>" for k in ("gather", "rank") for t in _FLOATS)
     + tuple(f"mgpu_spgemm_masked<{t}, {SPGEMM_RUN}>" for t in _FLOATS)
-    + ("mgpu_spgemm_products",) + tuple(f"mgpu_spgemm_check<{t}>" for t in _FLOATS)
+    + ("mgpu_spgemm_products",)
     + tuple(f"mgpu_spgemm_{k}<{t}>" for k in ("nonzeros", "compact") for t in _FLOATS)
     + tuple(f"mgpu_spgemm_bin_{k}<{b}>" for k in ("count", "fill") for b in ("false", "true")),
     # the finiteness flag of the checked calls (mgpu.backends.flags)

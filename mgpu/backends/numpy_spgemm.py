@@ -23,7 +23,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends.dispatch import spadd_lookup, spgemm_check_lookup, spgemm_lookup
+from mgpu.backends.dispatch import spadd_lookup, spgemm_lookup
 from mgpu.backends.jit import njit
 
 __all__ = ["intermediate_products", "output_index_dtype", "row_work", "spadd_csr",
@@ -437,21 +437,6 @@ def spgemm_csr(A: sp.csr_matrix, B: sp.csr_matrix,
                  B.data, np.int64(n), mask.indptr, mask.indices, _tags(m), c_indices, c_data,
                  counts)
     return _finish(starts, slots, counts, c_indices, c_data, shape)
-
-
-@spgemm_check_lookup.register((sp.spmatrix, sp.sparray))
-def _spgemm_check_host(X) -> int:
-    """0 where CSR X's row pointers run from 0 to nnz without decreasing, its column
-    indices lie in [0, n) and its values are finite; else bits 1, 2, 4 for each failure."""
-    ptr, idx, m, n = X.indptr, X.indices, X.shape[0], X.shape[1]
-    if ptr.shape != (m + 1,) or idx.shape != X.data.shape:
-        return 1
-    bits = int(ptr[0] != 0 or ptr[-1] != idx.size or bool((np.diff(ptr) < 0).any()))
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-        bits |= 2
-    if not np.isfinite(X.data).all():
-        bits |= 4
-    return bits
 
 
 @spgemm_lookup.register((sp.spmatrix, sp.sparray))

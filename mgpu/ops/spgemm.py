@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.backends import is_gpu_array, spadd_lookup, spgemm_check_lookup, spgemm_lookup
+from mgpu.backends import (all_finite, array_module, is_gpu_array, spadd_lookup,
+                           spgemm_lookup)
 from mgpu.ops.routes import route
 from mgpu.ops.spmv import check_same_device
 from mgpu.ops.validation import (Boolean, Interval, canonical_csr, check_array, check_param,
@@ -63,11 +64,11 @@ def check_sparse_pair(A: Any, B: Any, func: str, *, product: bool) -> tuple[Any,
         A = A.astype(dt)
     if B.dtype != dt:
         B = B.astype(dt)
-    # one look at the values and the index arrays of both, a pass each (on the GPU one
-    # wait for the device); what is wrong, and where, is found only for a refusal. The
-    # kernels index B's rows by A's columns and their tables by B's columns: an index out of
-    # range would read or write outside the arrays.
-    if bool(spgemm_check_lookup(A) | spgemm_check_lookup(B)):
+    # one look at the values and the index arrays of both (on the GPU one wait for the
+    # device); what is wrong, and where, is found only for a refusal. The kernels index B's
+    # rows by A's columns and their tables by B's columns: an index out of range would read
+    # or write outside the arrays.
+    if not bool(all_finite(A.data) & all_finite(B.data) & _well_formed(A) & _well_formed(B)):
         _structure(A, "A", func)
         _structure(B, "B", func)
         _finite(A, "A", func)
@@ -75,10 +76,18 @@ def check_sparse_pair(A: Any, B: Any, func: str, *, product: bool) -> tuple[Any,
     return A, B
 
 
-def _well_formed(X: Any) -> bool:
+def _well_formed(X: Any) -> Any:
     """Whether CSR X's index arrays are consistent (row pointers from 0 to nnz, never
-    decreasing; column indices in [0, n))."""
-    return not int(spgemm_check_lookup(X)) & 3
+    decreasing; column indices in [0, n)): a bool on the host, a 0-d array on the device."""
+    xp = array_module(X.indptr)
+    m, n = X.shape
+    ptr, idx = X.indptr, X.indices
+    if ptr.shape != (m + 1,) or idx.ndim != 1:
+        return False
+    ok = (ptr[0] == 0) & (ptr[-1] == idx.size) & (xp.diff(ptr) >= 0).all()
+    if idx.size:
+        ok = ok & (idx.min() >= 0) & (idx.max() < n)
+    return ok
 
 
 def _structure(X: Any, name: str, func: str) -> None:
