@@ -27,12 +27,7 @@ def _host(C):
     return C.get() if hasattr(C, "get") else C
 
 
-def _canonical(C):
-    C = sp.csr_matrix(C, copy=True)
-    C.sum_duplicates()
-    C.eliminate_zeros()
-    C.sort_indices()
-    return C
+from conftest import canonical as _canonical  # noqa: E402
 
 
 def _assert_same_pattern(C, ref):

@@ -19,12 +19,7 @@ from mgpu.partition import imbalance, part_sums, spgemm_row_work, spgemm_split, 
 dist_spgemm = importlib.import_module("mgpu.distributed.spgemm")
 
 
-def _canonical(C):
-    C = sp.csr_matrix(C, copy=True)
-    C.sum_duplicates()
-    C.eliminate_zeros()
-    C.sort_indices()
-    return C
+from conftest import canonical as _canonical  # noqa: E402
 
 
 def _assert_equal(C, ref):
