@@ -23,10 +23,12 @@ from mgpu.distributed.collection import from_scipy, gather  # noqa: E402
 from mgpu.distributed.jaccard import jaccard  # noqa: E402
 from mgpu.distributed.knn import knn  # noqa: E402
 from mgpu.distributed.sddmm import sddmm  # noqa: E402
+from mgpu.distributed.spgemm import spgemm  # noqa: E402
 from mgpu.distributed.spmd import spmd  # noqa: E402
 from mgpu.distributed.spmv import spmm, spmv  # noqa: E402
 from mgpu.mf import MatrixFactorization  # noqa: E402
-from mgpu.ops import pairwise_distances, row_norms, sddmm_plan, spmv_plan  # noqa: E402
+from mgpu.ops import (pairwise_distances, row_norms, sddmm_plan, spadd,  # noqa: E402
+                      spmv_plan, triangles)
 
 __all__ = [
     "DeviceMemoryError",
@@ -41,10 +43,13 @@ __all__ = [
     "row_norms",
     "sddmm",
     "sddmm_plan",
+    "spadd",
+    "spgemm",
     "spmd",
     "spmm",
     "spmv",
     "spmv_plan",
+    "triangles",
 ]
 
 

@@ -1,8 +1,10 @@
-"""nnz prefix-sum splits of sparse matrices: rows, columns and 2-D grids.
+"""nnz prefix-sum splits of sparse matrices: rows, columns and 2-D grids, and splits of
+rows by their work in a product (:func:`spgemm_split`).
 
-A split cuts a sequence of non-negative counts (the nnz of each row or column) into ``P``
-contiguous parts. mgpu's splits are *balanced in nonzeros*, not in rows or columns: the cuSDDMM
-paper found that an even column cut of NYTimes put 91% of the nonzeros on one of two GPUs.
+A split cuts a sequence of non-negative counts (the nnz of each row or column, or each row's
+work) into ``P`` contiguous parts. mgpu's splits are *balanced in nonzeros* (or work), not in
+rows or columns: the cuSDDMM paper found that an even column cut of NYTimes put 91% of the
+nonzeros on one of two GPUs.
 
 The split chosen here is, among all contiguous splits,
 
@@ -30,6 +32,8 @@ __all__ = [
     "grid",
     "imbalance",
     "part_sums",
+    "spgemm_row_work",
+    "spgemm_split",
     "split",
     "split_counts",
 ]
@@ -235,6 +239,76 @@ def split(S: sp.spmatrix | sp.sparray, parts: int, *, axis: Literal[0, 1] = 0) -
     array([0, 1, 4])
     """
     return split_counts(axis_counts(S, axis), parts)
+
+
+def spgemm_row_work(A: sp.spmatrix | sp.sparray, B: sp.spmatrix | sp.sparray) -> np.ndarray:
+    """Each row's work in the product ``A @ B``: its intermediate products, the sum over the
+    stored entries ``A[i, k]`` of row i of the length of row k of B (int64).
+
+    A row's cost in a row-by-row product (Gustavson's, or the GPU's merge path over the
+    intermediate products), where its nnz is not: one entry of A that meets a long row of B
+    costs as much as that row. Stored zeros count, as in :func:`axis_counts`.
+
+    Parameters
+    ----------
+    A : sparse matrix of shape (n_rows, n_inner)
+    B : sparse matrix of shape (n_inner, n_cols)
+        scipy sparse matrices, any format (CSR A and B need no conversion).
+
+    Returns
+    -------
+    work : ndarray of int64 of shape (n_rows,)
+
+    Raises
+    ------
+    TypeError
+        A or B is not a scipy sparse matrix.
+    ValueError
+        A's columns are not B's rows.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> A = sp.csr_matrix([[1, 1, 0], [0, 0, 1]])
+    >>> B = sp.csr_matrix([[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 1]])
+    >>> spgemm_row_work(A, B)
+    array([5, 1])
+    """
+    for name, X in (("A", A), ("B", B)):
+        if not sp.issparse(X):
+            raise TypeError(f"The '{name}' parameter of spgemm_row_work must be a scipy sparse "
+                            f"matrix. Got {type(X).__name__} instead.")
+    if A.shape[1] != B.shape[0]:
+        raise ValueError(f"The 'B' parameter of spgemm_row_work must have A.shape[1] = "
+                         f"{A.shape[1]} rows. Got shape {tuple(B.shape)} instead.")
+    A = A.tocsr()
+    # the products of each stored entry of A, summed row by row through one prefix sum (no
+    # reduceat, which misreads empty rows)
+    c = _prefix(axis_counts(B, 0)[A.indices])
+    indptr = np.asarray(A.indptr, dtype=np.int64)
+    return c[indptr[1:]] - c[indptr[:-1]]
+
+
+def spgemm_split(A: sp.spmatrix | sp.sparray, B: sp.spmatrix | sp.sparray,
+                 parts: int) -> np.ndarray:
+    """Row boundaries of ``parts`` tiles of A balanced by their work in ``A @ B``
+    (:func:`spgemm_row_work`), not by their nnz: :func:`split_counts` of the rows' work.
+
+    Returns
+    -------
+    bounds : ndarray of int64 of shape (parts + 1,)
+        Tile ``i`` is ``A[bounds[i]:bounds[i+1]]``; a tile may be empty where one row's work
+        outweighs a part's share.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> A = sp.csr_matrix([[1, 0], [1, 0], [0, 1], [0, 1]])
+    >>> B = sp.csr_matrix([[1, 0, 0], [1, 1, 1]])  # row 1 of B is three times row 0
+    >>> split(A, 2), spgemm_split(A, B, 2)
+    (array([0, 2, 4]), array([0, 3, 4]))
+    """
+    return split_counts(spgemm_row_work(A, B), parts)
 
 
 def part_sums(counts: np.ndarray, bounds: np.ndarray) -> np.ndarray:

@@ -44,6 +44,18 @@ def sddmm_reference(S, A, B, hadamard: bool):
     return v * S.data.astype(np.float64) if hadamard else v
 
 
+def canonical(C):
+    """A scipy CSR copy of C in canonical form (duplicates summed, no stored zeros, sorted):
+    what scipy's own product and sum return, to compare a result's pattern with."""
+    import scipy.sparse as sp
+
+    C = sp.csr_matrix(C, copy=True)
+    C.sum_duplicates()
+    C.eliminate_zeros()
+    C.sort_indices()
+    return C
+
+
 def to_gpu(*xs):
     """Each of ``xs`` on the device: a scipy matrix as a cupyx CSR matrix, else a CuPy array."""
     import cupy

@@ -63,6 +63,18 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
      f"--out: folder {MISSING} does not exist"),
     ("jaccard", ["{graph}", "--out", "{out_npz}", "--plot", f"{MISSING}/j.png"],
      f"--plot: folder {MISSING} does not exist"),
+    # --- triangles
+    ("triangles", ["{graph}", "--symmetrize", "--top", "-1"], "'--top': -1 is not in the range"),
+    ("triangles", ["{graph}", "--symmetrize", "--out", f"{MISSING}/t.csv"],
+     f"--out: folder {MISSING} does not exist"),
+    ("triangles", ["{graph}", "--symmetrize", "--out", "{out_npz}"],
+     "give a path ending in .csv or .npy"),
+    ("triangles", ["{graph}", "--symmetrize", "--device", "tpu"], "'--device': 'tpu' is not one"),
+    ("triangles", ["{graph}", "--out", "{tmp}/t.csv"],
+     "its pattern is not symmetric (first: an edge 1 -> 2 without its reverse). Pass "
+     "--symmetrize"),
+    ("triangles", ["{nan_mtx}"], "The 'G' parameter of triangles holds NaN or infinity"),
+    ("triangles", ["{empty_mtx}"], "must be a square adjacency matrix. Got shape (0, 5)"),
     # --- mf
     ("mf", ["{ratings}", "--out", "{out_dir}", "-k", "0"], "'-k' / '--k': 0 is not in the range"),
     ("mf", ["{ratings}", "--out", "{out_dir}", "--epochs", "0"],

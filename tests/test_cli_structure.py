@@ -29,7 +29,7 @@ def _option_names(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("name", ["--json", "--plot", "--device", "--repeats", "--seed",
                                   "--gpus/--no-gpus", "--workers", "--out", "--powerlaw",
-                                  "--nnz", "--parts"])
+                                  "--nnz", "--parts", "--dtype"])
 def test_shared_options_are_declared_once(name):
     where = {p.name: _option_names(p).count(name) for p in CLI.glob("*.py")}
     assert where.pop("_options.py") >= 1

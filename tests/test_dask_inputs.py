@@ -89,6 +89,18 @@ def test_spmv_and_spmm(client, S, kind, chunking):
 
 @both
 @chunked
+def test_spgemm(client, S, kind, chunking):
+    B = sp.random(N_COLS, 30, density=0.2, format="csr", random_state=13)
+    M = sp.random(N_ROWS, 30, density=0.3, format="csr", random_state=14)
+    Sd = _dask(S, kind, CHUNKINGS[chunking])
+    got = mgpu.spgemm(Sd, B)
+    assert got.numblocks[1] == 1 and (chunking != "rows" or got.chunks[0] == Sd.chunks[0])
+    _same_sparse(_computed(got), S @ B, kind)
+    _same_sparse(_computed(mgpu.spgemm(Sd, B, mask=M)), (S @ B).multiply(M != 0), kind)
+
+
+@both
+@chunked
 def test_knn(client, S, kind, chunking):
     Q = sp.random(25, N_COLS, density=0.15, format="csr", random_state=9)
     d0, i0 = mgpu.knn(_local(S, kind), _local(Q, kind), 4)

@@ -149,6 +149,8 @@ _BAD = [  # (func, param, bad value, call with it, exception, how the message sh
         mode=v), ValueError, None),
     *[("jaccard", "parts", v, lambda v: mgpu.jaccard(_operands()[4], parts=v), ValueError,
        None) for v in (0, 1.5, True)],
+    *[("spgemm", "parts", v, lambda v: mgpu.spgemm(_operands()[1], _operands()[1].T, parts=v),
+       ValueError, None) for v in (0, 1.5, True)],
     ("sddmm", "device", "tpu", lambda v: mgpu.sddmm(*_operands()[1:4], device=v), ValueError,
      None),
     *[("sddmm_plan", "K", v, lambda v: mgpu.sddmm_plan(_operands()[1], v), ValueError, None)

@@ -39,6 +39,7 @@ def _data():
 
 
 X, S, A, B, G, R = _data()
+ST = S.T.tocsr()  # S's right operand in a product (5 × 6)
 XNAN = X.copy()
 XNAN[1, 2] = NAN
 RNAN = R.copy()
@@ -147,6 +148,35 @@ CASES = [
     ("spmm", "spmm", "check_finite", 1, lambda v: mgpu.spmm(S, np.ones((5, 2)),
                                                             check_finite=v)),
     ("spmv_plan", "spmv_plan", "A", np.ones((3, 3)), lambda v: mgpu.spmv_plan(v)),
+    ("spgemm", "spgemm", "A", S.toarray(), lambda v: mgpu.spgemm(v, S.T)),
+    ("spgemm", "spgemm", "A", _nan(S), lambda v: mgpu.spgemm(v, S.T)),
+    ("spgemm", "spgemm", "B", S, lambda v: mgpu.spgemm(S, v)),
+    ("spgemm", "spgemm", "B", np.ones((5, 2)), lambda v: mgpu.spgemm(S, v)),
+    ("spgemm", "spgemm", "mask", sp.identity(5, format="csr"),
+     lambda v: mgpu.spgemm(S, S.T, mask=v)),
+    ("spgemm", "spgemm", "mask", sp.csr_matrix((np.zeros(1), ([0], [0])), shape=(6, 6)),
+     lambda v: mgpu.spgemm(S, S.T, mask=v)),
+    ("spgemm", "spgemm", "to_host", "yes", lambda v: mgpu.spgemm(S, S.T, to_host=v)),
+    ("spgemm", "spgemm", "B", _nan(S.T.tocsr()), lambda v: mgpu.spgemm(S, v)),
+    ("spgemm", "spgemm", "mask", sp.csr_matrix((5, 6)), lambda v: mgpu.spgemm(S, S.T, mask=v)),
+    ("spadd", "spadd", "A", S.toarray(), lambda v: mgpu.spadd(v, S)),
+    ("spadd", "spadd", "B", S.T, lambda v: mgpu.spadd(S, v)),
+    ("spadd", "spadd", "B", _nan(S), lambda v: mgpu.spadd(S, v)),
+    ("spadd", "spadd", "alpha", NAN, lambda v: mgpu.spadd(S, S, alpha=v)),
+    ("spadd", "spadd", "beta", "1", lambda v: mgpu.spadd(S, S, beta=v)),
+    ("triangles", "triangles", "G", G.toarray(), lambda v: mgpu.triangles(v)),
+    ("triangles", "triangles", "G", sp.csr_matrix(np.ones((3, 4))),
+     lambda v: mgpu.triangles(v)),
+    ("triangles", "triangles", "G", _nan(G), lambda v: mgpu.triangles(v)),
+    ("triangles", "triangles", "G", sp.triu(G, format="csr"), lambda v: mgpu.triangles(v)),
+    ("triangles", "triangles", "G", da.from_array(G, chunks=2), lambda v: mgpu.triangles(v)),
+    ("triangles", "triangles", "symmetrize", "yes",
+     lambda v: mgpu.triangles(G, symmetrize=v)),
+    ("spgemm", "spgemm", "B", da.from_array(ST.toarray()), lambda v: mgpu.spgemm(S, v)),
+    ("spgemm", "spgemm", "parts", 0, lambda v: mgpu.spgemm(S, ST, parts=v)),
+    ("spgemm", "spgemm", "parts", 7, lambda v: mgpu.spgemm(S, ST, parts=v)),
+    ("spgemm", "spgemm", "client", 3, lambda v: mgpu.spgemm(S, ST, parts=2, client=v)),
+    ("spgemm", "spgemm", "progress", 3, lambda v: mgpu.spgemm(S, ST, parts=2, progress=v)),
     # ------------------------------------------------------------------ distributed
     ("jaccard", "jaccard", "G", np.ones((3, 3)), lambda v: mgpu.jaccard(v)),
     ("jaccard", "jaccard", "G", sp.csr_matrix(np.ones((3, 4))), lambda v: mgpu.jaccard(v)),
@@ -364,6 +394,14 @@ DISTRIBUTED = [  # (function, parameter, call on the tiles)
     ("spmv", "x", lambda t: mgpu.spmv(t["rows"], np.full(5, NAN))),
     ("spmv", "check_finite", lambda t: mgpu.spmv(t["rows"], np.ones(5), check_finite="no")),
     ("spmm", "X", lambda t: mgpu.spmm(t["rows"], np.ones(5))),
+    ("spgemm", "B", lambda t: mgpu.spgemm(t["rows"], S)),
+    ("spgemm", "B", lambda t: mgpu.spgemm(t["rows"], _nan(ST))),
+    ("spgemm", "B", lambda t: mgpu.spgemm(t["rows"], t["rows"])),
+    ("spgemm", "mask", lambda t: mgpu.spgemm(t["rows"], ST, mask=sp.csr_matrix((6, 5)))),
+    ("spgemm", "parts", lambda t: mgpu.spgemm(t["rows"], ST, parts=2)),
+    ("spgemm", "parts", lambda t: mgpu.spgemm(S, ST, parts=7)),
+    ("spgemm", "B", lambda t: mgpu.spgemm(S, _nan(ST), parts=2)),
+    ("spgemm", "progress", lambda t: mgpu.spgemm(t["rows"], ST, progress=print)),
     ("jaccard", "G", lambda t: mgpu.jaccard(_nan(t["graph"]), parts=2)),
     ("jaccard", "weighted", lambda t: mgpu.jaccard(t["graph"], parts=2, weighted="yes")),
     ("jaccard", "progress", lambda t: mgpu.jaccard(t["graph"], parts=2, progress=3)),

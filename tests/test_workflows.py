@@ -39,7 +39,7 @@ def _run(script: str, *args: object, cwd: Path) -> str:
 def test_every_workflow_is_tested_and_documented():
     scripts = sorted(p.name for p in WORKFLOWS.glob("*.py"))
     assert scripts == ["jaccard_weights.py", "knn_graph.py", "recommender.py",
-                       "sddmm_loop.py", "topic_model.py"]
+                       "sddmm_loop.py", "topic_model.py", "triangles.py"]
     readme = (WORKFLOWS / "README.md").read_text()
     for name in scripts:
         assert name in readme
@@ -126,6 +126,33 @@ def test_jaccard_weights_of_the_facebook_graph(data_dir, tmp_path):
     assert summary["top_edges"] == [[int(ids[up.row[o]]), int(ids[up.col[o]]),
                                      pytest.approx(float(up.data[o]), rel=1e-12)]
                                     for o in order]
+
+
+def test_triangles_of_the_ca_hepph_graph(data_dir, tmp_path):
+    import networkx as nx
+
+    from mgpu import io
+
+    # stored both ways, with 32 self-loops (dropped) and ids that are not contiguous
+    graph = _data(data_dir, "graphs/ca-HepPh.txt.gz")
+    stdout = _run("triangles.py", graph, "--top", 5, "--out", "t.csv", "--json", "t.json",
+                  cwd=tmp_path)
+    G, ids = io.load_snap(graph, relabel=True, return_ids=True)
+    H = nx.from_scipy_sparse_array(G)
+    H.remove_edges_from(list(nx.selfloop_edges(H)))
+    ref = nx.triangles(H)
+    rows = (tmp_path / "t.csv").read_text().splitlines()
+    assert rows[0] == "node_id,triangles"
+    assert rows[1:] == [f"{ids[v]},{ref[v]}" for v in range(len(ids))]
+    got = json.loads((tmp_path / "t.json").read_text())
+    s = got["summary"]
+    assert s["triangles"] == 3_358_499  # SNAP's count
+    assert s["vertices"] == 12_008 and s["edges"] == H.number_of_edges()
+    assert s["transitivity"] == pytest.approx(nx.transitivity(H), rel=1e-12)
+    assert s["average_clustering"] == pytest.approx(nx.average_clustering(H), rel=1e-12)
+    order = sorted(ref, key=lambda v: (-ref[v], v))[:5]
+    assert got["top_vertices"] == [[int(ids[v]), ref[v]] for v in order]
+    assert f"  vertex {ids[order[0]]}: {ref[order[0]]:,} triangles" in stdout
 
 
 def test_recommender_on_movielens(data_dir, tmp_path):

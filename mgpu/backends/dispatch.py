@@ -34,6 +34,8 @@ __all__ = [
     "spmv_lookup",
     "spmv_plan_lookup",
     "spmv_takes_as_is_lookup",
+    "spadd_lookup",
+    "spgemm_lookup",
 ]
 
 # (X, op) -> per-row reduction in X's float dtype
@@ -67,6 +69,11 @@ spmv_takes_as_is_lookup = Dispatch("spmv_takes_as_is")
 # (A CSR, x, plan) -> (A @ x, whether NaN/inf was flagged, or None where nothing was
 # checked): the product that checks its operands as it reads them (the GPU's)
 spmv_flagged_lookup = Dispatch("spmv_flagged")
+# (A CSR, B CSR, mask CSR or None) -> A @ B (restricted to mask's pattern) as canonical CSR:
+# sorted indices, no duplicates, no stored zeros; A and B of one float dtype, checked finite
+spgemm_lookup = Dispatch("spgemm")
+# (A CSR, B CSR, alpha, beta) -> alpha * A + beta * B as canonical CSR (as spgemm's)
+spadd_lookup = Dispatch("spadd")
 # (G CSR, weighted, r0, r1) -> Jaccard weights of the edges of rows r0..r1, in G's order
 jaccard_lookup = Dispatch("jaccard")
 # (users, items, ratings, P, Q, lr, reg_p, reg_q) -> None: one SGD pass, P and Q in place

@@ -25,6 +25,34 @@ KNN_SELECT = (16, 128)
 # fall in different banks) and per SpMM piece
 SPMV_ITEMS = (3, 5)
 SPMM_ITEMS = (8, 16)
+# SpGEMM (kernels/spgemm.cu): the (threads per row, hash slots) of the shared-memory tables.
+# Symbolic pass (keys only): a row goes to the first table with at least min(products,
+# columns of B) slots. Numeric pass (keys and values): to the first with at least twice the
+# row's exact count, so that probes stay short. Tables of more than 48 KiB live in dynamic
+# shared memory (spgemm_dynamic), where the device allows that much a block; longer rows use
+# tables in global memory.
+SPGEMM_SYMBOLIC = ((32, 512), (256, 2048), (256, 8192), (1024, 32768))
+SPGEMM_NUMERIC = ((32, 64), (32, 128), (32, 256), (256, 512), (256, 1024), (256, 2048),
+                  (256, 4096), (1024, 8192), (1024, 16384))
+# A row is binned by at least its products / this ratio (symbolic, numeric), so that a row of
+# many products goes to a group of more threads (at most ratio × slots / threads products a
+# thread), and past the largest table to the global ones, which the whole grid shares.
+SPGEMM_RATIO = (16, 32)
+
+
+def spgemm_dynamic(table: int, numeric: bool) -> bool:
+    """Whether the SpGEMM table of ``table`` slots is instantiated in dynamic shared memory
+    (more than 48 KiB in float64)."""
+    return table * (12 if numeric else 4) >= 48 * 1024
+
+
+def spgemm_shared(t: str, group: int, table: int, numeric: bool) -> str:
+    """The name expression of the shared-memory SpGEMM kernel of that table."""
+    dyn = "true" if spgemm_dynamic(table, numeric) else "false"
+    return f"mgpu_spgemm_shared<{t}, {group}, {table}, {'true' if numeric else 'false'}, {dyn}>"
+
+
+SPGEMM_RUN = 8  # products per thread of the masked product (one search, then a walk)
 # SGD (kernels/sgd.cu): factor elements per lane, so k <= 32 * the largest
 SGD_KPL = (1, 2, 4, 8)
 # ratings in flight per warp of the wavefront kernel (its ring of D slots in shared memory);
@@ -113,6 +141,14 @@ INSTANCES: dict[str, tuple[str, ...]] = {
     + tuple(f"mgpu_spmm_merge<{t}, {items}>" for t in _FLOATS for items in SPMM_ITEMS)
     + tuple(f"mgpu_carry_apply<{t}>" for t in _FLOATS)
     + ("mgpu_spmv_tile_search", "mgpu_spmv_carries", "mgpu_spmm_carries"),
+    "spgemm.cu": tuple(spgemm_shared(t, g, n, False) for t in _FLOATS for g, n in SPGEMM_SYMBOLIC)
+    + tuple(spgemm_shared(t, g, n, True) for t in _FLOATS for g, n in SPGEMM_NUMERIC)
+    + tuple(f"mgpu_spgemm_global<{t}, {b}>" for t in _FLOATS for b in ("false", "true"))
+    + tuple(f"mgpu_spgemm_global_{k}<{t}>" for k in ("gather", "rank") for t in _FLOATS)
+    + tuple(f"mgpu_spgemm_masked<{t}, {SPGEMM_RUN}>" for t in _FLOATS)
+    + ("mgpu_spgemm_products",)
+    + tuple(f"mgpu_spgemm_{k}<{t}>" for k in ("nonzeros", "compact") for t in _FLOATS)
+    + tuple(f"mgpu_spgemm_bin_{k}<{b}>" for k in ("count", "fill") for b in ("false", "true")),
     # the finiteness flag of the checked calls (mgpu.backends.flags)
     "flags.cu": tuple(f"mgpu_flag_nonfinite<{t}>" for t in _FLOATS),
     # SGD block kernel of matrix factorisation: k <= 32 * KPL

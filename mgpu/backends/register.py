@@ -12,6 +12,7 @@ import mgpu.backends.finite  # noqa: F401  (the host finite scan)
 import mgpu.backends.numpy  # noqa: F401  (row norms, SDDMM, NAMM, Jaccard)
 import mgpu.backends.numpy_knn  # noqa: F401  (kNN and distances)
 import mgpu.backends.numpy_spmv  # noqa: F401  (SpMV, SpMM, their plans)
+import mgpu.backends.numpy_spgemm  # noqa: F401  (SpGEMM, SpAdd)
 import mgpu.backends.dispatch as d
 
 # The module that registers the CuPy side of each table, when CuPy data first reaches it.
@@ -34,6 +35,7 @@ CUPY_MODULES: dict[str, tuple] = {
         d.spmv_lookup, d.spmv_plan_lookup, d.spmv_takes_as_is_lookup, d.spmv_flagged_lookup,
     ),
     "mgpu.backends.cupy_sgd": (d.sgd_lookup,),
+    "mgpu.backends.cupy_spgemm": (d.spgemm_lookup, d.spadd_lookup),
 }
 
 

@@ -133,6 +133,22 @@ def _output_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+def _table_file(what: str) -> Callable[[click.Context, click.Parameter, str | None],
+                                        Path | None]:
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+        """The optional --out path of a job that writes a table (.csv or .npy), checked
+        before any work."""
+        if value is None:
+            return None
+        out = Path(value)
+        if out.suffix.lower() not in (".csv", ".npy"):
+            raise click.BadParameter(f"{what} are written as CSV or numpy .npy: give a path "
+                                     "ending in .csv or .npy", param_hint="--out")
+        return writable_parent(out, "--out")
+
+    return check
+
+
 def _npz_file(what: str) -> Callable[[click.Context, click.Parameter, str], Path]:
     def check(ctx: click.Context, param: click.Parameter, value: str) -> Path:
         """The --out path of a job that writes a scipy .npz, checked before any work."""
@@ -332,6 +348,12 @@ def repeats(default: int | None, help: str = "Timed runs (median).") -> Decorato
                         type=click.IntRange(min=1), help=help)
 
 
+def dtype(help: str | None = None) -> Decorator:
+    """``--dtype float32|float64`` (default float32), as the name."""
+    return click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
+                        show_default=True, help=help)
+
+
 def json_out(what: str = "every measurement") -> Decorator:
     return click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
                         callback=_output_file, help=f"Write {what} to this JSON file.")
@@ -347,6 +369,19 @@ def out_npz(what: str, help: str) -> Decorator:
     """``--out FILE.npz``, checked (suffix, folder) before any work."""
     return click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
                         callback=_npz_file(what), help=help)
+
+
+def out_table(what: str, help: str) -> Decorator:
+    """``--out FILE.csv`` or ``FILE.npy``, optional, checked (suffix, folder) before any
+    work."""
+    return click.option("--out", "out", default=None, type=click.Path(dir_okay=False),
+                        callback=_table_file(what), help=help)
+
+
+def top(help: str) -> Decorator:
+    """``--top N``: how many of the largest results a job prints."""
+    return click.option("--top", default=10, show_default=True, type=click.IntRange(min=0),
+                        help=help)
 
 
 def out_dir(help: str) -> Decorator:

@@ -50,6 +50,28 @@ def save_npz(path: Path, **arrays: Any) -> None:
     tmp.replace(path)
 
 
+def save_table(path: Path, **columns: Any) -> None:
+    """Equal-length 1-D ``columns`` as a table, written whole: CSV with a header of their
+    names for a ``.csv`` path, else a numpy structured array (``np.load(path)["name"]``)."""
+    import numpy as np
+
+    arrays = {k: np.asarray(v) for k, v in columns.items()}
+    tmp = path.with_name(f".{path.name}.partial")
+    if path.suffix.lower() == ".csv":
+        with open(tmp, "w") as f:
+            f.write(",".join(arrays) + "\n")
+            for row in zip(*(a.tolist() for a in arrays.values())):
+                f.write(",".join(map(str, row)) + "\n")
+    else:
+        table = np.empty(len(next(iter(arrays.values()))),
+                         dtype=[(k, a.dtype) for k, a in arrays.items()])
+        for k, a in arrays.items():
+            table[k] = a
+        with open(tmp, "wb") as f:  # a file object: np.save would add .npy to the name
+            np.save(f, table, allow_pickle=False)
+    tmp.replace(path)
+
+
 def save_sparse(path: Path, M: Any, **ids: Any) -> None:
     """scipy .npz of a sparse matrix, written whole, with ``ids`` (``node_ids=...``) beside
     scipy's arrays: ``scipy.sparse.load_npz`` reads the matrix and ignores them, ``np.load``

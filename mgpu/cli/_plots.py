@@ -150,6 +150,55 @@ def spmv(rows: list[dict[str, Any]], r: float, path: str) -> None:
     plt.close(fig)
 
 
+def spgemm(rows: list[dict[str, Any]], path: str) -> None:
+    """GFLOP/s of mgpu's SpGEMM and each peer per input (rows of
+    :func:`mgpu.bench.spgemm.bench_spgemm`), bars on a log scale: a wrong result hatched,
+    a failure written where its bar would be."""
+    from mgpu.bench.spgemm import FORMS, PEERS
+
+    plt = _pyplot()
+    keys = [k for k in PEERS if any(k in r["peers"] for r in rows)]
+    methods = [("mgpu", "mgpu.spgemm")] + [(k, PEERS[k][0]) for k in keys]
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(rows) + 2.5), 4.4))
+    for j, (key, label) in enumerate(methods):
+        for i, r in enumerate(rows):
+            x = i - 0.4 + (j + 0.5) * width
+            if key == "mgpu":
+                status, gflops = ("failed" if r["mgpu_error"] else "ok"), r["mgpu_gflops"]
+            elif key in r["peers"]:
+                status, gflops = r["peers"][key]["status"], r["peers"][key]["gflops"]
+            else:
+                continue
+            if status == "failed" or not gflops:
+                ax.text(x, 0.02, "failed", rotation=90, ha="center", va="bottom",
+                        fontsize="x-small", transform=ax.get_xaxis_transform())
+                continue
+            wrong = status == "wrong result"
+            ax.bar(x, gflops, width, color=f"C{j}", hatch="//" if wrong else None,
+                   edgecolor="k" if wrong else None, label=label)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r['name']}, {FORMS[r['form']]}" for r in rows], rotation=20,
+                       ha="right", fontsize="small")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))  # one entry a method, not one a bar
+    if unique:
+        ax.set_yscale("log")
+    if any(r["peers"].get(k, {}).get("status") == "wrong result" for r in rows for k in keys):
+        from matplotlib.patches import Patch
+
+        unique["wrong result"] = Patch(facecolor="white", edgecolor="k", hatch="//")
+    if unique:
+        ax.legend(unique.values(), unique.keys(), fontsize="small")
+    ax.set_ylabel("GFLOP/s (2 per intermediate product)")
+    if rows:
+        device = rows[0]["device_name"] or rows[0]["device"].upper()
+        ax.set_title(f"SpGEMM, {device}, {rows[0]['dtype']}", fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def gap_history(histories: dict[str, list[dict[str, float]]], path: str,
                      title: str) -> None:
     """Log-likelihood per token against the iteration, one line per device, as a PNG

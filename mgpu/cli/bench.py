@@ -18,6 +18,7 @@ from mgpu.cli._mf import mf_options, train
 from mgpu.cli._output import bar, plotted, write_json
 from mgpu.cli.bench_comm import _GPUS, _check_gpu_workers, bench_allreduce
 from mgpu.cli.bench_sgd import bench_sgd, bench_sgd_seeds
+from mgpu.cli.bench_spgemm import bench_spgemm_cmd
 
 
 
@@ -29,6 +30,7 @@ def bench() -> None:
 bench.add_command(bench_allreduce, "allreduce")
 bench.add_command(bench_sgd, "sgd")
 bench.add_command(bench_sgd_seeds, "sgd-seeds")
+bench.add_command(bench_spgemm_cmd, "spgemm")
 
 
 def _need_gpu(what: str, usage: bool = False) -> None:
@@ -476,8 +478,7 @@ def bench_mf(ratings: str | None, synthetic: tuple[int, int, int] | None,
               help="Gradient steps of each fit (the median leaves out the first two).")
 @click.option("--lr", default=0.01, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Adam's step size.")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
-              show_default=True)
+@opt.dtype()
 @opt.worker_counts()
 @opt.worker_kind
 @opt.json_out()

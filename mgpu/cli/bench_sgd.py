@@ -55,8 +55,7 @@ def _depths(text: str) -> tuple[int | None, ...]:
               help="Comma-separated ratings in flight per warp of the wavefront kernel, of "
               f"{', '.join(map(str, WAVE_DEPTHS))} ('auto': the kernel's default, 8, or the "
               "deepest a k has below it; a depth a k lacks is skipped).")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
-              show_default=True)
+@opt.dtype()
 @opt.repeats(5)
 @opt.json_out()
 def bench_sgd(shape: tuple[int, int], n_ratings: int, ks: tuple[int, ...], conflicts: str,

@@ -15,6 +15,7 @@ from mgpu.distributed.collection import chunk_nnz, chunk_workers, from_scipy, ga
 from mgpu.distributed.knn import knn_distributed, merge_top_k
 from mgpu.distributed.neighbors import pairwise_distances  # registers the ops' dask routes
 from mgpu.distributed.sddmm import place_factors, sddmm, sddmm_axis
+from mgpu.distributed.spgemm import spgemm  # registers spgemm's dask route
 from mgpu.distributed.spmd import Comm, Part, spmd
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "place_factors",
     "sddmm",
     "sddmm_axis",
+    "spgemm",
     "spmd",
     "visible_gpus",
     "worker_info",

@@ -6,7 +6,7 @@
 
 Each takes a scipy or cupyx matrix (one device) or a dask array of row tiles (a cluster,
 through :class:`mgpu.distributed.tiles.RowTiles`); :mod:`mgpu.models.jaccard` summarises
-Jaccard edge weights.
+Jaccard edge weights, :mod:`mgpu.models.triangles` triangle counts.
 """
 from __future__ import annotations
 

@@ -11,10 +11,13 @@ from typing import Any
 from mgpu.ops.distances import SEMIRINGS, knn, pairwise_distances
 from mgpu.ops.rownorms import NORMS, row_norms
 from mgpu.ops.sddmm import sddmm, sddmm_plan
+from mgpu.ops.spgemm import spadd, spgemm
 from mgpu.ops.spmv import spmm, spmv, spmv_plan
+from mgpu.ops.triangles import triangles
 
 __all__ = ["NORMS", "SEMIRINGS", "NearestNeighbors", "knn", "pairwise_distances", "row_norms",
-           "sddmm", "sddmm_plan", "spmm", "spmv", "spmv_plan"]
+           "sddmm", "sddmm_plan", "spadd", "spgemm", "spmm", "spmv", "spmv_plan",
+           "triangles"]
 
 
 def __getattr__(name: str) -> Any:

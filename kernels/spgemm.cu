@@ -1,0 +1,590 @@
+// Sparse × sparse product C = A·B on the GPU, row by row (Gustavson), in two passes.
+//
+// The work of a row is its intermediate products: Σ over A's row of the lengths of the B rows
+// it touches. `cum` holds their prefix sums over A's nonzeros (cum[j] = products before A's
+// nonzero j, cum[nnz(A)] = all of them), so product p of the whole matrix belongs to the
+// nonzero j with cum[j] <= p < cum[j+1], found by a binary search. Every kernel below hands
+// out *products*, not rows or nonzeros, to its threads: the merge-path idea (Dalton, Olson
+// and Bell) applied to the intermediate products, so a row of a few long B rows and one of
+// many short ones keep the same number of threads busy.
+//
+//  * symbolic pass: each row's distinct columns, counted in a hash table of keys only;
+//  * numeric pass: the same table with values, then sorted by column and written out.
+//
+// Rows are binned by size (the symbolic pass by min(products, columns of B), the numeric
+// pass by the exact count of the symbolic one): a warp per row with a table in shared memory
+// for short rows, a block per row for longer ones, and, for the longest, tables in global
+// memory that many blocks fill together (mgpu_spgemm_global), in batches sized to the memory
+// the device has. A masked product (C = (A·B) restricted to a pattern M) needs no table: a
+// product is added to the slot of its column in M's sorted row, found by a binary search.
+#include "common.cuh"
+
+#define MGPU_SPGEMM_EMPTY 0x7fffffff  // column indices are < 2^31 - 1 (cupyx CSR is 32-bit)
+
+namespace mgpu {
+
+// Fibonacci hashing: the high bits of col × 2^32/φ, so that columns of a common stride (a
+// banded or blocked B) still spread over the table; `bits` = log2(table size) >= 1.
+__device__ __forceinline__ unsigned spgemm_hash(int col, int bits) {
+    return (static_cast<unsigned>(col) * 2654435769u) >> (32 - bits);
+}
+
+// the largest j in [lo, hi] with cum[j] <= p (cum nondecreasing, cum[lo] <= p): A's nonzero
+// whose products hold product p (a nonzero whose B row is empty has cum[j] == cum[j + 1] and
+// is skipped, as the largest such j is taken)
+__device__ __forceinline__ long long spgemm_owner(const long long* __restrict__ cum, long long lo,
+                                                  long long hi, long long p) {
+    while (lo < hi) {
+        long long mid = (lo + hi + 1) >> 1;
+        if (cum[mid] <= p) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+__host__ __device__ constexpr int log2_of(int n) { return n > 1 ? 1 + log2_of(n >> 1) : 0; }
+
+// The products p .. p1 - 1 (p1 - p <= RUN) of the nonzeros from j on (cum[j] <= p): their
+// columns (-1 past p1) and, with VALUES, their values. Every load of the run is issued before
+// any hash insert, so that a thread waits for memory once a run, not once a product; the B row
+// start is looked up again only where the run crosses into the next nonzero.
+template <typename T, int RUN, bool VALUES>
+__device__ __forceinline__ void spgemm_fetch(const long long* __restrict__ cum,
+                                             const int* __restrict__ a_idx,
+                                             const T* __restrict__ a_val,
+                                             const int* __restrict__ b_ptr,
+                                             const int* __restrict__ b_idx,
+                                             const T* __restrict__ b_val, long long j,
+                                             long long p, long long p1, int (&cols)[RUN],
+                                             T (&prods)[RUN]) {
+    long long next = cum[j + 1];
+    long long shift = b_ptr[a_idx[j]] - cum[j];  // B position of product q: q + shift
+    T a = VALUES ? a_val[j] : T(0);
+#pragma unroll
+    for (int s = 0; s < RUN; ++s) {
+        const long long q = p + s;
+        cols[s] = -1;
+        if (q < p1) {
+            while (next <= q) {
+                ++j;
+                next = cum[j + 1];
+                shift = b_ptr[a_idx[j]] - cum[j];
+                if (VALUES) a = a_val[j];
+            }
+            cols[s] = b_idx[q + shift];
+            if (VALUES) prods[s] = a * b_val[q + shift];
+        }
+    }
+}
+
+template <int GROUP>
+__device__ __forceinline__ void group_sync() {
+    if (GROUP == 32) __syncwarp(); else __syncthreads();
+}
+
+// before[w] = the set bits of bitmap[0 .. w - 1], for `words` words, by a block of BLOCK
+// threads (a multiple of 32): each thread counts a contiguous stretch, the stretches' counts
+// are scanned across the block (shuffles in a warp, then the warps' totals), and each
+// thread writes its stretch's prefixes. Ends with the block in step.
+template <int BLOCK>
+__device__ void block_scan_popc(const unsigned* __restrict__ bitmap, int* __restrict__ before,
+                                int words, int* __restrict__ warp_sums) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int per = (words + BLOCK - 1) / BLOCK;
+    const int w0 = t * per < words ? t * per : words;
+    const int w1 = w0 + per < words ? w0 + per : words;
+    int own = 0;
+    for (int w = w0; w < w1; ++w) own += __popc(bitmap[w]);
+    int incl = own;  // inclusive scan in the warp
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int v = __shfl_up_sync(MGPU_FULL_MASK, incl, off);
+        if (lane >= off) incl += v;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int s = lane < BLOCK / 32 ? warp_sums[lane] : 0;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int v = __shfl_up_sync(MGPU_FULL_MASK, s, off);
+            if (lane >= off) s += v;
+        }
+        if (lane < BLOCK / 32) warp_sums[lane] = s;  // inclusive over the warps
+    }
+    __syncthreads();
+    int run = incl - own + (warp > 0 ? warp_sums[warp - 1] : 0);
+    for (int w = w0; w < w1; ++w) {
+        before[w] = run;
+        run += __popc(bitmap[w]);
+    }
+    __syncthreads();
+}
+
+}  // namespace mgpu
+
+// cum[j + 1] = the length of the B row that A's nonzero j picks (cum[0] = 0): the host's
+// inclusive scan of cum[1:] then makes cum the products' prefix sums.
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_products(const int* __restrict__ a_idx, long long a_nnz,
+                     const int* __restrict__ b_ptr, long long* __restrict__ cum) {
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; j < a_nnz;
+         j += step) {
+        const int k = a_idx[j];
+        cum[j + 1] = b_ptr[k + 1] - b_ptr[k];
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) cum[0] = 0;
+}
+
+// The size by which row `row` is binned: with PRODUCTS, min(its products, n), else
+// sizes[row] (the symbolic pass's count), but at least its products / `ratio`: a row of many
+// products goes to a table of more threads (past the last, to the tables in global memory,
+// whose products the whole grid shares), so that no group is left with a row that takes
+// longer than all the others together.
+template <bool PRODUCTS>
+__device__ __forceinline__ long long spgemm_row_size(int row, const int* __restrict__ a_ptr,
+                                                     const long long* __restrict__ cum,
+                                                     const int* __restrict__ sizes, long long n,
+                                                     long long ratio) {
+    const long long f = cum[a_ptr[row + 1]] - cum[a_ptr[row]];
+    const long long s = PRODUCTS ? (f < n ? f : n) : sizes[row];
+    const long long w = f / ratio;
+    return s > w ? s : w;
+}
+
+// bin b >= 1 of a size s > 0: the first b with s <= edges[b - 1], nedges + 1 past the last;
+// 0 for an empty row
+__device__ __forceinline__ int spgemm_bin(long long s, const long long* __restrict__ edges,
+                                          int nedges) {
+    if (s <= 0) return 0;
+    int b = 1;
+    while (b <= nedges && s > edges[b - 1]) ++b;
+    return b;
+}
+
+// Rows r0 .. r1 - 1 counted per bin into counts[0 .. nedges + 1] (zeroed beforehand).
+template <bool PRODUCTS>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_bin_count(int r0, int r1, const int* __restrict__ a_ptr,
+                      const long long* __restrict__ cum, const int* __restrict__ sizes,
+                      long long n, long long ratio, const long long* __restrict__ edges,
+                      int nedges, int* __restrict__ counts) {
+    __shared__ int local[16];
+    if (threadIdx.x < 16) local[threadIdx.x] = 0;
+    __syncthreads();
+    for (int row = r0 + blockIdx.x * blockDim.x + threadIdx.x; row < r1;
+         row += gridDim.x * blockDim.x) {
+        const long long s = spgemm_row_size<PRODUCTS>(row, a_ptr, cum, sizes, n, ratio);
+        atomicAdd(local + spgemm_bin(s, edges, nedges), 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < nedges + 2 && local[threadIdx.x]) atomicAdd(counts + threadIdx.x,
+                                                                  local[threadIdx.x]);
+}
+
+// Rows r0 .. r1 - 1 of a non-empty bin listed in `rows` from cursor[bin] on (the bins' starts
+// beforehand; the order within a bin is the warps' arrival order): one atomic per bin a warp.
+template <bool PRODUCTS>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_bin_fill(int r0, int r1, const int* __restrict__ a_ptr,
+                     const long long* __restrict__ cum, const int* __restrict__ sizes,
+                     long long n, long long ratio, const long long* __restrict__ edges,
+                     int nedges, int* __restrict__ cursor, int* __restrict__ rows) {
+    const int lane = threadIdx.x & 31;
+    for (int base = r0 + (blockIdx.x * blockDim.x + threadIdx.x) - lane; base < r1;
+         base += gridDim.x * blockDim.x) {
+        const int row = base + lane;
+        const int b = row < r1 ? spgemm_bin(spgemm_row_size<PRODUCTS>(row, a_ptr, cum, sizes, n, ratio),
+                                            edges, nedges) : -1;
+        const unsigned same = __match_any_sync(MGPU_FULL_MASK, b);
+        const int leader = __ffs(same) - 1;
+        int at = 0;
+        if (b > 0 && lane == leader) at = atomicAdd(cursor + b, __popc(same));
+        at = __shfl_sync(MGPU_FULL_MASK, at, leader);
+        if (b > 0) rows[at + __popc(same & ((1u << lane) - 1))] = row;
+    }
+}
+
+// One row per group of GROUP threads (a warp, or a whole block of 256 or more), with a table of
+// TABLE slots in shared memory per group. NUMERIC false: count each listed row's distinct
+// columns into row_nnz[row]. NUMERIC true: sum the products per column, sort the table by
+// column (bitonic) and write the row's row_nnz entries at c_off[row] - c_base of c_idx/c_val,
+// counting in `zeros` the sums that came out exactly 0 (the host leaves them out after).
+// The host lists in `rows` only rows whose size fits TABLE (at most half of it in the numeric
+// pass; at most all of it in the symbolic one, where a key is all a slot holds). DYNAMIC: the
+// table lives in dynamic shared memory (up to the device's opt-in limit; the host sets the
+// kernel's attribute and passes its size), for the largest tables, one group a block.
+template <typename T, int GROUP, int TABLE, bool NUMERIC, bool DYNAMIC = false, int RUN = 4>
+__global__ void __launch_bounds__(GROUP > 256 ? GROUP : 256)
+mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
+                   const T* __restrict__ a_val, const int* __restrict__ b_ptr,
+                   const int* __restrict__ b_idx, const T* __restrict__ b_val,
+                   const long long* __restrict__ cum, const int* __restrict__ rows, int nrows,
+                   int* __restrict__ row_nnz, const long long* __restrict__ c_off,
+                   long long c_base, int* __restrict__ c_idx, T* __restrict__ c_val,
+                   unsigned long long* __restrict__ zeros, int words) {
+    constexpr int GROUPS = (GROUP > 256 ? GROUP : 256) / GROUP;  // blocks: 256 threads or a group
+    constexpr int BITS = mgpu::log2_of(TABLE);
+    static_assert(TABLE == 1 << BITS && TABLE >= 2 * GROUP,
+                  "TABLE: a power of two, at least two slots a thread");
+    static_assert(!DYNAMIC || GROUPS == 1, "a dynamic table takes the whole block");
+    constexpr int STATIC = DYNAMIC ? 1 : GROUPS * TABLE;
+    __shared__ int static_keys[STATIC];
+    __shared__ T static_vals[NUMERIC ? STATIC : 1];
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    __shared__ int counts[GROUPS];
+    const int g = threadIdx.x / GROUP;
+    const int lane = threadIdx.x % GROUP;
+    // dynamic: the values (8-byte aligned) first, then the keys
+    int* key = DYNAMIC ? reinterpret_cast<int*>(dynamic_smem + (NUMERIC ? TABLE * sizeof(T) : 0))
+                       : static_keys + g * TABLE;
+    T* val = DYNAMIC ? reinterpret_cast<T*>(dynamic_smem) : static_vals + (NUMERIC ? g * TABLE : 0);
+    // numeric, dynamic, words > 0: a bitmap of C's columns (words of 32) after the keys, and
+    // each word's count of set bits before it, which place every column of the row in order
+    // without a sort
+    const bool ranked = DYNAMIC && NUMERIC && words > 0;
+    unsigned* bitmap = reinterpret_cast<unsigned*>(key + TABLE);
+    int* before = reinterpret_cast<int*>(bitmap + words);
+    __shared__ int warp_sums[32];
+    for (int r = blockIdx.x * GROUPS + g; r < nrows; r += gridDim.x * GROUPS) {
+        const int row = rows[r];
+        for (int t = lane; t < TABLE; t += GROUP) {
+            key[t] = MGPU_SPGEMM_EMPTY;
+            if (NUMERIC) val[t] = T(0);
+        }
+        if (ranked)
+            for (int w = lane; w < words; w += GROUP) bitmap[w] = 0u;
+        if (lane == 0) counts[g] = 0;
+        mgpu::group_sync<GROUP>();
+        const long long a0 = a_ptr[row], a1 = a_ptr[row + 1];
+        const long long p0 = cum[a0], f = cum[a1] - p0;
+        // each lane takes RUN consecutive products at a time: one search, then a walk
+        int fresh = 0;
+        for (long long q0 = static_cast<long long>(lane) * RUN; q0 < f; q0 += GROUP * RUN) {
+            const long long p = p0 + q0;
+            int cols[RUN];
+            T prods[RUN];
+            mgpu::spgemm_fetch<T, RUN, NUMERIC>(cum, a_idx, a_val, b_ptr, b_idx, b_val,
+                                                mgpu::spgemm_owner(cum, a0, a1 - 1, p), p,
+                                                p0 + (q0 + RUN < f ? q0 + RUN : f), cols, prods);
+#pragma unroll
+            for (int s = 0; s < RUN; ++s) {
+                const int col = cols[s];
+                if (col < 0) break;
+                unsigned h = mgpu::spgemm_hash(col, BITS);
+                while (true) {
+                    const int prev = atomicCAS(key + h, MGPU_SPGEMM_EMPTY, col);
+                    if (prev == MGPU_SPGEMM_EMPTY || prev == col) {
+                        fresh += prev == MGPU_SPGEMM_EMPTY;
+                        if (NUMERIC) atomicAdd(val + h, prods[s]);
+                        break;
+                    }
+                    h = (h + 1) & (TABLE - 1);
+                }
+            }
+        }
+        if (!NUMERIC) {
+            if (fresh) atomicAdd(counts + g, fresh);
+            mgpu::group_sync<GROUP>();
+            if (lane == 0) row_nnz[row] = counts[g];
+        } else if (ranked) {
+            mgpu::group_sync<GROUP>();  // every product is in
+            for (int t = lane; t < TABLE; t += GROUP) {
+                const int k = key[t];
+                if (k != MGPU_SPGEMM_EMPTY) atomicOr(bitmap + (k >> 5), 1u << (k & 31));
+            }
+            mgpu::group_sync<GROUP>();
+            mgpu::block_scan_popc<GROUP>(bitmap, before, words, warp_sums);
+            const long long out = c_off[row] - c_base;
+            int zero = 0;
+            for (int t = lane; t < TABLE; t += GROUP) {
+                const int k = key[t];
+                if (k == MGPU_SPGEMM_EMPTY) continue;
+                const long long at = out + before[k >> 5] +
+                                     __popc(bitmap[k >> 5] & ((1u << (k & 31)) - 1u));
+                c_idx[at] = k;
+                c_val[at] = val[t];
+                zero += val[t] == T(0);
+            }
+            if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+        } else {
+            // Gather the n occupied slots at the front of the table (in any order), fill up to
+            // the next power of two with empty keys and sort only those: a row of 5 columns
+            // in a table of 256 sorts 8 entries. The gathering goes in chunks of CHUNK slots
+            // a thread (read, wait, write the occupied ones): a write lands below the number
+            // of slots read so far, so it never overwrites a slot not yet read.
+            constexpr int SLOTS = TABLE / GROUP;
+            constexpr int CHUNK = SLOTS < 4 ? SLOTS : 4;
+            const int n = row_nnz[row];
+            int sorted = 1;
+            while (sorted < n) sorted <<= 1;
+#pragma unroll 1
+            for (int c0 = 0; c0 < SLOTS; c0 += CHUNK) {
+                int ks[CHUNK];
+                T vs[CHUNK];
+                mgpu::group_sync<GROUP>();  // every product is in / the last chunk written
+#pragma unroll
+                for (int s = 0; s < CHUNK; ++s) {
+                    ks[s] = key[lane + (c0 + s) * GROUP];
+                    vs[s] = val[lane + (c0 + s) * GROUP];
+                }
+                mgpu::group_sync<GROUP>();
+#pragma unroll
+                for (int s = 0; s < CHUNK; ++s) {
+                    if (ks[s] != MGPU_SPGEMM_EMPTY) {
+                        const int at = atomicAdd(counts + g, 1);
+                        key[at] = ks[s];
+                        val[at] = vs[s];
+                    }
+                }
+            }
+            mgpu::group_sync<GROUP>();
+            for (int t = n + lane; t < sorted; t += GROUP) key[t] = MGPU_SPGEMM_EMPTY;
+            mgpu::group_sync<GROUP>();
+            for (int size = 2; size <= sorted; size <<= 1) {
+                for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                    for (int t = lane; t < sorted / 2; t += GROUP) {
+                        const int lo = 2 * t - (t & (stride - 1));
+                        const int hi = lo + stride;
+                        const int kl = key[lo], kh = key[hi];
+                        if ((kl > kh) == ((lo & size) == 0)) {
+                            key[lo] = kh;
+                            key[hi] = kl;
+                            const T v = val[lo];
+                            val[lo] = val[hi];
+                            val[hi] = v;
+                        }
+                    }
+                    mgpu::group_sync<GROUP>();
+                }
+            }
+            const long long out = c_off[row] - c_base;
+            int zero = 0;
+            for (int t = lane; t < n; t += GROUP) {
+                c_idx[out + t] = key[t];
+                c_val[out + t] = val[t];
+                zero += val[t] == T(0);
+            }
+            if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+        }
+        mgpu::group_sync<GROUP>();
+    }
+}
+
+// The longest rows: the `nrows` rows listed in `rows`, whose products are numbered
+// rcum[r] .. rcum[r + 1] - 1 in list order, each with a hash table of its own in global
+// memory (slots toff[r] .. toff[r + 1] - 1 of keys/vals, a power of two, keys set to EMPTY
+// and values to 0 beforehand). Every thread takes products of the whole list in turn, so a
+// row of millions of products is spread over the grid. NUMERIC false: row_nnz[row] counts
+// each row's distinct columns; NUMERIC true: vals sums the products per column.
+template <typename T, bool NUMERIC, int RUN = 4>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_global(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
+                   const T* __restrict__ a_val, const int* __restrict__ b_ptr,
+                   const int* __restrict__ b_idx, const T* __restrict__ b_val,
+                   const long long* __restrict__ cum, const int* __restrict__ rows, int nrows,
+                   const long long* __restrict__ rcum, const long long* __restrict__ toff,
+                   int* __restrict__ keys, T* __restrict__ vals, int* __restrict__ row_nnz) {
+    const long long total = rcum[nrows];
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x * RUN;
+    // each thread takes RUN consecutive products of the list at a time, in one piece per
+    // listed row the run falls in
+    for (long long q0 = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
+         q0 < total; q0 += step) {
+        const long long qend = q0 + RUN < total ? q0 + RUN : total;
+        long long q = q0;
+        int r = static_cast<int>(mgpu::spgemm_owner(rcum, 0, nrows - 1, q));
+        while (q < qend) {
+            const int row = rows[r];
+            const long long a0 = a_ptr[row];
+            const long long shift = cum[a0] - rcum[r];  // product q of the list: q + shift
+            const long long stop = qend < rcum[r + 1] ? qend : rcum[r + 1];
+            int cols[RUN];
+            T prods[RUN];
+            mgpu::spgemm_fetch<T, RUN, NUMERIC>(
+                cum, a_idx, a_val, b_ptr, b_idx, b_val,
+                mgpu::spgemm_owner(cum, a0, a_ptr[row + 1] - 1, q + shift), q + shift,
+                stop + shift, cols, prods);
+            const long long base = toff[r];
+            const unsigned long long size = static_cast<unsigned long long>(toff[r + 1] - base);
+            const int bits = 63 - __clzll(static_cast<long long>(size));
+            int fresh = 0;
+#pragma unroll
+            for (int s = 0; s < RUN; ++s) {
+                const int col = cols[s];
+                if (col < 0) break;
+                unsigned long long h = bits > 0 ? mgpu::spgemm_hash(col, bits > 31 ? 31 : bits)
+                                                : 0;
+                while (true) {
+                    const int prev = atomicCAS(keys + base + h, MGPU_SPGEMM_EMPTY, col);
+                    if (prev == MGPU_SPGEMM_EMPTY || prev == col) {
+                        if (NUMERIC) atomicAdd(vals + base + h, prods[s]);
+                        else fresh += prev == MGPU_SPGEMM_EMPTY;
+                        break;
+                    }
+                    h = (h + 1) & (size - 1);
+                }
+            }
+            if (!NUMERIC && fresh) atomicAdd(row_nnz + row, fresh);
+            q = stop;
+            while (q < qend && q >= rcum[r + 1]) ++r;
+        }
+    }
+}
+
+// Moves the occupied slots of the global tables of mgpu_spgemm_global (numeric) to the rows'
+// places in C (c_off[row] - c_base onwards), in slot order; `fill` (one counter per listed
+// row, zeroed beforehand) hands out the places. The host sorts each row's columns after.
+template <typename T>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_global_gather(const int* __restrict__ rows, int nrows,
+                          const long long* __restrict__ toff, const int* __restrict__ keys,
+                          const T* __restrict__ vals, int* __restrict__ fill,
+                          const long long* __restrict__ c_off, long long c_base,
+                          int* __restrict__ c_idx, T* __restrict__ c_val,
+                          unsigned long long* __restrict__ zeros) {
+    const long long total = toff[nrows];
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+    const int lane = threadIdx.x & 31;
+    // warp-uniform loop: the lanes of a warp that fill one row take their places with one
+    // atomic, not one each
+    for (long long s0 = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x - lane;
+         s0 < total; s0 += step) {
+        const long long s = s0 + lane;
+        const int k = s < total ? keys[s] : MGPU_SPGEMM_EMPTY;
+        const bool occupied = k != MGPU_SPGEMM_EMPTY;
+        const int r = occupied ? static_cast<int>(mgpu::spgemm_owner(toff, 0, nrows - 1, s)) : -1;
+        const unsigned same = __match_any_sync(MGPU_FULL_MASK, r);
+        const int leader = __ffs(same) - 1;
+        int at = 0;
+        if (occupied && lane == leader) at = atomicAdd(fill + r, __popc(same));
+        at = __shfl_sync(MGPU_FULL_MASK, at, leader);
+        if (occupied) {
+            const long long out = c_off[rows[r]] - c_base + at + __popc(same & ((1u << lane) - 1));
+            c_idx[out] = k;
+            c_val[out] = vals[s];
+            if (vals[s] == T(0)) atomicAdd(zeros, 1ull);
+        }
+    }
+}
+
+// The numeric tables of mgpu_spgemm_global to C in column order, a block a listed row: a
+// bitmap of the row's columns (`words` words of 32, in dynamic shared memory, with each word's
+// count of set bits before it) places every column without a sort. Counts exact zeros into
+// `zeros`.
+template <typename T>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_global_rank(const int* __restrict__ rows, int nrows,
+                        const long long* __restrict__ toff, const int* __restrict__ keys,
+                        const T* __restrict__ vals, const long long* __restrict__ c_off,
+                        long long c_base, int* __restrict__ c_idx, T* __restrict__ c_val,
+                        unsigned long long* __restrict__ zeros, int words) {
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    unsigned* bitmap = reinterpret_cast<unsigned*>(dynamic_smem);
+    int* before = reinterpret_cast<int*>(bitmap + words);
+    __shared__ int warp_sums[32];
+    for (int r = blockIdx.x; r < nrows; r += gridDim.x) {
+        for (int w = threadIdx.x; w < words; w += blockDim.x) bitmap[w] = 0u;
+        __syncthreads();
+        const long long base = toff[r], size = toff[r + 1] - base;
+        for (long long s = threadIdx.x; s < size; s += blockDim.x) {
+            const int k = keys[base + s];
+            if (k != MGPU_SPGEMM_EMPTY) atomicOr(bitmap + (k >> 5), 1u << (k & 31));
+        }
+        __syncthreads();
+        mgpu::block_scan_popc<256>(bitmap, before, words, warp_sums);
+        const long long out = c_off[rows[r]] - c_base;
+        int zero = 0;
+        for (long long s = threadIdx.x; s < size; s += blockDim.x) {
+            const int k = keys[base + s];
+            if (k == MGPU_SPGEMM_EMPTY) continue;
+            const long long at = out + before[k >> 5] +
+                                 __popc(bitmap[k >> 5] & ((1u << (k & 31)) - 1u));
+            c_idx[at] = k;
+            c_val[at] = vals[base + s];
+            zero += vals[base + s] == T(0);
+        }
+        if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+        __syncthreads();
+    }
+}
+
+// Masked product: C = A·B only at the stored positions of M (sorted rows, no duplicates).
+// Thread t takes RUN consecutive products of the whole matrix (one search for the first,
+// then a walk), adds each to the slot of its column in M's row (a binary search), and marks
+// the slot as reached. a_row[j] is the row of A's nonzero j.
+template <typename T, int RUN>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_masked(const int* __restrict__ a_idx, const T* __restrict__ a_val,
+                   const int* __restrict__ a_row, long long a_nnz,
+                   const int* __restrict__ b_ptr, const int* __restrict__ b_idx,
+                   const T* __restrict__ b_val, const long long* __restrict__ cum,
+                   const int* __restrict__ m_ptr, const int* __restrict__ m_idx,
+                   T* __restrict__ acc, unsigned char* __restrict__ hit) {
+    const long long total = cum[a_nnz];
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x * RUN;
+    for (long long q0 = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
+         q0 < total; q0 += step) {
+        long long j = mgpu::spgemm_owner(cum, 0, a_nnz - 1, q0);
+        const long long q1 = q0 + RUN < total ? q0 + RUN : total;
+        for (long long p = q0; p < q1; ++p) {
+            while (cum[j + 1] <= p) ++j;
+            const int i = a_row[j];
+            const long long bp = b_ptr[a_idx[j]] + (p - cum[j]);
+            const int col = b_idx[bp];
+            int lo = m_ptr[i], hi = m_ptr[i + 1];
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (m_idx[mid] < col) lo = mid + 1; else hi = mid;
+            }
+            if (lo < m_ptr[i + 1] && m_idx[lo] == col) {
+                atomicAdd(acc + lo, a_val[j] * b_val[bp]);
+                hit[lo] = 1;
+            }
+        }
+    }
+}
+
+// Rows r0 .. r1 - 1 of C (at c_off[row] - c_base): counts[row - r0] = the row's values that are
+// not exactly 0. A warp a row.
+template <typename T>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_nonzeros(int r0, int r1, const long long* __restrict__ c_off, long long c_base,
+                     const T* __restrict__ c_val, long long* __restrict__ counts) {
+    const int lane = threadIdx.x & 31;
+    for (int row = r0 + (blockIdx.x * blockDim.x + threadIdx.x) / 32; row < r1;
+         row += gridDim.x * blockDim.x / 32) {
+        int kept = 0;
+        for (long long t = c_off[row] - c_base + lane; t < c_off[row + 1] - c_base; t += 32)
+            kept += c_val[t] != T(0);
+        kept = mgpu::warp_sum(kept);
+        if (lane == 0) counts[row - r0] = kept;
+    }
+}
+
+// The same rows copied to out_idx/out_val at new_off[row - r0] without their exact zeros, in
+// order (a warp a row: a ballot places each lane's kept entry).
+template <typename T>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_compact(int r0, int r1, const long long* __restrict__ c_off, long long c_base,
+                    const int* __restrict__ c_idx, const T* __restrict__ c_val,
+                    const long long* __restrict__ new_off, int* __restrict__ out_idx,
+                    T* __restrict__ out_val) {
+    const int lane = threadIdx.x & 31;
+    for (int row = r0 + (blockIdx.x * blockDim.x + threadIdx.x) / 32; row < r1;
+         row += gridDim.x * blockDim.x / 32) {
+        long long at = new_off[row - r0];
+        const long long end = c_off[row + 1] - c_base;
+        for (long long t0 = c_off[row] - c_base; t0 < end; t0 += 32) {
+            const long long t = t0 + lane;
+            const bool keep = t < end && c_val[t] != T(0);
+            const unsigned votes = __ballot_sync(MGPU_FULL_MASK, keep);
+            if (keep) {
+                const long long o = at + __popc(votes & ((1u << lane) - 1));
+                out_idx[o] = c_idx[t];
+                out_val[o] = c_val[t];
+            }
+            at += __popc(votes);
+        }
+    }
+}
