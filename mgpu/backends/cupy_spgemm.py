@@ -54,7 +54,7 @@ def _kernel(expr: str) -> Any:
 # most this much shared memory (8 bytes per 32 columns: B of up to 262,144 columns)
 _BITMAP_BYTES = 64 * 1024
 # ... and the rows of the tables in global memory by such a bitmap alone (a block a row), where
-# it takes at most this much (and the device allows it): B of up to 7.4 million columns
+# it takes at most this much (and the device allows it): B of up to 929,792 columns
 _GLOBAL_BITMAP_BYTES = 227 * 1024
 
 
