@@ -168,6 +168,22 @@ def test_nan_in_a_tile_of_a_dask_a_fails_its_task_naming_as_row(client):
         C.compute()
 
 
+def test_a_malformed_tile_of_a_dask_a_fails_its_task_before_any_kernel(client):
+    """A tile whose column indices run past A's columns is refused as the one-device op
+    refuses it: the kernels would read B's row pointers out of range."""
+    A, B = _operands(seed=8)
+    A = A.tocsr()
+    bad = A[:100].copy()
+    bad.indices[0] = A.shape[1] + 5
+    tiles = da.concatenate([da.from_array(bad, chunks=bad.shape, asarray=False),
+                            da.from_array(A[100:], chunks=(A.shape[0] - 100, A.shape[1]),
+                                          asarray=False)])
+    C = mgpu.spgemm(tiles, B)  # refused when the tile runs, not here
+    with pytest.raises(ValueError, match=r"^The 'A' parameter of spgemm is not a well-formed "
+                                         r"CSR matrix"):
+        C.compute()
+
+
 # ---------------------------------------------------------------- refusals, before any task
 
 A0, B0 = _operands(seed=9, m=30, k=20, n=10)

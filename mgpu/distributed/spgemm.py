@@ -30,13 +30,13 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends import (all_finite, first_nonfinite, is_gpu_array, is_sparse, on_device_of,
+from mgpu.backends import (is_gpu_array, is_sparse, on_device_of,
                            sparse_module, synchronize, to_device, to_host)
 from mgpu.distributed.cluster import CLIENT, completed, current_client, workers_now
 from mgpu.distributed.collection import device_copy, gpu_workers, place_as
 from mgpu.distributed.inputs import check_dask_input, csr_chunks, is_sparse_array, row_tiles
 from mgpu.ops.routes import register
-from mgpu.ops.spgemm import check_mask, check_sparse_pair, spgemm_local
+from mgpu.ops.spgemm import check_csr_values, check_mask, check_sparse_pair, spgemm_local
 from mgpu.ops.spgemm import spgemm as spgemm_one_device
 from mgpu.ops.validation import (Boolean, Interval, IsCallable, check_array, check_param,
                                  float_dtype, is_dask_array, same_kind)
@@ -61,7 +61,8 @@ def _refuse_dask(X: Any, name: str) -> None:
 
 
 def _checked_b(B: Any, A_shape: tuple[int, int]) -> Any:
-    """A dask A's B checked as the one-device op checks it (kind, shape, NaN/inf), before
+    """A dask A's B checked as the one-device op checks it (kind, shape, index arrays,
+    NaN/inf), before
     any task: B is the same for every tile, so it is looked at once, here."""
     # a dense B has its own op: the refusal names it
     dense = isinstance(B, np.ndarray) or (is_gpu_array(B) and not is_sparse(B))
@@ -74,20 +75,8 @@ def _checked_b(B: Any, A_shape: tuple[int, int]) -> Any:
                          f"rows (one per column of A). Got shape {tuple(B.shape)} instead, "
                          f"with A of shape {tuple(A_shape)}.")
     B = B.tocsr()
-    _refuse_nonfinite(B, "B", 0)
+    check_csr_values(B, "B", _FUNC)
     return B
-
-
-def _refuse_nonfinite(X: Any, name: str, row0: int) -> None:
-    """NaN or infinity among X's stored values refused in the one-device op's words; the
-    row is counted from ``row0`` (a tile's first row in A)."""
-    if bool(all_finite(X.data)):
-        return
-    at = first_nonfinite(X)
-    if at is not None:
-        raise ValueError(f"The '{name}' parameter of {_FUNC} holds NaN or infinity (first at "
-                         f"row {row0 + int(at[0])}, column {int(at[1])}); it would spread over "
-                         "the rows of the result. Clean it first.")
 
 
 def _host_csr(X: Any) -> sp.csr_matrix:
@@ -112,7 +101,8 @@ def _tile_task(A: sp.csr_matrix, B: sp.csr_matrix, M: sp.csr_matrix | None, gpu:
 
 def _dask_tile(A: Any, B: Any, rows: np.ndarray, M: Any = None, *, dt: np.dtype,
                to_host: bool) -> Any:
-    """One row tile of a dask A, checked here (only its task sees its values), times B.
+    """One row tile of a dask A, checked here as the one-device op checks an operand (only
+    its task sees its index arrays and values), times B.
 
     ``rows``: the tile's row numbers in A, for a refusal that names A's row."""
     # A's columns (B's rows) are contracted, so blockwise hands A and B over as one-block
@@ -123,7 +113,7 @@ def _dask_tile(A: Any, B: Any, rows: np.ndarray, M: Any = None, *, dt: np.dtype,
     A = A.tocsr()
     if A.dtype != dt:
         A = A.astype(dt)
-    _refuse_nonfinite(A, "A", int(rows[0]) if len(rows) else 0)
+    check_csr_values(A, "A", _FUNC, int(rows[0]) if len(rows) else 0)
     return same_kind(_product(A, B, M, to_host), like)
 
 

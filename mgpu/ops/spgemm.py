@@ -22,7 +22,8 @@ from mgpu.ops.validation import (Boolean, Interval, canonical_csr, check_array, 
                                  first_nonfinite, float_dtype, is_dask_array, is_sparse,
                                  same_kind)
 
-__all__ = ["check_mask", "check_sparse_pair", "spadd", "spgemm", "spgemm_local"]
+__all__ = ["check_csr_values", "check_mask", "check_sparse_pair", "spadd", "spgemm",
+           "spgemm_local"]
 
 _KINDS = "a scipy or cupyx sparse matrix"
 
@@ -36,12 +37,21 @@ def _sparse_operand(X: Any, name: str, func: str, dask: bool) -> None:
                                 if dask else ""), kinds_hint=hint)
 
 
-def _finite(X: Any, name: str, func: str) -> None:
+def _finite(X: Any, name: str, func: str, row0: int = 0) -> None:
     at = first_nonfinite(X)
     if at is not None:
         raise ValueError(f"The '{name}' parameter of {func} holds NaN or infinity (first at "
-                         f"row {at[0]}, column {at[1]}); it would spread over the rows of the "
-                         "result. Clean it first.")
+                         f"row {row0 + int(at[0])}, column {int(at[1])}); it would spread over "
+                         "the rows of the result. Clean it first.")
+
+
+def check_csr_values(X: Any, name: str, func: str, row0: int = 0) -> None:
+    """Refuse a CSR operand whose index arrays are out of range or order, or whose stored
+    values hold NaN or infinity (one look; on the GPU one wait). ``row0``: where X's rows
+    start in the matrix the refusal names (a row tile's first row)."""
+    if not bool(all_finite(X.data) & _well_formed(X)):
+        _structure(X, name, func)
+        _finite(X, name, func, row0)
 
 
 def check_sparse_pair(A: Any, B: Any, func: str, *, product: bool) -> tuple[Any, Any]:
@@ -69,10 +79,8 @@ def check_sparse_pair(A: Any, B: Any, func: str, *, product: bool) -> tuple[Any,
     # rows by A's columns and their tables by B's columns: an index out of range would read
     # or write outside the arrays.
     if not bool(all_finite(A.data) & all_finite(B.data) & _well_formed(A) & _well_formed(B)):
-        _structure(A, "A", func)
-        _structure(B, "B", func)
-        _finite(A, "A", func)
-        _finite(B, "B", func)
+        check_csr_values(A, "A", func)
+        check_csr_values(B, "B", func)
     return A, B
 
 
