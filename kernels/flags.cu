@@ -21,3 +21,22 @@ mgpu_flag_nonfinite(const T* __restrict__ a, long long na, const T* __restrict__
     for (long long i = first; i < nc; i += step) bad |= !isfinite(c[i]);
     if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
+
+// The check of a CSR operand (SpGEMM, SpAdd): raises *flag when its `rows` + 1 row pointers do
+// not run from 0 to nnz without decreasing, a column index lies outside [0, cols), or a value
+// is NaN or infinite; the kernels of the product index B's rows by A's columns and their
+// tables by B's columns, so an index out of range would read or write outside the arrays.
+template <typename T>
+__global__ void __launch_bounds__(256)
+mgpu_flag_csr(const int* __restrict__ ptr, long long rows, const int* __restrict__ idx,
+              const T* __restrict__ val, long long nnz, long long cols, int* __restrict__ flag) {
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+    const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    bool bad = first == 0 && (ptr[0] != 0 || ptr[rows] != nnz);
+    for (long long i = first; i < rows; i += step) bad |= ptr[i + 1] < ptr[i];
+    for (long long i = first; i < nnz; i += step) {
+        const int c = idx[i];
+        bad |= c < 0 || c >= cols || !isfinite(val[i]);
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}

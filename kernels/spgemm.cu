@@ -122,18 +122,110 @@ __device__ void block_scan_popc(const unsigned* __restrict__ bitmap, int* __rest
 
 }  // namespace mgpu
 
-// cum[j + 1] = the length of the B row that A's nonzero j picks (cum[0] = 0): the host's
-// inclusive scan of cum[1:] then makes cum the products' prefix sums.
-__global__ void __launch_bounds__(256)
-mgpu_spgemm_products(const int* __restrict__ a_idx, long long a_nnz,
-                     const int* __restrict__ b_ptr, long long* __restrict__ cum) {
-    const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
-    for (long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; j < a_nnz;
-         j += step) {
-        const int k = a_idx[j];
-        cum[j + 1] = b_ptr[k + 1] - b_ptr[k];
+// Prefix sums over the device in three launches: scan_reduce sums each tile of SCAN_TILE
+// values, scan_partials turns the tiles' sums into their exclusive prefixes (one block), and
+// scan_apply scans each tile from its prefix: out[0] = 0, out[i + 1] = v[0] + ... + v[i]. The
+// values: with LENGTHS, v[j] = the length of the B row that A's nonzero j picks (the
+// intermediate products' prefix sums, cum); else v[j] = in[j] (C's row offsets from each
+// row's count). out32, where not null, takes the same sums as int (the caller uses it only
+// when the total fits).
+#define MGPU_SCAN_ITEMS 8
+#define MGPU_SCAN_TILE (256 * MGPU_SCAN_ITEMS)
+
+template <bool LENGTHS>
+__device__ __forceinline__ long long spgemm_scan_value(const int* __restrict__ in,
+                                                       const int* __restrict__ b_ptr,
+                                                       long long j) {
+    if (LENGTHS) {
+        const int k = in[j];
+        return b_ptr[k + 1] - b_ptr[k];
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) cum[0] = 0;
+    return in[j];
+}
+
+// the inclusive sum over the block of `v` (256 threads); `warp_sums` holds 8 values
+__device__ __forceinline__ long long spgemm_block_scan(long long v, long long* warp_sums) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const long long u = __shfl_up_sync(MGPU_FULL_MASK, v, off);
+        if (lane >= off) v += u;
+    }
+    if (lane == 31) warp_sums[warp] = v;
+    __syncthreads();
+    long long before = 0;
+    for (int w = 0; w < warp; ++w) before += warp_sums[w];
+    return v + before;
+}
+
+template <bool LENGTHS>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_scan_reduce(const int* __restrict__ in, const int* __restrict__ b_ptr, long long n,
+                        long long* __restrict__ partial) {
+    __shared__ long long warp_sums[8];
+    const long long base = static_cast<long long>(blockIdx.x) * MGPU_SCAN_TILE;
+    long long own = 0;
+#pragma unroll
+    for (int s = 0; s < MGPU_SCAN_ITEMS; ++s) {
+        const long long j = base + s * 256 + threadIdx.x;  // coalesced
+        if (j < n) own += spgemm_scan_value<LENGTHS>(in, b_ptr, j);
+    }
+    own = mgpu::warp_sum(own);
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = own;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long t = 0;
+        for (int w = 0; w < 8; ++w) t += warp_sums[w];
+        partial[blockIdx.x] = t;
+    }
+}
+
+// one block: each thread takes a stretch of consecutive tiles
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_scan_partials(long long* __restrict__ partial, long long tiles) {
+    __shared__ long long warp_sums[8];
+    const long long per = (tiles + 255) / 256;
+    const long long i0 = threadIdx.x * per < tiles ? threadIdx.x * per : tiles;
+    const long long i1 = i0 + per < tiles ? i0 + per : tiles;
+    long long own = 0;
+    for (long long i = i0; i < i1; ++i) own += partial[i];
+    long long run = spgemm_block_scan(own, warp_sums) - own;
+    for (long long i = i0; i < i1; ++i) {
+        const long long v = partial[i];
+        partial[i] = run;
+        run += v;
+    }
+}
+
+template <bool LENGTHS>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_scan_apply(const int* __restrict__ in, const int* __restrict__ b_ptr, long long n,
+                       const long long* __restrict__ partial, long long* __restrict__ out,
+                       int* __restrict__ out32) {
+    __shared__ long long warp_sums[8];
+    // each thread scans MGPU_SCAN_ITEMS consecutive values of the tile
+    const long long base = static_cast<long long>(blockIdx.x) * MGPU_SCAN_TILE +
+                           threadIdx.x * MGPU_SCAN_ITEMS;
+    long long v[MGPU_SCAN_ITEMS];
+    long long own = 0;
+#pragma unroll
+    for (int s = 0; s < MGPU_SCAN_ITEMS; ++s) {
+        v[s] = base + s < n ? spgemm_scan_value<LENGTHS>(in, b_ptr, base + s) : 0;
+        own += v[s];
+    }
+    long long run = partial[blockIdx.x] + spgemm_block_scan(own, warp_sums) - own;
+#pragma unroll
+    for (int s = 0; s < MGPU_SCAN_ITEMS; ++s) {
+        if (base + s < n) {
+            run += v[s];
+            out[base + s + 1] = run;
+            if (out32) out32[base + s + 1] = static_cast<int>(run);
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        out[0] = 0;
+        if (out32) out32[0] = 0;
+    }
 }
 
 // The size by which row `row` is binned: with PRODUCTS, min(its products, n), else
@@ -162,44 +254,86 @@ __device__ __forceinline__ int spgemm_bin(long long s, const long long* __restri
     return b;
 }
 
-// Rows r0 .. r1 - 1 counted per bin into counts[0 .. nedges + 1] (zeroed beforehand).
+// The bins of rows r0 .. r1 - 1 in `status` (long long, zeroed beforehand): status[b] the
+// rows of bin b (0 .. nedges + 1), and status[MGPU_SPGEMM_TOTAL] = *total where total is not
+// null (C's size, read on the host in the same copy as the counts). With PRODUCTS, a row of
+// at most `few` products is *short*: it skips the symbolic pass (its products bound its
+// count), is put in bin 0 with the empty rows and counted in status[MGPU_SPGEMM_SHORT].
+#define MGPU_SPGEMM_CURSOR 16  // status[16 + b]: bin b's rows listed so far (mgpu_spgemm_bin_fill)
+#define MGPU_SPGEMM_TOTAL 32
+#define MGPU_SPGEMM_SHORT 33
+template <bool PRODUCTS>
+__device__ __forceinline__ bool spgemm_short(int row, const int* __restrict__ a_ptr,
+                                             const long long* __restrict__ cum, long long few) {
+    if (!PRODUCTS) return false;
+    const long long f = cum[a_ptr[row + 1]] - cum[a_ptr[row]];
+    return f > 0 && f <= few;
+}
+
 template <bool PRODUCTS>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_bin_count(int r0, int r1, const int* __restrict__ a_ptr,
                       const long long* __restrict__ cum, const int* __restrict__ sizes,
-                      long long n, long long ratio, const long long* __restrict__ edges,
-                      int nedges, int* __restrict__ counts) {
-    __shared__ int local[16];
-    if (threadIdx.x < 16) local[threadIdx.x] = 0;
+                      long long n, long long ratio, long long few,
+                      const long long* __restrict__ edges, int nedges,
+                      unsigned long long* __restrict__ status,
+                      const long long* __restrict__ total) {
+    __shared__ int local[17];  // the bins, then the short rows
+    if (threadIdx.x < 17) local[threadIdx.x] = 0;
     __syncthreads();
     for (int row = r0 + blockIdx.x * blockDim.x + threadIdx.x; row < r1;
          row += gridDim.x * blockDim.x) {
+        if (spgemm_short<PRODUCTS>(row, a_ptr, cum, few)) {
+            atomicAdd(local + 16, 1);
+            continue;
+        }
         const long long s = spgemm_row_size<PRODUCTS>(row, a_ptr, cum, sizes, n, ratio);
         atomicAdd(local + spgemm_bin(s, edges, nedges), 1);
     }
     __syncthreads();
-    if (threadIdx.x < nedges + 2 && local[threadIdx.x]) atomicAdd(counts + threadIdx.x,
-                                                                  local[threadIdx.x]);
+    if (threadIdx.x < nedges + 2 && local[threadIdx.x])
+        atomicAdd(status + threadIdx.x, static_cast<unsigned long long>(local[threadIdx.x]));
+    if (threadIdx.x == 16 && local[16])
+        atomicAdd(status + MGPU_SPGEMM_SHORT, static_cast<unsigned long long>(local[16]));
+    if (total && blockIdx.x == 0 && threadIdx.x == 0)
+        status[MGPU_SPGEMM_TOTAL] = static_cast<unsigned long long>(*total);
 }
 
-// Rows r0 .. r1 - 1 of a non-empty bin listed in `rows` from cursor[bin] on (the bins' starts
-// beforehand; the order within a bin is the warps' arrival order): one atomic per bin a warp.
+// Rows r0 .. r1 - 1 of a non-empty bin listed in `rows`, bin by bin (bin 1 first; bin 0, the
+// empty and the short rows, not listed), from the counts of mgpu_spgemm_bin_count in `status`
+// (the order within a bin is the warps' arrival order): one atomic per bin a warp. A short
+// row's bound, min(products, n), goes to bounds[row].
 template <bool PRODUCTS>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_bin_fill(int r0, int r1, const int* __restrict__ a_ptr,
                      const long long* __restrict__ cum, const int* __restrict__ sizes,
-                     long long n, long long ratio, const long long* __restrict__ edges,
-                     int nedges, int* __restrict__ cursor, int* __restrict__ rows) {
+                     long long n, long long ratio, long long few,
+                     const long long* __restrict__ edges, int nedges,
+                     unsigned long long* __restrict__ status, int* __restrict__ rows,
+                     int* __restrict__ bounds) {
     const int lane = threadIdx.x & 31;
     for (int base = r0 + (blockIdx.x * blockDim.x + threadIdx.x) - lane; base < r1;
          base += gridDim.x * blockDim.x) {
         const int row = base + lane;
-        const int b = row < r1 ? spgemm_bin(spgemm_row_size<PRODUCTS>(row, a_ptr, cum, sizes, n, ratio),
-                                            edges, nedges) : -1;
+        int b = -1;
+        if (row < r1) {
+            if (spgemm_short<PRODUCTS>(row, a_ptr, cum, few)) {
+                const long long f = cum[a_ptr[row + 1]] - cum[a_ptr[row]];
+                bounds[row] = static_cast<int>(f < n ? f : n);
+                b = 0;
+            } else {
+                b = spgemm_bin(spgemm_row_size<PRODUCTS>(row, a_ptr, cum, sizes, n, ratio),
+                               edges, nedges);
+            }
+        }
         const unsigned same = __match_any_sync(MGPU_FULL_MASK, b);
         const int leader = __ffs(same) - 1;
-        int at = 0;
-        if (b > 0 && lane == leader) at = atomicAdd(cursor + b, __popc(same));
+        long long at = 0;
+        if (b > 0 && lane == leader) {
+            for (int c = 1; c < b; ++c) at += static_cast<long long>(status[c]);
+            at += static_cast<long long>(atomicAdd(status + MGPU_SPGEMM_CURSOR + b,
+                                                   static_cast<unsigned long long>(__popc(same))));
+        }
         at = __shfl_sync(MGPU_FULL_MASK, at, leader);
         if (b > 0) rows[at + __popc(same & ((1u << lane) - 1))] = row;
     }
@@ -315,9 +449,6 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
             // of slots read so far, so it never overwrites a slot not yet read.
             constexpr int SLOTS = TABLE / GROUP;
             constexpr int CHUNK = SLOTS < 4 ? SLOTS : 4;
-            const int n = row_nnz[row];
-            int sorted = 1;
-            while (sorted < n) sorted <<= 1;
 #pragma unroll 1
             for (int c0 = 0; c0 < SLOTS; c0 += CHUNK) {
                 int ks[CHUNK];
@@ -339,6 +470,12 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
                 }
             }
             mgpu::group_sync<GROUP>();
+            // the row's count: the symbolic pass's, or a short row's own (row_nnz held its
+            // bound: the count goes back there, for what is placed after)
+            const int n = counts[g];
+            if (lane == 0) row_nnz[row] = n;
+            int sorted = 1;
+            while (sorted < n) sorted <<= 1;
             for (int t = n + lane; t < sorted; t += GROUP) key[t] = MGPU_SPGEMM_EMPTY;
             mgpu::group_sync<GROUP>();
             for (int size = 2; size <= sorted; size <<= 1) {
@@ -545,17 +682,20 @@ mgpu_spgemm_masked(const int* __restrict__ a_idx, const T* __restrict__ a_val,
     }
 }
 
-// Rows r0 .. r1 - 1 of C (at c_off[row] - c_base): counts[row - r0] = the row's values that are
-// not exactly 0. A warp a row.
+// Rows r0 .. r1 - 1 of C (lens[row] entries from c_off[row] - c_base on; the places after them
+// up to the next row's are slack, where a short row's bound exceeded its count):
+// counts[row - r0] = the row's values that are not exactly 0. A warp a row.
 template <typename T>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_nonzeros(int r0, int r1, const long long* __restrict__ c_off, long long c_base,
-                     const T* __restrict__ c_val, long long* __restrict__ counts) {
+                     const int* __restrict__ lens, const T* __restrict__ c_val,
+                     int* __restrict__ counts) {
     const int lane = threadIdx.x & 31;
     for (int row = r0 + (blockIdx.x * blockDim.x + threadIdx.x) / 32; row < r1;
          row += gridDim.x * blockDim.x / 32) {
         int kept = 0;
-        for (long long t = c_off[row] - c_base + lane; t < c_off[row + 1] - c_base; t += 32)
+        const long long end = c_off[row] - c_base + lens[row];
+        for (long long t = c_off[row] - c_base + lane; t < end; t += 32)
             kept += c_val[t] != T(0);
         kept = mgpu::warp_sum(kept);
         if (lane == 0) counts[row - r0] = kept;
@@ -567,14 +707,14 @@ mgpu_spgemm_nonzeros(int r0, int r1, const long long* __restrict__ c_off, long l
 template <typename T>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_compact(int r0, int r1, const long long* __restrict__ c_off, long long c_base,
-                    const int* __restrict__ c_idx, const T* __restrict__ c_val,
-                    const long long* __restrict__ new_off, int* __restrict__ out_idx,
-                    T* __restrict__ out_val) {
+                    const int* __restrict__ lens, const int* __restrict__ c_idx,
+                    const T* __restrict__ c_val, const long long* __restrict__ new_off,
+                    int* __restrict__ out_idx, T* __restrict__ out_val) {
     const int lane = threadIdx.x & 31;
     for (int row = r0 + (blockIdx.x * blockDim.x + threadIdx.x) / 32; row < r1;
          row += gridDim.x * blockDim.x / 32) {
         long long at = new_off[row - r0];
-        const long long end = c_off[row + 1] - c_base;
+        const long long end = c_off[row] - c_base + lens[row];
         for (long long t0 = c_off[row] - c_base; t0 < end; t0 += 32) {
             const long long t = t0 + lane;
             const bool keep = t < end && c_val[t] != T(0);

@@ -172,3 +172,27 @@ def test_every_option_of_a_public_op_refuses_a_bad_value_by_name(func, param, ba
     with pytest.raises(exc, match=rf"^The '{param}' parameter of {func} must .+\. Got {got}"
                                   rf"( instead)?\.$"):
         call(bad)
+
+
+def test_every_cupy_registration_is_found_lazily():
+    """Each table a CuPy module registers on is listed with that module in
+    mgpu.backends.register, so the first CuPy data to reach the table imports it: else the
+    lookup fails with "No dispatch" in a process that has not imported the module yet."""
+    from mgpu.backends.register import CUPY_MODULES
+
+    names = {id(v): k for k, v in vars(dispatch).items()
+             if isinstance(v, type(dispatch.spgemm_lookup))}
+    listed = {module: {names[id(lookup)] for lookup in lookups}
+              for module, lookups in CUPY_MODULES.items()}
+    for path in sorted(BACKENDS.glob("cupy*.py")):
+        module = f"mgpu.backends.{path.stem}"
+        tree = ast.parse(path.read_text(), str(path))
+        registered = {dec.func.value.id for node in ast.walk(tree)
+                      if isinstance(node, ast.FunctionDef) for dec in node.decorator_list
+                      if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute)
+                      and dec.func.attr == "register" and isinstance(dec.func.value, ast.Name)
+                      and dec.func.value.id.endswith("_lookup")}
+        # knn_prepared_lookup dispatches on the index type knn_prepare_lookup returns, made
+        # by that module itself: nothing reaches it before the module is imported
+        missing = registered - listed.get(module, set()) - {"knn_prepared_lookup"}
+        assert not missing, (module, missing)

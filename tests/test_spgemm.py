@@ -91,12 +91,14 @@ def test_skewed_reaches_every_bin():
 @pytest.mark.parametrize("bitmap", [True, False])
 def test_every_table_runs(monkeypatch, bitmap):
     """The kernels of every table (and the global ones) run on skewed(), and agree: with the
-    largest tables' rows placed by a bitmap of C's columns, and by a sort."""
+    largest tables' rows placed by a bitmap of C's columns, and by a sort. (Its few rows
+    would otherwise all go to blocks' tables: see _FEW_WARPS_PER_SM.)"""
     import cupy
     import cupyx.scipy.sparse as csp
 
     import mgpu.backends.cupy_spgemm as g
 
+    monkeypatch.setattr(g, "_FEW_WARPS_PER_SM", 0)
     if not bitmap:
         monkeypatch.setattr(g, "_BITMAP_BYTES", 0)
         monkeypatch.setattr(g, "_GLOBAL_BITMAP_BYTES", 0)
@@ -120,6 +122,29 @@ def test_every_table_runs(monkeypatch, bitmap):
     words = [w for *_, w in g._tables(cupy.cuda.runtime.getDevice(), True, "double", B.shape[1])]
     assert any(words) == bitmap
     g._tables.cache_clear()
+
+
+@pytest.mark.gpu
+def test_few_rows_run_in_blocks(monkeypatch):
+    """A bin of warp tables with few rows (skewed() has 403 in all) runs in blocks' tables,
+    with the same product."""
+    import cupyx.scipy.sparse as csp
+
+    import mgpu.backends.cupy_spgemm as g
+
+    seen = set()
+    real = g._kernel
+
+    def record(expr):
+        seen.add(expr)
+        return real(expr)
+
+    monkeypatch.setattr(g, "_kernel", record)
+    A, B = skewed(np.random.default_rng(8), ints=True)
+    C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)
+    np.testing.assert_array_equal(C.data, ref.data)
+    shared = {e for e in seen if e.startswith("mgpu_spgemm_shared")}
+    assert shared and not {e for e in shared if ", 32, " in e}, sorted(shared)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -269,6 +294,55 @@ def test_devices_must_match():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [0, 1, 2047, 2048, 2049, 600_000])
+def test_device_prefix_sums(n):
+    """The product's own scan (three launches): of int32 values, and of the lengths of the
+    B rows that column indices pick, across one tile, several, and more than the
+    partials' block takes in one stride."""
+    import cupy
+
+    import mgpu.backends.cupy_spgemm as g
+
+    rng = np.random.default_rng(n)
+    v = rng.integers(0, 1000, n).astype(np.int32)
+    out = cupy.full(n + 1, -1, dtype=cupy.int64)
+    out32 = cupy.full(n + 1, -1, dtype=cupy.int32)
+    g._scan(cupy.asarray(v), n, out, out32=out32)
+    want = np.concatenate([[0], np.cumsum(v, dtype=np.int64)])
+    np.testing.assert_array_equal(out.get(), want)
+    np.testing.assert_array_equal(out32.get(), want)  # below 2**31 here
+    lens = rng.integers(0, 50, 777).astype(np.int32)
+    b_ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    idx = rng.integers(0, 777, n).astype(np.int32)
+    g._scan(cupy.asarray(idx), n, out, b_ptr=cupy.asarray(b_ptr))
+    np.testing.assert_array_equal(out.get(), np.concatenate([[0], np.cumsum(lens[idx],
+                                                                            dtype=np.int64)]))
+
+
+@pytest.mark.gpu
+def test_64bit_index_arrays_are_taken():
+    """cupyx operands and masks whose index arrays are int64 give the int32 ones' product
+    (the kernels read int32: taken as such, 64-bit arrays would be read as garbage)."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    A, B = skewed(np.random.default_rng(9), ints=True)
+    M = _random(np.random.default_rng(10), A.shape[0], B.shape[1], 0.01)
+    wide = []
+    for X in (A, B, M):
+        Xg = csp.csr_matrix(X)
+        Xg.indices = Xg.indices.astype(cupy.int64)
+        Xg.indptr = Xg.indptr.astype(cupy.int64)
+        wide.append(Xg)
+    C, ref = _assert_same_pattern(mgpu.spgemm(wide[0], wide[1]), A @ B)
+    np.testing.assert_array_equal(C.data, ref.data)
+    masked = _host(mgpu.spgemm(wide[0], wide[1], mask=wide[2]))
+    want = _canonical((A @ B).multiply(M != 0))
+    np.testing.assert_array_equal(masked.indices, want.indices)
+    np.testing.assert_array_equal(masked.data, want.data)
+
+
+@pytest.mark.gpu
 def test_batches_and_row_blocks_to_host(monkeypatch):
     """Scratch and C cut into many pieces (a tiny share of the device for each) give the
     same C; to_host returns it as scipy."""
@@ -286,6 +360,61 @@ def test_batches_and_row_blocks_to_host(monkeypatch):
         np.testing.assert_array_equal(np.asarray(C.data), r.data)
     assert isinstance(mgpu.spgemm(Ag, Bg, to_host=True), sp.csr_matrix)
     np.testing.assert_array_equal(whole.indices.get(), _canonical(ref).indices)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("few", [0, 60, 128])
+def test_short_rows_skip_the_symbolic_pass(monkeypatch, few):
+    """Rows of at most _SHORT_PRODUCTS products are sized by their products, not counted:
+    the same C with none, few or many such rows (skewed() has rows of 1 to 3 nonzeros times
+    B rows of 0 to 60, so bounds above the counts), and to the host in row blocks."""
+    import cupyx.scipy.sparse as csp
+
+    import mgpu.backends.cupy_spgemm as g
+
+    monkeypatch.setattr(g, "_SHORT_PRODUCTS", few)
+    A, B = skewed(np.random.default_rng(11), ints=True)
+    ref = A @ B
+    made = []
+    real = g._Product
+
+    def product(*args):
+        made.append(real(*args))
+        return made[-1]
+
+    monkeypatch.setattr(g, "_Product", product)
+    C, r = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), ref)
+    np.testing.assert_array_equal(C.data, r.data)
+    assert made[-1].slack == (few > 0)
+    monkeypatch.setattr(g, "_SCRATCH_SHARE", 2e-6)
+    C, r = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B),
+                                            to_host=True), ref)
+    np.testing.assert_array_equal(C.data, r.data)
+
+
+@pytest.mark.gpu
+def test_bounds_that_do_not_fit_are_counted(monkeypatch):
+    """Where C's places with the short rows' bounds do not fit, those rows are counted too,
+    and a C that fits is computed (never refused for the bounds)."""
+    import cupyx.scipy.sparse as csp
+
+    import mgpu.backends.cupy_spgemm as g
+
+    tried = []
+    real = g._fits
+
+    def fits(p, nnz, entry):
+        tried.append((p.slack, nnz))
+        if p.slack:
+            raise mgpu.DeviceMemoryError("bounds too big")
+        return real(p, nnz, entry)
+
+    monkeypatch.setattr(g, "_fits", fits)
+    A, B = skewed(np.random.default_rng(12), ints=True)
+    C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)
+    np.testing.assert_array_equal(C.data, ref.data)
+    assert [s for s, _ in tried] == [True, False]
+    assert tried[0][1] > tried[1][1] >= C.nnz  # bounds, then counts (exact zeros left out)
 
 
 @pytest.mark.gpu

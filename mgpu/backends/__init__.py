@@ -27,6 +27,7 @@ from mgpu.backends.arrays import (
 from mgpu.backends.dispatch import (
     all_finite_lookup,
     array_module_lookup,
+    csr_sound_lookup,
     distances_lookup,
     is_gpu_array,
     jaccard_lookup,
@@ -58,6 +59,7 @@ __all__ = [
     "array_module",
     "array_module_lookup",
     "csr_astype",
+    "csr_sound_lookup",
     "csr_with_values",
     "distances_lookup",
     "first_nonfinite",

@@ -142,6 +142,7 @@ class DeviceFacts:
     threads_per_sm: int  # resident threads an SM holds
     l2_bytes: int
     smem_bytes: int  # shared memory a tile may take: a quarter of an SM's, within a block's
+    smem_optin: int = 0  # the most a block may take when the kernel opts in (SpGEMM's tables)
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,7 +155,9 @@ def device_facts(device_id: int) -> DeviceFacts:
     smem = min(attrs["MaxSharedMemoryPerBlock"], max(16 * 1024, per_sm // 4))
     return DeviceFacts(name=name, sms=attrs["MultiProcessorCount"],
                        threads_per_sm=attrs["MaxThreadsPerMultiProcessor"],
-                       l2_bytes=attrs["L2CacheSize"], smem_bytes=int(smem))
+                       l2_bytes=attrs["L2CacheSize"], smem_bytes=int(smem),
+                       smem_optin=int(attrs.get("MaxSharedMemoryPerBlockOptin", 0)
+                                      or attrs["MaxSharedMemoryPerBlock"]))
 
 
 def current_facts() -> DeviceFacts:

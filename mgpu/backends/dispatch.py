@@ -14,6 +14,7 @@ from dask.utils import Dispatch
 __all__ = [
     "all_finite_lookup",
     "array_module_lookup",
+    "csr_sound_lookup",
     "distances_lookup",
     "is_gpu_array",
     "jaccard_lookup",
@@ -72,6 +73,9 @@ spmv_flagged_lookup = Dispatch("spmv_flagged")
 # (A CSR, B CSR, mask CSR or None) -> A @ B (restricted to mask's pattern) as canonical CSR:
 # sorted indices, no duplicates, no stored zeros; A and B of one float dtype, checked finite
 spgemm_lookup = Dispatch("spgemm")
+# (CSR, CSR, ...) -> whether every one has consistent index arrays (row pointers from 0 to
+# nnz, never decreasing; column indices in [0, n)) and finite values: one look on its device
+csr_sound_lookup = Dispatch("csr_sound")
 # (A CSR, B CSR, alpha, beta) -> alpha * A + beta * B as canonical CSR (as spgemm's)
 spadd_lookup = Dispatch("spadd")
 # (G CSR, weighted, r0, r1) -> Jaccard weights of the edges of rows r0..r1, in G's order

@@ -33,7 +33,7 @@ from mgpu.backends.instances import INSTANCES
 from mgpu.backends.launch import launcher
 from mgpu.backends.loader import c_type
 
-__all__ = ["Flag", "device_flag", "flag_nonfinite"]
+__all__ = ["Flag", "device_flag", "flag_csr", "flag_nonfinite"]
 
 _FLAGS = "flags.cu"
 _FLAGS_INSTANCES = INSTANCES[_FLAGS]
@@ -174,3 +174,16 @@ def flag_nonfinite(arrays: Sequence[cupy.ndarray], flag: Flag) -> None:
             n = sum(int(a.size) for a in part)
             blocks = min(-(-n // _THREADS), _max_blocks(cupy.cuda.runtime.getDevice()))
             launch((blocks,), (_THREADS,), (*args, flag.addr))
+
+
+def flag_csr(X: Any, flag: Flag) -> None:
+    """Launch the check of a cupyx CSR matrix ``X`` (int32 index arrays, float32 or float64
+    values) on the current stream: ``flag`` is raised when its row pointers do not run
+    from 0 to nnz without decreasing, a column index is outside [0, n), or a value is NaN
+    or infinite. One launch."""
+    rows, cols = X.shape
+    n = max(rows, X.nnz, 1)
+    blocks = min(-(-n // _THREADS), _max_blocks(cupy.cuda.runtime.getDevice()))
+    launch = launcher(_FLAGS, f"mgpu_flag_csr<{c_type(X.dtype)}>", _FLAGS_INSTANCES, "pqppqqp")
+    launch((blocks,), (_THREADS,), (X.indptr.data.ptr, rows, X.indices.data.ptr,
+                                    X.data.data.ptr, X.nnz, cols, flag.addr))

@@ -146,11 +146,12 @@ INSTANCES: dict[str, tuple[str, ...]] = {
     + tuple(f"mgpu_spgemm_global<{t}, {b}>" for t in _FLOATS for b in ("false", "true"))
     + tuple(f"mgpu_spgemm_global_{k}<{t}>" for k in ("gather", "rank") for t in _FLOATS)
     + tuple(f"mgpu_spgemm_masked<{t}, {SPGEMM_RUN}>" for t in _FLOATS)
-    + ("mgpu_spgemm_products",)
+    + tuple(f"mgpu_spgemm_scan_{k}<{b}>" for k in ("reduce", "apply") for b in ("false", "true"))
+    + ("mgpu_spgemm_scan_partials",)
     + tuple(f"mgpu_spgemm_{k}<{t}>" for k in ("nonzeros", "compact") for t in _FLOATS)
     + tuple(f"mgpu_spgemm_bin_{k}<{b}>" for k in ("count", "fill") for b in ("false", "true")),
     # the finiteness flag of the checked calls (mgpu.backends.flags)
-    "flags.cu": tuple(f"mgpu_flag_nonfinite<{t}>" for t in _FLOATS),
+    "flags.cu": tuple(f"mgpu_flag_{k}<{t}>" for k in ("nonfinite", "csr") for t in _FLOATS),
     # SGD block kernel of matrix factorisation: k <= 32 * KPL
     "sgd.cu": tuple(f"mgpu_sgd_block<{t}, {kpl}>" for t in _FLOATS for kpl in SGD_KPL)
     + tuple(f"mgpu_sgd_wave<{t}, {kpl}, {d}>" for t in _FLOATS for kpl in SGD_KPL

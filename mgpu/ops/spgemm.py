@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.backends import (all_finite, array_module, is_gpu_array, spadd_lookup,
-                           spgemm_lookup)
+from mgpu.backends import csr_sound_lookup, is_gpu_array, spadd_lookup, spgemm_lookup
+from mgpu.backends.numpy_spgemm import csr_well_formed
 from mgpu.ops.routes import route
 from mgpu.ops.spmv import check_same_device
 from mgpu.ops.validation import (Boolean, Interval, canonical_csr, check_array, check_param,
@@ -49,7 +49,7 @@ def check_csr_values(X: Any, name: str, func: str, row0: int = 0) -> None:
     """Refuse a CSR operand whose index arrays are out of range or order, or whose stored
     values hold NaN or infinity (one look; on the GPU one wait). ``row0``: where X's rows
     start in the matrix the refusal names (a row tile's first row)."""
-    if not bool(all_finite(X.data) & _well_formed(X)):
+    if not csr_sound_lookup(X):
         _structure(X, name, func)
         _finite(X, name, func, row0)
 
@@ -74,33 +74,19 @@ def check_sparse_pair(A: Any, B: Any, func: str, *, product: bool) -> tuple[Any,
         A = A.astype(dt)
     if B.dtype != dt:
         B = B.astype(dt)
-    # one look at the values and the index arrays of both (on the GPU one wait for the
-    # device); what is wrong, and where, is found only for a refusal. The kernels index B's
-    # rows by A's columns and their tables by B's columns: an index out of range would read
-    # or write outside the arrays.
-    if not bool(all_finite(A.data) & all_finite(B.data) & _well_formed(A) & _well_formed(B)):
+    # one look at the values and the index arrays of both (on the GPU one launch each and
+    # one wait); what is wrong, and where, is found only for a refusal. The kernels index
+    # B's rows by A's columns and their tables by B's columns: an index out of range would
+    # read or write outside the arrays.
+    if not csr_sound_lookup(A, B):
         check_csr_values(A, "A", func)
         check_csr_values(B, "B", func)
     return A, B
 
 
-def _well_formed(X: Any) -> Any:
-    """Whether CSR X's index arrays are consistent (row pointers from 0 to nnz, never
-    decreasing; column indices in [0, n)): a bool on the host, a 0-d array on the device."""
-    xp = array_module(X.indptr)
-    m, n = X.shape
-    ptr, idx = X.indptr, X.indices
-    if ptr.shape != (m + 1,) or idx.ndim != 1:
-        return False
-    ok = (ptr[0] == 0) & (ptr[-1] == idx.size) & (xp.diff(ptr) >= 0).all()
-    if idx.size:
-        ok = ok & (idx.min() >= 0) & (idx.max() < n)
-    return ok
-
-
 def _structure(X: Any, name: str, func: str) -> None:
     """Refuse a CSR X whose index arrays are not consistent, saying what is wrong."""
-    if not bool(_well_formed(X)):
+    if not bool(csr_well_formed(X)):
         raise ValueError(
             f"The '{name}' parameter of {func} is not a well-formed CSR matrix of shape "
             f"{tuple(X.shape)}: its row pointers must run from 0 to nnz without decreasing "
