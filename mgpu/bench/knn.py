@@ -5,6 +5,7 @@ same queries; the distances are compared and the neighbour ids must agree up to 
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -84,10 +85,13 @@ def expanded_select(S: Any, qsq: Any, sq: Any, norms: Any, metric: str, k: int
 
 
 def _expanded_peers(Xg, metric: str, k: int):
-    """The two cuSPARSE routes of the peer timings (cupyx), for cosine and euclidean: the
-    sparse product per query batch (SpGEMM, Q·Xᵀ) or the index times a densified query block
-    (SpMM), the distance formula, then ``argpartition`` for the k best."""
+    """The routes through a sparse product, for cosine and euclidean: the two of cuSPARSE
+    (cupyx), the sparse product per query batch (SpGEMM, Q·Xᵀ) or the index times a
+    densified query block (SpMM), and mgpu's SpGEMM route (``mgpu.spgemm``, the public call,
+    in SpGEMM's place); each then the distance formula and ``argpartition`` for the k best."""
     import cupy
+
+    import mgpu
 
     sq = cupy.asarray(Xg.multiply(Xg).sum(axis=1)).ravel()
     norms = cupy.sqrt(sq)
@@ -103,7 +107,10 @@ def _expanded_peers(Xg, metric: str, k: int):
     def spmm(Qb):
         return finish((Xg @ Qb.toarray().T).T, Qb)
 
-    return {"spgemm": spgemm, "spmm": spmm}
+    def mgpu_spgemm(Qb):
+        return finish(mgpu.spgemm(Qb, XgT).toarray(), Qb)
+
+    return {"spgemm": spgemm, "spmm": spmm, "mgpu_spgemm": mgpu_spgemm}
 
 
 # SpGEMM batches tried, smaller, where neither 100 nor 500 queries a batch answers rightly
@@ -112,6 +119,12 @@ def _expanded_peers(Xg, metric: str, k: int):
 SPGEMM_SMALLER = (20, 5)
 _SMALL_BATCH_QUERIES = 400
 _CHECKED_QUERIES = 100  # a peer's answer is checked on its first batches up to this many
+# mgpu.spgemm uses its scratch space in batches that fit the device (it never fails for
+# lack of it), so its route needs no smaller batches; 2,000 shows what a larger one gains
+MGPU_SPGEMM_BATCHES = (100, 500, 2000)
+# routes timed beside the peers that are mgpu's own: never one of the cuSPARSE/cuBLAS
+# routes that mgpu's kNN is compared with (their keys in ``peers`` start with these)
+MGPU_ROUTES = ("mgpu_spgemm",)
 
 
 def _peer_error(route, Qg, bs: int, refs: dict[str, np.ndarray]) -> str | None:
@@ -157,7 +170,8 @@ def _peer_rate(route, Qg, bs: int, refs: dict[str, np.ndarray], repeats: int,
 def _peer_rates(routes, Qg, sizes, refs: dict[str, np.ndarray], repeats: int
                 ) -> dict[str, Any]:
     """Each route at each batch size, then SpGEMM's smaller batches (:func:`spgemm_smaller`),
-    timed on queries spread over the set."""
+    timed on queries spread over the set, and ``mgpu_spgemm_best``: mgpu's SpGEMM route's
+    fastest right batch (:func:`best_batch`), if any."""
     import cupy
 
     peers: dict[str, Any] = {}
@@ -172,7 +186,33 @@ def _peer_rates(routes, Qg, sizes, refs: dict[str, np.ndarray], repeats: int
             return _peer_rate(routes["spgemm"], Qg, bs, refs, repeats, spread)
 
         peers.update(spgemm_smaller(peers, rate, m))
+    if "mgpu_spgemm" in routes:
+        best = best_batch(peers, "mgpu_spgemm")
+        if best is not None:
+            peers["mgpu_spgemm_best"] = best
     return peers
+
+
+def best_batch(rates: dict[str, Any], route: str) -> dict[str, Any] | None:
+    """The fastest right batch of ``route`` among ``rates`` ({"batch", "qps"}), or None:
+    the float values of the keys ``{route}_{batch}`` alone, so that ``spgemm`` does not
+    take ``mgpu_spgemm_100``, nor its own ``spgemm_best`` or ``spgemm_5_queries``."""
+    pattern = re.compile(re.escape(route) + r"_(\d+)")
+    right = {int(m.group(1)): v for key, v in rates.items()
+             if (m := pattern.fullmatch(key)) is not None and isinstance(v, float)}
+    if not right:
+        return None
+    bs = max(right, key=right.get)
+    return {"batch": bs, "qps": right[bs]}
+
+
+def best_cusparse(peers: dict[str, Any]) -> float | None:
+    """The fastest right cuSPARSE or cuBLAS route of ``peers`` (q/s), or None: neither the
+    naive union kernel nor mgpu's own routes (:data:`MGPU_ROUTES`) count."""
+    rates = [v for key, v in peers.items() if key != "naive_union"
+             and not key.startswith(tuple(f"{r}_" for r in MGPU_ROUTES))
+             and isinstance(v, float)]
+    return max(rates) if rates else None
 
 
 def spgemm_smaller(peers: dict[str, Any], rate: Any, m: int) -> dict[str, Any]:
@@ -186,11 +226,9 @@ def spgemm_smaller(peers: dict[str, Any], rate: Any, m: int) -> dict[str, Any]:
             if isinstance(out[f"spgemm_{bs}"], float):
                 out[f"spgemm_{bs}_queries"] = m
                 break
-    right = {int(key.split("_")[1]): v for key, v in {**peers, **out}.items()
-             if key.startswith("spgemm_") and isinstance(v, float)}
-    if right:
-        bs = max(right, key=right.get)
-        out["spgemm_best"] = {"batch": bs, "qps": right[bs]}
+    best = best_batch({**peers, **out}, "spgemm")
+    if best is not None:
+        out["spgemm_best"] = best
     return out
 
 
@@ -264,11 +302,15 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
     checked against mgpu's distances and scikit-learn's float64 ones (a wrong answer is
     reported, not timed); the naive union kernel for the NAMM metrics; scikit-learn brute
     force on all cores (float64, on the first ``sklearn_queries`` queries, a tenth of that
-    for NAMM metrics). mgpu's neighbour ids are checked against scikit-learn's. ``kernel``
-    is the kernel mgpu's rule ran (fused, postings or cublas) and ``rule`` what it said on
-    the first call (its measurement); for the dot-product metrics on sparse input
-    ``fused_qps`` and ``postings_qps`` time each kernel forced (the postings at each tile
-    size of the tuner, ``postings_qps_by_tile``; ``postings_qps`` the best).
+    for NAMM metrics). Beside them in ``peers``, checked the same way but no peer (not in
+    ``best_cusparse_qps``): mgpu's SpGEMM route, ``mgpu.spgemm`` in cuSPARSE's place
+    (sparse input, cosine and euclidean; batches of :data:`MGPU_SPGEMM_BATCHES` as
+    ``mgpu_spgemm_100`` …, its fastest right batch ``mgpu_spgemm_best``). mgpu's neighbour
+    ids are checked against scikit-learn's. ``kernel`` is the kernel mgpu's rule ran
+    (fused, postings or cublas) and ``rule`` what it said on the first call (its
+    measurement); for the dot-product metrics on sparse input ``fused_qps`` and
+    ``postings_qps`` time each kernel forced (the postings at each tile size of the tuner,
+    ``postings_qps_by_tile``; ``postings_qps`` the best).
     """
     import cupy
     import cupyx.scipy.sparse as csp
@@ -311,7 +353,8 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
         if ring.name in ("cosine", "euclidean"):
             routes = (_dense_peers if dense else _expanded_peers)(Xg, ring.name, k)
             sizes = ((("gemm", 500), ("gemm", 2000)) if dense else
-                     (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000)))
+                     (("spgemm", 100), ("spgemm", 500), ("spmm", 500), ("spmm", 2000))
+                     + tuple(("mgpu_spgemm", bs) for bs in MGPU_SPGEMM_BATCHES))
             refs = {"mgpu": np.abs(d[:, -1].get().astype(np.float64))}
             if sk is not None:
                 refs["scikit-learn"] = sk[0][:, -1]
@@ -324,11 +367,10 @@ def bench_gpu(index: Any, queries: Any, k: int, metrics: tuple[str, ...], *,
                          warmup=1)
             peers["naive_union"] = nn_q / t
         row["peers"] = peers
-        numeric = [v for name, v in peers.items() if name != "naive_union"
-                   and isinstance(v, float)]
-        if numeric:
-            row["best_cusparse_qps"] = max(numeric)
-            row["speedup_vs_cusparse"] = row["mgpu_qps"] / max(numeric)
+        best = best_cusparse(peers)
+        if best is not None:
+            row["best_cusparse_qps"] = best
+            row["speedup_vs_cusparse"] = row["mgpu_qps"] / best
         if "naive_union" in peers:
             row["speedup_vs_naive"] = row["mgpu_qps"] / peers["naive_union"]
         if sk is None:  # scikit-learn has no sparse form of this metric
@@ -369,9 +411,14 @@ def _sklearn(index: Any, queries: Any, k: int, metric: str
 
 
 def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
-    head = ("| corpus | metric | mgpu q/s | kernel | fused q/s | postings q/s | SpGEMM 100 | "
-            "SpGEMM 500 | SpGEMM best right (batch) | SpMM 500 | SpMM 2000 | GEMM 500 | "
-            "GEMM 2000 | naive union | "
+    """The GPU table: mgpu's kNN and its kernels; mgpu's SpGEMM route in columns of its own
+    beside them (mgpu's, so no peer: "vs best cuSPARSE/cuBLAS" does not count it); then the
+    peers, and mgpu's kNN against each kind of peer."""
+    batches = " / ".join(str(b) for b in MGPU_SPGEMM_BATCHES)
+    head = ("| corpus | metric | mgpu q/s | kernel | fused q/s | postings q/s | "
+            f"mgpu SpGEMM route {batches} | mgpu SpGEMM route best right (batch) | "
+            "SpGEMM 100 | SpGEMM 500 | SpGEMM best right (batch) | SpMM 500 | SpMM 2000 | "
+            "GEMM 500 | GEMM 2000 | naive union | "
             "scikit-learn | vs best cuSPARSE/cuBLAS | vs naive | vs scikit-learn | ids equal | "
             "others tie |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -386,12 +433,17 @@ def markdown_gpu(rows: list[dict[str, Any]], label: str) -> str:
     def best(v):
         return "–" if v is None else f"{v['qps']:,.0f} ({v['batch']})"
 
+    def mgpu_spgemm(p):
+        cells = [p.get(f"mgpu_spgemm_{b}") for b in MGPU_SPGEMM_BATCHES]
+        return "–" if all(v is None for v in cells) else " / ".join(fmt(v) for v in cells)
+
     for r in rows:
         p = r["peers"]
         ratio = lambda key: f"{r[key]:.1f}×" if key in r else "–"  # noqa: E731
         lines.append(
             f"| {label} | {r['metric']} | {r['mgpu_qps']:,.0f} | {r.get('kernel') or '–'} | "
             f"{fmt(r.get('fused_qps'))} | {fmt(r.get('postings_qps'))} | "
+            f"{mgpu_spgemm(p)} | {best(p.get('mgpu_spgemm_best'))} | "
             f"{fmt(p.get('spgemm_100'))} | "
             f"{fmt(p.get('spgemm_500'))} | {best(p.get('spgemm_best'))} | "
             f"{fmt(p.get('spmm_500'))} | "

@@ -238,7 +238,8 @@ def bench_sddmm_loop(input: str | None, powerlaw: tuple[int, int] | None, nnz: f
               help="Comma-separated metrics.")
 @opt.device(("cpu", "gpu"), "cpu", "cpu: mgpu's CPU path against scikit-learn; gpu: mgpu's "
             "kernels (float32) against the cuSPARSE routes, the naive union kernel and "
-            "scikit-learn.")
+            "scikit-learn, with mgpu's SpGEMM route (mgpu.spgemm in cuSPARSE's place) "
+            "beside them.")
 @click.option("--sklearn-queries", default=1000, show_default=True, type=int,
               help="GPU runs: queries timed through scikit-learn (a tenth for NAMM metrics).")
 @opt.repeats(1)
