@@ -1,5 +1,7 @@
 """``mgpu bench spgemm`` on the host: the rows of a CPU run (products, nnz, errors, ratios,
-the form of each input), the check of a peer's result, the report's summary and the command.
+the form of each input), the check of a peer's result, the report's summary and the command;
+``mgpu bench spgemm-scaling`` on CPU workers: its rows, the check of each worker count's C
+against one device's, the table and the command.
 
 The GPU side (cupyx and torch peers, peak memory) needs a GPU; what it shares with the CPU
 run (the form, the product count, the check of results, the statuses, the table) is tested
@@ -8,6 +10,7 @@ here, and the module is imported without CuPy or torch.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -17,6 +20,7 @@ import scipy.io
 import scipy.sparse as sp
 
 from mgpu.bench import spgemm as b
+from mgpu.bench import spgemm_scaling as s
 
 
 def _rows(**kw):
@@ -445,3 +449,189 @@ def test_on_real_data(data_dir):
         ref = (A @ B).nnz
         assert abs(r["nnz_c"] - ref) <= 0.02 * ref and r["rel_err"] < 1e-12
         assert r["peers"]["scipy"]["status"] == "ok"
+
+
+# ------------------------------------------------------------------ across workers
+
+def _scaling_operands():
+    from mgpu.synthetic import powerlaw_csr
+
+    return s.operands(powerlaw_csr(600, 400, 3000, seed=0), "auto", "power-law 600x400")
+
+
+def test_operands_take_the_form_and_float32():
+    M = sp.random(50, 50, density=0.1, format="coo", random_state=0)
+    A, B, how = s.operands(M, "auto", "m.mtx.gz")
+    assert how == "AA" and B is A and A.dtype == np.float32 and A.format == "csr"
+    A, B, how = s.operands(M, "AAt", "m.mtx.gz")
+    assert how == "AAt" and (B != A.T).nnz == 0 and B.format == "csr"
+
+
+def test_scaling_rows_on_cpu_workers():
+    from mgpu.partition import part_sums, spgemm_row_work, split_counts
+
+    A, B, _ = _scaling_operands()
+    lines = []
+    rows = s.bench_scaling(A, B, (1, 2), repeats=1, gpus=False, progress=lines.append)
+    assert [(r["workers"], r["kind"], r["tiles"]) for r in rows] == [
+        (s.ONE_DEVICE, "CPU", 1), (1, "CPU", 1), (2, "CPU", 2)]
+    flops, nnz_c = b.products(A, B), (A @ B).nnz
+    work = spgemm_row_work(A, B)
+    tile_work = part_sums(work, split_counts(work, 2))
+    for r in rows:
+        assert (r["products"], r["nnz_c"], r["nnz_a"], r["dtype"]) == (flops, nnz_c, A.nnz,
+                                                                      "float32")
+        assert r["median_s"] > 0 and r["gflops"] == pytest.approx(2 * flops / r["median_s"] / 1e9)
+        assert r["speedup_vs_one_device"] == pytest.approx(rows[0]["median_s"] / r["median_s"])
+        assert r["imbalance"] >= 1.0
+    assert [r["same_c"] for r in rows] == [None, True, True]
+    assert rows[0]["rows_checked"] == 0 and rows[1]["rows_checked"] >= 3
+    assert rows[2]["rows_checked"] >= 6  # at least first, middle and last of each tile
+    assert rows[0]["speedup_vs_one_device"] == 1.0 and rows[0]["speedup_vs_1_worker"] is None
+    assert rows[1]["speedup_vs_1_worker"] == 1.0
+    assert rows[2]["speedup_vs_1_worker"] == pytest.approx(rows[1]["median_s"]
+                                                           / rows[2]["median_s"])
+    assert rows[1]["imbalance"] == 1.0
+    assert rows[2]["imbalance"] == pytest.approx(tile_work.max() / tile_work.mean())
+    assert len(lines) == 3 and lines[0].startswith("one device, no cluster CPU: ")
+    assert "2 CPU worker(s), 2 tile(s): " in lines[2] and ", C identical (" in lines[2]
+    text = s.scaling_markdown(rows, "A·Aᵀ of power-law 600x400").splitlines()
+    assert text[0].startswith("| product | workers | tiles | work imbalance (max/mean) | "
+                              "products | nnz(C) | median ms | GFLOP/s | speedup vs one "
+                              "device | speedup vs 1 worker | C equal to one device |")
+    assert len(text) == 2 + 3
+    assert text[2].startswith("| A·Aᵀ of power-law 600x400 | one device, no cluster CPU | 1 | "
+                              f"1.0000 | {flops:,} | {nnz_c:,} |")
+    assert text[2].endswith("| 1.00× | – | – |") and text[4].endswith("× | yes |")
+    assert text[4].startswith(f"| A·Aᵀ of power-law 600x400 | 2 CPU | 2 | "
+                              f"{rows[2]['imbalance']:.4f} |")
+
+
+def test_tile_rows_checked_prefer_rows_with_work():
+    work = np.array([0, 0, 3, 0, 9, 1, 0, 2, 0])
+    assert s.tile_rows_checked(work, 1, 8) == [1, 3, 6]  # rows 2, 4 (heaviest), 7
+    assert s.tile_rows_checked(work, 0, 9) == [2, 4, 7]
+    assert s.tile_rows_checked(work, 5, 6) == [0]
+    assert s.tile_rows_checked(np.zeros(4, dtype=np.int64), 0, 4) == [0, 1, 3]
+    assert s.tile_rows_checked(work, 3, 3) == []
+
+
+def test_scaling_check_finds_a_c_that_differs(client):
+    """The check against one device's C, on a C spread over a CPU cluster: it passes C
+    itself and values one rounding apart, and fails a value off by 1e-4 in a row it
+    compares, and an entry missing from a row it does not."""
+    import mgpu
+    from mgpu.partition import spgemm_row_work
+
+    A, B, _ = _scaling_operands()
+    C = mgpu.spgemm(A, B, parts=3, client=client)
+    ref = mgpu.spgemm(A, B)
+    work = spgemm_row_work(A, B)
+    same, checked, nnz = s._same_c(C, ref, A, B, work, client)
+    assert same and nnz == ref.nnz and checked >= 9
+    first = int(s.tile_rows_checked(work, 0, C.chunks[0][0])[0])
+    at = int(ref.indptr[first])
+    assert ref.indptr[first + 1] > at
+
+    def changed(value):
+        R = ref.copy()
+        R.data[at] = value
+        return s._same_c(C, R, A, B, work, client)[0]
+
+    v = ref.data[at]
+    assert changed(np.nextafter(v, np.float32(np.inf)))
+    assert not changed(v * np.float32(1 + 1e-4))
+    # an entry left out of a row that is not compared: the tile's nnz tells
+    picked = {int(C.chunks[0][0]) + r for r in
+              s.tile_rows_checked(work, C.chunks[0][0], C.chunks[0][0] + C.chunks[0][1])}
+    other = next(i for i in range(C.chunks[0][0], C.chunks[0][0] + C.chunks[0][1])
+                 if i not in picked and ref.indptr[i + 1] > ref.indptr[i])
+    R = ref.copy()
+    R.data[R.indptr[other]] = 0
+    R.eliminate_zeros()
+    assert s._same_c(C, R, A, B, work, client)[:2] == (False, checked)
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    ({"workers": ()}, ValueError, "The 'workers' parameter of bench_scaling must be a "
+                                  r"non-empty sequence of positive integers such as \(1, 2, 4\)"),
+    ({"workers": (1, 0)}, ValueError, "The 'workers' parameter"),
+    ({"workers": (1.5,)}, ValueError, "The 'workers' parameter"),
+    ({"workers": 2}, ValueError, "The 'workers' parameter"),
+    ({"tiles_per_worker": 0}, ValueError, "The 'tiles_per_worker' parameter of bench_scaling "
+                                          "must be a positive integer. Got 0 instead"),
+    ({"repeats": True}, ValueError, "The 'repeats' parameter"),
+    ({"workers": (4,), "tiles_per_worker": 200}, ValueError, r"asks for 4 × 200 row tiles, "
+                                                             "more than A's 600 rows"),
+    ({"A": np.ones((3, 3))}, TypeError, "The 'A' parameter of bench_scaling must be a scipy "
+                                        "sparse matrix. Got ndarray instead"),
+    ({"B": sp.identity(7, format="csr")}, ValueError, "The 'A' and 'B' parameters of "
+                                                       r"bench_scaling must have A.shape\[1\]"),
+])
+def test_scaling_refuses_bad_parameters_before_any_run(kw, error, match, monkeypatch):
+    import mgpu.distributed
+
+    monkeypatch.setattr(s, "_one_device", lambda *a: pytest.fail("ran"))
+    monkeypatch.setattr(mgpu.distributed, "connect", lambda **k: pytest.fail("started"))
+    A, B, _ = _scaling_operands()
+    args = {"A": A, "B": B, "workers": (1, 2), **kw}
+    with pytest.raises(error, match=match):
+        s.bench_scaling(args.pop("A"), args.pop("B"), args.pop("workers"), **args)
+
+
+def test_scaling_command_on_cpu_workers(tmp_path):
+    from click.testing import CliRunner
+
+    from mgpu.cli import main
+
+    out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
+    r = CliRunner().invoke(main, ["bench", "spgemm-scaling", "--powerlaw", "600x400:3000",
+                                  "--workers", "1,2", "--device", "cpu", "--repeats", "1",
+                                  "--json", str(out), "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())
+    A, B, _ = _scaling_operands()
+    assert [(row["workers"], row["kind"], row["tiles"]) for row in rows] == [
+        ("one device, no cluster", "CPU", 1), (1, "CPU", 1), (2, "CPU", 2)]
+    assert [row["same_c"] for row in rows] == [None, True, True]
+    for row in rows:
+        assert (row["input"], row["form"], row["dtype"]) == ("power-law 600x400", "AAt",
+                                                             "float32")
+        assert (row["shape_a"], row["products"], row["nnz_c"]) == ([600, 400],
+                                                                   b.products(A, B),
+                                                                   (A @ B).nnz)
+        assert row["gflops"] > 0 and row["imbalance"] >= 1.0
+    assert rows[1]["speedup_vs_1_worker"] == 1.0
+    assert rows[2]["speedup_vs_one_device"] == pytest.approx(rows[0]["median_s"]
+                                                             / rows[2]["median_s"])
+    assert r.output.startswith("A·Aᵀ of power-law 600x400: A 600×400 with ")
+    assert "| A·Aᵀ of power-law 600x400 | 2 CPU | 2 |" in r.output
+    assert f"measurements written to {out}" in r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, match", [
+    ([], "give one matrix: INPUT or one --powerlaw ROWSxCOLS:NNZ"),
+    (["--powerlaw", "60x40:300", "--powerlaw", "80x40:300"],
+     r"give one matrix: INPUT or one --powerlaw ROWSxCOLS:NNZ \(got 2 --powerlaw\)"),
+    (["{mtx}", "--powerlaw", "60x40:300"], r"\(got INPUT and 1 --powerlaw\)"),
+    (["--powerlaw", "60x40"], "Invalid value for '--powerlaw'"),
+    (["--powerlaw", "60x40:300", "--form", "AA"], "needs square matrices, but power-law "
+                                                  "60x40 is 60×40"),
+    (["--powerlaw", "60x40:300", "--workers", "0"], "every value must be >= 1"),
+    (["--powerlaw", "60x40:300", "--workers", "64", "--device", "gpu"], r"GPU\(s\) are visible"),
+    (["--powerlaw", "60x40:300", "--workers", "40", "--tiles-per-worker", "2"],
+     "asks for 40 × 2 row tiles, more than A's 60 rows"),
+])
+def test_scaling_command_refusals(args, match, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from mgpu.cli import main
+
+    monkeypatch.setattr(s, "_one_device", lambda *a: pytest.fail("ran"))
+    mtx, _, _ = _files(tmp_path)
+    args = [a.format(mtx=mtx) for a in args]
+    # CPU workers unless the case asks for GPUs (click keeps an option's last value)
+    r = CliRunner().invoke(main, ["bench", "spgemm-scaling", "--device", "cpu", *args])
+    assert r.exit_code == 2, r.output
+    assert re.search(match, r.output.replace("\n", " ")), r.output

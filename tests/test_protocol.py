@@ -201,7 +201,7 @@ def test_cli_protocol_goes_through_connect_for_the_command_only(with_ucx, nothin
 
 
 def test_cli_scaling_benchmarks_take_the_protocol():
-    for name in ("sddmm-scaling", "knn-scaling", "gap", "transfer"):
+    for name in ("sddmm-scaling", "knn-scaling", "spgemm-scaling", "gap", "transfer"):
         cmd = main.commands["bench"].commands[name]
         opts = {o for p in cmd.params for o in p.opts}
         assert {"--protocol", "--protocols"} & opts, name

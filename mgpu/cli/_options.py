@@ -296,13 +296,32 @@ def _powerlaw_specs(ctx: click.Context, param: click.Parameter, values: tuple[st
     return specs
 
 
+_EXPONENTS = ("REXP and CEXP are the row and column degree exponents (default 0.6 and 0.8; "
+              "0:0 gives uniform rows, REXP above 1 a few rows with most of the nonzeros).")
+
 powerlaw_specs = click.option(
     "--powerlaw", "powerlaw", multiple=True, metavar="ROWSxCOLS:NNZ[:REXP[:CEXP]]",
     callback=_powerlaw_specs,
-    help="Add a synthetic power-law matrix (repeatable), e.g. 1000000x1000000:2e7; REXP and "
-    "CEXP are the row and column degree exponents (default 0.6 and 0.8; 0:0 gives uniform "
-    "rows, REXP above 1 a few rows with most of the nonzeros).")
+    help=f"Add a synthetic power-law matrix (repeatable), e.g. 1000000x1000000:2e7; {_EXPONENTS}")
 """--powerlaw specs of the SpMV benchmark, each as (rows, cols, nnz, exponents)."""
+
+powerlaw_spec = click.option(
+    "--powerlaw", "powerlaw", multiple=True, metavar="ROWSxCOLS:NNZ[:REXP[:CEXP]]",
+    callback=_powerlaw_specs,
+    help=f"A synthetic power-law matrix instead of INPUT (one), e.g. 1000000x1000000:2e7; "
+    f"{_EXPONENTS}")
+"""One --powerlaw spec in place of INPUT, as a list of (rows, cols, nnz, exponents) that the
+command refuses unless it holds one (click would keep the last of several silently)."""
+
+
+def spgemm_form(of: str, tail: str) -> Decorator:
+    """``--form auto|AA|AAt``: the product the SpGEMM benchmarks take ``of`` their input(s);
+    ``tail`` ends the help (where the choice is reported)."""
+    return click.option(
+        "--form", type=click.Choice(["auto", "AA", "AAt"]), default="auto", show_default=True,
+        help=f"The product of {of}: AA (A·A, square inputs only), AAt (A·Aᵀ), or auto: "
+        "A·A of a square Matrix Market file (.mtx, .mtx.gz), A·Aᵀ of the rest (graphs, "
+        f"corpora, power-law matrices, any matrix that is not square). {tail}")
 
 
 def corpus_shape(default: str, name: str = "--corpus", dest: str = "corpus") -> Decorator:

@@ -18,7 +18,7 @@ from mgpu.cli._mf import mf_options, train
 from mgpu.cli._output import bar, plotted, write_json
 from mgpu.cli.bench_comm import _GPUS, _check_gpu_workers, bench_allreduce
 from mgpu.cli.bench_sgd import bench_sgd, bench_sgd_seeds
-from mgpu.cli.bench_spgemm import bench_spgemm_cmd
+from mgpu.cli.bench_spgemm import bench_spgemm_cmd, bench_spgemm_scaling_cmd
 
 
 
@@ -31,6 +31,7 @@ bench.add_command(bench_allreduce, "allreduce")
 bench.add_command(bench_sgd, "sgd")
 bench.add_command(bench_sgd_seeds, "sgd-seeds")
 bench.add_command(bench_spgemm_cmd, "spgemm")
+bench.add_command(bench_spgemm_scaling_cmd, "spgemm-scaling")
 
 
 def _need_gpu(what: str, usage: bool = False) -> None:
