@@ -128,7 +128,8 @@ __device__ void block_scan_popc(const unsigned* __restrict__ bitmap, int* __rest
 // values: with LENGTHS, v[j] = the length of the B row that A's nonzero j picks (the
 // intermediate products' prefix sums, cum); else v[j] = in[j] (C's row offsets from each
 // row's count). out32, where not null, takes the same sums as int (the caller uses it only
-// when the total fits).
+// when the total fits); *total, where not null, the sum of all n (for a copy to the host
+// beside other numbers).
 #define MGPU_SCAN_ITEMS 8
 #define MGPU_SCAN_TILE (256 * MGPU_SCAN_ITEMS)
 
@@ -201,7 +202,7 @@ template <bool LENGTHS>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_scan_apply(const int* __restrict__ in, const int* __restrict__ b_ptr, long long n,
                        const long long* __restrict__ partial, long long* __restrict__ out,
-                       int* __restrict__ out32) {
+                       int* __restrict__ out32, long long* __restrict__ total) {
     __shared__ long long warp_sums[8];
     // each thread scans MGPU_SCAN_ITEMS consecutive values of the tile
     const long long base = static_cast<long long>(blockIdx.x) * MGPU_SCAN_TILE +
@@ -220,11 +221,13 @@ mgpu_spgemm_scan_apply(const int* __restrict__ in, const int* __restrict__ b_ptr
             run += v[s];
             out[base + s + 1] = run;
             if (out32) out32[base + s + 1] = static_cast<int>(run);
+            if (total && base + s + 1 == n) *total = run;
         }
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         out[0] = 0;
         if (out32) out32[0] = 0;
+        if (total && n == 0) *total = 0;
     }
 }
 
@@ -725,6 +728,48 @@ mgpu_spgemm_compact(int r0, int r1, const long long* __restrict__ c_off, long lo
                 out_val[o] = c_val[t];
             }
             at += __popc(votes);
+        }
+    }
+}
+
+// Rows r0 .. r1 - 1 of C closed up where none of their values is exactly 0: row `row`'s
+// lens[row] entries from c_off[row] - c_base on move to new_off[row - r0] on (the slack after
+// them, where a short row's bound exceeded its count, is left behind). The threads share out
+// the *places* c_off[r0] .. c_off[r1] (minus c_base), RUN consecutive ones each: a binary
+// search of the row offsets for the first, then a walk, so that rows of many entries and
+// rows of few keep the threads equally busy.
+template <typename T, int RUN>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_close_up(int r0, int r1, const long long* __restrict__ c_off, long long c_base,
+                     const int* __restrict__ lens, const int* __restrict__ c_idx,
+                     const T* __restrict__ c_val, const long long* __restrict__ new_off,
+                     int* __restrict__ out_idx, T* __restrict__ out_val) {
+    const long long p_lo = c_off[r0] - c_base, p_hi = c_off[r1] - c_base;
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x * RUN;
+    for (long long q = p_lo + (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
+         q < p_hi; q += step) {
+        int row = r0, hi = r1 - 1;  // the last row that starts at or before q
+        while (row < hi) {
+            const int mid = row + ((hi - row + 1) >> 1);
+            if (c_off[mid] - c_base <= q) row = mid; else hi = mid - 1;
+        }
+        long long start = c_off[row] - c_base, next = c_off[row + 1] - c_base;
+        long long to = new_off[row - r0];
+        int len = lens[row];
+        const long long end = q + RUN < p_hi ? q + RUN : p_hi;
+        for (long long p = q; p < end; ++p) {
+            while (p >= next) {
+                ++row;
+                start = next;
+                next = c_off[row + 1] - c_base;
+                to = new_off[row - r0];
+                len = lens[row];
+            }
+            const long long k = p - start;
+            if (k < len) {
+                out_idx[to + k] = c_idx[p];
+                out_val[to + k] = c_val[p];
+            }
         }
     }
 }

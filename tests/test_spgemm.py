@@ -71,6 +71,21 @@ def skewed(rng, *, ints=False):
     return A, B
 
 
+def _record_kernels(monkeypatch) -> set[str]:
+    """The set that every kernel the GPU product launches is added to (by its name)."""
+    import mgpu.backends.cupy_spgemm as g
+
+    seen: set[str] = set()
+    real = g._kernel
+
+    def record(expr):
+        seen.add(expr)
+        return real(expr)
+
+    monkeypatch.setattr(g, "_kernel", record)
+    return seen
+
+
 def test_skewed_reaches_every_bin():
     """Under the GPU's binning rule (a row's size, or its products / SPGEMM_RATIO when more),
     skewed() has rows in every table of both passes and past the largest."""
@@ -103,14 +118,7 @@ def test_every_table_runs(monkeypatch, bitmap):
         monkeypatch.setattr(g, "_BITMAP_BYTES", 0)
         monkeypatch.setattr(g, "_GLOBAL_BITMAP_BYTES", 0)
     g._tables.cache_clear()
-    seen = set()
-    real = g._kernel
-
-    def record(expr):
-        seen.add(expr)
-        return real(expr)
-
-    monkeypatch.setattr(g, "_kernel", record)
+    seen = _record_kernels(monkeypatch)
     A, B = skewed(np.random.default_rng(8), ints=True)
     C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)
     np.testing.assert_array_equal(C.data, ref.data)
@@ -130,16 +138,7 @@ def test_few_rows_run_in_blocks(monkeypatch):
     with the same product."""
     import cupyx.scipy.sparse as csp
 
-    import mgpu.backends.cupy_spgemm as g
-
-    seen = set()
-    real = g._kernel
-
-    def record(expr):
-        seen.add(expr)
-        return real(expr)
-
-    monkeypatch.setattr(g, "_kernel", record)
+    seen = _record_kernels(monkeypatch)
     A, B = skewed(np.random.default_rng(8), ints=True)
     C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)
     np.testing.assert_array_equal(C.data, ref.data)
@@ -364,16 +363,19 @@ def test_batches_and_row_blocks_to_host(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("few", [0, 60, 128])
-def test_short_rows_skip_the_symbolic_pass(monkeypatch, few):
+@pytest.mark.parametrize("ints", [True, False])
+def test_short_rows_skip_the_symbolic_pass(monkeypatch, few, ints):
     """Rows of at most _SHORT_PRODUCTS products are sized by their products, not counted:
     the same C with none, few or many such rows (skewed() has rows of 1 to 3 nonzeros times
-    B rows of 0 to 60, so bounds above the counts), and to the host in row blocks."""
+    B rows of 0 to 60, so bounds above the counts), and to the host in row blocks. Without
+    exact zeros (normal values) the slack is closed up by the one-launch copy; with integer
+    values some sums cancel, and the count-and-copy path leaves them out too."""
     import cupyx.scipy.sparse as csp
 
     import mgpu.backends.cupy_spgemm as g
 
     monkeypatch.setattr(g, "_SHORT_PRODUCTS", few)
-    A, B = skewed(np.random.default_rng(11), ints=True)
+    A, B = skewed(np.random.default_rng(11), ints=ints)
     ref = A @ B
     made = []
     real = g._Product
@@ -383,13 +385,19 @@ def test_short_rows_skip_the_symbolic_pass(monkeypatch, few):
         return made[-1]
 
     monkeypatch.setattr(g, "_Product", product)
-    C, r = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), ref)
-    np.testing.assert_array_equal(C.data, r.data)
-    assert made[-1].slack == (few > 0)
-    monkeypatch.setattr(g, "_SCRATCH_SHARE", 2e-6)
-    C, r = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B),
-                                            to_host=True), ref)
-    np.testing.assert_array_equal(C.data, r.data)
+    seen = _record_kernels(monkeypatch)
+    for to_host in (False, True):
+        if to_host:
+            monkeypatch.setattr(g, "_SCRATCH_SHARE", 2e-6)  # C in many row blocks
+        C, r = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B),
+                                                to_host=to_host), ref)
+        if ints:
+            np.testing.assert_array_equal(C.data, r.data)
+        else:
+            np.testing.assert_allclose(C.data, r.data, rtol=1e-12, atol=1e-12)
+        assert made[-1].slack == (few > 0)
+    if not ints:  # integer sums may or may not cancel in a row block: either path then
+        assert any(e.startswith("mgpu_spgemm_close_up<double") for e in seen) == (few > 0)
 
 
 @pytest.mark.gpu

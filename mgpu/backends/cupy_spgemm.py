@@ -1,5 +1,6 @@
-"""GPU SpGEMM and SpAdd (``kernels/spgemm.cu`` and CuPy), registered on
-:data:`mgpu.backends.spgemm_lookup` and :data:`mgpu.backends.spadd_lookup`.
+"""GPU SpGEMM (``kernels/spgemm.cu`` and CuPy), registered on
+:data:`mgpu.backends.spgemm_lookup`, and the check of CSR operands
+(:data:`mgpu.backends.csr_sound_lookup`).
 
 The product runs in two passes over the intermediate products (see the kernel file): a
 symbolic pass counts each row's output, then the numeric pass fills it. Between them the
@@ -9,10 +10,7 @@ row blocks that do and copied to the host one by one. The scratch of both passes
 tables in global memory for the longest rows) is sized to what the device has left and
 used in batches: a product whose output fits is never refused for scratch space.
 
-The sum runs as a merge of the two matrices' entries ordered by (row, column): each entry's
-place in the merged list is its own index plus the number of the other matrix's entries
-before it (a binary search each), the parallel merge of merge path; equal keys end up side by
-side and are added.
+The sum is in :mod:`mgpu.backends.cupy_spadd`.
 """
 from __future__ import annotations
 
@@ -27,17 +25,18 @@ import scipy.sparse as sp
 from dask.utils import format_bytes
 
 from mgpu.backends.cupy import current_facts
-from mgpu.backends.dispatch import csr_sound_lookup, spadd_lookup, spgemm_lookup
+from mgpu.backends.dispatch import csr_sound_lookup, spgemm_lookup
 from mgpu.backends.flags import device_flag, flag_csr
-from mgpu.backends.instances import (INSTANCES, SPGEMM_NUMERIC, SPGEMM_RATIO, SPGEMM_RUN,
-                                     SPGEMM_SYMBOLIC, spgemm_dynamic, spgemm_shared)
+from mgpu.backends.instances import (INSTANCES, SPGEMM_CLOSE_RUN, SPGEMM_NUMERIC, SPGEMM_RATIO,
+                                     SPGEMM_RUN, SPGEMM_SYMBOLIC, spgemm_dynamic,
+                                     spgemm_shared)
 from mgpu.backends.launch import Launcher, launcher
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.numpy_spgemm import csr_well_formed
 from mgpu.backends.memory import (DeviceMemoryError, gpu_available, require_gpu,
                                   require_gpu_unless_small)
 
-__all__ = ["spgemm_gpu"]
+__all__ = ["csr_of", "indptr_of", "int32_indices", "rows_of", "spgemm_gpu"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +61,8 @@ _SIGNATURES = {
     "mgpu_spgemm_bin_fill": "iipppqqqpippp",
     "mgpu_spgemm_scan_reduce": "ppqp",
     "mgpu_spgemm_scan_partials": "pq",
-    "mgpu_spgemm_scan_apply": "ppqppp",
+    "mgpu_spgemm_scan_apply": "ppqpppp",
+    "mgpu_spgemm_close_up": "iipqpppppp",
 }
 # the bins' status on the device (long long): each bin's rows (0 .. 15), each bin's rows
 # listed so far (16 .. 31), a total read in the same copy (32), the short rows (33); as
@@ -103,9 +103,10 @@ def _ptr(a: cupy.ndarray | None) -> int:
 
 
 def _scan(values: cupy.ndarray, n: int, out: cupy.ndarray, *, b_ptr: cupy.ndarray | None = None,
-          out32: cupy.ndarray | None = None) -> None:
+          out32: cupy.ndarray | None = None, total: int = 0) -> None:
     """out[0] = 0, out[i + 1] = the sum of the first i + 1 of n values (int64 ``out`` of n + 1;
-    ``out32`` alike as int32, where given): ``values`` itself (int32), or with ``b_ptr`` the
+    ``out32`` alike as int32, where given; the sum of all n also to the int64 at device
+    address ``total``, where not 0): ``values`` itself (int32), or with ``b_ptr`` the
     lengths of the B rows that the column indices ``values`` pick. Three launches."""
     tiles = max(1, -(-n // _SCAN_TILE))
     partial = cupy.empty(tiles, dtype=cupy.int64)
@@ -114,7 +115,7 @@ def _scan(values: cupy.ndarray, n: int, out: cupy.ndarray, *, b_ptr: cupy.ndarra
         values.data.ptr, _ptr(b_ptr), n, partial.data.ptr))
     _kernel("mgpu_spgemm_scan_partials")((1,), (256,), (partial.data.ptr, tiles))
     _kernel(f"mgpu_spgemm_scan_apply<{flag}>")((tiles,), (256,), (
-        values.data.ptr, _ptr(b_ptr), n, partial.data.ptr, out.data.ptr, _ptr(out32)))
+        values.data.ptr, _ptr(b_ptr), n, partial.data.ptr, out.data.ptr, _ptr(out32), total))
 
 
 def _products(A: csp.csr_matrix, B: csp.csr_matrix) -> cupy.ndarray:
@@ -299,7 +300,9 @@ class _Product:
         # cum, the bins' rows, row_nnz and C's row offsets (int64 and int32)
         require_gpu_unless_small(8 * (A.nnz + 1) + 28 * (self.m + 1), self.what)
         self.cum = _products(A, B)
-        self.zeros = cupy.zeros(1, dtype=cupy.uint64)
+        # the numeric pass's count of exact zeros, and C's size once closed up: one copy
+        self.tail = cupy.zeros(2, dtype=cupy.int64)
+        self.zeros = self.tail[:1]
         self.operands = (A.indptr.data.ptr, A.indices.data.ptr, A.data.data.ptr,
                          B.indptr.data.ptr, B.indices.data.ptr, B.data.data.ptr,
                          self.cum.data.ptr)
@@ -357,6 +360,30 @@ class _Product:
         edges = tuple(table // 2 for _, table, _, _, _ in tables)
         return _bins(self.A, self.cum, r0, r1, edges, sizes=row_nnz,
                      total=c_off.data.ptr + 8 * self.m)[:3]
+
+    def close_up(self, c_off: cupy.ndarray, lens: cupy.ndarray, r0: int, r1: int, base: int,
+                 idx: cupy.ndarray, val: cupy.ndarray
+                 ) -> tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray]:
+        """Rows r0..r1 of C (after the numeric pass: lens[row] entries from c_off[row] -
+        base on, then slack) without the slack and without exact zeros: (row offsets from 0
+        as int32, idx, val). Where the numeric pass met no exact zero (nearly always), the
+        rows' offsets are their counts' prefix sums, read with that count in one copy, and
+        one launch moves the entries; else :func:`_close_up` counts and copies."""
+        n = r1 - r0
+        off = cupy.empty(n + 1, dtype=cupy.int64)
+        off32 = cupy.empty(n + 1, dtype=cupy.int32)
+        _scan(lens[r0:r1], n, off, out32=off32, total=self.tail.data.ptr + 8)
+        zeros, kept = (int(v) for v in self.tail.get())
+        if zeros:
+            return _close_up(c_off, lens, r0, r1, base, idx, val)
+        out_idx = cupy.empty(kept, dtype=cupy.int32)
+        out_val = cupy.empty(kept, dtype=self.dtype)
+        if kept:
+            grid = (_grid(idx.size, 256 * SPGEMM_CLOSE_RUN),)  # idx: the rows' places
+            _kernel(f"mgpu_spgemm_close_up<{self.t}, {SPGEMM_CLOSE_RUN}>")(grid, (256,), (
+                r0, r1, c_off.data.ptr, base, lens.data.ptr, idx.data.ptr, val.data.ptr,
+                off.data.ptr, out_idx.data.ptr, out_val.data.ptr))
+        return off32, out_idx, out_val
 
     def _global(self, rows: cupy.ndarray, want: cupy.ndarray, row_nnz: cupy.ndarray,
                 out: tuple | None) -> None:
@@ -454,7 +481,7 @@ def _sort_rows(c_idx: cupy.ndarray, c_val: cupy.ndarray, starts: cupy.ndarray,
     c_val[pos] = c_val[pos][order]
 
 
-def _rows_of(indptr: cupy.ndarray, nnz: int) -> cupy.ndarray:
+def rows_of(indptr: cupy.ndarray, nnz: int) -> cupy.ndarray:
     """The row of each of ``nnz`` entries of a CSR with row pointers ``indptr``."""
     return (cupy.searchsorted(indptr, cupy.arange(nnz, dtype=indptr.dtype), side="right")
             - 1).astype(cupy.int32)
@@ -490,7 +517,7 @@ def _close_up(c_off: cupy.ndarray, lens: cupy.ndarray, r0: int, r1: int, base: i
 _FROM_PARTS = getattr(csp.csr_matrix, "_from_parts", None)
 
 
-def _csr(indptr: cupy.ndarray, idx: cupy.ndarray, val: cupy.ndarray, shape: tuple[int, int]
+def csr_of(indptr: cupy.ndarray, idx: cupy.ndarray, val: cupy.ndarray, shape: tuple[int, int]
          ) -> csp.csr_matrix:
     """A canonical cupyx CSR of these arrays (int32 idx; indptr of any integer type, m + 1
     values)."""
@@ -502,7 +529,7 @@ def _csr(indptr: cupy.ndarray, idx: cupy.ndarray, val: cupy.ndarray, shape: tupl
     return C
 
 
-def _indptr(counts: cupy.ndarray) -> cupy.ndarray:
+def indptr_of(counts: cupy.ndarray) -> cupy.ndarray:
     indptr = cupy.zeros(counts.size + 1, dtype=cupy.int64)
     indptr[1:] = cupy.cumsum(counts)
     return indptr
@@ -518,18 +545,18 @@ def _masked(A: csp.csr_matrix, B: csp.csr_matrix, M: csp.csr_matrix) -> csp.csr_
     hit = cupy.zeros(M.nnz, dtype=cupy.uint8)
     total = int(cum[-1])
     if total and M.nnz:
-        a_row = _rows_of(A.indptr, A.nnz)
+        a_row = rows_of(A.indptr, A.nnz)
         _kernel(f"mgpu_spgemm_masked<{c_type(A.dtype)}, {SPGEMM_RUN}>")(
             (_grid(total, 256 * SPGEMM_RUN),), (256,),
             (A.indices.data.ptr, A.data.data.ptr, a_row.data.ptr, A.nnz, B.indptr.data.ptr,
              B.indices.data.ptr, B.data.data.ptr, cum.data.ptr, M.indptr.data.ptr,
              M.indices.data.ptr, acc.data.ptr, hit.data.ptr))
     keep = (hit != 0) & (acc != 0)
-    counts = cupy.bincount(_rows_of(M.indptr, M.nnz)[keep], minlength=M.shape[0])
-    return _csr(_indptr(counts), M.indices[keep], acc[keep], (A.shape[0], B.shape[1]))
+    counts = cupy.bincount(rows_of(M.indptr, M.nnz)[keep], minlength=M.shape[0])
+    return csr_of(indptr_of(counts), M.indices[keep], acc[keep], (A.shape[0], B.shape[1]))
 
 
-def _int32(X: csp.csr_matrix, name: str) -> csp.csr_matrix:
+def int32_indices(X: csp.csr_matrix, name: str) -> csp.csr_matrix:
     """X with int32 index arrays, as the kernels take them (a copy of the index arrays
     where X's are 64-bit; refused where its size needs them)."""
     if X.indices.dtype == np.int32 and X.indptr.dtype == np.int32:
@@ -572,9 +599,9 @@ def spgemm_gpu(A: csp.csr_matrix, B: csp.csr_matrix, mask: csp.csr_matrix | None
     One product waits for the device three times: for the symbolic pass's bins, for C's
     size with the numeric pass's bins, and for the count of exact zeros at the end (more
     only where rows go to tables in global memory, or C to the host in blocks)."""
-    A, B = _int32(A, "A"), _int32(B, "B")
+    A, B = int32_indices(A, "A"), int32_indices(B, "B")
     if mask is not None:
-        C = _masked(A, B, _int32(mask, "mask"))
+        C = _masked(A, B, int32_indices(mask, "mask"))
         return C.get() if to_host else C
     entry = 4 + A.dtype.itemsize
     p, row_nnz, c_off, c_off32, (rows, starts, nnz) = _counted(A, B, _SHORT_PRODUCTS)
@@ -588,9 +615,11 @@ def spgemm_gpu(A: csp.csr_matrix, B: csp.csr_matrix, mask: csp.csr_matrix | None
             p, row_nnz, c_off, c_off32, (rows, starts, nnz) = _counted(A, B, 0)
             _fits(p, nnz, entry)
         idx, val, zeros = p.numeric(row_nnz, c_off, 0, p.m, 0, nnz, (rows, starts))
-        if zeros or p.slack:
+        if p.slack:
+            c_off32, idx, val = p.close_up(c_off, row_nnz, 0, p.m, 0, idx, val)
+        elif zeros:
             c_off32, idx, val = _close_up(c_off, row_nnz, 0, p.m, 0, idx, val)
-        return _csr(c_off32, idx, val, (p.m, p.n))
+        return csr_of(c_off32, idx, val, (p.m, p.n))
     del rows, c_off32
     # row blocks of C, each of at most half of what the device has free
     available, _ = gpu_available()
@@ -609,7 +638,8 @@ def spgemm_gpu(A: csp.csr_matrix, B: csp.csr_matrix, mask: csp.csr_matrix | None
         idx, val, zeros = p.numeric(row_nnz, c_off, r0, r1, int(off_h[r0]),
                                     int(off_h[r1] - off_h[r0]))
         if zeros or p.slack:
-            off, idx, val = _close_up(c_off, row_nnz, r0, r1, int(off_h[r0]), idx, val)
+            off, idx, val = (p.close_up if p.slack else _close_up)(
+                c_off, row_nnz, r0, r1, int(off_h[r0]), idx, val)
             counts.append(np.diff(off.get()))
         else:
             counts.append(row_nnz[r0:r1].get())
@@ -640,55 +670,7 @@ def _csr_sound_device(*Xs: csp.csr_matrix) -> bool:
         return not flag.raised()
 
 
-def _canonical(X: csp.csr_matrix) -> csp.csr_matrix:
-    """X with sorted columns and no duplicates (a copy where X is not so already)."""
-    if X.has_canonical_format:
-        return X
-    X = X.copy()
-    X.sum_duplicates()
-    return X
-
-
 @spgemm_lookup.register(csp.spmatrix)
 def _spgemm_cupy(A: csp.csr_matrix, B: csp.csr_matrix, mask: Any = None,
                  to_host: bool = False) -> Any:
     return spgemm_gpu(A, B, mask, to_host)
-
-
-@spadd_lookup.register(csp.spmatrix)
-def _spadd_cupy(A: csp.csr_matrix, B: csp.csr_matrix, alpha: float, beta: float
-                ) -> csp.csr_matrix:
-    """alpha·A + beta·B of canonical A and B by a parallel merge of their (row, column)
-    keys; exact zeros left out (as scipy's sum)."""
-    A, B = _canonical(A), _canonical(B)
-    m, n = A.shape
-    dt = A.dtype
-    what = (f"SpAdd of two {m}×{n} matrices with {A.nnz:,} and {B.nnz:,} nonzeros")
-    total = A.nnz + B.nnz
-    require_gpu(total * (8 * 4 + 2 * dt.itemsize) + 16 * (m + 1), what)
-    if total == 0:
-        return csp.csr_matrix((m, n), dtype=dt)
-    ka = _rows_of(A.indptr, A.nnz).astype(cupy.int64) * n + A.indices
-    kb = _rows_of(B.indptr, B.nnz).astype(cupy.int64) * n + B.indices
-    keys = cupy.empty(total, dtype=cupy.int64)
-    vals = cupy.empty(total, dtype=dt)
-    pa = cupy.arange(A.nnz, dtype=cupy.int64) + cupy.searchsorted(kb, ka, side="left")
-    pb = cupy.arange(B.nnz, dtype=cupy.int64) + cupy.searchsorted(ka, kb, side="right")
-    keys[pa] = ka
-    keys[pb] = kb
-    vals[pa] = A.data * dt.type(alpha)
-    vals[pb] = B.data * dt.type(beta)
-    del ka, kb, pa, pb
-    head = cupy.ones(total, dtype=cupy.bool_)
-    head[1:] = keys[1:] != keys[:-1]
-    # each key appears at most twice (once from each canonical matrix): a head's sum is its
-    # value plus that of the next entry when the next is not a head
-    nxt = cupy.zeros(total, dtype=dt)
-    nxt[:-1] = cupy.where(head[1:], dt.type(0), vals[1:])
-    sums = (vals + nxt)[head]
-    keys = keys[head]
-    keep = sums != 0
-    keys, sums = keys[keep], sums[keep]
-    rows = keys // n
-    counts = cupy.bincount(rows, minlength=m)
-    return _csr(_indptr(counts), (keys - rows * n).astype(cupy.int32), sums, (m, n))

@@ -53,6 +53,7 @@ def spgemm_shared(t: str, group: int, table: int, numeric: bool) -> str:
 
 
 SPGEMM_RUN = 8  # products per thread of the masked product (one search, then a walk)
+SPGEMM_CLOSE_RUN = 8  # places per thread of the closing copy (one search, then a walk)
 # SGD (kernels/sgd.cu): factor elements per lane, so k <= 32 * the largest
 SGD_KPL = (1, 2, 4, 8)
 # ratings in flight per warp of the wavefront kernel (its ring of D slots in shared memory);
@@ -149,6 +150,7 @@ INSTANCES: dict[str, tuple[str, ...]] = {
     + tuple(f"mgpu_spgemm_scan_{k}<{b}>" for k in ("reduce", "apply") for b in ("false", "true"))
     + ("mgpu_spgemm_scan_partials",)
     + tuple(f"mgpu_spgemm_{k}<{t}>" for k in ("nonzeros", "compact") for t in _FLOATS)
+    + tuple(f"mgpu_spgemm_close_up<{t}, {SPGEMM_CLOSE_RUN}>" for t in _FLOATS)
     + tuple(f"mgpu_spgemm_bin_{k}<{b}>" for k in ("count", "fill") for b in ("false", "true")),
     # the finiteness flag of the checked calls (mgpu.backends.flags)
     "flags.cu": tuple(f"mgpu_flag_{k}<{t}>" for k in ("nonfinite", "csr") for t in _FLOATS),
