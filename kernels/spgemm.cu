@@ -8,12 +8,14 @@
 // and Bell) applied to the intermediate products, so a row of a few long B rows and one of
 // many short ones keep the same number of threads busy.
 //
-//  * symbolic pass: each row's distinct columns, counted in a hash table of keys only;
+//  * symbolic pass: each row's distinct columns, counted in a hash table of keys only (a row
+//    of few products skips it: its products bound its count, and the numeric pass leaves
+//    slack after its entries, which mgpu_spgemm_close_up closes);
 //  * numeric pass: the same table with values, then sorted by column and written out.
 //
 // Rows are binned by size (the symbolic pass by min(products, columns of B), the numeric
-// pass by the exact count of the symbolic one): a warp per row with a table in shared memory
-// for short rows, a block per row for longer ones, and, for the longest, tables in global
+// pass by the count of the symbolic one): a warp per row with a table in shared memory
+// for small rows, a block per row for larger ones, and, for the longest, tables in global
 // memory that many blocks fill together (mgpu_spgemm_global), in batches sized to the memory
 // the device has. A masked product (C = (A·B) restricted to a pattern M) needs no table: a
 // product is added to the slot of its column in M's sorted row, found by a binary search.

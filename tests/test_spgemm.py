@@ -283,6 +283,18 @@ def test_malformed_csr_is_refused(xp):
         mgpu.spgemm(*_on(xp, A, A), mask=_on(xp, wide)[0])
 
 
+def test_values_and_indices_of_different_lengths_are_refused(xp):
+    """A CSR whose values and column indices differ in length (arrays set by hand) is
+    refused before a kernel reads past either."""
+    A = sp.csr_matrix(np.eye(3))
+    X = _on(xp, A)[0].copy()
+    X.data = X.data[:2]
+    for args, name in (((X, _on(xp, A)[0]), "'A'"), ((_on(xp, A)[0], X), "'B'")):
+        with pytest.raises(ValueError, match="not a well-formed CSR matrix") as info:
+            mgpu.spgemm(*args)
+        assert name in str(info.value)
+
+
 @pytest.mark.gpu
 def test_devices_must_match():
     import cupyx.scipy.sparse as csp

@@ -3,10 +3,12 @@
 (:data:`mgpu.backends.csr_sound_lookup`).
 
 The product runs in two passes over the intermediate products (see the kernel file): a
-symbolic pass counts each row's output, then the numeric pass fills it. Between them the
-exact size of C is known, so C is refused with the numbers (:class:`DeviceMemoryError`)
-before the numeric pass when it does not fit the device, or, with ``to_host``, computed in
-row blocks that do and copied to the host one by one. The scratch of both passes (hash
+symbolic pass counts each row's output (a short row's products stand for its count), then the
+numeric pass fills it. Between them the size of C is known (exactly, or bounded where rows
+are short: counted exactly instead where the bound would not fit), so C is refused with the
+numbers (:class:`DeviceMemoryError`) before the numeric pass when it does not fit the
+device, or, with ``to_host``, computed in row blocks that do and copied to the host one by
+one. The scratch of both passes (hash
 tables in global memory for the longest rows) is sized to what the device has left and
 used in batches: a product whose output fits is never refused for scratch space.
 
@@ -32,9 +34,9 @@ from mgpu.backends.instances import (INSTANCES, SPGEMM_CLOSE_RUN, SPGEMM_NUMERIC
                                      spgemm_shared)
 from mgpu.backends.launch import Launcher, launcher
 from mgpu.backends.loader import c_type, get_function
-from mgpu.backends.numpy_spgemm import csr_well_formed
 from mgpu.backends.memory import (DeviceMemoryError, gpu_available, require_gpu,
                                   require_gpu_unless_small)
+from mgpu.backends.numpy_spgemm import csr_well_formed
 
 __all__ = ["csr_of", "indptr_of", "int32_indices", "rows_of", "spgemm_gpu"]
 
@@ -442,7 +444,8 @@ class _Product:
                 ) -> tuple[cupy.ndarray, cupy.ndarray, int]:
         """Columns and values of rows r0..r1 of C (c_off: C's row offsets, int64; base =
         c_off[r0], nnz = c_off[r1] - base), each row sorted by column, and how many of the
-        values are exactly 0 (not yet left out). ``binned``: those rows' numeric bins
+        values are exactly 0 (not yet left out; 0, without a wait, where the rows hold
+        slack: :meth:`close_up` reads the count then). ``binned``: those rows' numeric bins
         (rows, starts), where already made."""
         c_idx = cupy.empty(nnz, dtype=cupy.int32)
         c_val = cupy.empty(nnz, dtype=self.dtype)
@@ -664,6 +667,10 @@ def _csr_sound_device(*Xs: csp.csr_matrix) -> bool:
     not built for, by CuPy's reductions)."""
     if any(X.indices.dtype != np.int32 or X.indptr.dtype != np.int32 for X in Xs):
         return all(bool(csr_well_formed(X) & cupy.isfinite(X.data).all()) for X in Xs)
+    # the kernel reads m + 1 row pointers and as many indices as values: their lengths first
+    if any(X.indptr.shape != (X.shape[0] + 1,) or X.indices.ndim != 1
+           or X.data.shape != X.indices.shape for X in Xs):
+        return False
     with device_flag() as flag:
         for X in Xs:
             flag_csr(X, flag)

@@ -442,13 +442,13 @@ def spgemm_csr(A: sp.csr_matrix, B: sp.csr_matrix,
 
 
 def csr_well_formed(X) -> object:
-    """Whether CSR X's index arrays are consistent (row pointers from 0 to nnz, never
-    decreasing; column indices in [0, n)): a bool on the host, a 0-d array on the device
-    (scipy or cupyx X)."""
+    """Whether CSR X's index arrays are consistent (m + 1 row pointers from 0 to nnz, never
+    decreasing; as many column indices as values, each in [0, n)): a bool on the host, a
+    0-d array on the device (scipy or cupyx X)."""
     xp = array_module(X.indptr)
     m, n = X.shape
     ptr, idx = X.indptr, X.indices
-    if ptr.shape != (m + 1,) or idx.ndim != 1:
+    if ptr.shape != (m + 1,) or idx.ndim != 1 or X.data.shape != idx.shape:
         return False
     ok = (ptr[0] == 0) & (ptr[-1] == idx.size) & (xp.diff(ptr) >= 0).all()
     if idx.size:
