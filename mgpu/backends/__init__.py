@@ -15,6 +15,7 @@ import mgpu.backends.register  # noqa: F401  (fills the tables)
 from mgpu.backends.arrays import (
     array_module,
     csr_astype,
+    csr_well_formed,
     csr_with_values,
     is_sparse,
     on_device_of,
@@ -59,6 +60,7 @@ __all__ = [
     "array_module",
     "array_module_lookup",
     "csr_astype",
+    "csr_well_formed",
     "csr_sound_lookup",
     "csr_with_values",
     "distances_lookup",

@@ -10,9 +10,9 @@ import scipy.sparse as sp
 
 from mgpu.backends.dispatch import array_module_lookup, is_gpu_array
 
-__all__ = ["array_module", "csr_astype", "csr_with_values", "is_sparse", "on_device_of",
-           "require_gpu_device", "sparse_module", "synchronize", "to_device", "to_host",
-           "to_host_all"]
+__all__ = ["array_module", "csr_astype", "csr_well_formed", "csr_with_values", "is_sparse",
+           "on_device_of", "require_gpu_device", "sparse_module", "synchronize", "to_device",
+           "to_host", "to_host_all"]
 
 
 def to_host(x: object):
@@ -99,6 +99,21 @@ def csr_astype(S: Any, dtype: Any) -> Any:
     if is_gpu_array(S):
         return S.astype(dtype)
     return sp.csr_matrix((S.data.astype(dtype), S.indices, S.indptr), shape=S.shape)
+
+
+def csr_well_formed(X: Any) -> Any:
+    """Whether CSR X's index arrays are consistent (m + 1 row pointers from 0 to nnz, never
+    decreasing; as many column indices as values, each in [0, n)): a bool on the host, a
+    0-d array on the device (scipy or cupyx X)."""
+    xp = array_module(X.indptr)
+    m, n = X.shape
+    ptr, idx = X.indptr, X.indices
+    if ptr.shape != (m + 1,) or idx.ndim != 1 or X.data.shape != idx.shape:
+        return False
+    ok = (ptr[0] == 0) & (ptr[-1] == idx.size) & (xp.diff(ptr) >= 0).all()
+    if idx.size:
+        ok = ok & (idx.min() >= 0) & (idx.max() < n)
+    return ok
 
 
 def synchronize(x: object) -> object:

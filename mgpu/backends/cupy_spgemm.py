@@ -26,6 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 from dask.utils import format_bytes
 
+from mgpu.backends.arrays import csr_well_formed
 from mgpu.backends.cupy import current_facts
 from mgpu.backends.dispatch import csr_sound_lookup, spgemm_lookup
 from mgpu.backends.flags import device_flag, flag_csr
@@ -36,7 +37,6 @@ from mgpu.backends.launch import Launcher, launcher
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import (DeviceMemoryError, gpu_available, require_gpu,
                                   require_gpu_unless_small)
-from mgpu.backends.numpy_spgemm import csr_well_formed
 
 __all__ = ["csr_of", "indptr_of", "int32_indices", "rows_of", "spgemm_gpu"]
 

@@ -23,13 +23,13 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends.arrays import array_module
+from mgpu.backends.arrays import csr_well_formed
 from mgpu.backends.dispatch import csr_sound_lookup, spadd_lookup, spgemm_lookup
 from mgpu.backends.finite import all_finite
 from mgpu.backends.jit import njit
 
-__all__ = ["csr_well_formed", "intermediate_products", "output_index_dtype", "row_work",
-           "spadd_csr", "spgemm_csr"]
+__all__ = ["intermediate_products", "output_index_dtype", "row_work", "spadd_csr",
+           "spgemm_csr"]
 
 # Chunks per numba thread: enough for threads that finish early to take over the chunks
 # of one that meets an expensive row, few enough that each chunk's accumulator (n values
@@ -439,21 +439,6 @@ def spgemm_csr(A: sp.csr_matrix, B: sp.csr_matrix,
                  B.data, np.int64(n), mask.indptr, mask.indices, _tags(m), c_indices, c_data,
                  counts)
     return _finish(starts, slots, counts, c_indices, c_data, shape)
-
-
-def csr_well_formed(X) -> object:
-    """Whether CSR X's index arrays are consistent (m + 1 row pointers from 0 to nnz, never
-    decreasing; as many column indices as values, each in [0, n)): a bool on the host, a
-    0-d array on the device (scipy or cupyx X)."""
-    xp = array_module(X.indptr)
-    m, n = X.shape
-    ptr, idx = X.indptr, X.indices
-    if ptr.shape != (m + 1,) or idx.ndim != 1 or X.data.shape != idx.shape:
-        return False
-    ok = (ptr[0] == 0) & (ptr[-1] == idx.size) & (xp.diff(ptr) >= 0).all()
-    if idx.size:
-        ok = ok & (idx.min() >= 0) & (idx.max() < n)
-    return ok
 
 
 @csr_sound_lookup.register((sp.spmatrix, sp.sparray))

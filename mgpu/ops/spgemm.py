@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.backends import csr_sound_lookup, is_gpu_array, spadd_lookup, spgemm_lookup
-from mgpu.backends.numpy_spgemm import csr_well_formed
+from mgpu.backends import (csr_sound_lookup, csr_well_formed, is_gpu_array, spadd_lookup,
+                           spgemm_lookup)
 from mgpu.ops.routes import route
 from mgpu.ops.spmv import check_same_device
 from mgpu.ops.validation import (Boolean, Interval, canonical_csr, check_array, check_param,
