@@ -56,6 +56,26 @@ def canonical(C):
     return C
 
 
+def skewed_product():
+    """A and B of a SpGEMM whose rows of A hold 5 entries each but whose work differs 60-fold:
+    rows 0..99 meet rows of B of 1 entry, rows 100..199 rows of 60 (equal nnz, work 5
+    against 300 a row)."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(4)
+    m, k, n = 200, 100, 500
+    cols = np.concatenate([rng.choice(50, 5, replace=False) if i < 100
+                           else 50 + rng.choice(50, 5, replace=False) for i in range(m)])
+    A = sp.csr_matrix((rng.standard_normal(5 * m), cols, np.arange(0, 5 * m + 1, 5)),
+                      shape=(m, k))
+    lens = np.where(np.arange(k) < 50, 1, 60)
+    bcols = np.concatenate([rng.choice(n, L, replace=False) for L in lens])
+    B = sp.csr_matrix((rng.standard_normal(lens.sum()), bcols,
+                       np.concatenate([[0], np.cumsum(lens)])), shape=(k, n))
+    return A, B
+
+
 def to_gpu(*xs):
     """Each of ``xs`` on the device: a scipy matrix as a cupyx CSR matrix, else a CuPy array."""
     import cupy

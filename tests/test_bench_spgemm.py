@@ -473,8 +473,9 @@ def test_scaling_rows_on_cpu_workers():
     A, B, _ = _scaling_operands()
     lines = []
     rows = s.bench_scaling(A, B, (1, 2), repeats=1, gpus=False, progress=lines.append)
-    assert [(r["workers"], r["kind"], r["tiles"]) for r in rows] == [
-        (s.ONE_DEVICE, "CPU", 1), (1, "CPU", 1), (2, "CPU", 2)]
+    assert [(r["workers"], r["call"], r["kind"], r["tiles"]) for r in rows] == [
+        (s.ONE_DEVICE, "", "CPU", 1), (1, s.PARTS, "CPU", 1), (1, s.HELD, "CPU", 1),
+        (2, s.PARTS, "CPU", 2), (2, s.HELD, "CPU", 2)]
     flops, nnz_c = b.products(A, B), (A @ B).nnz
     work = spgemm_row_work(A, B)
     tile_work = part_sums(work, split_counts(work, 2))
@@ -484,27 +485,30 @@ def test_scaling_rows_on_cpu_workers():
         assert r["median_s"] > 0 and r["gflops"] == pytest.approx(2 * flops / r["median_s"] / 1e9)
         assert r["speedup_vs_one_device"] == pytest.approx(rows[0]["median_s"] / r["median_s"])
         assert r["imbalance"] >= 1.0
-    assert [r["same_c"] for r in rows] == [None, True, True]
+    assert [r["same_c"] for r in rows] == [None, True, True, True, True]
     assert rows[0]["rows_checked"] == 0 and rows[1]["rows_checked"] >= 3
-    assert rows[2]["rows_checked"] >= 6  # at least first, middle and last of each tile
+    assert rows[3]["rows_checked"] >= 6  # at least first, middle and last of each tile
     assert rows[0]["speedup_vs_one_device"] == 1.0 and rows[0]["speedup_vs_1_worker"] is None
-    assert rows[1]["speedup_vs_1_worker"] == 1.0
-    assert rows[2]["speedup_vs_1_worker"] == pytest.approx(rows[1]["median_s"]
-                                                           / rows[2]["median_s"])
+    assert rows[1]["speedup_vs_1_worker"] == 1.0 and rows[2]["speedup_vs_1_worker"] == 1.0
+    # against the 1-worker row of the same call
+    for two, one in ((rows[3], rows[1]), (rows[4], rows[2])):
+        assert two["speedup_vs_1_worker"] == pytest.approx(one["median_s"] / two["median_s"])
+        # both calls cut C's rows by work: the SPMD job on the workers, parts=N on the client
+        assert two["imbalance"] == pytest.approx(tile_work.max() / tile_work.mean())
     assert rows[1]["imbalance"] == 1.0
-    assert rows[2]["imbalance"] == pytest.approx(tile_work.max() / tile_work.mean())
-    assert len(lines) == 3 and lines[0].startswith("one device, no cluster CPU: ")
-    assert "2 CPU worker(s), 2 tile(s): " in lines[2] and ", C identical (" in lines[2]
+    assert len(lines) == 5 and lines[0].startswith("one device, no cluster CPU: ")
+    assert "2 CPU worker(s), parts=N, 2 tile(s): " in lines[3] and ", C identical (" in lines[3]
+    assert "2 CPU worker(s), held, SPMD, 2 tile(s): " in lines[4]
     text = s.scaling_markdown(rows, "A·Aᵀ of power-law 600x400").splitlines()
-    assert text[0].startswith("| product | workers | tiles | work imbalance (max/mean) | "
+    assert text[0].startswith("| product | workers | call | tiles | work imbalance (max/mean) | "
                               "products | nnz(C) | median ms | GFLOP/s | speedup vs one "
                               "device | speedup vs 1 worker | C equal to one device |")
-    assert len(text) == 2 + 3
-    assert text[2].startswith("| A·Aᵀ of power-law 600x400 | one device, no cluster CPU | 1 | "
-                              f"1.0000 | {flops:,} | {nnz_c:,} |")
-    assert text[2].endswith("| 1.00× | – | – |") and text[4].endswith("× | yes |")
-    assert text[4].startswith(f"| A·Aᵀ of power-law 600x400 | 2 CPU | 2 | "
-                              f"{rows[2]['imbalance']:.4f} |")
+    assert len(text) == 2 + 5
+    assert text[2].startswith("| A·Aᵀ of power-law 600x400 | one device, no cluster CPU | – | "
+                              f"1 | 1.0000 | {flops:,} | {nnz_c:,} |")
+    assert text[2].endswith("| 1.00× | – | – |") and text[6].endswith("× | yes |")
+    assert text[6].startswith(f"| A·Aᵀ of power-law 600x400 | 2 CPU | held, SPMD | 2 | "
+                              f"{rows[4]['imbalance']:.4f} |")
 
 
 def test_tile_rows_checked_prefer_rows_with_work():
@@ -591,9 +595,10 @@ def test_scaling_command_on_cpu_workers(tmp_path):
     assert r.exit_code == 0, r.output
     rows = json.loads(out.read_text())
     A, B, _ = _scaling_operands()
-    assert [(row["workers"], row["kind"], row["tiles"]) for row in rows] == [
-        ("one device, no cluster", "CPU", 1), (1, "CPU", 1), (2, "CPU", 2)]
-    assert [row["same_c"] for row in rows] == [None, True, True]
+    assert [(row["workers"], row["call"], row["tiles"]) for row in rows] == [
+        ("one device, no cluster", "", 1), (1, "parts=N", 1), (1, "held, SPMD", 1),
+        (2, "parts=N", 2), (2, "held, SPMD", 2)]
+    assert [row["same_c"] for row in rows] == [None, True, True, True, True]
     for row in rows:
         assert (row["input"], row["form"], row["dtype"]) == ("power-law 600x400", "AAt",
                                                              "float32")
@@ -602,10 +607,11 @@ def test_scaling_command_on_cpu_workers(tmp_path):
                                                                    (A @ B).nnz)
         assert row["gflops"] > 0 and row["imbalance"] >= 1.0
     assert rows[1]["speedup_vs_1_worker"] == 1.0
-    assert rows[2]["speedup_vs_one_device"] == pytest.approx(rows[0]["median_s"]
-                                                             / rows[2]["median_s"])
+    assert rows[4]["speedup_vs_one_device"] == pytest.approx(rows[0]["median_s"]
+                                                             / rows[4]["median_s"])
     assert r.output.startswith("A·Aᵀ of power-law 600x400: A 600×400 with ")
-    assert "| A·Aᵀ of power-law 600x400 | 2 CPU | 2 |" in r.output
+    assert "| A·Aᵀ of power-law 600x400 | 2 CPU | parts=N | 2 |" in r.output
+    assert "| A·Aᵀ of power-law 600x400 | 2 CPU | held, SPMD | 2 |" in r.output
     assert f"measurements written to {out}" in r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -20,6 +20,7 @@ dist_spgemm = importlib.import_module("mgpu.distributed.spgemm")
 
 
 from conftest import canonical as _canonical  # noqa: E402
+from conftest import skewed_product as _skewed  # noqa: E402
 
 
 def _assert_equal(C, ref):
@@ -41,22 +42,6 @@ def _operands(seed=0, m=500, k=300, n=400, dtype=np.float64):
         A.data[A.indptr[7]:A.indptr[8]] = 0.0  # an empty row of A
     A.eliminate_zeros()
     return A.astype(dtype), B.astype(dtype)
-
-
-def _skewed():
-    """A whose rows all hold 5 entries; rows 0..99 meet rows of B of 1 entry, rows 100..199
-    rows of 60: equal nnz, work 5 against 300 a row."""
-    rng = np.random.default_rng(4)
-    m, k, n = 200, 100, 500
-    cols = np.concatenate([rng.choice(50, 5, replace=False) if i < 100
-                           else 50 + rng.choice(50, 5, replace=False) for i in range(m)])
-    A = sp.csr_matrix((rng.standard_normal(5 * m), cols, np.arange(0, 5 * m + 1, 5)),
-                      shape=(m, k))
-    lens = np.where(np.arange(k) < 50, 1, 60)
-    bcols = np.concatenate([rng.choice(n, L, replace=False) for L in lens])
-    B = sp.csr_matrix((rng.standard_normal(lens.sum()), bcols,
-                       np.concatenate([[0], np.cumsum(lens)])), shape=(k, n))
-    return A, B
 
 
 def _tasks(dask_scheduler):
@@ -196,9 +181,8 @@ def _nan_b():
 
 
 REFUSALS = [  # (exception, message, call with the dask tiles of A0, B0 and a mask)
-    (TypeError, r"^The 'B' parameter of spgemm must be a scipy or cupyx sparse matrix: it is "
-                r"replicated to every worker.*Got a dask array instead",
-     lambda t: mgpu.spgemm(t["A"], t["B"])),
+    (TypeError, r"^The 'B' parameter of spgemm is a dask array, which needs A as one too",
+     lambda t: mgpu.spgemm(A0, t["B"])),
     (TypeError, r"^The 'B' parameter of spgemm .*dask array",
      lambda t: mgpu.spgemm(A0, da.from_array(B0.toarray()), parts=2)),
     (TypeError, r"^The 'mask' parameter of spgemm .*dask array",

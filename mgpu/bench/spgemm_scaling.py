@@ -1,12 +1,20 @@
-"""SpGEMM across workers (``mgpu bench spgemm-scaling``): ``mgpu.spgemm(A, B, parts=N)`` on
-1, 2, 4, … workers against the one-device product, in one run.
+"""SpGEMM across workers (``mgpu bench spgemm-scaling``): ``mgpu.spgemm`` on 1, 2, 4, …
+workers against the one-device product, in one run.
 
 The one-device call (no cluster; the GPU when GPU workers are used) comes first, then an
-embedded cluster of each size. A cluster call takes scipy A and B, as a caller holding them
-would: its time is the whole public call, from cutting A at prefix sums of the work to the
-wait for the last tile. Every worker count's C is checked against the one-device C on the
-workers that hold it: each tile's shape and nnz, and a few of its rows, gathered and compared
-exactly (column indices equal, values within the rounding of a float sum).
+embedded cluster of each size, where two calls are timed:
+
+- ``parts=N``: scipy A and B, as a caller holding them would pass them; the time is the
+  whole public call, from cutting A at prefix sums of the work to the wait for the last
+  tile;
+- held (SPMD): A and B placed on the workers beforehand (``mgpu.from_scipy``, not timed),
+  as an application that keeps its matrices on the cluster holds them; the time is the
+  whole call of ``mgpu.spgemm(A, B)`` on the two dask arrays, from the job's start to C's
+  tiles held on the workers.
+
+Every C is checked against the one-device C on the workers that hold it: each tile's shape
+and nnz, and a few of its rows, gathered and compared exactly (column indices equal, values
+within the rounding of a float sum).
 """
 from __future__ import annotations
 
@@ -25,10 +33,15 @@ from mgpu.partition import imbalance, part_sums, spgemm_row_work
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ONE_DEVICE", "bench_scaling", "operands", "scaling_markdown", "tile_rows_checked"]
+__all__ = ["HELD", "ONE_DEVICE", "PARTS", "bench_scaling", "operands", "scaling_markdown", "tile_rows_checked"]
 
 ONE_DEVICE = "one device, no cluster"
 """The ``workers`` of the row timed without a cluster."""
+PARTS = "parts=N"
+"""The ``call`` of a row timed with scipy A and B (``mgpu.spgemm(A, B, parts=N)``)."""
+HELD = "held, SPMD"
+"""The ``call`` of a row timed with A and B held on the workers
+(``mgpu.spgemm(from_scipy(A, N), from_scipy(B, N))``, placed before the timing)."""
 
 _FUNC = "bench_scaling"
 
@@ -202,10 +215,17 @@ def bench_scaling(A: sp.spmatrix, B: sp.spmatrix, workers: Sequence[int], *,
     on the GPU (synchronised after the call) where GPU workers are used, of the scipy
     operands otherwise. Then, for each worker count n, an embedded cluster
     (``mgpu.distributed.connect(n_workers=n, gpus=gpus)``), a warm-up call and ``repeats``
-    timed calls of ``mgpu.spgemm(A, B, parts=n * tiles_per_worker, client=client)`` with
-    the scipy A and B: a timed call includes cutting A at prefix sums of the work on the
-    client, sending the tiles and B to the workers, the products, and the wait for the last
-    tile (C stays on the workers). Each result is dropped before the next call.
+    timed calls of each of:
+
+    - :data:`PARTS`: ``mgpu.spgemm(A, B, parts=n * tiles_per_worker, client=client)`` with
+      the scipy A and B: a timed call includes cutting A at prefix sums of the work on the
+      client, sending the tiles and B to the workers, the products, and the wait for the
+      last tile;
+    - :data:`HELD`: ``mgpu.spgemm(At, Bt)`` of A and B placed on the workers in
+      ``n * tiles_per_worker`` row tiles each (``mgpu.from_scipy``, before the timing): the
+      SPMD product, whose workers gather A and B through their communicator.
+
+    C stays on the workers; each result is dropped before the next call.
 
     The warm-up call's C is checked against the one-device C by a task per tile on the
     worker that holds it: the tile's shape and nnz against the reference's rows, and the
@@ -236,10 +256,11 @@ def bench_scaling(A: sp.spmatrix, B: sp.spmatrix, workers: Sequence[int], *,
     -------
     rows : list of dict
         One per run, the one device's first: ``workers`` (:data:`ONE_DEVICE` or the count),
-        ``kind`` ('GPU' or 'CPU'), ``tiles`` (of A, those holding rows), ``dtype, shape_a,
+        ``kind`` ('GPU' or 'CPU'), ``call`` (:data:`PARTS` or :data:`HELD`; '' for the one
+        device), ``tiles`` (of C), ``dtype, shape_a,
         shape_b, nnz_a, nnz_b, products`` (intermediate products; 2 flops each),
         ``nnz_c, median_s, gflops, speedup_vs_one_device`` (the one device's median over
-        this row's), ``speedup_vs_1_worker`` (the 1-worker row's median over this row's,
+        this row's), ``speedup_vs_1_worker`` (the 1-worker row's of the same call over this row's,
         None without one, and for the one device), ``imbalance`` (the largest tile's work
         over the mean tile's, work being a row's intermediate products as
         :func:`mgpu.partition.spgemm_row_work` counts them), ``same_c`` (C equal to the
@@ -257,11 +278,12 @@ def bench_scaling(A: sp.spmatrix, B: sp.spmatrix, workers: Sequence[int], *,
     --------
     >>> A = sp.random(400, 300, density=0.02, format="csr", random_state=0, dtype=np.float32)
     >>> rows = bench_scaling(A, A.T, (1, 2), gpus=False, repeats=1)  # doctest: +SKIP
-    >>> [(r["workers"], r["same_c"]) for r in rows]  # doctest: +SKIP
-    [('one device, no cluster', None), (1, True), (2, True)]
+    >>> [(r["workers"], r["call"], r["same_c"]) for r in rows]  # doctest: +SKIP
+    [('one device, no cluster', '', None), (1, 'parts=N', True), (1, 'held, SPMD', True),
+     (2, 'parts=N', True), (2, 'held, SPMD', True)]
     """
     import mgpu
-    from mgpu.distributed import connect, visible_gpus
+    from mgpu.distributed import connect, from_scipy, visible_gpus
 
     A, B, counts = _checked(A, B, workers, tiles_per_worker, repeats)
     use_gpus = visible_gpus() > 0 if gpus is None else bool(gpus)
@@ -272,14 +294,14 @@ def bench_scaling(A: sp.spmatrix, B: sp.spmatrix, workers: Sequence[int], *,
     out: list[dict[str, Any]] = []
 
     def record(n: Any, kind: str, tiles: int, nnz_c: int, t: float, imb: float,
-               same: bool | None, checked: int) -> None:
-        row = dict(base, workers=n, kind=kind, tiles=tiles, nnz_c=nnz_c, median_s=t,
+               same: bool | None, checked: int, call: str = "") -> None:
+        row = dict(base, workers=n, kind=kind, call=call, tiles=tiles, nnz_c=nnz_c, median_s=t,
                    gflops=2.0 * flops / t / 1e9 if t > 0 else None,
                    speedup_vs_one_device=out[0]["median_s"] / t if out else 1.0,
                    speedup_vs_1_worker=None, imbalance=imb, same_c=same, rows_checked=checked)
         out.append(row)
         cluster = isinstance(n, int)
-        line = (f"{n} {kind}" + (f" worker(s), {tiles} tile(s)" if cluster else "")
+        line = (f"{n} {kind}" + (f" worker(s), {call}, {tiles} tile(s)" if cluster else "")
                 + f": {t * 1e3:.2f} ms, {_fmt(row['gflops'], '.2f')} GFLOP/s")
         if cluster:
             line += (f", {row['speedup_vs_one_device']:.2f}× one device, work imbalance "
@@ -294,24 +316,28 @@ def bench_scaling(A: sp.spmatrix, B: sp.spmatrix, workers: Sequence[int], *,
     for n in counts:
         with connect(n_workers=n, gpus=gpus) as client:
             parts = n * tiles_per_worker
-
-            def call() -> Any:
-                return mgpu.spgemm(A, B, parts=parts, client=client)
-
-            C = call()
-            # the report's words only: _spread gives C a cupyx meta when its tiles are on GPUs
-            kind = "GPU" if is_gpu_array(C._meta) else "CPU"
-            same, checked, nnz_c = _same_c(C, ref, A, B, work, client)
-            bounds = np.concatenate([[0], np.cumsum(C.chunks[0])]).astype(np.int64)
-            tiles = len(C.chunks[0])
-            del C
-            t = _median_wall(call, repeats)
-            record(n, kind, tiles, nnz_c, t, imbalance(part_sums(work, bounds)), same,
-                   checked)
-    one = next((r for r in out[1:] if r["workers"] == 1), None)
-    for r in out[1:]:
-        if one is not None:
-            r["speedup_vs_1_worker"] = one["median_s"] / r["median_s"]
+            # the operands held on the workers (placed once, not timed): the SPMD call
+            At = from_scipy(A, parts, client=client)
+            Bt = At if B is A else from_scipy(B, parts, client=client)
+            calls = {PARTS: lambda: mgpu.spgemm(A, B, parts=parts, client=client),
+                     HELD: lambda: mgpu.spgemm(At, Bt)}
+            for how, call in calls.items():
+                C = call()
+                # the report's words only: C's meta is cupyx when its tiles are on GPUs
+                kind = "GPU" if is_gpu_array(C._meta) else "CPU"
+                same, checked, nnz_c = _same_c(C, ref, A, B, work, client)
+                bounds = np.concatenate([[0], np.cumsum(C.chunks[0])]).astype(np.int64)
+                tiles = len(C.chunks[0])
+                del C
+                t = _median_wall(call, repeats)
+                record(n, kind, tiles, nnz_c, t, imbalance(part_sums(work, bounds)), same,
+                       checked, how)
+            del At, Bt
+    for how in (PARTS, HELD):
+        one = next((r for r in out[1:] if r["workers"] == 1 and r["call"] == how), None)
+        for r in out[1:]:
+            if one is not None and r["call"] == how:
+                r["speedup_vs_1_worker"] = one["median_s"] / r["median_s"]
     return out
 
 
@@ -327,13 +353,14 @@ def scaling_markdown(rows: Sequence[dict[str, Any]], label: str) -> str:
     >>> one = {"workers": ONE_DEVICE, "kind": "GPU", "tiles": 1, "products": 2 * 10**8,
     ...        "nnz_c": 10**8, "median_s": 0.4, "gflops": 1.0, "imbalance": 1.0,
     ...        "speedup_vs_one_device": 1.0, "speedup_vs_1_worker": None, "same_c": None}
-    >>> four = dict(one, workers=4, tiles=4, median_s=0.125, gflops=3.2, imbalance=1.002,
-    ...             speedup_vs_one_device=3.2, speedup_vs_1_worker=3.6, same_c=True)
+    >>> four = dict(one, workers=4, call=HELD, tiles=4, median_s=0.125, gflops=3.2,
+    ...             imbalance=1.002, speedup_vs_one_device=3.2, speedup_vs_1_worker=3.6,
+    ...             same_c=True)
     >>> print(scaling_markdown([one, four], "A·Aᵀ").splitlines()[-1])
-    | A·Aᵀ | 4 GPU | 4 | 1.0020 | 200,000,000 | 100,000,000 | 125.00 | 3.20 | 3.20× | 3.60× |
-    yes |
+    | A·Aᵀ | 4 GPU | held, SPMD | 4 | 1.0020 | 200,000,000 | 100,000,000 | 125.00 | 3.20 | \
+3.20× | 3.60× | yes |
     """
-    head = ("| product | workers | tiles | work imbalance (max/mean) | products | nnz(C) | "
+    head = ("| product | workers | call | tiles | work imbalance (max/mean) | products | nnz(C) | "
             "median ms | GFLOP/s | speedup vs one device | speedup vs 1 worker | "
             "C equal to one device |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -341,7 +368,8 @@ def scaling_markdown(rows: Sequence[dict[str, Any]], label: str) -> str:
         same = r["same_c"]
         speed = [_fmt(r[k], ".2f") + ("×" if r[k] is not None else "")
                  for k in ("speedup_vs_one_device", "speedup_vs_1_worker")]
-        lines.append(f"| {label} | {r['workers']} {r['kind']} | {r['tiles']} | "
+        lines.append(f"| {label} | {r['workers']} {r['kind']} | {r.get('call') or '–'} | "
+                     f"{r['tiles']} | "
                      f"{r['imbalance']:.4f} | {r['products']:,} | {r['nnz_c']:,} | "
                      f"{r['median_s'] * 1e3:.2f} | {_fmt(r['gflops'], '.2f')} | "
                      f"{speed[0]} | {speed[1]} | "

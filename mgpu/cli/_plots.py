@@ -106,17 +106,24 @@ def chunks(per_chunk: np.ndarray, sizes: tuple[int, ...], workers: list[str], ti
 
 
 def scaling(rows: list[dict[str, Any]], title: str, path: str,
-            rate: Callable[[dict[str, Any]], str]) -> None:
+            rate: Callable[[dict[str, Any]], str], against: str | None = None) -> None:
+    """Speedup against workers, one line per ``series`` of the rows (one line "measured"
+    where the rows name none), with linear scaling from the first worker count; the
+    speedup is against ``against`` (default: the first worker count)."""
     plt = _pyplot()
-    w = [r["workers"] for r in rows]
+    w = sorted({r["workers"] for r in rows})
     fig, ax = plt.subplots(figsize=(5, 4))
-    ax.plot(w, [r["speedup"] for r in rows], "o-", label="measured")
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        series.setdefault(r.get("series", "measured"), []).append(r)
+    for label, some in series.items():
+        ax.plot([r["workers"] for r in some], [r["speedup"] for r in some], "o-", label=label)
     ax.plot(w, [x / w[0] for x in w], "k--", lw=1, label="linear")
     for r in rows:
         ax.annotate(rate(r), (r["workers"], r["speedup"]),
                     textcoords="offset points", xytext=(4, -12), fontsize="small")
     ax.set_xlabel(f"{rows[0]['kind']} workers" if rows else "workers")
-    ax.set_ylabel(f"speedup against {w[0]}" if w else "speedup")
+    ax.set_ylabel(f"speedup against {against or w[0]}" if w else "speedup")
     ax.set_xticks(w)
     ax.set_title(title, fontsize="medium")
     ax.legend()

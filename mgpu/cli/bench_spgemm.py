@@ -70,11 +70,13 @@ def bench_spgemm_scaling_cmd(input: str | None, powerlaw: list[Any], form: str,
                              workers: tuple[int, ...], tiles_per_worker: int, device: str,
                              repeats: int, json_path: str | None, plot: str | None) -> None:
     """SpGEMM (A·A or A·Aᵀ of one input, float32) on one device and spread over 1, 2, 4, …
-    workers (mgpu.spgemm with parts=N), in one run.
+    workers, in one run.
 
-    INPUT is a matrix file as bench spgemm takes, or give one --powerlaw matrix. A timed
-    cluster call starts from A and B on this host: cutting A by work, sending the tiles and
-    B, the products and the wait for the last tile. Reports GFLOP/s (2 per intermediate
+    INPUT is a matrix file as bench spgemm takes, or give one --powerlaw matrix. Two cluster
+    calls are timed: mgpu.spgemm(A, B, parts=N), which starts from A and B on this host
+    (cutting A by work, sending the tiles and B, the products and the wait for the last
+    tile), and mgpu.spgemm of A and B held on the workers (placed before the timing; the
+    workers gather them through their communicator, SPMD). Reports GFLOP/s (2 per intermediate
     product), the speedup against one device and against one worker, the work imbalance of
     the tiles and whether every worker count's C equals the one device's (each tile's nnz,
     and a few of its rows compared on the workers that hold them).
@@ -103,10 +105,9 @@ def bench_spgemm_scaling_cmd(input: str | None, powerlaw: list[Any], form: str,
     click.echo(b.scaling_markdown(rows, label))
     write_json(json_path, rows)
     if plot is not None:
-        cluster = [r for r in rows if isinstance(r["workers"], int)]
-        # the plot's speedup is against its first worker count, the table's also against one
-        # device
-        first = cluster[0]["median_s"]
-        _plots.scaling([dict(r, speedup=first / r["median_s"]) for r in cluster],
-                       f"SpGEMM, {label}", plot, lambda r: f"{r['gflops']:.2f} GFLOP/s")
+        one = rows[0]["median_s"]
+        _plots.scaling([dict(r, speedup=one / r["median_s"], series=r["call"])
+                        for r in rows if isinstance(r["workers"], int)],
+                       f"SpGEMM, {label}", plot, lambda r: f"{r['gflops']:.2f} GFLOP/s",
+                       against="one device")
     plotted(plot)

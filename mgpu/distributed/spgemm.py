@@ -12,6 +12,9 @@ and its rows of C stay there, as a dask array of CSR row tiles.
   :func:`mgpu.from_scipy` does: C's chunks are futures of the tiles' own keys.
 - ``spgemm(A, B)`` with a dask A (row tiles from ``mgpu.from_scipy``, or any dask array of
   sparse or dense chunks) is lazy, tile by tile in A's row chunks, as ``mgpu.spmv`` is.
+- ``spgemm(A, B)`` with A and B both dask arrays (held on the workers) runs SPMD: the
+  workers gather both through their communicator, NCCL between GPUs
+  (:mod:`mgpu.distributed.spgemm_spmd`).
 
 GPU workers (when every worker has one, as for :func:`mgpu.jaccard`; a dask A's cupyx
 tiles) copy B to their device once per call (:func:`device_copy`), run the tile there and
@@ -58,6 +61,23 @@ def _refuse_dask(X: Any, name: str) -> None:
         raise TypeError(f"The '{name}' parameter of {_FUNC} must be {_REPLICATED}. Got a dask "
                         f"array instead; bring it here first ({name}.compute(), or "
                         f"mgpu.gather({name}) for sparse chunks).")
+
+
+def _held_b(A: Any, B: Any, mask: Any, to_host: bool, client: Any) -> da.Array:
+    """A dask B: the SPMD product of operands held on the workers
+    (:func:`mgpu.distributed.spgemm_spmd.spgemm_spmd`), for a dask A without a mask."""
+    if not is_dask_array(A):
+        raise TypeError(f"The 'B' parameter of {_FUNC} is a dask array, which needs A as one "
+                        "too (both held on the cluster's workers, mgpu.from_scipy). Got A of "
+                        f"type {type(A).__name__}: pass B as a scipy or cupyx sparse matrix "
+                        "(with parts=N to spread the product), or A as a dask array.")
+    if mask is not None:
+        raise ValueError(f"The 'mask' parameter of {_FUNC} is not taken with a dask B. Pass "
+                         "B as a scipy or cupyx sparse matrix (sent to every worker), with "
+                         "the mask.")
+    from mgpu.distributed.spgemm_spmd import spgemm_spmd
+
+    return spgemm_spmd(A, B, to_host=to_host, client=client)
 
 
 def _checked_b(B: Any, A_shape: tuple[int, int]) -> Any:
@@ -159,8 +179,9 @@ def spgemm_dask(A: da.Array, B: Any, *, mask: Any = None, to_host: bool = False,
     """
     check_param(to_host, "to_host", _FUNC, Boolean())
     check_param(client, "client", _FUNC, [CLIENT, None])
-    _refuse_dask(B, "B")
     _refuse_dask(mask, "mask")
+    if is_dask_array(B):
+        return _held_b(A, B, mask, to_host, client)
     check_dask_input(A, "A", _FUNC)
     B = _checked_b(B, tuple(A.shape))
     shape = (int(A.shape[0]), int(B.shape[1]))
@@ -273,10 +294,16 @@ def spgemm(A: Any, B: Any, *, mask: Any = None, to_host: bool = False,
         sparse or dense chunks (one cut by columns too is re-cut into row tiles at nnz
         prefix sums). A dask A gives a lazy C in A's row chunks; its tiles are checked by
         their tasks (NaN or infinity in one fails that task, naming A's row).
-    B : {sparse matrix} of shape (n_inner, n_cols)
-        scipy or cupyx, not a dask array: every tile reads all of B, which is sent to the
-        cluster once (held by a task on one worker, fetched by the others) and copied to
-        each GPU worker's device once per call. One device: on A's device.
+    B : {sparse matrix} of shape (n_inner, n_cols), or a dask array
+        scipy or cupyx: every tile reads all of B, which is sent to the cluster once (held
+        by a task on one worker, fetched by the others) and copied to each GPU worker's
+        device once per call. One device: on A's device. A dask array (row tiles from
+        ``mgpu.from_scipy``, best in as many tiles as A, on the same workers), with a dask
+        A: the product runs at the call, SPMD, one task per worker holding A's tiles; each
+        gathers all of A and B through the workers' communicator (NCCL between GPUs, so
+        nothing passes through the host), cuts C's rows at prefix sums of their work, and
+        keeps its rows of C. Every GPU must hold A and B whole (refused before any product,
+        with the numbers, when one cannot); no mask.
     mask : {sparse matrix} of shape (n_rows, n_cols), optional
         Compute C only at the stored positions of ``mask`` (its values are not used; stored
         zeros are refused as ambiguous). Across a cluster it is cut into A's row tiles, each
@@ -293,6 +320,7 @@ def spgemm(A: Any, B: Any, *, mask: Any = None, to_host: bool = False,
         Default: one device, or a dask A's own row chunks.
     client : distributed.Client, optional
         With ``parts`` or a dask A: the cluster (default: the current one, ``mgpu.connect``).
+        With a dask A and B, the cluster that holds them.
     progress : callable, optional
         With ``parts``: called with each tile's intermediate products as it finishes.
 
@@ -305,7 +333,9 @@ def spgemm(A: Any, B: Any, *, mask: Any = None, to_host: bool = False,
         the workers (scipy on CPU workers, cupyx on GPU workers, scipy with ``to_host``):
         ``mgpu.gather(C)`` (or ``C.compute()``) brings them here. With ``parts`` the tiles
         are computed and held on the workers (C's chunks are futures, as from
-        ``mgpu.from_scipy``); with a dask A, C is lazy. float32 only where A and B both are,
+        ``mgpu.from_scipy``); with a dask A, C is lazy. With a dask A and B: one tile per
+        worker, computed and held (a tile lost with its worker is not made again: call
+        again). float32 only where A and B both are,
         else float64.
 
     Raises
@@ -344,8 +374,9 @@ def spgemm(A: Any, B: Any, *, mask: Any = None, to_host: bool = False,
     check_param(parts, "parts", _FUNC, [Interval(Integral, 1, None), None])
     check_param(client, "client", _FUNC, [CLIENT, None])
     check_param(progress, "progress", _FUNC, [IsCallable(), None])
-    _refuse_dask(B, "B")
     _refuse_dask(mask, "mask")
+    if is_dask_array(B) and not is_dask_array(A):
+        _held_b(A, B, mask, to_host, client)  # refused: B held on the cluster, A here
     if is_dask_array(A):
         if parts is not None or progress is not None:
             which = "parts" if parts is not None else "progress"
