@@ -475,7 +475,8 @@ def test_scaling_rows_on_cpu_workers():
     rows = s.bench_scaling(A, B, (1, 2), repeats=1, gpus=False, progress=lines.append)
     assert [(r["workers"], r["call"], r["kind"], r["tiles"]) for r in rows] == [
         (s.ONE_DEVICE, "", "CPU", 1), (1, s.PARTS, "CPU", 1), (1, s.HELD, "CPU", 1),
-        (2, s.PARTS, "CPU", 2), (2, s.HELD, "CPU", 2)]
+        (1, s.RING, "CPU", 1), (2, s.PARTS, "CPU", 2), (2, s.HELD, "CPU", 2),
+        (2, s.RING, "CPU", 2)]
     flops, nnz_c = b.products(A, B), (A @ B).nnz
     work = spgemm_row_work(A, B)
     tile_work = part_sums(work, split_counts(work, 2))
@@ -485,30 +486,34 @@ def test_scaling_rows_on_cpu_workers():
         assert r["median_s"] > 0 and r["gflops"] == pytest.approx(2 * flops / r["median_s"] / 1e9)
         assert r["speedup_vs_one_device"] == pytest.approx(rows[0]["median_s"] / r["median_s"])
         assert r["imbalance"] >= 1.0
-    assert [r["same_c"] for r in rows] == [None, True, True, True, True]
+    assert [r["same_c"] for r in rows] == [None] + [True] * 6
     assert rows[0]["rows_checked"] == 0 and rows[1]["rows_checked"] >= 3
-    assert rows[3]["rows_checked"] >= 6  # at least first, middle and last of each tile
+    assert rows[4]["rows_checked"] >= 6  # at least first, middle and last of each tile
     assert rows[0]["speedup_vs_one_device"] == 1.0 and rows[0]["speedup_vs_1_worker"] is None
-    assert rows[1]["speedup_vs_1_worker"] == 1.0 and rows[2]["speedup_vs_1_worker"] == 1.0
+    assert [r["speedup_vs_1_worker"] for r in rows[1:4]] == [1.0] * 3
     # against the 1-worker row of the same call
-    for two, one in ((rows[3], rows[1]), (rows[4], rows[2])):
+    for two, one in zip(rows[4:], rows[1:4]):
         assert two["speedup_vs_1_worker"] == pytest.approx(one["median_s"] / two["median_s"])
-        # both calls cut C's rows by work: the SPMD job on the workers, parts=N on the client
+    # parts=N and the gathering SPMD job cut C's rows by work; the ring keeps A's tiles
+    for two in rows[4:6]:
         assert two["imbalance"] == pytest.approx(tile_work.max() / tile_work.mean())
+    nnz_work = part_sums(work, split_counts(np.diff(A.indptr), 2))  # A's tiles: equal nnz
+    assert rows[6]["imbalance"] == pytest.approx(nnz_work.max() / nnz_work.mean())
     assert rows[1]["imbalance"] == 1.0
-    assert len(lines) == 5 and lines[0].startswith("one device, no cluster CPU: ")
-    assert "2 CPU worker(s), parts=N, 2 tile(s): " in lines[3] and ", C identical (" in lines[3]
-    assert "2 CPU worker(s), held, SPMD, 2 tile(s): " in lines[4]
+    assert len(lines) == 7 and lines[0].startswith("one device, no cluster CPU: ")
+    assert "2 CPU worker(s), parts=N, 2 tile(s): " in lines[4] and ", C identical (" in lines[4]
+    assert "2 CPU worker(s), held, SPMD, 2 tile(s): " in lines[5]
+    assert "2 CPU worker(s), held, ring, 2 tile(s): " in lines[6]
     text = s.scaling_markdown(rows, "A·Aᵀ of power-law 600x400").splitlines()
     assert text[0].startswith("| product | workers | call | tiles | work imbalance (max/mean) | "
                               "products | nnz(C) | median ms | GFLOP/s | speedup vs one "
                               "device | speedup vs 1 worker | C equal to one device |")
-    assert len(text) == 2 + 5
+    assert len(text) == 2 + 7
     assert text[2].startswith("| A·Aᵀ of power-law 600x400 | one device, no cluster CPU | – | "
                               f"1 | 1.0000 | {flops:,} | {nnz_c:,} |")
-    assert text[2].endswith("| 1.00× | – | – |") and text[6].endswith("× | yes |")
-    assert text[6].startswith(f"| A·Aᵀ of power-law 600x400 | 2 CPU | held, SPMD | 2 | "
-                              f"{rows[4]['imbalance']:.4f} |")
+    assert text[2].endswith("| 1.00× | – | – |") and text[7].endswith("× | yes |")
+    assert text[7].startswith(f"| A·Aᵀ of power-law 600x400 | 2 CPU | held, SPMD | 2 | "
+                              f"{rows[5]['imbalance']:.4f} |")
 
 
 def test_tile_rows_checked_prefer_rows_with_work():
@@ -597,8 +602,8 @@ def test_scaling_command_on_cpu_workers(tmp_path):
     A, B, _ = _scaling_operands()
     assert [(row["workers"], row["call"], row["tiles"]) for row in rows] == [
         ("one device, no cluster", "", 1), (1, "parts=N", 1), (1, "held, SPMD", 1),
-        (2, "parts=N", 2), (2, "held, SPMD", 2)]
-    assert [row["same_c"] for row in rows] == [None, True, True, True, True]
+        (1, "held, ring", 1), (2, "parts=N", 2), (2, "held, SPMD", 2), (2, "held, ring", 2)]
+    assert [row["same_c"] for row in rows] == [None] + [True] * 6
     for row in rows:
         assert (row["input"], row["form"], row["dtype"]) == ("power-law 600x400", "AAt",
                                                              "float32")
@@ -607,8 +612,8 @@ def test_scaling_command_on_cpu_workers(tmp_path):
                                                                    (A @ B).nnz)
         assert row["gflops"] > 0 and row["imbalance"] >= 1.0
     assert rows[1]["speedup_vs_1_worker"] == 1.0
-    assert rows[4]["speedup_vs_one_device"] == pytest.approx(rows[0]["median_s"]
-                                                             / rows[4]["median_s"])
+    assert rows[5]["speedup_vs_one_device"] == pytest.approx(rows[0]["median_s"]
+                                                             / rows[5]["median_s"])
     assert r.output.startswith("A·Aᵀ of power-law 600x400: A 600×400 with ")
     assert "| A·Aᵀ of power-law 600x400 | 2 CPU | parts=N | 2 |" in r.output
     assert "| A·Aᵀ of power-law 600x400 | 2 CPU | held, SPMD | 2 |" in r.output

@@ -119,28 +119,82 @@ def test_a_nan_in_a_tile_is_refused_naming_its_row(client):
     assert all(not v for v in client.run(lambda: len(held._HELD)).values())
 
 
-def test_a_tile_of_the_wrong_shape_is_refused_on_every_rank():
-    every = [([[(0, (0, 5), 3)], []], None, None), ([[(1, (5, 9), 2)], []], "A: tile 1 has", None)]
-    err = held._refusal(every, ((9, 4), (4, 2)), np.dtype(np.float64), False)
-    assert isinstance(err, ValueError) and "rank 1's: A: tile 1 has" in str(err)
+def _told(a, b, room=None):
+    """What each rank tells the others: its tiles of A and B as (index, rows, nnz), no
+    refusal, its GPU's available bytes."""
+    return ([a, b], None, room)
 
 
-def test_gathered_operands_that_do_not_fit_a_gpu_are_refused_with_the_numbers():
+def test_a_refusal_of_any_rank_is_raised_on_every_rank_in_its_own_words():
+    every = [_told([(0, (0, 5), 3)], []),
+             ([[(1, (5, 9), 2)], []], "The 'A' parameter of spgemm holds NaN (row 7)", None)]
+    with pytest.raises(ValueError, match=r"^The 'A' parameter of spgemm holds NaN \(row 7\)$"):
+        held._plan(every, ((9, 4), (4, 2)), np.dtype(np.float64), False, "auto")
+
+
+def test_the_plan_gathers_where_both_fit_else_passes_b_round():
     from mgpu.backends.memory import DeviceMemoryError
 
-    every = [([[(0, (0, 1000), 10**6)], [(0, (0, 500), 10**6)]], None, 10**9),
-             ([[(1, (1000, 2000), 10**6)], [(1, (500, 1000), 10**6)]], None, 10**7)]
-    err = held._refusal(every, ((2000, 1000), (1000, 3000)), np.dtype(np.float32), True)
-    assert isinstance(err, DeviceMemoryError)
-    # A and B: 2e6 nonzeros each, gathered (2 ranks × 1e6, padded) and assembled (2e6)
-    need = 2 * ((4e6 * 8)) + (2 * 2000 + 2 + 2 * 1000 + 2) * 8
-    assert "rank 1's has 9.54 MiB available" in str(err)
-    assert f"take {need / 2**20:.2f} MiB" in str(err)
-    assert held._refusal(every[:1], ((2000, 1000), (1000, 3000)), np.dtype(np.float32),
-                         True) is None
-    big = [([[(0, (0, 10), 2**31)], [(0, (0, 5), 1)]], None, 2**40)]
-    err = held._refusal(big, ((10, 5), (5, 3)), np.dtype(np.float32), True)
-    assert isinstance(err, ValueError) and "A has 2,147,483,648 nonzeros" in str(err)
+    f32 = np.dtype(np.float32)
+    shapes = ((2000, 1000), (1000, 3000))
+    every = [_told([(0, (0, 1000), 10**6)], [(0, (0, 500), 10**6)], 10**9),
+             _told([(1, (1000, 2000), 10**6)], [(1, (500, 1000), 10**6)], 10**9)]
+    assert held._plan(every, shapes, f32, True, "auto") == "gather"
+    assert held._plan(every, shapes, f32, True, "ring") == "ring"
+    assert held._plan(every, shapes, f32, False, "auto") == "gather"  # CPU workers
+    # rank 1 has 10 MB: A and B gathered (2e6 nonzeros each, as gathered, padded, and as
+    # assembled) do not fit; two blocks of B (500 rows, 1e6 nonzeros each) do
+    every[1] = _told(*every[1][0], 2 * 10**7)
+    assert held._plan(every, shapes, f32, True, "auto") == "ring"
+    need = 2 * (4e6 * 8) + (2 * 2000 + 2 + 2 * 1000 + 2) * 8
+    with pytest.raises(DeviceMemoryError, match=rf"A and B gathered take {need / 2**20:.2f} MiB "
+                                                r"on every GPU; rank 1's has 19.07 MiB "
+                                                r"available\. Set mgpu.spgemm.held-operands"):
+        held._plan(every, shapes, f32, True, "gather")
+    # nor do two blocks of B: both numbers
+    every[1] = _told(*every[1][0], 10**7)
+    ring = 2 * (500 * 8 + 10**6 * 8)
+    with pytest.raises(DeviceMemoryError, match=rf"passing B's tiles round takes "
+                                                rf"{ring / 2**20:.2f} MiB beside A's \(rank 1's "
+                                                r"has 9.54 MiB\)"):
+        held._plan(every, shapes, f32, True, "auto")
+    big = [_told([(0, (0, 10), 2**31)], [(0, (0, 5), 1)], 2**40)]
+    with pytest.raises(ValueError, match="A has 2,147,483,648 nonzeros"):
+        held._plan(big, ((10, 5), (5, 3)), f32, True, "auto")
+
+
+@pytest.mark.parametrize(("a_parts", "b_parts"), [(2, 2), (3, 2), (4, 5)])
+def test_b_passed_round_the_ring_equals_scipy_in_as_tiles(client, a_parts, b_parts):
+    import dask
+
+    A, B = _operands(seed=11)
+    At = from_scipy(A, a_parts)
+    with dask.config.set({"mgpu.spgemm.held-operands": "ring"}):
+        C = mgpu.spgemm(At, from_scipy(B, b_parts))
+    _assert_equal(C, A @ B)
+    assert C.chunks[0] == At.chunks[0]  # C in A's own tiles
+    assert len(_tiles_held(C)) == a_parts
+    # integer values: every partial sum exact, so the pattern and values are scipy's
+    Ai, Bi = A.copy(), B.copy()
+    for X in (Ai, Bi):
+        X.data = np.ceil(X.data * 5)  # 1..5
+        X.data[::2] *= -1  # and cancellations to exact zeros, which C leaves out
+    with dask.config.set({"mgpu.spgemm.held-operands": "ring"}):
+        Ci = mgpu.spgemm(from_scipy(Ai, a_parts), from_scipy(Bi, b_parts))
+    got, ref = gather(Ci), _canonical(Ai @ Bi)
+    assert (abs(Ai) @ abs(Bi)).nnz > ref.nnz  # some sums cancel to exact zeros
+    assert (got != ref).nnz == 0 and got.nnz == ref.nnz
+    assert all(not v for v in client.run(lambda: len(held._HELD)).values())
+
+
+def test_a_bad_held_operands_setting_is_refused(client):
+    import dask
+
+    A, B = _operands(seed=1)
+    with dask.config.set({"mgpu.spgemm.held-operands": "scatter"}):
+        with pytest.raises(ValueError, match=r"mgpu.spgemm.held-operands must be one of "
+                                             r"\['auto', 'gather', 'ring'\]. Got 'scatter'"):
+            mgpu.spgemm(from_scipy(A, 2), from_scipy(B, 2))
 
 
 @pytest.mark.parametrize(("exc", "message", "call"), [
@@ -174,18 +228,27 @@ def test_two_gpu_workers_gather_through_nccl_and_equal_one_device():
     """Two GPU workers: C's tiles are cupyx on the devices (scipy with to_host), equal to
     the one-device product's rows."""
     import cupyx.scipy.sparse as csp
+    import dask
 
     A, _ = _operands(seed=7, m=3000, k=2000, n=10)
     B = sp.csr_matrix(A.T)
     one = mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)).get()
     with mgpu.connect(gpus=True, n_workers=2) as client:
-        At, Bt = from_scipy(A, 4, client=client), from_scipy(B, 4, client=client)
+        At, Bt = from_scipy(A, 4, client=client), from_scipy(B, 3, client=client)
         C = mgpu.spgemm(At, Bt)
         futures = _tiles_held(C)
         kinds = client.gather(client.map(lambda c: type(c).__module__, futures))
         got = gather(C)
         host = gather(mgpu.spgemm(At, Bt, to_host=True))
-    assert all(k.startswith("cupyx") for k in kinds)
+        # B's tiles passed round the two GPUs through NCCL, C in A's four tiles
+        with dask.config.set({"mgpu.spgemm.held-operands": "ring"}):
+            R = mgpu.spgemm(At, Bt)
+        assert R.chunks[0] == At.chunks[0] and len(_tiles_held(R)) == 4
+        ring = gather(R)
+    assert all(k.startswith("cupyx") for k in kinds) and len(futures) == 2
+    np.testing.assert_array_equal(ring.indptr, one.indptr)
+    np.testing.assert_array_equal(ring.indices, one.indices)
+    np.testing.assert_allclose(ring.data, one.data, rtol=1e-12)
     for X in (got, host):
         np.testing.assert_array_equal(X.indptr, one.indptr)
         np.testing.assert_array_equal(X.indices, one.indices)

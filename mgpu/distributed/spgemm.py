@@ -302,8 +302,9 @@ def spgemm(A: Any, B: Any, *, mask: Any = None, to_host: bool = False,
         A: the product runs at the call, SPMD, one task per worker holding A's tiles; each
         gathers all of A and B through the workers' communicator (NCCL between GPUs, so
         nothing passes through the host), cuts C's rows at prefix sums of their work, and
-        keeps its rows of C. Every GPU must hold A and B whole (refused before any product,
-        with the numbers, when one cannot); no mask.
+        keeps its rows of C. Where A and B do not fit on every GPU, B's tiles go round the
+        ring of workers instead, each keeping its own tiles of A (C then comes in A's
+        tiles); ``mgpu.spgemm.held-operands`` chooses (auto, gather, ring). No mask.
     mask : {sparse matrix} of shape (n_rows, n_cols), optional
         Compute C only at the stored positions of ``mask`` (its values are not used; stored
         zeros are refused as ambiguous). Across a cluster it is cut into A's row tiles, each
@@ -334,8 +335,8 @@ def spgemm(A: Any, B: Any, *, mask: Any = None, to_host: bool = False,
         ``mgpu.gather(C)`` (or ``C.compute()``) brings them here. With ``parts`` the tiles
         are computed and held on the workers (C's chunks are futures, as from
         ``mgpu.from_scipy``); with a dask A, C is lazy. With a dask A and B: one tile per
-        worker, computed and held (a tile lost with its worker is not made again: call
-        again). float32 only where A and B both are,
+        worker (in A's tiles when B went round the ring), computed and held (a tile lost
+        with its worker is not made again: call again). float32 only where A and B both are,
         else float64.
 
     Raises
