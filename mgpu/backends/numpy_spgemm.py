@@ -475,9 +475,9 @@ def _spgemm_host(A, B, mask=None, to_host: bool = False) -> sp.csr_matrix:
 
 
 # -------------------------------------------------------------------------------- SpAdd
-# One pass: row i of alpha*A + beta*B has at most len(A_i) + len(B_i) entries, so each row
-# is written straight into the slot A.indptr[i] + B.indptr[i] and the rows are squeezed
-# together after. The bound is at most the two inputs' size together (not a flop count, as
+# One pass: row i of alpha*A + beta*B has at most len(A_i) + len(B_i) entries, so each chunk
+# of rows writes from the slot A.indptr[r0] + B.indptr[r0] of its first row on, and the
+# chunks' runs are closed up after (_close_up). The bound is at most the two inputs' size together (not a flop count, as
 # SpGEMM's would be), and a counting pass would sort every unsorted row twice.
 #
 # A row of A or B that is sorted without duplicates (the usual case) is merged as it lies,
