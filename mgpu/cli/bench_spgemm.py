@@ -72,11 +72,12 @@ def bench_spgemm_scaling_cmd(input: str | None, powerlaw: list[Any], form: str,
     """SpGEMM (A·A or A·Aᵀ of one input, float32) on one device and spread over 1, 2, 4, …
     workers, in one run.
 
-    INPUT is a matrix file as bench spgemm takes, or give one --powerlaw matrix. Two cluster
-    calls are timed: mgpu.spgemm(A, B, parts=N), which starts from A and B on this host
-    (cutting A by work, sending the tiles and B, the products and the wait for the last
-    tile), and mgpu.spgemm of A and B held on the workers (placed before the timing; the
-    workers gather them through their communicator, SPMD). Reports GFLOP/s (2 per intermediate
+    INPUT is a matrix file as bench spgemm takes, or give one --powerlaw matrix. Three
+    cluster calls are timed: mgpu.spgemm(A, B, parts=N), which starts from A and B on this
+    host (cutting A by work, sending the tiles and B, the products and the wait for the last
+    tile), and mgpu.spgemm of A and B held on the workers (placed before the timing), SPMD,
+    once gathered on every worker and once with B's tiles passed round the workers
+    (mgpu.spgemm.held-operands: ring). Reports GFLOP/s (2 per intermediate
     product), the speedup against one device and against one worker, the work imbalance of
     the tiles and whether every worker count's C equals the one device's (each tile's nnz,
     and a few of its rows compared on the workers that hold them).

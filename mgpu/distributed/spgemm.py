@@ -370,6 +370,13 @@ def spgemm(A: Any, B: Any, *, mask: Any = None, to_host: bool = False,
     ...     C = spgemm(A, B, parts=4, progress=done.append)
     ...     print(C.numblocks, sum(done), bool(abs(mgpu.gather(C) - A @ B).max() < 1e-12))
     (4, 1) 6015 True
+
+    A and B held on a cluster: one SPMD job, C's rows cut by their work on the workers:
+
+    >>> with mgpu.connect(gpus=False, n_workers=2) as client:  # doctest: +SKIP
+    ...     C = spgemm(from_scipy(A, 2), from_scipy(sp.csr_matrix(A.T), 2))
+    ...     print(C.numblocks, bool(abs(mgpu.gather(C) - A @ A.T).max() < 1e-12))
+    (2, 1) True
     """
     check_param(to_host, "to_host", _FUNC, Boolean())
     check_param(parts, "parts", _FUNC, [Interval(Integral, 1, None), None])
