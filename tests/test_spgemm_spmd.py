@@ -61,7 +61,7 @@ def test_two_held_operands_equal_scipy(client, a_parts, b_parts):
     assert all(not v for v in client.run(lambda: len(held._HELD)).values())
 
 
-def test_c_is_cut_by_work_not_by_as_rows(client):
+def test_c_is_cut_by_work_not_by_as_tiles(client):
     """A's tiles are cut at nnz prefix sums (rows 0..99 and 100..199 in equal halves); C's
     rows at prefix sums of the work, so the light rows and a few heavy ones go together."""
     A, B = _skewed()
