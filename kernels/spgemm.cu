@@ -43,6 +43,28 @@ __device__ __forceinline__ long long spgemm_owner(const long long* __restrict__ 
     return lo;
 }
 
+// The slot of column `col` in a table of MASK + 1 slots of keys (linear probing from slot h),
+// claimed where the column is new (then ++fresh). A slot's key is read before it is claimed:
+// most products of a row add to a column already in the table, and a read costs less than
+// an atomic (a key never changes once set, so a read that finds the column is final).
+template <unsigned long long MASK, typename Index>
+__device__ __forceinline__ Index spgemm_insert(int* keys, Index h, int col, int& fresh,
+                                               Index mask = MASK) {
+    while (true) {
+        const int k = *static_cast<volatile int*>(keys + h);
+        if (k == col) return h;
+        if (k == MGPU_SPGEMM_EMPTY) {
+            const int prev = atomicCAS(keys + h, MGPU_SPGEMM_EMPTY, col);
+            if (prev == MGPU_SPGEMM_EMPTY) {
+                ++fresh;
+                return h;
+            }
+            if (prev == col) return h;
+        }
+        h = (h + 1) & mask;
+    }
+}
+
 __host__ __device__ constexpr int log2_of(int n) { return n > 1 ? 1 + log2_of(n >> 1) : 0; }
 
 // The products p .. p1 - 1 (p1 - p <= RUN) of the nonzeros from j on (cum[j] <= p): their
@@ -263,10 +285,12 @@ __device__ __forceinline__ int spgemm_bin(long long s, const long long* __restri
 // rows of bin b (0 .. nedges + 1), and status[MGPU_SPGEMM_TOTAL] = *total where total is not
 // null (C's size, read on the host in the same copy as the counts). With PRODUCTS, a row of
 // at most `few` products is *short*: it skips the symbolic pass (its products bound its
-// count), is put in bin 0 with the empty rows and counted in status[MGPU_SPGEMM_SHORT].
+// count), is put in bin 0 with the empty rows and counted in status[MGPU_SPGEMM_SHORT], its
+// products in status[MGPU_SPGEMM_SHORT_PRODUCTS].
 #define MGPU_SPGEMM_CURSOR 16  // status[16 + b]: bin b's rows listed so far (mgpu_spgemm_bin_fill)
 #define MGPU_SPGEMM_TOTAL 32
 #define MGPU_SPGEMM_SHORT 33
+#define MGPU_SPGEMM_SHORT_PRODUCTS 34  // the short rows' products
 template <bool PRODUCTS>
 __device__ __forceinline__ bool spgemm_short(int row, const int* __restrict__ a_ptr,
                                              const long long* __restrict__ cum, long long few) {
@@ -284,12 +308,16 @@ mgpu_spgemm_bin_count(int r0, int r1, const int* __restrict__ a_ptr,
                       unsigned long long* __restrict__ status,
                       const long long* __restrict__ total) {
     __shared__ int local[17];  // the bins, then the short rows
+    __shared__ unsigned long long short_products;
     if (threadIdx.x < 17) local[threadIdx.x] = 0;
+    if (threadIdx.x == 0) short_products = 0;
     __syncthreads();
     for (int row = r0 + blockIdx.x * blockDim.x + threadIdx.x; row < r1;
          row += gridDim.x * blockDim.x) {
         if (spgemm_short<PRODUCTS>(row, a_ptr, cum, few)) {
             atomicAdd(local + 16, 1);
+            atomicAdd(&short_products,
+                      static_cast<unsigned long long>(cum[a_ptr[row + 1]] - cum[a_ptr[row]]));
             continue;
         }
         const long long s = spgemm_row_size<PRODUCTS>(row, a_ptr, cum, sizes, n, ratio);
@@ -298,8 +326,10 @@ mgpu_spgemm_bin_count(int r0, int r1, const int* __restrict__ a_ptr,
     __syncthreads();
     if (threadIdx.x < nedges + 2 && local[threadIdx.x])
         atomicAdd(status + threadIdx.x, static_cast<unsigned long long>(local[threadIdx.x]));
-    if (threadIdx.x == 16 && local[16])
+    if (threadIdx.x == 16 && local[16]) {
         atomicAdd(status + MGPU_SPGEMM_SHORT, static_cast<unsigned long long>(local[16]));
+        atomicAdd(status + MGPU_SPGEMM_SHORT_PRODUCTS, short_products);
+    }
     if (total && blockIdx.x == 0 && threadIdx.x == 0)
         status[MGPU_SPGEMM_TOTAL] = static_cast<unsigned long long>(*total);
 }
@@ -397,30 +427,33 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
         mgpu::group_sync<GROUP>();
         const long long a0 = a_ptr[row], a1 = a_ptr[row + 1];
         const long long p0 = cum[a0], f = cum[a1] - p0;
-        // each lane takes RUN consecutive products at a time: one search, then a walk
+        // each lane takes RUN consecutive products at a time: one search, then a walk. The
+        // loop runs alike for a whole warp and brings its lanes back into step after each
+        // run: a lane that probes longer (or retries an addition to a column other lanes
+        // add to) would otherwise leave the warp split in groups that each issue the rest
+        // of the row's loads and searches on their own, a few lanes at a time.
+        const int wl = threadIdx.x & 31;
         int fresh = 0;
-        for (long long q0 = static_cast<long long>(lane) * RUN; q0 < f; q0 += GROUP * RUN) {
-            const long long p = p0 + q0;
-            int cols[RUN];
-            T prods[RUN];
-            mgpu::spgemm_fetch<T, RUN, NUMERIC>(cum, a_idx, a_val, b_ptr, b_idx, b_val,
-                                                mgpu::spgemm_owner(cum, a0, a1 - 1, p), p,
-                                                p0 + (q0 + RUN < f ? q0 + RUN : f), cols, prods);
+        for (long long w0 = static_cast<long long>(lane - wl) * RUN; w0 < f;
+             w0 += GROUP * RUN) {
+            const long long q0 = w0 + wl * RUN;
+            if (q0 < f) {
+                const long long p = p0 + q0;
+                int cols[RUN];
+                T prods[RUN];
+                mgpu::spgemm_fetch<T, RUN, NUMERIC>(
+                    cum, a_idx, a_val, b_ptr, b_idx, b_val,
+                    mgpu::spgemm_owner(cum, a0, a1 - 1, p), p,
+                    p0 + (q0 + RUN < f ? q0 + RUN : f), cols, prods);
 #pragma unroll
-            for (int s = 0; s < RUN; ++s) {
-                const int col = cols[s];
-                if (col < 0) break;
-                unsigned h = mgpu::spgemm_hash(col, BITS);
-                while (true) {
-                    const int prev = atomicCAS(key + h, MGPU_SPGEMM_EMPTY, col);
-                    if (prev == MGPU_SPGEMM_EMPTY || prev == col) {
-                        fresh += prev == MGPU_SPGEMM_EMPTY;
-                        if (NUMERIC) atomicAdd(val + h, prods[s]);
-                        break;
-                    }
-                    h = (h + 1) & (TABLE - 1);
+                for (int s = 0; s < RUN; ++s) {
+                    if (cols[s] < 0) break;
+                    const unsigned h = mgpu::spgemm_insert<TABLE - 1>(
+                        key, mgpu::spgemm_hash(cols[s], BITS), cols[s], fresh);
+                    if (NUMERIC) atomicAdd(val + h, prods[s]);
                 }
             }
+            __syncwarp();
         }
         if (!NUMERIC) {
             if (fresh) atomicAdd(counts + g, fresh);
@@ -555,17 +588,12 @@ mgpu_spgemm_global(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
             for (int s = 0; s < RUN; ++s) {
                 const int col = cols[s];
                 if (col < 0) break;
-                unsigned long long h = bits > 0 ? mgpu::spgemm_hash(col, bits > 31 ? 31 : bits)
-                                                : 0;
-                while (true) {
-                    const int prev = atomicCAS(keys + base + h, MGPU_SPGEMM_EMPTY, col);
-                    if (prev == MGPU_SPGEMM_EMPTY || prev == col) {
-                        if (NUMERIC) atomicAdd(vals + base + h, prods[s]);
-                        else fresh += prev == MGPU_SPGEMM_EMPTY;
-                        break;
-                    }
-                    h = (h + 1) & (size - 1);
-                }
+                const unsigned long long h = mgpu::spgemm_insert<0>(
+                    keys + base,
+                    static_cast<unsigned long long>(
+                        bits > 0 ? mgpu::spgemm_hash(col, bits > 31 ? 31 : bits) : 0),
+                    col, fresh, size - 1);
+                if (NUMERIC) atomicAdd(vals + base + h, prods[s]);
             }
             if (!NUMERIC && fresh) atomicAdd(row_nnz + row, fresh);
             q = stop;
@@ -614,7 +642,7 @@ mgpu_spgemm_global_gather(const int* __restrict__ rows, int nrows,
 // bitmap of the row's columns (`words` words of 32, in dynamic shared memory, with each word's
 // count of set bits before it) places every column without a sort. Counts exact zeros into
 // `zeros`.
-template <typename T>
+template <typename T, int RUN = 4>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_global_rank(const int* __restrict__ rows, int nrows,
                         const long long* __restrict__ toff, const int* __restrict__ keys,
@@ -629,22 +657,150 @@ mgpu_spgemm_global_rank(const int* __restrict__ rows, int nrows,
         for (int w = threadIdx.x; w < words; w += blockDim.x) bitmap[w] = 0u;
         __syncthreads();
         const long long base = toff[r], size = toff[r + 1] - base;
-        for (long long s = threadIdx.x; s < size; s += blockDim.x) {
-            const int k = keys[base + s];
-            if (k != MGPU_SPGEMM_EMPTY) atomicOr(bitmap + (k >> 5), 1u << (k & 31));
+        // RUN slots a thread at a time, their loads issued together (the tables are read
+        // from global memory: one load in flight a thread leaves the block waiting)
+        for (long long s0 = threadIdx.x; s0 < size; s0 += RUN * blockDim.x) {
+            int k[RUN];
+#pragma unroll
+            for (int u = 0; u < RUN; ++u) {
+                const long long s = s0 + u * blockDim.x;
+                k[u] = s < size ? keys[base + s] : MGPU_SPGEMM_EMPTY;
+            }
+#pragma unroll
+            for (int u = 0; u < RUN; ++u)
+                if (k[u] != MGPU_SPGEMM_EMPTY) atomicOr(bitmap + (k[u] >> 5), 1u << (k[u] & 31));
         }
         __syncthreads();
         mgpu::block_scan_popc<256>(bitmap, before, words, warp_sums);
         const long long out = c_off[rows[r]] - c_base;
         int zero = 0;
-        for (long long s = threadIdx.x; s < size; s += blockDim.x) {
-            const int k = keys[base + s];
-            if (k == MGPU_SPGEMM_EMPTY) continue;
-            const long long at = out + before[k >> 5] +
-                                 __popc(bitmap[k >> 5] & ((1u << (k & 31)) - 1u));
-            c_idx[at] = k;
-            c_val[at] = vals[base + s];
-            zero += vals[base + s] == T(0);
+        for (long long s0 = threadIdx.x; s0 < size; s0 += RUN * blockDim.x) {
+            int k[RUN];
+            T v[RUN];
+#pragma unroll
+            for (int u = 0; u < RUN; ++u) {
+                const long long s = s0 + u * blockDim.x;
+                k[u] = s < size ? keys[base + s] : MGPU_SPGEMM_EMPTY;
+                v[u] = s < size ? vals[base + s] : T(0);
+            }
+#pragma unroll
+            for (int u = 0; u < RUN; ++u) {
+                if (k[u] == MGPU_SPGEMM_EMPTY) continue;
+                const long long at = out + before[k[u] >> 5] +
+                                     __popc(bitmap[k[u] >> 5] & ((1u << (k[u] & 31)) - 1u));
+                c_idx[at] = k[u];
+                c_val[at] = v[u];
+                zero += v[u] == T(0);
+            }
+        }
+        if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+        __syncthreads();
+    }
+}
+
+// The longest rows again, with a dense accumulator each in global memory in place of a hash
+// table, where B's columns are few enough (the host's choice, mgpu_spgemm_global's caller):
+// listed row r has a bitmap of C's columns (`words` words of 32 from r * words) and, NUMERIC,
+// a value for every column (n from r * n), zeroed beforehand. The products are shared out as
+// in mgpu_spgemm_global; each sets its column's bit and adds to its column's value, with no
+// probing and no atomic whose result is waited for.
+template <typename T, bool NUMERIC, int RUN = 4>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_dense(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
+                  const T* __restrict__ a_val, const int* __restrict__ b_ptr,
+                  const int* __restrict__ b_idx, const T* __restrict__ b_val,
+                  const long long* __restrict__ cum, const int* __restrict__ rows, int nrows,
+                  const long long* __restrict__ rcum, long long n, long long words,
+                  unsigned* __restrict__ bitmap, T* __restrict__ vals) {
+    const long long total = rcum[nrows];
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x * RUN;
+    for (long long q0 = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
+         q0 < total; q0 += step) {
+        const long long qend = q0 + RUN < total ? q0 + RUN : total;
+        long long q = q0;
+        int r = static_cast<int>(mgpu::spgemm_owner(rcum, 0, nrows - 1, q));
+        while (q < qend) {
+            const int row = rows[r];
+            const long long a0 = a_ptr[row];
+            const long long shift = cum[a0] - rcum[r];  // product q of the list: q + shift
+            const long long stop = qend < rcum[r + 1] ? qend : rcum[r + 1];
+            int cols[RUN];
+            T prods[RUN];
+            mgpu::spgemm_fetch<T, RUN, NUMERIC>(
+                cum, a_idx, a_val, b_ptr, b_idx, b_val,
+                mgpu::spgemm_owner(cum, a0, a_ptr[row + 1] - 1, q + shift), q + shift,
+                stop + shift, cols, prods);
+            unsigned* bits = bitmap + static_cast<long long>(r) * words;
+#pragma unroll
+            for (int s = 0; s < RUN; ++s) {
+                const int col = cols[s];
+                if (col < 0) break;
+                atomicOr(bits + (col >> 5), 1u << (col & 31));
+                if (NUMERIC) atomicAdd(vals + static_cast<long long>(r) * n + col, prods[s]);
+            }
+            q = stop;
+            while (q < qend && q >= rcum[r + 1]) ++r;
+        }
+    }
+}
+
+// row_nnz[rows[r]] = the set bits of listed row r's bitmap (mgpu_spgemm_dense, symbolic): a
+// block a row
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_dense_count(const int* __restrict__ rows, int nrows,
+                        const unsigned* __restrict__ bitmap, long long words,
+                        int* __restrict__ row_nnz) {
+    __shared__ int warp_sums[8];
+    for (int r = blockIdx.x; r < nrows; r += gridDim.x) {
+        const unsigned* bits = bitmap + static_cast<long long>(r) * words;
+        int own = 0;
+        for (long long w = threadIdx.x; w < words; w += blockDim.x) own += __popc(bits[w]);
+        own = mgpu::warp_sum(own);
+        if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = own;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int t = 0;
+            for (int i = 0; i < 8; ++i) t += warp_sums[i];
+            row_nnz[rows[r]] = t;
+        }
+        __syncthreads();
+    }
+}
+
+// The dense accumulators of mgpu_spgemm_dense (numeric) to C, a block a listed row: the row's
+// bitmap, copied to shared memory and scanned, places each column; a thread writes the columns
+// of whole words, in order. Counts exact zeros into `zeros`.
+template <typename T>
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_dense_place(const int* __restrict__ rows, int nrows,
+                        const unsigned* __restrict__ g_bitmap, long long n, int words,
+                        const T* __restrict__ vals, const long long* __restrict__ c_off,
+                        long long c_base, int* __restrict__ c_idx, T* __restrict__ c_val,
+                        unsigned long long* __restrict__ zeros) {
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    unsigned* bitmap = reinterpret_cast<unsigned*>(dynamic_smem);
+    int* before = reinterpret_cast<int*>(bitmap + words);
+    __shared__ int warp_sums[32];
+    for (int r = blockIdx.x; r < nrows; r += gridDim.x) {
+        const unsigned* bits = g_bitmap + static_cast<long long>(r) * words;
+        for (int w = threadIdx.x; w < words; w += blockDim.x) bitmap[w] = bits[w];
+        __syncthreads();
+        mgpu::block_scan_popc<256>(bitmap, before, words, warp_sums);
+        const long long out = c_off[rows[r]] - c_base;
+        const T* row_vals = vals + static_cast<long long>(r) * n;
+        int zero = 0;
+        for (int w = threadIdx.x; w < words; w += blockDim.x) {
+            unsigned b = bitmap[w];
+            long long at = out + before[w];
+            while (b) {
+                const int col = w * 32 + __ffs(b) - 1;
+                b &= b - 1;
+                const T v = row_vals[col];
+                c_idx[at] = col;
+                c_val[at] = v;
+                zero += v == T(0);
+                ++at;
+            }
         }
         if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
         __syncthreads();

@@ -103,10 +103,11 @@ def test_skewed_reaches_every_bin():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bitmap", [True, False])
-def test_every_table_runs(monkeypatch, bitmap):
+@pytest.mark.parametrize("place", ["bitmap", "sort", "dense"])
+def test_every_table_runs(monkeypatch, place):
     """The kernels of every table (and the global ones) run on skewed(), and agree: with the
-    largest tables' rows placed by a bitmap of C's columns, and by a sort. (Its few rows
+    largest tables' rows placed by a bitmap of C's columns, by a sort, and with the longest
+    rows in dense accumulators in place of hash tables in global memory. (Its few rows
     would otherwise all go to blocks' tables: see _FEW_WARPS_PER_SM.)"""
     import cupy
     import cupyx.scipy.sparse as csp
@@ -114,7 +115,8 @@ def test_every_table_runs(monkeypatch, bitmap):
     import mgpu.backends.cupy_spgemm as g
 
     monkeypatch.setattr(g, "_FEW_WARPS_PER_SM", 0)
-    if not bitmap:
+    monkeypatch.setattr(g, "_DENSE_OVER_TABLES", 1e9 if place == "dense" else 0)
+    if place == "sort":
         monkeypatch.setattr(g, "_BITMAP_BYTES", 0)
         monkeypatch.setattr(g, "_GLOBAL_BITMAP_BYTES", 0)
     g._tables.cache_clear()
@@ -124,11 +126,16 @@ def test_every_table_runs(monkeypatch, bitmap):
     np.testing.assert_array_equal(C.data, ref.data)
     want = {spgemm_shared("double", gr, t, False) for gr, t in SPGEMM_SYMBOLIC}
     want |= {spgemm_shared("double", gr, t, True) for gr, t in SPGEMM_NUMERIC}
-    want |= {"mgpu_spgemm_global<double, false>", "mgpu_spgemm_global<double, true>",
-             f"mgpu_spgemm_global_{'rank' if bitmap else 'gather'}<double>"}
+    if place == "dense":
+        want |= {"mgpu_spgemm_dense<double, false>", "mgpu_spgemm_dense<double, true>",
+                 "mgpu_spgemm_dense_count", "mgpu_spgemm_dense_place<double>"}
+    else:
+        want |= {"mgpu_spgemm_global<double, false>", "mgpu_spgemm_global<double, true>",
+                 f"mgpu_spgemm_global_{'gather' if place == 'sort' else 'rank'}<double>"}
     assert want <= seen, sorted(want - seen)
+    assert place == "dense" or not {e for e in seen if "dense" in e}, sorted(seen)
     words = [w for *_, w in g._tables(cupy.cuda.runtime.getDevice(), True, "double", B.shape[1])]
-    assert any(words) == bitmap
+    assert any(words) == (place != "sort")
     g._tables.cache_clear()
 
 
@@ -387,6 +394,7 @@ def test_short_rows_skip_the_symbolic_pass(monkeypatch, few, ints):
     import mgpu.backends.cupy_spgemm as g
 
     monkeypatch.setattr(g, "_SHORT_PRODUCTS", few)
+    monkeypatch.setattr(g, "_SHORT_SHARE", 0)  # whatever their share of the products
     A, B = skewed(np.random.default_rng(11), ints=ints)
     ref = A @ B
     made = []
@@ -413,6 +421,44 @@ def test_short_rows_skip_the_symbolic_pass(monkeypatch, few, ints):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("share", ["most", "few"])
+def test_short_rows_are_counted_where_they_hold_few_products(monkeypatch, share):
+    """Short rows skip the symbolic pass only where they hold at least _SHORT_SHARE of the
+    products: a product whose short rows hold nearly all of them leaves slack (closed up
+    after), one whose short rows hold a sliver counts them and leaves none. Same C."""
+    import cupyx.scipy.sparse as csp
+
+    import mgpu.backends.cupy_spgemm as g
+
+    rng = np.random.default_rng(13)
+    m = 3000
+    lens = np.full(m, 2)
+    if share == "few":
+        lens[:40] = 400  # 40 rows of 400 nonzeros times B rows of ~20: far past 128 products
+    rows = np.repeat(np.arange(m), lens)
+    A = sp.csr_matrix((rng.integers(1, 4, rows.size).astype(np.float64),
+                       (rows, rng.integers(0, 2000, rows.size))), shape=(m, 2000))
+    B = sp.random(2000, 500, density=0.04, format="csr", random_state=3,
+                  data_rvs=lambda k: rng.integers(1, 4, k).astype(np.float64))
+    made = []
+    real = g._Product
+
+    def product(*args):
+        made.append(real(*args))
+        return made[-1]
+
+    monkeypatch.setattr(g, "_Product", product)
+    seen = _record_kernels(monkeypatch)
+    C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)
+    np.testing.assert_array_equal(C.data, ref.data)
+    flops = np.add.reduceat(np.diff(B.indptr)[A.indices], A.indptr[:-1])
+    short = (flops > 0) & (flops <= g._SHORT_PRODUCTS)
+    assert (flops[short].sum() >= g._SHORT_SHARE * flops.sum()) == (share == "most")
+    assert made[-1].slack == (share == "most")
+    assert any(e.startswith("mgpu_spgemm_close_up") for e in seen) == (share == "most")
+
+
+@pytest.mark.gpu
 def test_bounds_that_do_not_fit_are_counted(monkeypatch):
     """Where C's places with the short rows' bounds do not fit, those rows are counted too,
     and a C that fits is computed (never refused for the bounds)."""
@@ -430,6 +476,7 @@ def test_bounds_that_do_not_fit_are_counted(monkeypatch):
         return real(p, nnz, entry)
 
     monkeypatch.setattr(g, "_fits", fits)
+    monkeypatch.setattr(g, "_SHORT_SHARE", 0)
     A, B = skewed(np.random.default_rng(12), ints=True)
     C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)
     np.testing.assert_array_equal(C.data, ref.data)

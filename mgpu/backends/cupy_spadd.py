@@ -10,7 +10,7 @@ from __future__ import annotations
 import cupy
 import cupyx.scipy.sparse as csp
 
-from mgpu.backends.cupy_spgemm import csr_of, indptr_of, rows_of
+from mgpu.backends.cupy_csr import csr_of, indptr_of, rows_of
 from mgpu.backends.dispatch import spadd_lookup
 from mgpu.backends.memory import require_gpu
 

@@ -1,6 +1,6 @@
 """GPU SpGEMM (``kernels/spgemm.cu`` and CuPy), registered on
-:data:`mgpu.backends.spgemm_lookup`, and the check of CSR operands
-(:data:`mgpu.backends.csr_sound_lookup`).
+:data:`mgpu.backends.spgemm_lookup` (its CSR helpers, and the check of CSR operands, are
+in :mod:`mgpu.backends.cupy_csr`).
 
 The product runs in two passes over the intermediate products (see the kernel file): a
 symbolic pass counts each row's output (a short row's products stand for its count), then the
@@ -26,10 +26,9 @@ import numpy as np
 import scipy.sparse as sp
 from dask.utils import format_bytes
 
-from mgpu.backends.arrays import csr_well_formed
 from mgpu.backends.cupy import current_facts
-from mgpu.backends.dispatch import csr_sound_lookup, spgemm_lookup
-from mgpu.backends.flags import device_flag, flag_csr
+from mgpu.backends.cupy_csr import csr_of, indptr_of, int32_indices, rows_of, sort_rows
+from mgpu.backends.dispatch import spgemm_lookup
 from mgpu.backends.instances import (INSTANCES, SPGEMM_CLOSE_RUN, SPGEMM_NUMERIC, SPGEMM_RATIO,
                                      SPGEMM_RUN, SPGEMM_SYMBOLIC, spgemm_dynamic,
                                      spgemm_shared)
@@ -38,7 +37,7 @@ from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import (DeviceMemoryError, gpu_available, require_gpu,
                                   require_gpu_unless_small)
 
-__all__ = ["csr_of", "indptr_of", "int32_indices", "rows_of", "spgemm_gpu"]
+__all__ = ["spgemm_gpu"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +55,9 @@ _SIGNATURES = {
     "mgpu_spgemm_global": "ppppppppippppp",
     "mgpu_spgemm_global_gather": "pipppppqppp",
     "mgpu_spgemm_global_rank": "pippppqpppi",
+    "mgpu_spgemm_dense": "ppppppppipqqpp",
+    "mgpu_spgemm_dense_count": "pipqp",
+    "mgpu_spgemm_dense_place": "pipqippqppp",
     "mgpu_spgemm_masked": "pppqpppppppp",
     "mgpu_spgemm_nonzeros": "iipqppp",
     "mgpu_spgemm_compact": "iipqpppppp",
@@ -67,11 +69,12 @@ _SIGNATURES = {
     "mgpu_spgemm_close_up": "iipqpppppp",
 }
 # the bins' status on the device (long long): each bin's rows (0 .. 15), each bin's rows
-# listed so far (16 .. 31), a total read in the same copy (32), the short rows (33); as
-# kernels/spgemm.cu
-_STATUS = 34
+# listed so far (16 .. 31), a total read in the same copy (32), the short rows (33) and their
+# products (34); as kernels/spgemm.cu
+_STATUS = 35
 _TOTAL = 32
 _SHORT = 33
+_SHORT_FLOPS = 34
 # A row of at most this many products is short: it skips the symbolic pass, and its
 # products (at most n) stand for its count, to size its place in C beforehand; the numeric
 # pass then leaves slack after its entries, which one copy closes up. Most rows of a
@@ -79,6 +82,11 @@ _SHORT = 33
 # a count that is nearly their number anyway. At most half the smallest numeric table of a
 # block (512 slots), so that a short row never needs a larger one.
 _SHORT_PRODUCTS = 128
+# ... where the short rows hold at least this share of all products. Else they are counted
+# like the others: the count costs little beside the rest of the products, and it spares the
+# copy that closes up the slack, which moves every entry of C (a graph's A·Aᵀ, whose short
+# rows hold about 1% of its products, spends more on that copy than on the count).
+_SHORT_SHARE = 0.5
 _SCAN_TILE = 256 * 8  # values a block of the scan takes (MGPU_SCAN_TILE)
 
 
@@ -140,6 +148,12 @@ _BITMAP_BYTES = 64 * 1024
 # ... and the rows of the tables in global memory by such a bitmap alone (a block a row), where
 # it takes at most this much (and the device allows it): B of up to 929,792 columns
 _GLOBAL_BITMAP_BYTES = 227 * 1024
+# The rows past the shared-memory tables take a dense accumulator each (a bit and a value for
+# every column of C) in place of a hash table in global memory where B's columns fit that
+# bitmap and the accumulators take at most this many times the tables' memory: a product is
+# then an addition at its column's place, with no probing (such rows hold thousands of
+# columns, a tenth or more of a graph's vertices)
+_DENSE_OVER_TABLES = 2
 
 
 @functools.lru_cache(maxsize=None)
@@ -248,24 +262,34 @@ def _bins(A: csp.csr_matrix, cum: cupy.ndarray, r0: int, r1: int, edges: tuple[i
     size of a row is min(its products, n) without ``sizes`` (the symbolic pass), else
     ``sizes[row]``; at least its products / SPGEMM_RATIO either way. Without ``sizes``, a
     row of 1 to ``few`` products is short: not listed, its products (at most n) written
-    to ``bounds[row]``."""
+    to ``bounds[row]``; where the short rows hold less than _SHORT_SHARE of all products
+    (the int64 at ``total``), none is short."""
     products = sizes is None
     ratio = SPGEMM_RATIO[0 if products else 1]
     status = cupy.zeros(_STATUS, dtype=cupy.int64)
-    args = (r0, r1, A.indptr.data.ptr, cum.data.ptr, _ptr(A.indptr if products else sizes),
-            n, ratio, few if products else 0, _edges(edges).data.ptr, len(edges),
-            status.data.ptr)
+
+    def args(few: int) -> tuple:
+        return (r0, r1, A.indptr.data.ptr, cum.data.ptr, _ptr(A.indptr if products else sizes),
+                n, ratio, few if products else 0, _edges(edges).data.ptr, len(edges),
+                status.data.ptr)
+
     flag = "true" if products else "false"
     grid = (_grid(max(r1 - r0, 1), 256),)
-    _kernel(f"mgpu_spgemm_bin_count<{flag}>")(grid, (256,), args + (total,))
+    _kernel(f"mgpu_spgemm_bin_count<{flag}>")(grid, (256,), args(few) + (total,))
     status_h = status.get()
+    short = int(status_h[_SHORT])
+    if short and status_h[_SHORT_FLOPS] < _SHORT_SHARE * status_h[_TOTAL]:
+        # too small a share to skip their count: they join bin 1, as counted rows (a short
+        # row's size is at most _SHORT_PRODUCTS, within the smallest table)
+        status[1:2] += short
+        status_h[1] += short
+        few = short = 0
     starts = np.zeros(len(edges) + 3, dtype=np.int64)
     starts[2:] = np.cumsum(status_h[1:len(edges) + 2])  # bin 0 (empty rows) takes no place
     rows = cupy.empty(int(starts[-1]), dtype=cupy.int32)
-    short = int(status_h[_SHORT])
     if rows.size or short:
-        _kernel(f"mgpu_spgemm_bin_fill<{flag}>")(grid, (256,), args + (rows.data.ptr,
-                                                                      _ptr(bounds)))
+        _kernel(f"mgpu_spgemm_bin_fill<{flag}>")(grid, (256,), args(few) + (rows.data.ptr,
+                                                                          _ptr(bounds)))
     return rows, starts, int(status_h[_TOTAL]), short
 
 
@@ -316,7 +340,8 @@ class _Product:
         tables = _tables(cupy.cuda.runtime.getDevice(), False, self.t)
         edges = tuple(table for _, table, _, _, _ in tables)
         rows, starts, _, short = _bins(self.A, self.cum, 0, self.m, edges, n=self.n,
-                                       few=self.few, bounds=row_nnz)
+                                       few=self.few, bounds=row_nnz,
+                                       total=self.cum.data.ptr + 8 * self.A.nnz)
         self.slack = short > 0
         # no output: row_nnz, cum and A's values stand in for C's arrays
         out = (row_nnz.data.ptr, self.cum.data.ptr, 0, row_nnz.data.ptr,
@@ -401,6 +426,12 @@ class _Product:
         sizes_h = np.left_shift(1, np.ceil(np.log2(np.maximum(want_h, 2))).astype(np.int64))
         available, _ = gpu_available()
         budget = int(available * _SCRATCH_SHARE)
+        words = -(-self.n // 32)
+        dense = 4 * words + (self.n * self.dtype.itemsize if numeric else 0)
+        if (8 * words <= min(current_facts().smem_optin, _GLOBAL_BITMAP_BYTES)
+                and dense <= _DENSE_OVER_TABLES * float((sizes_h * slot).mean())):
+            self._dense(rows, flops_h, dense, words, budget, row_nnz, out)
+            return
         what = f"{self.what}: a hash table for one row of {int(sizes_h.max()):,} slots"
         for b0, b1 in _batches(sizes_h * slot, budget, what):
             r = rows[b0:b1]
@@ -417,6 +448,35 @@ class _Product:
                                 keys.data.ptr, vals.data.ptr, row_nnz.data.ptr))
             if numeric:
                 self._place(r, toff, keys, vals, slots, row_nnz, out)
+
+    def _dense(self, rows: cupy.ndarray, flops_h: np.ndarray, dense: int, words: int,
+               budget: int, row_nnz: cupy.ndarray, out: tuple | None) -> None:
+        """:meth:`_global`'s rows with a dense accumulator of ``dense`` bytes each (a bitmap
+        of ``words`` words, and values where numeric), in batches that fit."""
+        numeric = out is not None
+        what = f"{self.what}: a dense accumulator of {self.n:,} columns for one row"
+        for b0, b1 in _batches(np.full(rows.size, dense, dtype=np.int64), budget, what):
+            r, nb = rows[b0:b1], b1 - b0
+            rcum_h = np.zeros(nb + 1, dtype=np.int64)
+            np.cumsum(flops_h[b0:b1], out=rcum_h[1:])
+            rcum = cupy.asarray(rcum_h)
+            bitmap = cupy.zeros(nb * words, dtype=cupy.uint32)
+            vals = cupy.zeros(nb * self.n if numeric else 1, dtype=self.dtype)
+            _kernel(f"mgpu_spgemm_dense<{self.t}, {'true' if numeric else 'false'}>")(
+                (_grid(int(rcum_h[-1]), 256 * 4),), (256,),  # 4 products a thread at a time
+                self.operands + (r.data.ptr, nb, rcum.data.ptr, self.n, words,
+                                 bitmap.data.ptr, vals.data.ptr))
+            if not numeric:
+                _kernel("mgpu_spgemm_dense_count")((_grid(nb, 1),), (256,), (
+                    r.data.ptr, nb, bitmap.data.ptr, words, row_nnz.data.ptr))
+                continue
+            c_off, c_base, c_idx, c_val = out
+            expr = f"mgpu_spgemm_dense_place<{self.t}>"
+            _opt_in(expr, 8 * words)
+            _kernel(expr)((_grid(nb, 1),), (256,), (
+                r.data.ptr, nb, bitmap.data.ptr, self.n, words, vals.data.ptr,
+                c_off.data.ptr, c_base, c_idx.data.ptr, c_val.data.ptr, self.zeros.data.ptr),
+                shared_mem=8 * words)
 
     def _place(self, r: cupy.ndarray, toff: cupy.ndarray, keys: cupy.ndarray,
                vals: cupy.ndarray, slots: int, row_nnz: cupy.ndarray, out: tuple) -> None:
@@ -437,7 +497,7 @@ class _Product:
         _kernel(f"mgpu_spgemm_global_gather<{self.t}>")((_grid(slots, 256),), (256,), (
             r.data.ptr, r.size, toff.data.ptr, keys.data.ptr, vals.data.ptr, fill.data.ptr,
             c_off.data.ptr, c_base, c_idx.data.ptr, c_val.data.ptr, self.zeros.data.ptr))
-        _sort_rows(c_idx, c_val, c_off[r] - c_base, row_nnz[r].astype(cupy.int64), self.n)
+        sort_rows(c_idx, c_val, c_off[r] - c_base, row_nnz[r].astype(cupy.int64), self.n)
 
     def numeric(self, row_nnz: cupy.ndarray, c_off: cupy.ndarray, r0: int, r1: int,
                 base: int, nnz: int, binned: tuple[cupy.ndarray, np.ndarray] | None = None
@@ -465,31 +525,6 @@ class _Product:
         return c_idx, c_val, 0 if self.slack else int(self.zeros.get()[0])
 
 
-def _sort_rows(c_idx: cupy.ndarray, c_val: cupy.ndarray, starts: cupy.ndarray,
-               lens: cupy.ndarray, n: int) -> None:
-    """Sort by column, in place, the runs c_idx[starts[i] : starts[i] + lens[i]] (and c_val
-    alike): one radix sort of (run, column) keys, 32-bit where they fit."""
-    ends = cupy.cumsum(lens)
-    total = int(ends[-1])
-    t = cupy.arange(total, dtype=cupy.int64)
-    seg = cupy.searchsorted(ends, t, side="right")
-    pos = starts[seg] + t - (ends[seg] - lens[seg])
-    shift = max(1, int(n - 1).bit_length())
-    if (lens.size << shift) <= _INT32_MAX:
-        key = (seg.astype(cupy.int32) << shift) | c_idx[pos]
-    else:
-        key = (seg << shift) | c_idx[pos].astype(cupy.int64)
-    order = cupy.argsort(key)
-    c_idx[pos] = c_idx[pos][order]
-    c_val[pos] = c_val[pos][order]
-
-
-def rows_of(indptr: cupy.ndarray, nnz: int) -> cupy.ndarray:
-    """The row of each of ``nnz`` entries of a CSR with row pointers ``indptr``."""
-    return (cupy.searchsorted(indptr, cupy.arange(nnz, dtype=indptr.dtype), side="right")
-            - 1).astype(cupy.int32)
-
-
 def _close_up(c_off: cupy.ndarray, lens: cupy.ndarray, r0: int, r1: int, base: int,
               idx: cupy.ndarray, val: cupy.ndarray
               ) -> tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray]:
@@ -514,30 +549,6 @@ def _close_up(c_off: cupy.ndarray, lens: cupy.ndarray, r0: int, r1: int, base: i
     return off32, out_idx, out_val
 
 
-# cupyx's constructor from (data, indices, indptr) reads the index arrays back to check them
-# (waits for the device); the product's arrays are right by construction, so they are
-# wrapped by the constructor CuPy itself uses for its own results, where it has one
-_FROM_PARTS = getattr(csp.csr_matrix, "_from_parts", None)
-
-
-def csr_of(indptr: cupy.ndarray, idx: cupy.ndarray, val: cupy.ndarray, shape: tuple[int, int]
-         ) -> csp.csr_matrix:
-    """A canonical cupyx CSR of these arrays (int32 idx; indptr of any integer type, m + 1
-    values)."""
-    indptr = indptr.astype(cupy.int32, copy=False)
-    if _FROM_PARTS is not None:
-        return _FROM_PARTS(val, idx, indptr, shape, has_canonical_format=True)
-    C = csp.csr_matrix((val, idx, indptr), shape=shape, copy=False)
-    C.has_canonical_format = True
-    return C
-
-
-def indptr_of(counts: cupy.ndarray) -> cupy.ndarray:
-    indptr = cupy.zeros(counts.size + 1, dtype=cupy.int64)
-    indptr[1:] = cupy.cumsum(counts)
-    return indptr
-
-
 def _masked(A: csp.csr_matrix, B: csp.csr_matrix, M: csp.csr_matrix) -> csp.csr_matrix:
     """C = A @ B at the stored positions of M only (M canonical)."""
     what = (f"masked SpGEMM of A {A.shape[0]}×{A.shape[1]} with {A.nnz:,} nonzeros, B with "
@@ -557,20 +568,6 @@ def _masked(A: csp.csr_matrix, B: csp.csr_matrix, M: csp.csr_matrix) -> csp.csr_
     keep = (hit != 0) & (acc != 0)
     counts = cupy.bincount(rows_of(M.indptr, M.nnz)[keep], minlength=M.shape[0])
     return csr_of(indptr_of(counts), M.indices[keep], acc[keep], (A.shape[0], B.shape[1]))
-
-
-def int32_indices(X: csp.csr_matrix, name: str) -> csp.csr_matrix:
-    """X with int32 index arrays, as the kernels take them (a copy of the index arrays
-    where X's are 64-bit; refused where its size needs them)."""
-    if X.indices.dtype == np.int32 and X.indptr.dtype == np.int32:
-        return X
-    if max(X.nnz, *X.shape) > _INT32_MAX:
-        raise ValueError(
-            f"The '{name}' operand ({X.shape[0]}×{X.shape[1]}, {X.nnz:,} nonzeros) needs 64-bit "
-            "indices, which the GPU's SpGEMM does not take: multiply it on the CPU (scipy "
-            "operands), or as a dask array of row tiles that each fit 32-bit indices.")
-    return csp.csr_matrix((X.data, X.indices.astype(cupy.int32),
-                           X.indptr.astype(cupy.int32)), shape=X.shape, copy=False)
 
 
 def _counted(A: csp.csr_matrix, B: csp.csr_matrix, few: int) -> tuple:
@@ -658,23 +655,6 @@ def spgemm_gpu(A: csp.csr_matrix, B: csp.csr_matrix, mask: csp.csr_matrix | None
     C = sp.csr_matrix((val_h, idx_h, indptr), shape=(p.m, p.n))
     C.has_sorted_indices = True
     return C
-
-
-@csr_sound_lookup.register(csp.spmatrix)
-def _csr_sound_device(*Xs: csp.csr_matrix) -> bool:
-    """Whether the cupyx CSR matrices ``Xs`` all have consistent index arrays and finite
-    values: one launch each and one wait (64-bit index arrays, which the check kernel is
-    not built for, by CuPy's reductions)."""
-    if any(X.indices.dtype != np.int32 or X.indptr.dtype != np.int32 for X in Xs):
-        return all(bool(csr_well_formed(X) & cupy.isfinite(X.data).all()) for X in Xs)
-    # the kernel reads m + 1 row pointers and as many indices as values: their lengths first
-    if any(X.indptr.shape != (X.shape[0] + 1,) or X.indices.ndim != 1
-           or X.data.shape != X.indices.shape for X in Xs):
-        return False
-    with device_flag() as flag:
-        for X in Xs:
-            flag_csr(X, flag)
-        return not flag.raised()
 
 
 @spgemm_lookup.register(csp.spmatrix)

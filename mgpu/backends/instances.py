@@ -146,6 +146,8 @@ INSTANCES: dict[str, tuple[str, ...]] = {
     + tuple(spgemm_shared(t, g, n, True) for t in _FLOATS for g, n in SPGEMM_NUMERIC)
     + tuple(f"mgpu_spgemm_global<{t}, {b}>" for t in _FLOATS for b in ("false", "true"))
     + tuple(f"mgpu_spgemm_global_{k}<{t}>" for k in ("gather", "rank") for t in _FLOATS)
+    + tuple(f"mgpu_spgemm_dense<{t}, {b}>" for t in _FLOATS for b in ("false", "true"))
+    + tuple(f"mgpu_spgemm_dense_place<{t}>" for t in _FLOATS) + ("mgpu_spgemm_dense_count",)
     + tuple(f"mgpu_spgemm_masked<{t}, {SPGEMM_RUN}>" for t in _FLOATS)
     + tuple(f"mgpu_spgemm_scan_{k}<{b}>" for k in ("reduce", "apply") for b in ("false", "true"))
     + ("mgpu_spgemm_scan_partials",)

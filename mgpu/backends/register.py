@@ -35,7 +35,8 @@ CUPY_MODULES: dict[str, tuple] = {
         d.spmv_lookup, d.spmv_plan_lookup, d.spmv_takes_as_is_lookup, d.spmv_flagged_lookup,
     ),
     "mgpu.backends.cupy_sgd": (d.sgd_lookup,),
-    "mgpu.backends.cupy_spgemm": (d.spgemm_lookup, d.csr_sound_lookup),
+    "mgpu.backends.cupy_csr": (d.csr_sound_lookup,),
+    "mgpu.backends.cupy_spgemm": (d.spgemm_lookup,),
     "mgpu.backends.cupy_spadd": (d.spadd_lookup,),
 }
 
