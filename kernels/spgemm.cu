@@ -408,11 +408,12 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
     int* key = DYNAMIC ? reinterpret_cast<int*>(dynamic_smem + (NUMERIC ? TABLE * sizeof(T) : 0))
                        : static_keys + g * TABLE;
     T* val = DYNAMIC ? reinterpret_cast<T*>(dynamic_smem) : static_vals + (NUMERIC ? g * TABLE : 0);
-    // numeric, dynamic, words > 0: a bitmap of C's columns (words of 32) after the keys, and
-    // each word's count of set bits before it, which place every column of the row in order
-    // without a sort
-    const bool ranked = DYNAMIC && NUMERIC && words > 0;
-    unsigned* bitmap = reinterpret_cast<unsigned*>(key + TABLE);
+    // numeric, a group a block, words > 0: a bitmap of C's columns (words of 32) in dynamic
+    // shared memory (after the keys of a dynamic table), and each word's count of set bits
+    // before it, which place every column of the row in order without a sort
+    const bool ranked = NUMERIC && GROUPS == 1 && words > 0;
+    unsigned* bitmap = DYNAMIC ? reinterpret_cast<unsigned*>(key + TABLE)
+                               : reinterpret_cast<unsigned*>(dynamic_smem);
     int* before = reinterpret_cast<int*>(bitmap + words);
     __shared__ int warp_sums[32];
     for (int r = blockIdx.x * GROUPS + g; r < nrows; r += gridDim.x * GROUPS) {
@@ -467,6 +468,9 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
             }
             mgpu::group_sync<GROUP>();
             mgpu::block_scan_popc<GROUP>(bitmap, before, words, warp_sums);
+            // the row's count back to row_nnz: a short row's bound is replaced (a short row
+            // comes to a block's table where its warp table's bin has few rows)
+            if (lane == 0) row_nnz[row] = before[words - 1] + __popc(bitmap[words - 1]);
             const long long out = c_off[row] - c_base;
             int zero = 0;
             for (int t = lane; t < TABLE; t += GROUP) {
