@@ -65,6 +65,14 @@ __device__ __forceinline__ Index spgemm_insert(int* keys, Index h, int col, int&
     }
 }
 
+// Adds the warp's `zero` (each lane's count of exact zeros written) to *zeros, one atomic a
+// warp: every lane of the warp calls it. An atomic a lane would put every thread of the grid
+// on one address where sums often cancel (half of a circuit matrix's square: a millisecond).
+__device__ __forceinline__ void spgemm_count_zeros(unsigned long long* zeros, int zero) {
+    zero = warp_sum(zero);
+    if ((threadIdx.x & 31) == 0 && zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+}
+
 __host__ __device__ constexpr int log2_of(int n) { return n > 1 ? 1 + log2_of(n >> 1) : 0; }
 
 // The products p .. p1 - 1 (p1 - p <= RUN) of the nonzeros from j on (cum[j] <= p): their
@@ -379,8 +387,8 @@ mgpu_spgemm_bin_fill(int r0, int r1, const int* __restrict__ a_ptr,
 // columns into row_nnz[row]. NUMERIC true: sum the products per column, sort the table by
 // column (bitonic) and write the row's row_nnz entries at c_off[row] - c_base of c_idx/c_val,
 // counting in `zeros` the sums that came out exactly 0 (the host leaves them out after).
-// The host lists in `rows` only rows whose size fits TABLE (at most half of it in the numeric
-// pass; at most all of it in the symbolic one, where a key is all a slot holds). DYNAMIC: the
+// The host lists in `rows` only rows whose size is at most half of TABLE (so that probes
+// stay short: the symbolic pass's sizes are bounds, often the count itself). DYNAMIC: the
 // table lives in dynamic shared memory (up to the device's opt-in limit; the host sets the
 // kernel's attribute and passes its size), for the largest tables, one group a block.
 template <typename T, int GROUP, int TABLE, bool NUMERIC, bool DYNAMIC = false, int RUN = 4>
@@ -438,21 +446,25 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
         for (long long w0 = static_cast<long long>(lane - wl) * RUN; w0 < f;
              w0 += GROUP * RUN) {
             const long long q0 = w0 + wl * RUN;
+            int cols[RUN];
+            T prods[RUN];
             if (q0 < f) {
                 const long long p = p0 + q0;
-                int cols[RUN];
-                T prods[RUN];
                 mgpu::spgemm_fetch<T, RUN, NUMERIC>(
                     cum, a_idx, a_val, b_ptr, b_idx, b_val,
                     mgpu::spgemm_owner(cum, a0, a1 - 1, p), p,
                     p0 + (q0 + RUN < f ? q0 + RUN : f), cols, prods);
+            } else {
 #pragma unroll
-                for (int s = 0; s < RUN; ++s) {
-                    if (cols[s] < 0) break;
-                    const unsigned h = mgpu::spgemm_insert<TABLE - 1>(
-                        key, mgpu::spgemm_hash(cols[s], BITS), cols[s], fresh);
-                    if (NUMERIC) atomicAdd(val + h, prods[s]);
-                }
+                for (int s = 0; s < RUN; ++s) cols[s] = -1;
+            }
+#pragma unroll
+            for (int s = 0; s < RUN; ++s) {
+                unsigned h = ~0u;  // no product
+                if (cols[s] >= 0)
+                    h = mgpu::spgemm_insert<TABLE - 1>(key, mgpu::spgemm_hash(cols[s], BITS),
+                                                       cols[s], fresh);
+                if (NUMERIC && cols[s] >= 0) atomicAdd(val + h, prods[s]);
             }
             __syncwarp();
         }
@@ -482,7 +494,7 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
                 c_val[at] = val[t];
                 zero += val[t] == T(0);
             }
-            if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+            mgpu::spgemm_count_zeros(zeros, zero);
         } else {
             // Gather the n occupied slots at the front of the table (in any order), fill up to
             // the next power of two with empty keys and sort only those: a row of 5 columns
@@ -544,7 +556,7 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
                 c_val[out + t] = val[t];
                 zero += val[t] == T(0);
             }
-            if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+            mgpu::spgemm_count_zeros(zeros, zero);
         }
         mgpu::group_sync<GROUP>();
     }
@@ -633,12 +645,14 @@ mgpu_spgemm_global_gather(const int* __restrict__ rows, int nrows,
         int at = 0;
         if (occupied && lane == leader) at = atomicAdd(fill + r, __popc(same));
         at = __shfl_sync(MGPU_FULL_MASK, at, leader);
+        int zero = 0;
         if (occupied) {
             const long long out = c_off[rows[r]] - c_base + at + __popc(same & ((1u << lane) - 1));
             c_idx[out] = k;
             c_val[out] = vals[s];
-            if (vals[s] == T(0)) atomicAdd(zeros, 1ull);
+            zero = vals[s] == T(0);
         }
+        mgpu::spgemm_count_zeros(zeros, zero);
     }
 }
 
@@ -697,7 +711,7 @@ mgpu_spgemm_global_rank(const int* __restrict__ rows, int nrows,
                 zero += v[u] == T(0);
             }
         }
-        if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+        mgpu::spgemm_count_zeros(zeros, zero);
         __syncthreads();
     }
 }
@@ -806,7 +820,7 @@ mgpu_spgemm_dense_place(const int* __restrict__ rows, int nrows,
                 ++at;
             }
         }
-        if (zero) atomicAdd(zeros, static_cast<unsigned long long>(zero));
+        mgpu::spgemm_count_zeros(zeros, zero);
         __syncthreads();
     }
 }

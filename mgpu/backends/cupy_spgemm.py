@@ -346,7 +346,7 @@ class _Product:
         instead (its products, at most n), which the numeric pass replaces by its count."""
         row_nnz = cupy.zeros(self.m, dtype=cupy.int32)
         tables = _tables(cupy.cuda.runtime.getDevice(), False, self.t)
-        edges = tuple(table for _, table, _, _, _ in tables)
+        edges = tuple(table // 2 for _, table, _, _, _ in tables)  # at most half full
         rows, starts, _, short = _bins(self.A, self.cum, 0, self.m, edges, n=self.n,
                                        few=self.few, bounds=row_nnz,
                                        total=self.cum.data.ptr + 8 * self.A.nnz)
@@ -358,7 +358,7 @@ class _Product:
         big = rows[starts[len(edges) + 1]:]
         if big.size:
             bound = cupy.minimum(_of_rows(self.cum, self.A.indptr, big), self.n)
-            self._global(big, 2 * bound, row_nnz, None)
+            self._global(big, 2 * bound, row_nnz, None, edges[-1])
         return row_nnz
 
     def _shared(self, tables: tuple, rows: cupy.ndarray, starts: np.ndarray, out: tuple
@@ -421,25 +421,26 @@ class _Product:
         return off32, out_idx, out_val
 
     def _global(self, rows: cupy.ndarray, want: cupy.ndarray, row_nnz: cupy.ndarray,
-                out: tuple | None) -> None:
-        """The rows past the shared-memory tables, with tables of at least ``want`` slots
-        each in global memory, in batches that fit. Symbolic (``out`` None): counts into
-        row_nnz. Numeric (``out`` = (c_off, c_base, c_idx, c_val)): fills C's rows, then
-        places them in column order."""
+                out: tuple | None, floor: int) -> None:
+        """The rows past the shared-memory tables (each of a size above ``floor``), with
+        dense accumulators (:meth:`_dense`) or tables of at least ``want`` slots each in
+        global memory, in batches that fit. Symbolic (``out`` None): counts into row_nnz.
+        Numeric (``out`` = (c_off, c_base, c_idx, c_val)): fills C's rows, then places them
+        in column order."""
         numeric = out is not None
         slot = 4 + (self.dtype.itemsize if numeric else 0)
+        words = -(-self.n // 32)
+        dense = 4 * words + (self.n * self.dtype.itemsize if numeric else 0)
+        least = slot << (2 * floor + 1).bit_length()  # the least table of a row past floor
+        if (8 * words <= min(current_facts().smem_optin, _GLOBAL_BITMAP_BYTES)
+                and dense <= _DENSE_OVER_TABLES * least):
+            self._dense(rows, dense, words, floor, row_nnz, out)
+            return
         # the few long rows' sizes are worked out on the host: one copy down, one up a batch
         want_h, flops_h = cupy.stack([want.astype(cupy.int64),
                                       _of_rows(self.cum, self.A.indptr, rows)]).get()
         sizes_h = np.left_shift(1, np.ceil(np.log2(np.maximum(want_h, 2))).astype(np.int64))
-        available, _ = gpu_available()
-        budget = int(available * _SCRATCH_SHARE)
-        words = -(-self.n // 32)
-        dense = 4 * words + (self.n * self.dtype.itemsize if numeric else 0)
-        if (8 * words <= min(current_facts().smem_optin, _GLOBAL_BITMAP_BYTES)
-                and dense <= _DENSE_OVER_TABLES * float((sizes_h * slot).mean())):
-            self._dense(rows, flops_h, dense, words, budget, row_nnz, out)
-            return
+        budget = int(gpu_available()[0] * _SCRATCH_SHARE)
         what = f"{self.what}: a hash table for one row of {int(sizes_h.max()):,} slots"
         for b0, b1 in _batches(sizes_h * slot, budget, what):
             r = rows[b0:b1]
@@ -457,21 +458,24 @@ class _Product:
             if numeric:
                 self._place(r, toff, keys, vals, slots, row_nnz, out)
 
-    def _dense(self, rows: cupy.ndarray, flops_h: np.ndarray, dense: int, words: int,
-               budget: int, row_nnz: cupy.ndarray, out: tuple | None) -> None:
+    def _dense(self, rows: cupy.ndarray, dense: int, words: int, floor: int,
+               row_nnz: cupy.ndarray, out: tuple | None) -> None:
         """:meth:`_global`'s rows with a dense accumulator of ``dense`` bytes each (a bitmap
-        of ``words`` words, and values where numeric), in batches that fit."""
+        of ``words`` words, and values where numeric), in batches that fit: sized on the
+        host by the rows' number alone, so that the host waits for nothing here."""
         numeric = out is not None
         what = f"{self.what}: a dense accumulator of {self.n:,} columns for one row"
+        budget = int(gpu_available()[0] * _SCRATCH_SHARE)
+        flops = _of_rows(self.cum, self.A.indptr, rows)
         for b0, b1 in _batches(np.full(rows.size, dense, dtype=np.int64), budget, what):
             r, nb = rows[b0:b1], b1 - b0
-            rcum_h = np.zeros(nb + 1, dtype=np.int64)
-            np.cumsum(flops_h[b0:b1], out=rcum_h[1:])
-            rcum = cupy.asarray(rcum_h)
+            rcum = cupy.zeros(nb + 1, dtype=cupy.int64)
+            cupy.cumsum(flops[b0:b1], out=rcum[1:])
             bitmap = cupy.zeros(nb * words, dtype=cupy.uint32)
             vals = cupy.zeros(nb * self.n if numeric else 1, dtype=self.dtype)
             _kernel(f"mgpu_spgemm_dense<{self.t}, {'true' if numeric else 'false'}>")(
-                (_grid(int(rcum_h[-1]), 256 * 4),), (256,),  # 4 products a thread at a time
+                # 4 products a thread at a time; a row here has more than floor products
+                (_grid(nb * (floor + 1), 256 * 4),), (256,),
                 self.operands + (r.data.ptr, nb, rcum.data.ptr, self.n, words,
                                  bitmap.data.ptr, vals.data.ptr))
             if not numeric:
@@ -528,17 +532,18 @@ class _Product:
         big = rows[starts[len(tables) + 1]:]
         if big.size:
             self._global(big, 2 * row_nnz[big].astype(cupy.int64), row_nnz,
-                         (c_off, base, c_idx, c_val))
+                         (c_off, base, c_idx, c_val), tables[-1][1] // 2)
         # with slack, C is closed up anyway (and its zeros left out then): no wait here
         return c_idx, c_val, 0 if self.slack else int(self.zeros.get()[0])
 
 
 def _close_up(c_off: cupy.ndarray, lens: cupy.ndarray, r0: int, r1: int, base: int,
-              idx: cupy.ndarray, val: cupy.ndarray
+              idx: cupy.ndarray, val: cupy.ndarray, kept: int | None = None
               ) -> tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray]:
     """Rows r0..r1 of C (lens[row] entries of idx/val from c_off[row] - base on, then
     slack) without their exact zeros, as scipy's SpGEMM leaves them out, and without the
-    slack: (row offsets from 0 as int32, idx, val)."""
+    slack: (row offsets from 0 as int32, idx, val). ``kept``: the entries left, where known
+    (else read from the device)."""
     t = c_type(val.dtype)
     grid = (_grid(max(r1 - r0, 1), 8),)
     counts = cupy.empty(r1 - r0, dtype=cupy.int32)
@@ -548,7 +553,7 @@ def _close_up(c_off: cupy.ndarray, lens: cupy.ndarray, r0: int, r1: int, base: i
     off = cupy.empty(r1 - r0 + 1, dtype=cupy.int64)
     off32 = cupy.empty(r1 - r0 + 1, dtype=cupy.int32)
     _scan(counts, r1 - r0, off, out32=off32)
-    kept = int(off[-1])
+    kept = int(off[-1]) if kept is None else kept
     out_idx = cupy.empty(kept, dtype=idx.dtype)
     out_val = cupy.empty(kept, dtype=val.dtype)
     _kernel(f"mgpu_spgemm_compact<{t}>")(grid, (256,), (
@@ -626,7 +631,7 @@ def spgemm_gpu(A: csp.csr_matrix, B: csp.csr_matrix, mask: csp.csr_matrix | None
         if p.slack:
             c_off32, idx, val = p.close_up(c_off, row_nnz, 0, p.m, 0, idx, val)
         elif zeros:
-            c_off32, idx, val = _close_up(c_off, row_nnz, 0, p.m, 0, idx, val)
+            c_off32, idx, val = _close_up(c_off, row_nnz, 0, p.m, 0, idx, val, nnz - zeros)
         return csr_of(c_off32, idx, val, (p.m, p.n))
     del rows, c_off32
     # row blocks of C, each of at most half of what the device has free
