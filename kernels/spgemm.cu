@@ -191,6 +191,25 @@ __device__ __forceinline__ long long spgemm_block_scan(long long v, long long* w
     return v + before;
 }
 
+// rcum[i + 1] = the products of the listed rows rows[0 .. i] (rcum[0] = 0): one block, each
+// thread a stretch of the list (the rows past the shared tables are a few thousand at most)
+__global__ void __launch_bounds__(256)
+mgpu_spgemm_row_cum(const int* __restrict__ rows, int nrows, const int* __restrict__ a_ptr,
+                    const long long* __restrict__ cum, long long* __restrict__ rcum) {
+    __shared__ long long warp_sums[8];
+    const int per = (nrows + 255) / 256;
+    const int i0 = threadIdx.x * per < nrows ? threadIdx.x * per : nrows;
+    const int i1 = i0 + per < nrows ? i0 + per : nrows;
+    long long own = 0;
+    for (int i = i0; i < i1; ++i) own += cum[a_ptr[rows[i] + 1]] - cum[a_ptr[rows[i]]];
+    long long run = spgemm_block_scan(own, warp_sums) - own;
+    for (int i = i0; i < i1; ++i) {
+        run += cum[a_ptr[rows[i] + 1]] - cum[a_ptr[rows[i]]];
+        rcum[i + 1] = run;
+    }
+    if (threadIdx.x == 0) rcum[0] = 0;
+}
+
 template <bool LENGTHS>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_scan_reduce(const int* __restrict__ in, const int* __restrict__ b_ptr, long long n,
@@ -720,8 +739,9 @@ mgpu_spgemm_global_rank(const int* __restrict__ rows, int nrows,
 // table, where B's columns are few enough (the host's choice, mgpu_spgemm_global's caller):
 // listed row r has a bitmap of C's columns (`words` words of 32 from r * words) and, NUMERIC,
 // a value for every column (n from r * n), zeroed beforehand. The products are shared out as
-// in mgpu_spgemm_global; each sets its column's bit and adds to its column's value, with no
-// probing and no atomic whose result is waited for.
+// in mgpu_spgemm_global (but numbered rcum[0] .. rcum[nrows] - 1: a batch of a longer list);
+// each sets its column's bit and adds to its column's value, with no probing and no atomic
+// whose result is waited for.
 template <typename T, bool NUMERIC, int RUN = 4>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_dense(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
@@ -732,7 +752,8 @@ mgpu_spgemm_dense(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
                   unsigned* __restrict__ bitmap, T* __restrict__ vals) {
     const long long total = rcum[nrows];
     const long long step = static_cast<long long>(gridDim.x) * blockDim.x * RUN;
-    for (long long q0 = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
+    for (long long q0 = rcum[0] +
+                        (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
          q0 < total; q0 += step) {
         const long long qend = q0 + RUN < total ? q0 + RUN : total;
         long long q = q0;

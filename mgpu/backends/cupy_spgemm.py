@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import cupy
@@ -58,6 +59,7 @@ _SIGNATURES = {
     "mgpu_spgemm_dense": "ppppppppipqqpp",
     "mgpu_spgemm_dense_count": "pipqp",
     "mgpu_spgemm_dense_place": "pipqippqppp",
+    "mgpu_spgemm_row_cum": "pippp",
     "mgpu_spgemm_masked": "pppqpppppppp",
     "mgpu_spgemm_nonzeros": "iipqppp",
     "mgpu_spgemm_compact": "iipqpppppp",
@@ -357,8 +359,8 @@ class _Product:
         self._shared(tables, rows, starts, out)
         big = rows[starts[len(edges) + 1]:]
         if big.size:
-            bound = cupy.minimum(_of_rows(self.cum, self.A.indptr, big), self.n)
-            self._global(big, 2 * bound, row_nnz, None, edges[-1])
+            self._global(big, lambda: 2 * cupy.minimum(_of_rows(self.cum, self.A.indptr, big),
+                                                       self.n), row_nnz, None, edges[-1])
         return row_nnz
 
     def _shared(self, tables: tuple, rows: cupy.ndarray, starts: np.ndarray, out: tuple
@@ -420,10 +422,10 @@ class _Product:
                 off.data.ptr, out_idx.data.ptr, out_val.data.ptr))
         return off32, out_idx, out_val
 
-    def _global(self, rows: cupy.ndarray, want: cupy.ndarray, row_nnz: cupy.ndarray,
-                out: tuple | None, floor: int) -> None:
+    def _global(self, rows: cupy.ndarray, want: Callable[[], cupy.ndarray],
+                row_nnz: cupy.ndarray, out: tuple | None, floor: int) -> None:
         """The rows past the shared-memory tables (each of a size above ``floor``), with
-        dense accumulators (:meth:`_dense`) or tables of at least ``want`` slots each in
+        dense accumulators (:meth:`_dense`) or tables of at least ``want()`` slots each in
         global memory, in batches that fit. Symbolic (``out`` None): counts into row_nnz.
         Numeric (``out`` = (c_off, c_base, c_idx, c_val)): fills C's rows, then places them
         in column order."""
@@ -437,7 +439,7 @@ class _Product:
             self._dense(rows, dense, words, floor, row_nnz, out)
             return
         # the few long rows' sizes are worked out on the host: one copy down, one up a batch
-        want_h, flops_h = cupy.stack([want.astype(cupy.int64),
+        want_h, flops_h = cupy.stack([want().astype(cupy.int64),
                                       _of_rows(self.cum, self.A.indptr, rows)]).get()
         sizes_h = np.left_shift(1, np.ceil(np.log2(np.maximum(want_h, 2))).astype(np.int64))
         budget = int(gpu_available()[0] * _SCRATCH_SHARE)
@@ -466,17 +468,18 @@ class _Product:
         numeric = out is not None
         what = f"{self.what}: a dense accumulator of {self.n:,} columns for one row"
         budget = int(gpu_available()[0] * _SCRATCH_SHARE)
-        flops = _of_rows(self.cum, self.A.indptr, rows)
+        rcum = cupy.empty(rows.size + 1, dtype=cupy.int64)  # the rows' products' prefix sums
+        _kernel("mgpu_spgemm_row_cum")((1,), (256,), (rows.data.ptr, rows.size,
+                                                      self.A.indptr.data.ptr, self.cum.data.ptr,
+                                                      rcum.data.ptr))
         for b0, b1 in _batches(np.full(rows.size, dense, dtype=np.int64), budget, what):
             r, nb = rows[b0:b1], b1 - b0
-            rcum = cupy.zeros(nb + 1, dtype=cupy.int64)
-            cupy.cumsum(flops[b0:b1], out=rcum[1:])
             bitmap = cupy.zeros(nb * words, dtype=cupy.uint32)
             vals = cupy.zeros(nb * self.n if numeric else 1, dtype=self.dtype)
             _kernel(f"mgpu_spgemm_dense<{self.t}, {'true' if numeric else 'false'}>")(
                 # 4 products a thread at a time; a row here has more than floor products
                 (_grid(nb * (floor + 1), 256 * 4),), (256,),
-                self.operands + (r.data.ptr, nb, rcum.data.ptr, self.n, words,
+                self.operands + (r.data.ptr, nb, rcum.data.ptr + 8 * b0, self.n, words,
                                  bitmap.data.ptr, vals.data.ptr))
             if not numeric:
                 _kernel("mgpu_spgemm_dense_count")((_grid(nb, 1),), (256,), (
@@ -531,7 +534,7 @@ class _Product:
                                             self.zeros.data.ptr))
         big = rows[starts[len(tables) + 1]:]
         if big.size:
-            self._global(big, 2 * row_nnz[big].astype(cupy.int64), row_nnz,
+            self._global(big, lambda: 2 * row_nnz[big].astype(cupy.int64), row_nnz,
                          (c_off, base, c_idx, c_val), tables[-1][1] // 2)
         # with slack, C is closed up anyway (and its zeros left out then): no wait here
         return c_idx, c_val, 0 if self.slack else int(self.zeros.get()[0])
