@@ -465,25 +465,21 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
         for (long long w0 = static_cast<long long>(lane - wl) * RUN; w0 < f;
              w0 += GROUP * RUN) {
             const long long q0 = w0 + wl * RUN;
-            int cols[RUN];
-            T prods[RUN];
             if (q0 < f) {
                 const long long p = p0 + q0;
+                int cols[RUN];
+                T prods[RUN];
                 mgpu::spgemm_fetch<T, RUN, NUMERIC>(
                     cum, a_idx, a_val, b_ptr, b_idx, b_val,
                     mgpu::spgemm_owner(cum, a0, a1 - 1, p), p,
                     p0 + (q0 + RUN < f ? q0 + RUN : f), cols, prods);
-            } else {
 #pragma unroll
-                for (int s = 0; s < RUN; ++s) cols[s] = -1;
-            }
-#pragma unroll
-            for (int s = 0; s < RUN; ++s) {
-                unsigned h = ~0u;  // no product
-                if (cols[s] >= 0)
-                    h = mgpu::spgemm_insert<TABLE - 1>(key, mgpu::spgemm_hash(cols[s], BITS),
-                                                       cols[s], fresh);
-                if (NUMERIC && cols[s] >= 0) atomicAdd(val + h, prods[s]);
+                for (int s = 0; s < RUN; ++s) {
+                    if (cols[s] < 0) break;
+                    const unsigned h = mgpu::spgemm_insert<TABLE - 1>(
+                        key, mgpu::spgemm_hash(cols[s], BITS), cols[s], fresh);
+                    if (NUMERIC) atomicAdd(val + h, prods[s]);
+                }
             }
             __syncwarp();
         }

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 import mgpu
 from mgpu.backends.instances import (SPGEMM_NUMERIC, SPGEMM_RATIO, SPGEMM_SYMBOLIC,
-                                     spgemm_shared)
+                                     spgemm_dynamic, spgemm_shared)
 
 
 def _on(xp, *mats):
@@ -136,9 +136,11 @@ def test_every_table_runs(monkeypatch, place):
     assert want <= seen, sorted(want - seen)
     assert place == "dense" or not {e for e in seen if "dense" in e}, sorted(seen)
     tables = g._tables(cupy.cuda.runtime.getDevice(), True, "double", B.shape[1])
-    # a block's tables, static and dynamic, place by the bitmap (60,000 columns); a warp's sort
-    assert [bool(w) for gr, *_, w in tables] == [gr > 32 and place != "sort"
-                                                 for gr, *_ in tables]
+    # a block's tables place by the bitmap (60,000 columns: 1,875 words), a static one where
+    # it has at least as many slots as the bitmap words; a warp's sort
+    assert [bool(w) for gr, *_, w in tables] == [
+        gr > 32 and place != "sort" and (spgemm_dynamic(t, True) or t >= 1875)
+        for gr, t, *_ in tables]
     g._tables.cache_clear()
 
 

@@ -149,8 +149,10 @@ def _of_rows(cum: cupy.ndarray, indptr: cupy.ndarray, rows: cupy.ndarray) -> cup
 _BITMAP_BYTES = 64 * 1024
 # ... the rows of a block's static table likewise (the bitmap alone in dynamic shared memory),
 # where it takes at most this much: B of up to 98,304 columns, so that the bitmap does not
-# cut the blocks an SM holds by much. A bitonic sort of a row of a few hundred columns takes
-# dozens of the block's barriers, and ten times the instructions of its products.
+# cut the blocks an SM holds by much; and where it has no more words than the table slots
+# (its clearing and scan, per row, then cost less than a sort). A bitonic sort of a row of a
+# few hundred columns takes dozens of the block's barriers, and ten times the instructions
+# of its products.
 _STATIC_BITMAP_BYTES = 24 * 1024
 # ... and the rows of the tables in global memory by such a bitmap alone (a block a row), where
 # it takes at most this much (and the device allows it): B of up to 929,792 columns
@@ -182,7 +184,8 @@ def _tables(device: int, numeric: bool, t: str, n: int = 0
             if numeric and 0 < 8 * w <= min(_BITMAP_BYTES, limit - dyn):
                 words = w
                 dyn += 8 * w
-        elif numeric and group > 32 and 0 < 8 * -(-n // 32) <= _STATIC_BITMAP_BYTES:
+        elif numeric and group > 32 and 0 < -(-n // 32) <= table and (
+                8 * -(-n // 32) <= _STATIC_BITMAP_BYTES):
             words = -(-n // 32)
             dyn = 8 * words
         out.append((group, table, spgemm_shared(t, group, table, numeric), dyn, words))
