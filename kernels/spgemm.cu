@@ -44,14 +44,15 @@ __device__ __forceinline__ long long spgemm_owner(const long long* __restrict__ 
 }
 
 // The slot of column `col` in a table of MASK + 1 slots of keys (linear probing from slot h),
-// claimed where the column is new (then ++fresh). A slot's key is read before it is claimed:
-// most products of a row add to a column already in the table, and a read costs less than
-// an atomic (a key never changes once set, so a read that finds the column is final).
-template <unsigned long long MASK, typename Index>
+// claimed where the column is new (then ++fresh). READ: a slot's key is read before it is
+// claimed, where most products of a row add to a column already in the table and a read
+// costs less than an atomic (a key never changes once set, so a read that finds the column
+// is final): the tables in global memory, whose atomics go to L2.
+template <unsigned long long MASK, bool READ, typename Index>
 __device__ __forceinline__ Index spgemm_insert(int* keys, Index h, int col, int& fresh,
                                                Index mask = MASK) {
     while (true) {
-        const int k = *static_cast<volatile int*>(keys + h);
+        const int k = READ ? *static_cast<volatile int*>(keys + h) : MGPU_SPGEMM_EMPTY;
         if (k == col) return h;
         if (k == MGPU_SPGEMM_EMPTY) {
             const int prev = atomicCAS(keys + h, MGPU_SPGEMM_EMPTY, col);
@@ -476,7 +477,7 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
 #pragma unroll
                 for (int s = 0; s < RUN; ++s) {
                     if (cols[s] < 0) break;
-                    const unsigned h = mgpu::spgemm_insert<TABLE - 1>(
+                    const unsigned h = mgpu::spgemm_insert<TABLE - 1, false>(
                         key, mgpu::spgemm_hash(cols[s], BITS), cols[s], fresh);
                     if (NUMERIC) atomicAdd(val + h, prods[s]);
                 }
@@ -619,7 +620,7 @@ mgpu_spgemm_global(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
             for (int s = 0; s < RUN; ++s) {
                 const int col = cols[s];
                 if (col < 0) break;
-                const unsigned long long h = mgpu::spgemm_insert<0>(
+                const unsigned long long h = mgpu::spgemm_insert<0, true>(
                     keys + base,
                     static_cast<unsigned long long>(
                         bits > 0 ? mgpu::spgemm_hash(col, bits > 31 ? 31 : bits) : 0),
