@@ -86,6 +86,21 @@ def _record_kernels(monkeypatch) -> set[str]:
     return seen
 
 
+def _record_products(monkeypatch) -> list:
+    """The list that every product (cupy_spgemm._Product) the GPU call makes is added to."""
+    import mgpu.backends.cupy_spgemm as g
+
+    made: list = []
+    real = g._Product
+
+    def product(*args):
+        made.append(real(*args))
+        return made[-1]
+
+    monkeypatch.setattr(g, "_Product", product)
+    return made
+
+
 def test_skewed_reaches_every_bin():
     """Under the GPU's binning rule (a row's size, or its products / SPGEMM_RATIO when more),
     skewed() has rows in every table of both passes and past the largest."""
@@ -402,14 +417,7 @@ def test_short_rows_skip_the_symbolic_pass(monkeypatch, few, ints):
     monkeypatch.setattr(g, "_SHORT_SHARE", 0)  # whatever their share of the products
     A, B = skewed(np.random.default_rng(11), ints=ints)
     ref = A @ B
-    made = []
-    real = g._Product
-
-    def product(*args):
-        made.append(real(*args))
-        return made[-1]
-
-    monkeypatch.setattr(g, "_Product", product)
+    made = _record_products(monkeypatch)
     seen = _record_kernels(monkeypatch)
     for to_host in (False, True):
         if to_host:
@@ -445,14 +453,7 @@ def test_short_rows_are_counted_where_they_hold_few_products(monkeypatch, share)
                        (rows, rng.integers(0, 2000, rows.size))), shape=(m, 2000))
     B = sp.random(2000, 500, density=0.04, format="csr", random_state=3,
                   data_rvs=lambda k: rng.integers(1, 4, k).astype(np.float64))
-    made = []
-    real = g._Product
-
-    def product(*args):
-        made.append(real(*args))
-        return made[-1]
-
-    monkeypatch.setattr(g, "_Product", product)
+    made = _record_products(monkeypatch)
     seen = _record_kernels(monkeypatch)
     C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)
     np.testing.assert_array_equal(C.data, ref.data)
