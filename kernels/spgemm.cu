@@ -311,14 +311,18 @@ __device__ __forceinline__ int spgemm_bin(long long s, const long long* __restri
 
 // The bins of rows r0 .. r1 - 1 in `status` (long long, zeroed beforehand): status[b] the
 // rows of bin b (0 .. nedges + 1), and status[MGPU_SPGEMM_TOTAL] = *total where total is not
-// null (C's size, read on the host in the same copy as the counts). With PRODUCTS, a row of
-// at most `few` products is *short*: it skips the symbolic pass (its products bound its
-// count), is put in bin 0 with the empty rows and counted in status[MGPU_SPGEMM_SHORT], its
-// products in status[MGPU_SPGEMM_SHORT_PRODUCTS].
+// null (C's size, or all the products, read on the host in the same copy as the counts).
+// With PRODUCTS, a row of 1 to `few` products is *short*: it may skip the symbolic pass (its
+// products, at most n, bound its count); the short rows are counted in
+// status[MGPU_SPGEMM_SHORT], and by bin in status[MGPU_SPGEMM_SHORT_BINS + b] (they are in
+// status[b] too), their products in status[MGPU_SPGEMM_SHORT_PRODUCTS]: the host decides
+// from these whether the short rows skip the count (mgpu_spgemm_bin_fill then leaves them
+// out of the bins) or are counted like the rest.
 #define MGPU_SPGEMM_CURSOR 16  // status[16 + b]: bin b's rows listed so far (mgpu_spgemm_bin_fill)
 #define MGPU_SPGEMM_TOTAL 32
 #define MGPU_SPGEMM_SHORT 33
-#define MGPU_SPGEMM_SHORT_PRODUCTS 34  // the short rows' products
+#define MGPU_SPGEMM_SHORT_PRODUCTS 34
+#define MGPU_SPGEMM_SHORT_BINS 36
 template <bool PRODUCTS>
 __device__ __forceinline__ bool spgemm_short(int row, const int* __restrict__ a_ptr,
                                              const long long* __restrict__ cum, long long few) {
@@ -335,37 +339,49 @@ mgpu_spgemm_bin_count(int r0, int r1, const int* __restrict__ a_ptr,
                       const long long* __restrict__ edges, int nedges,
                       unsigned long long* __restrict__ status,
                       const long long* __restrict__ total) {
-    __shared__ int local[17];  // the bins, then the short rows
+    __shared__ int local[32];  // the rows of each bin, then the short rows of each bin
     __shared__ unsigned long long short_products;
-    if (threadIdx.x < 17) local[threadIdx.x] = 0;
+    if (threadIdx.x < 32) local[threadIdx.x] = 0;
     if (threadIdx.x == 0) short_products = 0;
     __syncthreads();
+    unsigned long long mine = 0;
     for (int row = r0 + blockIdx.x * blockDim.x + threadIdx.x; row < r1;
          row += gridDim.x * blockDim.x) {
-        if (spgemm_short<PRODUCTS>(row, a_ptr, cum, few)) {
-            atomicAdd(local + 16, 1);
-            atomicAdd(&short_products,
-                      static_cast<unsigned long long>(cum[a_ptr[row + 1]] - cum[a_ptr[row]]));
-            continue;
+        const int b = spgemm_bin(spgemm_row_size<PRODUCTS>(row, a_ptr, cum, sizes, n, ratio),
+                                 edges, nedges);
+        atomicAdd(local + b, 1);
+        if (PRODUCTS) {
+            const long long f = cum[a_ptr[row + 1]] - cum[a_ptr[row]];
+            if (f > 0 && f <= few) {
+                atomicAdd(local + 16 + b, 1);
+                mine += static_cast<unsigned long long>(f);
+            }
         }
-        const long long s = spgemm_row_size<PRODUCTS>(row, a_ptr, cum, sizes, n, ratio);
-        atomicAdd(local + spgemm_bin(s, edges, nedges), 1);
+    }
+    if (PRODUCTS) {
+        for (int d = 16; d > 0; d >>= 1) mine += __shfl_down_sync(MGPU_FULL_MASK, mine, d);
+        if ((threadIdx.x & 31) == 0 && mine) atomicAdd(&short_products, mine);
     }
     __syncthreads();
     if (threadIdx.x < nedges + 2 && local[threadIdx.x])
         atomicAdd(status + threadIdx.x, static_cast<unsigned long long>(local[threadIdx.x]));
-    if (threadIdx.x == 16 && local[16]) {
-        atomicAdd(status + MGPU_SPGEMM_SHORT, static_cast<unsigned long long>(local[16]));
-        atomicAdd(status + MGPU_SPGEMM_SHORT_PRODUCTS, short_products);
+    if (PRODUCTS && threadIdx.x >= 16 && threadIdx.x < 16 + nedges + 2 &&
+        local[threadIdx.x]) {
+        const unsigned long long k = static_cast<unsigned long long>(local[threadIdx.x]);
+        atomicAdd(status + MGPU_SPGEMM_SHORT_BINS + threadIdx.x - 16, k);
+        atomicAdd(status + MGPU_SPGEMM_SHORT, k);
     }
+    if (PRODUCTS && threadIdx.x == 0 && short_products)
+        atomicAdd(status + MGPU_SPGEMM_SHORT_PRODUCTS, short_products);
     if (total && blockIdx.x == 0 && threadIdx.x == 0)
         status[MGPU_SPGEMM_TOTAL] = static_cast<unsigned long long>(*total);
 }
 
 // Rows r0 .. r1 - 1 of a non-empty bin listed in `rows`, bin by bin (bin 1 first; bin 0, the
-// empty and the short rows, not listed), from the counts of mgpu_spgemm_bin_count in `status`
-// (the order within a bin is the warps' arrival order): one atomic per bin a warp. A short
-// row's bound, min(products, n), goes to bounds[row].
+// empty rows, not listed), from the counts of mgpu_spgemm_bin_count in `status` (the order
+// within a bin is the warps' arrival order): one atomic per bin a warp. With `few` > 0, the
+// short rows are not listed either: a short row's bound, min(products, n), goes to
+// bounds[row] instead (`few` as mgpu_spgemm_bin_count had it, or 0: every row listed).
 template <bool PRODUCTS>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_bin_fill(int r0, int r1, const int* __restrict__ a_ptr,
@@ -393,7 +409,11 @@ mgpu_spgemm_bin_fill(int r0, int r1, const int* __restrict__ a_ptr,
         const int leader = __ffs(same) - 1;
         long long at = 0;
         if (b > 0 && lane == leader) {
-            for (int c = 1; c < b; ++c) at += static_cast<long long>(status[c]);
+            for (int c = 1; c < b; ++c) {
+                at += static_cast<long long>(status[c]);
+                if (PRODUCTS && few > 0)
+                    at -= static_cast<long long>(status[MGPU_SPGEMM_SHORT_BINS + c]);
+            }
             at += static_cast<long long>(atomicAdd(status + MGPU_SPGEMM_CURSOR + b,
                                                    static_cast<unsigned long long>(__popc(same))));
         }
@@ -496,8 +516,7 @@ mgpu_spgemm_shared(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
             }
             mgpu::group_sync<GROUP>();
             mgpu::block_scan_popc<GROUP>(bitmap, before, words, warp_sums);
-            // the row's count back to row_nnz: a short row's bound is replaced (a short row
-            // comes to a block's table where its warp table's bin has few rows)
+            // the row's count back to row_nnz: a short row's bound is replaced by it
             if (lane == 0) row_nnz[row] = before[words - 1] + __popc(bitmap[words - 1]);
             const long long out = c_off[row] - c_base;
             int zero = 0;

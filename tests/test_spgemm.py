@@ -118,18 +118,26 @@ def test_skewed_reaches_every_bin():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("count", ["every", "short"])
 @pytest.mark.parametrize("place", ["bitmap", "sort", "dense"])
-def test_every_table_runs(monkeypatch, place):
+def test_every_table_runs(monkeypatch, place, count):
     """The kernels of every table (and the global ones) run on skewed(), and agree: with the
     largest tables' rows placed by a bitmap of C's columns, by a sort, and with the longest
-    rows in dense accumulators in place of hash tables in global memory. (Its few rows
-    would otherwise all go to blocks' tables: see _FEW_WARPS_PER_SM.)"""
+    rows in dense accumulators in place of hash tables in global memory; with every row
+    counted, and with the short rows (up to the largest shared table's) sized by their
+    products, their counts written back by each numeric table. (Its few rows would
+    otherwise all go to blocks' tables: see _FEW_WARPS_PER_SM.)"""
     import cupy
     import cupyx.scipy.sparse as csp
 
     import mgpu.backends.cupy_spgemm as g
 
     monkeypatch.setattr(g, "_FEW_WARPS_PER_SM", 0)
+    if count == "every":  # every symbolic table runs
+        monkeypatch.setattr(g, "_SHORT_PRODUCTS", 0)
+    else:
+        monkeypatch.setattr(g, "_SLACK_PRODUCTS", 1 << 62)
+        monkeypatch.setattr(g, "_SHORT_SHARE", 0)
     monkeypatch.setattr(g, "_DENSE_OVER_TABLES", 1e9 if place == "dense" else 0)
     if place == "sort":
         monkeypatch.setattr(g, "_BITMAP_BYTES", 0)
@@ -137,11 +145,15 @@ def test_every_table_runs(monkeypatch, place):
         monkeypatch.setattr(g, "_GLOBAL_BITMAP_BYTES", 0)
     g._tables.cache_clear()
     seen = _record_kernels(monkeypatch)
+    made = _record_products(monkeypatch)
     A, B = skewed(np.random.default_rng(8), ints=True)
     C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)
     np.testing.assert_array_equal(C.data, ref.data)
-    want = {spgemm_shared("double", gr, t, False) for gr, t in SPGEMM_SYMBOLIC}
-    want |= {spgemm_shared("double", gr, t, True) for gr, t in SPGEMM_NUMERIC}
+    want = {spgemm_shared("double", gr, t, True) for gr, t in SPGEMM_NUMERIC}
+    if count == "every":
+        want |= {spgemm_shared("double", gr, t, False) for gr, t in SPGEMM_SYMBOLIC}
+    else:  # C held slack (closed up by the copy, or with the exact zeros by count and copy)
+        assert made[-1].slack
     if place == "dense":
         want |= {"mgpu_spgemm_dense<double, false>", "mgpu_spgemm_dense<double, true>",
                  "mgpu_spgemm_dense_count", "mgpu_spgemm_dense_place<double>"}
@@ -401,20 +413,24 @@ def test_batches_and_row_blocks_to_host(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("few", [0, 60, 128])
+@pytest.mark.parametrize("few", [0, 60, 128, None])
 @pytest.mark.parametrize("ints", [True, False])
 def test_short_rows_skip_the_symbolic_pass(monkeypatch, few, ints):
-    """Rows of at most _SHORT_PRODUCTS products are sized by their products, not counted:
-    the same C with none, few or many such rows (skewed() has rows of 1 to 3 nonzeros times
-    B rows of 0 to 60, so bounds above the counts), and to the host in row blocks. Without
-    exact zeros (normal values) the slack is closed up by the one-launch copy; with integer
-    values some sums cancel, and the count-and-copy path leaves them out too."""
+    """Rows of at most _SHORT_PRODUCTS products (None: the largest shared numeric table's)
+    are sized by their products, not counted: the same C with none, few or most such rows
+    (skewed() has rows of 0 to ~75k products and bounds above the counts, so short rows
+    beside counted ones in the same bins, and counted rows past the shared tables), and to
+    the host in row blocks. Without exact zeros (normal values) the slack is closed up by
+    the one-launch copy; with integer values some sums cancel, and the count-and-copy path
+    leaves them out too."""
+    import cupy
     import cupyx.scipy.sparse as csp
 
     import mgpu.backends.cupy_spgemm as g
 
     monkeypatch.setattr(g, "_SHORT_PRODUCTS", few)
-    monkeypatch.setattr(g, "_SHORT_SHARE", 0)  # whatever their share of the products
+    monkeypatch.setattr(g, "_SLACK_PRODUCTS", 1 << 62)  # whatever the product's size
+    monkeypatch.setattr(g, "_SHORT_SHARE", 0)  # and whatever their share of its products
     A, B = skewed(np.random.default_rng(11), ints=ints)
     ref = A @ B
     made = _record_products(monkeypatch)
@@ -428,40 +444,61 @@ def test_short_rows_skip_the_symbolic_pass(monkeypatch, few, ints):
             np.testing.assert_array_equal(C.data, r.data)
         else:
             np.testing.assert_allclose(C.data, r.data, rtol=1e-12, atol=1e-12)
-        assert made[-1].slack == (few > 0)
+        assert made[-1].slack == (few != 0)
+        if few is None:  # the longest rows are counted still, in global memory
+            tables = g._tables(cupy.cuda.runtime.getDevice(), True, "double", B.shape[1])
+            assert made[-1].few == tables[-1][1] // 2
+            assert {"mgpu_spgemm_dense<double, false>",
+                    "mgpu_spgemm_global<double, false>"} & seen, sorted(seen)
     if not ints:  # integer sums may or may not cancel in a row block: either path then
-        assert any(e.startswith("mgpu_spgemm_close_up<double") for e in seen) == (few > 0)
+        assert any(e.startswith("mgpu_spgemm_close_up<double") for e in seen) == (few != 0)
+
+
+def _spread(rng, m: int, n: int):
+    """A (m × 2000) and B (2000 × n) of small positive integers, A's rows of 1 to 600
+    nonzeros (log-uniform) times B's rows of ~20: row products from ~20 to ~12,000, in four
+    symbolic bins."""
+    lens = np.exp(rng.uniform(0, np.log(600), m)).astype(int) + 1
+    rows = np.repeat(np.arange(m), lens)
+    A = sp.csr_matrix((rng.integers(1, 4, rows.size).astype(np.float64),
+                       (rows, rng.integers(0, 2000, rows.size))), shape=(m, 2000))
+    B = sp.random(2000, n, density=20 / n, format="csr", random_state=3,
+                  data_rvs=lambda k: rng.integers(1, 4, k).astype(np.float64))
+    A.sum_duplicates()
+    return A, B
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("share", ["most", "few"])
-def test_short_rows_are_counted_where_they_hold_few_products(monkeypatch, share):
-    """Short rows skip the symbolic pass only where they hold at least _SHORT_SHARE of the
-    products: a product whose short rows hold nearly all of them leaves slack (closed up
-    after), one whose short rows hold a sliver counts them and leaves none. Same C."""
+@pytest.mark.parametrize("case", ["small", "large", "long"])
+def test_short_rows_skip_the_count_where_it_costs_more(monkeypatch, case):
+    """Short rows skip the symbolic pass only where the product has at most _SLACK_PRODUCTS
+    products and they hold at least _SHORT_SHARE of them ("small"); a larger product
+    ("large") or one whose short rows hold a sliver of the products ("long": rows of at
+    most 100 products short) counts them beside the others, in the same bins, and leaves
+    C no slack. Same C either way."""
     import cupyx.scipy.sparse as csp
 
     import mgpu.backends.cupy_spgemm as g
 
-    rng = np.random.default_rng(13)
-    m = 3000
-    lens = np.full(m, 2)
-    if share == "few":
-        lens[:40] = 400  # 40 rows of 400 nonzeros times B rows of ~20: far past 128 products
-    rows = np.repeat(np.arange(m), lens)
-    A = sp.csr_matrix((rng.integers(1, 4, rows.size).astype(np.float64),
-                       (rows, rng.integers(0, 2000, rows.size))), shape=(m, 2000))
-    B = sp.random(2000, 500, density=0.04, format="csr", random_state=3,
-                  data_rvs=lambda k: rng.integers(1, 4, k).astype(np.float64))
+    A, B = _spread(np.random.default_rng(13), 3000, 200_000)
+    if case == "large":
+        monkeypatch.setattr(g, "_SLACK_PRODUCTS", 0)
+    if case == "long":
+        monkeypatch.setattr(g, "_SHORT_PRODUCTS", 100)
     made = _record_products(monkeypatch)
     seen = _record_kernels(monkeypatch)
     C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)
     np.testing.assert_array_equal(C.data, ref.data)
     flops = np.add.reduceat(np.diff(B.indptr)[A.indices], A.indptr[:-1])
-    short = (flops > 0) & (flops <= g._SHORT_PRODUCTS)
-    assert (flops[short].sum() >= g._SHORT_SHARE * flops.sum()) == (share == "most")
-    assert made[-1].slack == (share == "most")
-    assert any(e.startswith("mgpu_spgemm_close_up") for e in seen) == (share == "most")
+    short = flops[flops <= made[-1].few].sum()
+    skip = flops.sum() <= g._SLACK_PRODUCTS and short >= g._SHORT_SHARE * flops.sum()
+    assert skip == (case == "small")
+    assert made[-1].slack == skip
+    assert any(e.startswith("mgpu_spgemm_close_up") for e in seen) == skip
+    # symbolic tables ran for the counted rows: always some (the rows past `few` products),
+    # and those of the short rows' bins too where they were counted
+    symbolic = {e for e in seen if e.startswith("mgpu_spgemm_shared") and ", false, " in e}
+    assert len(symbolic) >= (1 if skip else 3), sorted(symbolic)
 
 
 @pytest.mark.gpu
@@ -482,6 +519,7 @@ def test_bounds_that_do_not_fit_are_counted(monkeypatch):
         return real(p, nnz, entry)
 
     monkeypatch.setattr(g, "_fits", fits)
+    monkeypatch.setattr(g, "_SLACK_PRODUCTS", 1 << 62)
     monkeypatch.setattr(g, "_SHORT_SHARE", 0)
     A, B = skewed(np.random.default_rng(12), ints=True)
     C, ref = _assert_same_pattern(mgpu.spgemm(csp.csr_matrix(A), csp.csr_matrix(B)), A @ B)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -71,23 +72,25 @@ _SIGNATURES = {
     "mgpu_spgemm_close_up": "iipqpppppp",
 }
 # the bins' status on the device (long long): each bin's rows (0 .. 15), each bin's rows
-# listed so far (16 .. 31), a total read in the same copy (32), the short rows (33) and their
-# products (34); as kernels/spgemm.cu
-_STATUS = 35
+# listed so far (16 .. 31), a total read in the same copy (32), the short rows (33), their
+# products (34) and each bin's short rows (36 .. 51); as kernels/spgemm.cu
+_STATUS = 52
 _TOTAL = 32
 _SHORT = 33
 _SHORT_FLOPS = 34
-# A row of at most this many products is short: it skips the symbolic pass, and its
-# products (at most n) stand for its count, to size its place in C beforehand; the numeric
-# pass then leaves slack after its entries, which one copy closes up. Most rows of a
-# power-law graph are short, and the symbolic pass would read their products once more for
-# a count that is nearly their number anyway. At most half the smallest numeric table of a
-# block (512 slots), so that a short row never needs a larger one.
-_SHORT_PRODUCTS = 128
-# ... where the short rows hold at least this share of all products. Else they are counted
-# like the others: the count costs little beside the rest of the products, and it spares the
-# copy that closes up the slack, which moves every entry of C (a graph's A·Aᵀ, whose short
-# rows hold about 1% of its products, spends more on that copy than on the count).
+_SHORT_BINS = 36
+# A row of at most this many products is short (None: as many as the largest shared numeric
+# table takes, half its slots). Short rows may skip the symbolic pass: their products (at most
+# n) then stand for their counts to size their places in C beforehand, the numeric pass leaves
+# slack after their entries, and one copy closes it up.
+_SHORT_PRODUCTS: int | None = None
+# They skip it where the whole product has at most this many products and they hold at
+# least _SHORT_SHARE of them: the count would read those products once more, where the copy
+# moves each entry of C once, and C is small. Elsewhere they are counted like the others: a
+# graph's A·Aᵀ has a C about as big as its products, whose copy costs more than the count
+# (email-Enron's, soc-Slashdot0902's), and where long rows hold most products (a
+# bag-of-words A·Aᵀ) skipping the short rows' count spares little of the pass.
+_SLACK_PRODUCTS = 1 << 24
 _SHORT_SHARE = 0.5
 _SCAN_TILE = 256 * 8  # values a block of the scan takes (MGPU_SCAN_TILE)
 
@@ -211,16 +214,25 @@ _FEW_WARPS_PER_SM = 32
 # too small to fill the device (a few thousand rows of a few hundred products), and the bins
 # are independent, so they run at once
 _SIDE_STREAMS = 4
-_SIDES: dict[int, tuple[cupy.cuda.Stream, ...]] = {}
+_SIDES = threading.local()  # .of: {device: (side streams with their events, start event)}
 
 
-def _side_streams() -> tuple[cupy.cuda.Stream, ...]:
+def _side_streams() -> tuple[tuple[tuple[cupy.cuda.Stream, cupy.cuda.Event], ...],
+                             cupy.cuda.Event]:
+    """This thread's side streams on the current device, each with an event, and an event
+    for the caller's stream: made once and reused (a stream's wait takes an event as last
+    recorded, and only this thread records them)."""
+    of = getattr(_SIDES, "of", None)
+    if of is None:
+        of = _SIDES.of = {}
     dev = cupy.cuda.runtime.getDevice()
-    sides = _SIDES.get(dev)
-    if sides is None:
-        sides = _SIDES[dev] = tuple(cupy.cuda.Stream(non_blocking=True)
-                                    for _ in range(_SIDE_STREAMS))
-    return sides
+    found = of.get(dev)
+    if found is None:
+        found = of[dev] = (tuple((cupy.cuda.Stream(non_blocking=True),
+                                  cupy.cuda.Event(disable_timing=True))
+                                 for _ in range(_SIDE_STREAMS)),
+                           cupy.cuda.Event(disable_timing=True))
+    return found
 
 
 def _at_once(launches: list[Any]) -> None:
@@ -233,19 +245,17 @@ def _at_once(launches: list[Any]) -> None:
             launch()
         return
     main = cupy.cuda.get_current_stream()
-    start = main.record()
-    sides = _side_streams()
-    used: list[cupy.cuda.Stream] = []
+    sides, start = _side_streams()
+    start.record(main)
+    for side, _ in sides[:len(launches) - 1]:
+        side.wait_event(start)
     for i, launch in enumerate(launches[1:]):
-        side = sides[i % len(sides)]
-        if side not in used:
-            side.wait_event(start)
-            used.append(side)
-        with side:
+        with sides[i % len(sides)][0]:
             launch()
     launches[0]()
-    for side in used:
-        main.wait_event(side.record())
+    for side, done in sides[:len(launches) - 1]:
+        done.record(side)
+        main.wait_event(done)
 
 
 def _grid(items: int, per_block: int) -> int:
@@ -271,12 +281,13 @@ def _bins(A: csp.csr_matrix, cum: cupy.ndarray, r0: int, r1: int, edges: tuple[i
     """Rows r0..r1 listed by bin (bin b >= 1 holds sizes in (edges[b-2], edges[b-1]], the
     last bin sizes past edges[-1]; empty rows are not listed), where each bin starts in
     that list (bin b at starts[b] .. starts[b + 1]), the int64 at device address ``total``
-    (0: none), and the short rows, read in the same copy: two launches and one wait. The
-    size of a row is min(its products, n) without ``sizes`` (the symbolic pass), else
-    ``sizes[row]``; at least its products / SPGEMM_RATIO either way. Without ``sizes``, a
-    row of 1 to ``few`` products is short: not listed, its products (at most n) written
-    to ``bounds[row]``; where the short rows hold less than _SHORT_SHARE of all products
-    (the int64 at ``total``), none is short."""
+    (0: none), and the short rows left out, read in the same copy: two launches and one
+    wait. The size of a row is min(its products, n) without ``sizes`` (the symbolic pass),
+    else ``sizes[row]``; at least its products / SPGEMM_RATIO either way. Without
+    ``sizes``, a row of 1 to ``few`` products is short, and the short rows skip the count
+    where the product is small (see _SLACK_PRODUCTS; ``total``: all the products): then
+    they are not listed, and their products (at most n) go to ``bounds[row]``; else they
+    are listed as the others."""
     products = sizes is None
     ratio = SPGEMM_RATIO[0 if products else 1]
     status = cupy.zeros(_STATUS, dtype=cupy.int64)
@@ -291,19 +302,19 @@ def _bins(A: csp.csr_matrix, cum: cupy.ndarray, r0: int, r1: int, edges: tuple[i
     _kernel(f"mgpu_spgemm_bin_count<{flag}>")(grid, (256,), args(few) + (total,))
     status_h = status.get()
     short = int(status_h[_SHORT])
-    if short and status_h[_SHORT_FLOPS] < _SHORT_SHARE * status_h[_TOTAL]:
-        # too small a share to skip their count: they join bin 1, as counted rows (a short
-        # row's size is at most _SHORT_PRODUCTS, within the smallest table)
-        status[1:2] += short
-        status_h[1] += short
+    counts = status_h[1:len(edges) + 2]
+    total_h = status_h[_TOTAL]  # the int64 at total: all the products where symbolic
+    if short and total_h <= _SLACK_PRODUCTS and status_h[_SHORT_FLOPS] >= _SHORT_SHARE * total_h:
+        counts = counts - status_h[_SHORT_BINS + 1:_SHORT_BINS + len(edges) + 2]
+    else:
         few = short = 0
     starts = np.zeros(len(edges) + 3, dtype=np.int64)
-    starts[2:] = np.cumsum(status_h[1:len(edges) + 2])  # bin 0 (empty rows) takes no place
+    starts[2:] = np.cumsum(counts)  # bin 0 (empty rows) takes no place
     rows = cupy.empty(int(starts[-1]), dtype=cupy.int32)
     if rows.size or short:
         _kernel(f"mgpu_spgemm_bin_fill<{flag}>")(grid, (256,), args(few) + (rows.data.ptr,
                                                                           _ptr(bounds)))
-    return rows, starts, int(status_h[_TOTAL]), short
+    return rows, starts, int(total_h), short
 
 
 def _batches(sizes: np.ndarray, budget: int, what: str) -> list[tuple[int, int]]:
@@ -415,7 +426,7 @@ class _Product:
         _scan(lens[r0:r1], n, off, out32=off32, total=self.tail.data.ptr + 8)
         zeros, kept = (int(v) for v in self.tail.get())
         if zeros:
-            return _close_up(c_off, lens, r0, r1, base, idx, val)
+            return _close_up(c_off, lens, r0, r1, base, idx, val, kept - zeros)
         out_idx = cupy.empty(kept, dtype=cupy.int32)
         out_val = cupy.empty(kept, dtype=self.dtype)
         if kept:
@@ -623,7 +634,11 @@ def spgemm_gpu(A: csp.csr_matrix, B: csp.csr_matrix, mask: csp.csr_matrix | None
         C = _masked(A, B, int32_indices(mask, "mask"))
         return C.get() if to_host else C
     entry = 4 + A.dtype.itemsize
-    p, row_nnz, c_off, c_off32, (rows, starts, nnz) = _counted(A, B, _SHORT_PRODUCTS)
+    few = _SHORT_PRODUCTS
+    if few is None:  # the rows of the largest shared numeric table
+        device = cupy.cuda.runtime.getDevice()
+        few = _tables(device, True, c_type(A.dtype), B.shape[1])[-1][1] // 2
+    p, row_nnz, c_off, c_off32, (rows, starts, nnz) = _counted(A, B, few)
     if not to_host:
         try:
             _fits(p, nnz, entry)
