@@ -109,6 +109,35 @@ __device__ __forceinline__ void spgemm_fetch(const long long* __restrict__ cum,
     }
 }
 
+// Products q0 .. qend - 1 of a list of rows (`rows`, nrows of them, whose products are
+// numbered rcum[r] .. rcum[r + 1] - 1 in list order; qend - q0 <= RUN), in one piece per
+// listed row they fall in: piece(r, row, cols, prods) with each piece's columns (-1 past its
+// end) and, with VALUES, values (spgemm_fetch). The global tables and the dense accumulators
+// walk their lists so.
+template <typename T, bool VALUES, int RUN, typename Piece>
+__device__ __forceinline__ void spgemm_list_run(
+    const int* __restrict__ a_ptr, const int* __restrict__ a_idx, const T* __restrict__ a_val,
+    const int* __restrict__ b_ptr, const int* __restrict__ b_idx, const T* __restrict__ b_val,
+    const long long* __restrict__ cum, const int* __restrict__ rows, int nrows,
+    const long long* __restrict__ rcum, long long q0, long long qend, Piece piece) {
+    long long q = q0;
+    int r = static_cast<int>(spgemm_owner(rcum, 0, nrows - 1, q));
+    while (q < qend) {
+        const int row = rows[r];
+        const long long a0 = a_ptr[row];
+        const long long shift = cum[a0] - rcum[r];  // product q of the list: q + shift
+        const long long stop = qend < rcum[r + 1] ? qend : rcum[r + 1];
+        int cols[RUN];
+        T prods[RUN];
+        spgemm_fetch<T, RUN, VALUES>(cum, a_idx, a_val, b_ptr, b_idx, b_val,
+                                     spgemm_owner(cum, a0, a_ptr[row + 1] - 1, q + shift),
+                                     q + shift, stop + shift, cols, prods);
+        piece(r, row, cols, prods);
+        q = stop;
+        while (q < qend && q >= rcum[r + 1]) ++r;
+    }
+}
+
 template <int GROUP>
 __device__ __forceinline__ void group_sync() {
     if (GROUP == 32) __syncwarp(); else __syncthreads();
@@ -613,43 +642,32 @@ mgpu_spgemm_global(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
                    int* __restrict__ keys, T* __restrict__ vals, int* __restrict__ row_nnz) {
     const long long total = rcum[nrows];
     const long long step = static_cast<long long>(gridDim.x) * blockDim.x * RUN;
-    // each thread takes RUN consecutive products of the list at a time, in one piece per
-    // listed row the run falls in
-    for (long long q0 = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
+    // each thread takes RUN consecutive products of the list at a time
+    for (long long q0 = rcum[0] +
+                        (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
          q0 < total; q0 += step) {
-        const long long qend = q0 + RUN < total ? q0 + RUN : total;
-        long long q = q0;
-        int r = static_cast<int>(mgpu::spgemm_owner(rcum, 0, nrows - 1, q));
-        while (q < qend) {
-            const int row = rows[r];
-            const long long a0 = a_ptr[row];
-            const long long shift = cum[a0] - rcum[r];  // product q of the list: q + shift
-            const long long stop = qend < rcum[r + 1] ? qend : rcum[r + 1];
-            int cols[RUN];
-            T prods[RUN];
-            mgpu::spgemm_fetch<T, RUN, NUMERIC>(
-                cum, a_idx, a_val, b_ptr, b_idx, b_val,
-                mgpu::spgemm_owner(cum, a0, a_ptr[row + 1] - 1, q + shift), q + shift,
-                stop + shift, cols, prods);
-            const long long base = toff[r];
-            const unsigned long long size = static_cast<unsigned long long>(toff[r + 1] - base);
-            const int bits = 63 - __clzll(static_cast<long long>(size));
-            int fresh = 0;
+        mgpu::spgemm_list_run<T, NUMERIC, RUN>(
+            a_ptr, a_idx, a_val, b_ptr, b_idx, b_val, cum, rows, nrows, rcum, q0,
+            q0 + RUN < total ? q0 + RUN : total,
+            [&](int r, int row, const int (&cols)[RUN], const T (&prods)[RUN]) {
+                const long long base = toff[r];
+                const unsigned long long size =
+                    static_cast<unsigned long long>(toff[r + 1] - base);
+                const int bits = 63 - __clzll(static_cast<long long>(size));
+                int fresh = 0;
 #pragma unroll
-            for (int s = 0; s < RUN; ++s) {
-                const int col = cols[s];
-                if (col < 0) break;
-                const unsigned long long h = mgpu::spgemm_insert<0, true>(
-                    keys + base,
-                    static_cast<unsigned long long>(
-                        bits > 0 ? mgpu::spgemm_hash(col, bits > 31 ? 31 : bits) : 0),
-                    col, fresh, size - 1);
-                if (NUMERIC) atomicAdd(vals + base + h, prods[s]);
-            }
-            if (!NUMERIC && fresh) atomicAdd(row_nnz + row, fresh);
-            q = stop;
-            while (q < qend && q >= rcum[r + 1]) ++r;
-        }
+                for (int s = 0; s < RUN; ++s) {
+                    const int col = cols[s];
+                    if (col < 0) break;
+                    const unsigned long long h = mgpu::spgemm_insert<0, true>(
+                        keys + base,
+                        static_cast<unsigned long long>(
+                            bits > 0 ? mgpu::spgemm_hash(col, bits > 31 ? 31 : bits) : 0),
+                        col, fresh, size - 1);
+                    if (NUMERIC) atomicAdd(vals + base + h, prods[s]);
+                }
+                if (!NUMERIC && fresh) atomicAdd(row_nnz + row, fresh);
+            });
     }
 }
 
@@ -754,10 +772,14 @@ mgpu_spgemm_global_rank(const int* __restrict__ rows, int nrows,
 // The longest rows again, with a dense accumulator each in global memory in place of a hash
 // table, where B's columns are few enough (the host's choice, mgpu_spgemm_global's caller):
 // listed row r has a bitmap of C's columns (`words` words of 32 from r * words) and, NUMERIC,
-// a value for every column (n from r * n), zeroed beforehand. The products are shared out as
-// in mgpu_spgemm_global (but numbered rcum[0] .. rcum[nrows] - 1: a batch of a longer list);
-// each sets its column's bit and adds to its column's value, with no probing and no atomic
-// whose result is waited for.
+// a value for every column (n from r * n), zeroed beforehand. The products (numbered
+// rcum[0] .. rcum[nrows] - 1: a batch of a longer list) are shared out in spans of SPAN
+// consecutive ones a block, RUN a thread at a time; each adds to its column's value, with no
+// probing and no atomic whose result is waited for. A span's bits go first to a bitmap in
+// the block's shared memory (`words` words, dynamic) for the row the span starts in (the
+// span's other rows, where it crosses into them, set theirs directly), which is then ORed
+// into the row's bitmap a word at a time: a row of a few thousand columns takes hundreds of
+// thousands of products, which would otherwise queue on the same few hundred words in L2.
 template <typename T, bool NUMERIC, int RUN = 4>
 __global__ void __launch_bounds__(256)
 mgpu_spgemm_dense(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
@@ -766,36 +788,41 @@ mgpu_spgemm_dense(const int* __restrict__ a_ptr, const int* __restrict__ a_idx,
                   const long long* __restrict__ cum, const int* __restrict__ rows, int nrows,
                   const long long* __restrict__ rcum, long long n, long long words,
                   unsigned* __restrict__ bitmap, T* __restrict__ vals) {
+    extern __shared__ __align__(16) unsigned char dynamic_smem[];
+    unsigned* span_bits = reinterpret_cast<unsigned*>(dynamic_smem);
+    constexpr long long SPAN = 256LL * RUN * 8;
     const long long total = rcum[nrows];
-    const long long step = static_cast<long long>(gridDim.x) * blockDim.x * RUN;
-    for (long long q0 = rcum[0] +
-                        (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * RUN;
-         q0 < total; q0 += step) {
-        const long long qend = q0 + RUN < total ? q0 + RUN : total;
-        long long q = q0;
-        int r = static_cast<int>(mgpu::spgemm_owner(rcum, 0, nrows - 1, q));
-        while (q < qend) {
-            const int row = rows[r];
-            const long long a0 = a_ptr[row];
-            const long long shift = cum[a0] - rcum[r];  // product q of the list: q + shift
-            const long long stop = qend < rcum[r + 1] ? qend : rcum[r + 1];
-            int cols[RUN];
-            T prods[RUN];
-            mgpu::spgemm_fetch<T, RUN, NUMERIC>(
-                cum, a_idx, a_val, b_ptr, b_idx, b_val,
-                mgpu::spgemm_owner(cum, a0, a_ptr[row + 1] - 1, q + shift), q + shift,
-                stop + shift, cols, prods);
-            unsigned* bits = bitmap + static_cast<long long>(r) * words;
+    for (long long s0 = rcum[0] + static_cast<long long>(blockIdx.x) * SPAN; s0 < total;
+         s0 += static_cast<long long>(gridDim.x) * SPAN) {
+        const long long s1 = s0 + SPAN < total ? s0 + SPAN : total;
+        const int home = static_cast<int>(mgpu::spgemm_owner(rcum, 0, nrows - 1, s0));
+        for (long long w = threadIdx.x; w < words; w += blockDim.x) span_bits[w] = 0u;
+        __syncthreads();
+        for (long long q0 = s0 + static_cast<long long>(threadIdx.x) * RUN; q0 < s1;
+             q0 += static_cast<long long>(blockDim.x) * RUN) {
+            mgpu::spgemm_list_run<T, NUMERIC, RUN>(
+                a_ptr, a_idx, a_val, b_ptr, b_idx, b_val, cum, rows, nrows, rcum, q0,
+                q0 + RUN < s1 ? q0 + RUN : s1,
+                [&](int r, int, const int (&cols)[RUN], const T (&prods)[RUN]) {
+                    unsigned* bits = bitmap + static_cast<long long>(r) * words;
 #pragma unroll
-            for (int s = 0; s < RUN; ++s) {
-                const int col = cols[s];
-                if (col < 0) break;
-                atomicOr(bits + (col >> 5), 1u << (col & 31));
-                if (NUMERIC) atomicAdd(vals + static_cast<long long>(r) * n + col, prods[s]);
-            }
-            q = stop;
-            while (q < qend && q >= rcum[r + 1]) ++r;
+                    for (int s = 0; s < RUN; ++s) {
+                        const int col = cols[s];
+                        if (col < 0) break;
+                        if (r == home) atomicOr(span_bits + (col >> 5), 1u << (col & 31));
+                        else atomicOr(bits + (col >> 5), 1u << (col & 31));
+                        if (NUMERIC)
+                            atomicAdd(vals + static_cast<long long>(r) * n + col, prods[s]);
+                    }
+                });
         }
+        __syncthreads();
+        unsigned* home_bits = bitmap + static_cast<long long>(home) * words;
+        for (long long w = threadIdx.x; w < words; w += blockDim.x) {
+            const unsigned b = span_bits[w];
+            if (b) atomicOr(home_bits + w, b);
+        }
+        __syncthreads();
     }
 }
 

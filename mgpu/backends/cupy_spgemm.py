@@ -166,6 +166,7 @@ _GLOBAL_BITMAP_BYTES = 227 * 1024
 # then an addition at its column's place, with no probing (such rows hold thousands of
 # columns, a tenth or more of a graph's vertices)
 _DENSE_OVER_TABLES = 2
+_DENSE_SPAN = 256 * 4 * 8  # products a block of mgpu_spgemm_dense takes at a time (its SPAN)
 
 
 @functools.lru_cache(maxsize=None)
@@ -490,11 +491,13 @@ class _Product:
             r, nb = rows[b0:b1], b1 - b0
             bitmap = cupy.zeros(nb * words, dtype=cupy.uint32)
             vals = cupy.zeros(nb * self.n if numeric else 1, dtype=self.dtype)
-            _kernel(f"mgpu_spgemm_dense<{self.t}, {'true' if numeric else 'false'}>")(
-                # 4 products a thread at a time; a row here has more than floor products
-                (_grid(nb * (floor + 1), 256 * 4),), (256,),
+            expr = f"mgpu_spgemm_dense<{self.t}, {'true' if numeric else 'false'}>"
+            _opt_in(expr, 4 * words)
+            _kernel(expr)(
+                # spans of 256 × 4 × 8 products a block; a row here has more than floor
+                (_grid(nb * (floor + 1), _DENSE_SPAN),), (256,),
                 self.operands + (r.data.ptr, nb, rcum.data.ptr + 8 * b0, self.n, words,
-                                 bitmap.data.ptr, vals.data.ptr))
+                                 bitmap.data.ptr, vals.data.ptr), shared_mem=4 * words)
             if not numeric:
                 _kernel("mgpu_spgemm_dense_count")((_grid(nb, 1),), (256,), (
                     r.data.ptr, nb, bitmap.data.ptr, words, row_nnz.data.ptr))
