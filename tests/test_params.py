@@ -1,12 +1,12 @@
 """Every parameter of every public function and estimator refuses a bad value by name.
 
 scikit-learn's ``generate_invalid_param_val`` idea over mgpu's public API (``mgpu.__all__``,
-``mgpu.models.GaP``, ``mgpu.models.GradientMF``): for each parameter in turn, one call with
-a bad value (a wrong type, a number out of range, an unknown option, NaN in data, a wrong
-shape or number of dimensions, shapes that do not match) and everything else valid. The
-refusal is a TypeError or ValueError whose message begins "The '<param>' parameter of
-<function>" (or "The '<a>' and '<b>' parameters of <function>" for a pair that does not
-match). Parameters that no value makes bad are listed in :data:`NEVER_BAD` with the reason;
+``mgpu.models.GaP``, ``mgpu.models.GradientMF``, ``mgpu.models.GraphIndex``): for each
+parameter in turn, one call with a bad value (a wrong type, a number out of range, an
+unknown option, NaN in data, a wrong shape or number of dimensions, shapes that do not
+match) and everything else valid. The refusal is a TypeError or ValueError whose message
+begins "The '<param>' parameter of <function>" (or "The '<a>' and '<b>' parameters of
+<function>" for a pair that does not match). Parameters that no value makes bad are listed in :data:`NEVER_BAD` with the reason;
 :func:`test_every_parameter_has_a_bad_value_or_a_reason` keeps both lists complete.
 
 On a CPU LocalCluster the distributed paths refuse before any task reaches the scheduler.
@@ -67,6 +67,10 @@ def _gap(**kw):
 
 def _gmf(**kw):
     return mgpu.models.GradientMF(**{"k": 2, "iters": 1, **kw})
+
+
+def _gi(**kw):
+    return mgpu.models.GraphIndex(2, **{"degree": 4, "candidates": 4, **kw})
 
 
 _fitted = {}
@@ -263,6 +267,25 @@ CASES = [
      lambda v: _fitted_model("mf").predict([0], v)),
     ("MatrixFactorization.predict", "predict", "items", [0, 1],
      lambda v: _fitted_model("mf").predict([0], v)),
+    ("GraphIndex", "GraphIndex", "n_neighbors", 0,
+     lambda v: mgpu.models.GraphIndex(v).fit(X)),
+    ("GraphIndex", "GraphIndex", "metric", "manhattan", lambda v: _gi(metric=v).fit(X)),
+    ("GraphIndex", "GraphIndex", "degree", 1, lambda v: _gi(degree=v).fit(X)),
+    ("GraphIndex", "GraphIndex", "candidates", 1, lambda v: _gi(candidates=v).fit(X)),
+    ("GraphIndex", "GraphIndex", "explore", 5, lambda v: _gi(explore=v).fit(X)),
+    ("GraphIndex", "GraphIndex", "batch", 0, lambda v: _gi(batch=v).fit(X)),
+    ("GraphIndex.fit", "GraphIndex.fit", "X", XNAN, lambda v: _gi().fit(v)),
+    ("GraphIndex.fit", "GraphIndex.fit", "X", S, lambda v: _gi().fit(v)),
+    ("GraphIndex.fit", "GraphIndex.fit", "progress", 3, lambda v: _gi().fit(X, progress=v)),
+    ("GraphIndex.kneighbors", "GraphIndex.kneighbors", "X", np.ones((2, 3)),
+     lambda v: _gi().fit(X).kneighbors(v)),
+    ("GraphIndex.kneighbors", "GraphIndex", "n_neighbors", 5,
+     lambda v: _gi().fit(X).kneighbors(X, v)),
+    ("GraphIndex.kneighbors", "GraphIndex.kneighbors", "return_distance", "no",
+     lambda v: _gi().fit(X).kneighbors(X, return_distance=v)),
+    ("GraphIndex.save", "GraphIndex.save", "path", 3, lambda v: _gi().fit(X).save(v)),
+    ("GraphIndex.load", "GraphIndex.load", "path", None,
+     lambda v: mgpu.models.GraphIndex.load(v)),
     ("GaP", "GaP", "topics", 0, lambda v: _gap(topics=v).fit(R)),
     ("GaP", "GaP", "iters", 1.5, lambda v: _gap(iters=v).fit(R)),
     ("GaP", "GaP", "alpha", 0.5, lambda v: _gap(alpha=v).fit(R)),
@@ -317,6 +340,7 @@ CASES = [
 # parameters that no value makes bad, and why
 NEVER_BAD = {
     ("NearestNeighbors.fit", "y"): "ignored, as in scikit-learn (the estimator API's slot)",
+    ("GraphIndex.fit", "y"): "ignored, as in scikit-learn (the estimator API's slot)",
 }
 
 # the public names that are not functions or estimators with parameters
@@ -325,13 +349,15 @@ NOT_CALLED = {"DeviceMemoryError": "an exception class, raised, never called wit
 METHODS = {"NearestNeighbors": ("fit", "kneighbors", "kneighbors_graph"),
            "MatrixFactorization": ("fit", "predict"),
            "GaP": ("fit", "transform"),
-           "GradientMF": ("fit", "predict")}
+           "GradientMF": ("fit", "predict"),
+           "GraphIndex": ("fit", "kneighbors", "save", "load")}
 
 
 def _public():
     """(name, callable) for every public function, estimator and estimator method."""
     objs = {n: getattr(mgpu, n) for n in mgpu.__all__ if n not in NOT_CALLED}
-    objs.update(GaP=mgpu.models.GaP, GradientMF=mgpu.models.GradientMF)
+    objs.update(GaP=mgpu.models.GaP, GradientMF=mgpu.models.GradientMF,
+                GraphIndex=mgpu.models.GraphIndex)
     for name, obj in list(objs.items()):
         for method in METHODS.get(name, ()):
             objs[f"{name}.{method}"] = getattr(obj, method)

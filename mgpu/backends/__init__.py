@@ -27,6 +27,8 @@ from mgpu.backends.arrays import (
 )
 from mgpu.backends.dispatch import (
     all_finite_lookup,
+    ann_build_lookup,
+    ann_search_lookup,
     array_module_lookup,
     csr_sound_lookup,
     distances_lookup,
@@ -57,6 +59,8 @@ from mgpu.backends.finite import all_finite, first_nonfinite, place_of
 __all__ = [
     "all_finite",
     "all_finite_lookup",
+    "ann_build_lookup",
+    "ann_search_lookup",
     "array_module",
     "array_module_lookup",
     "csr_astype",

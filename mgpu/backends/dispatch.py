@@ -12,6 +12,8 @@ from __future__ import annotations
 from dask.utils import Dispatch
 
 __all__ = [
+    "ann_build_lookup",
+    "ann_search_lookup",
     "all_finite_lookup",
     "array_module_lookup",
     "csr_sound_lookup",
@@ -39,6 +41,11 @@ __all__ = [
     "spgemm_lookup",
 ]
 
+# (rows as the graph takes them, metric, d_min, d_max, N's length, exploration limit, batch,
+# progress) -> (graph, degree): the proximity graph of GraphIndex
+ann_build_lookup = Dispatch("ann_build")
+# (rows, graph, degree, queries, k, metric, N's length, exploration limit) -> (dist, ids)
+ann_search_lookup = Dispatch("ann_search")
 # (X, op) -> per-row reduction in X's float dtype
 row_norms_lookup = Dispatch("row_norms")
 # (S CSR, A, B, hadamard, plan) -> S ∘ (A Bᵀ) on S's pattern

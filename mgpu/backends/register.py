@@ -13,6 +13,7 @@ import mgpu.backends.numpy  # noqa: F401  (row norms, SDDMM, NAMM, Jaccard)
 import mgpu.backends.numpy_knn  # noqa: F401  (kNN and distances)
 import mgpu.backends.numpy_spmv  # noqa: F401  (SpMV, SpMM, their plans)
 import mgpu.backends.numpy_spgemm  # noqa: F401  (SpGEMM, SpAdd)
+import mgpu.backends.numpy_ann  # noqa: F401  (the proximity graph of GraphIndex)
 import mgpu.backends.dispatch as d
 
 # The module that registers the CuPy side of each table, when CuPy data first reaches it.

@@ -20,7 +20,8 @@ from mgpu.backends import array_module, is_gpu_array, knn_lookup, sparse_module
 from mgpu.ops.distances import (check_knn_input, check_knn_pair, check_knn_values, drop_self,
                                 resolve_metric)
 from mgpu.ops.routes import route
-from mgpu.ops.validation import Boolean, Interval, check_option, check_param, is_dask_array
+from mgpu.ops.validation import (Boolean, Interval, as_array, check_option, check_param,
+                                 is_dask_array)
 
 __all__ = ["NearestNeighbors"]
 
@@ -120,7 +121,7 @@ class NearestNeighbors(BaseEstimator):
             self._fit_X = route("nearest_neighbors.fit")(X, self.metric, self.p)
             self.n_samples_fit_, self.n_features_in_ = (int(n) for n in self._fit_X.shape)
             return self
-        X_in, X = X, _as_array(X, "X", "NearestNeighbors.fit")
+        X_in, X = X, as_array(X, "X", "NearestNeighbors.fit")
         checked = check_knn_input(X, "X", "NearestNeighbors.fit", on=X, **_LEAST)
         check_knn_values(checked, "X", "NearestNeighbors.fit", ring)
         # column names and n_features_in_ as scikit-learn records them (X is checked above)
@@ -169,7 +170,7 @@ class NearestNeighbors(BaseEstimator):
         k = self._check_k(k, "n_neighbors", limit)
         X_in = X
         if not self_query:
-            X = _as_array(X, "X", "NearestNeighbors.kneighbors")
+            X = as_array(X, "X", "NearestNeighbors.kneighbors")
             # mgpu.knn's checks, with the refusals naming this method's X
             shape = getattr(X, "shape", ())
             if len(shape) == 2 and shape[1] != self.n_features_in_:
@@ -220,19 +221,3 @@ class NearestNeighbors(BaseEstimator):
                             xp.arange(0, n_q * k + 1, k, dtype=id_type)),
                            shape=(n_q, self.n_samples_fit_))
         return sp.csr_array(graph) if self._fit_sparray else graph
-
-
-def _as_array(X: Any, name: str, func: str) -> Any:
-    """X as the kinds mgpu's checks take: numpy, scipy sparse, CuPy, cupyx and dask data as
-    given, any other array-like (a list of rows, a DataFrame) through ``np.asarray``, as
-    scikit-learn's estimators take it."""
-    # mgpu's own kinds (CuPy's included) are checked as they are; only the others convert
-    if (isinstance(X, np.ndarray) or sp.issparse(X) or is_gpu_array(X)
-            or is_dask_array(X) or X is None):
-        return X
-    try:
-        return np.asarray(X)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"The '{name}' parameter of {func} must be a 2-D array of numbers "
-                         f"(a list of rows of equal length, say). Got {type(X).__name__} that "
-                         f"numpy does not read as one: {e}.") from None

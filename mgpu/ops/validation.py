@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from mgpu.backends import all_finite, first_nonfinite, is_gpu_array, is_sparse, place_of
 
 __all__ = ["Boolean", "Bytes", "ComplexDataError", "InstanceOf", "Interval", "IsCallable",
-           "StrOptions", "all_finite", "canonical_csr", "check_array",
+           "StrOptions", "all_finite", "as_array", "canonical_csr", "check_array",
            "check_option", "check_param", "first_nonfinite", "float_dtype",
            "is_dask_array", "is_sparse", "place_of", "same_kind"]
 
@@ -453,3 +453,19 @@ def canonical_csr(x: Any) -> Any:
             out = out.copy()
         out.sum_duplicates()
     return out
+
+
+def as_array(X: Any, name: str, func: str) -> Any:
+    """X as the kinds mgpu's checks take: numpy, scipy sparse, CuPy, cupyx and dask data as
+    given, any other array-like (a list of rows, a DataFrame) through ``np.asarray``, as
+    scikit-learn's estimators take it."""
+    # mgpu's own kinds (CuPy's included) are checked as they are; only the others convert
+    if (isinstance(X, np.ndarray) or sp.issparse(X) or is_gpu_array(X)
+            or is_dask_array(X) or X is None):
+        return X
+    try:
+        return np.asarray(X)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"The '{name}' parameter of {func} must be a 2-D array of numbers "
+                         f"(a list of rows of equal length, say). Got {type(X).__name__} that "
+                         f"numpy does not read as one: {e}.") from None

@@ -1,0 +1,251 @@
+"""``GraphIndex``: approximate nearest neighbours by a proximity graph, GANNS's search and
+GGraphCon's batched construction (Yu, PhD thesis ch. 4); see
+:mod:`mgpu.backends.numpy_ann` for the algorithms.
+
+A scikit-learn estimator (``BaseEstimator``'s parameters, repr and ``clone``;
+``kneighbors``), saved to and loaded from an ``.npz`` file of plain arrays (no pickle).
+This module imports scikit-learn; :mod:`mgpu.models` loads it the first time
+``GraphIndex`` is asked for.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from numbers import Integral
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
+from mgpu.backends import ann_build_lookup, ann_search_lookup, is_gpu_array, is_sparse
+from mgpu.backends.numpy_ann import prepare
+from mgpu.ops.distances import check_knn_input
+from mgpu.ops.validation import (Boolean, InstanceOf, Interval, IsCallable, StrOptions,
+                                 as_array, check_param, is_dask_array)
+
+__all__ = ["GraphIndex"]
+
+# metric name -> (the graph's metric, how its distances become the metric's)
+_METRICS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
+    "euclidean": ("sqeuclidean", lambda d: np.sqrt(np.maximum(d, 0.0))),
+    "l2": ("sqeuclidean", lambda d: np.sqrt(np.maximum(d, 0.0))),
+    "sqeuclidean": ("sqeuclidean", lambda d: np.maximum(d, 0.0)),
+    "cosine": ("cosine", lambda d: d),
+    "inner_product": ("inner_product", lambda d: -d),  # a similarity: the largest first
+}
+_FORMAT = 1  # the version of the saved file's layout
+_NAME = "GraphIndex"  # the refusals of the constructor's parameters name the estimator
+_PATH = InstanceOf((str, os.PathLike), "a str or path")
+
+
+class GraphIndex(BaseEstimator):
+    """Approximate nearest neighbours in a proximity graph: GANNS's search, GGraphCon's
+    construction (Yu, PhD thesis ch. 4), on all CPU cores (numba).
+
+    ``fit`` builds the graph: the rows are inserted in batches; each row of a batch
+    searches the graph built so far and links to its ``degree // 2`` nearest among what
+    it found and the rows of its batch before it, and each link is added back the other
+    way; a vertex keeps the links it made and the nearest of those made to it, ``degree``
+    in all. A search keeps the ``candidates`` nearest
+    vertices met in a fixed-length array and explores, one at a time, the nearest not yet
+    explored among its first ``explore``; it scores every neighbour of that vertex without
+    asking whether it was met before (GANNS's lazy check), and ends when those first
+    ``explore`` are all explored. More candidates (and a larger ``explore``) find more of
+    the true neighbours at more distances computed.
+
+    Dense data on the CPU for now (sparse rows and GPU data are refused with what to do
+    instead); :class:`mgpu.NearestNeighbors` gives exact neighbours of both.
+
+    Parameters
+    ----------
+    n_neighbors : int, default=10
+        The neighbours ``kneighbors`` returns unless told.
+    metric : {'euclidean', 'l2', 'sqeuclidean', 'cosine', 'inner_product'}, default='euclidean'
+        ``inner_product`` is a similarity: the largest are the nearest, and returned.
+    degree : int, default=32
+        The most links a vertex keeps (at least 2); a new row makes ``degree // 2``.
+    candidates : int, default=64
+        The vertices a search keeps (its array N), in ``fit`` and in ``kneighbors``; at
+        least ``n_neighbors``.
+    explore : int or None, default=None
+        How far down the candidates a search explores (at most ``candidates``; None: all).
+    batch : int, default=1024
+        Rows inserted at a time by ``fit``.
+
+    Attributes
+    ----------
+    n_samples_fit_ : int
+    n_features_in_ : int
+    graph_ : ndarray of shape (n_samples_fit_, degree)
+        Each vertex's neighbours: the links it made, nearest first, then the nearest of
+        those made to it; -1 past ``degree_``.
+    degree_ : ndarray of shape (n_samples_fit_,)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0], [5.0, 5.0], [5.0, 6.0]])
+    >>> index = GraphIndex(n_neighbors=2, degree=4, candidates=4).fit(X)
+    >>> dist, ind = index.kneighbors(np.array([[0.9, 0.1]]))
+    >>> ind.tolist(), dist.round(3).tolist()
+    ([[1, 0]], [[0.141, 0.906]])
+    """
+
+    def __init__(self, n_neighbors: int = 10, *, metric: str = "euclidean", degree: int = 32,
+                 candidates: int = 64, explore: int | None = None, batch: int = 1024):
+        self.n_neighbors = n_neighbors
+        self.metric = metric
+        self.degree = degree
+        self.candidates = candidates
+        self.explore = explore
+        self.batch = batch
+
+    def _check_params(self) -> tuple[str, int, int]:
+        """The graph's metric, N's length and the exploration limit, refusing bad
+        parameters."""
+        func = _NAME
+        check_param(self.metric, "metric", func, StrOptions(set(_METRICS)))
+        check_param(self.n_neighbors, "n_neighbors", func, Interval(Integral, 1, None))
+        check_param(self.degree, "degree", func, Interval(Integral, 2, None))
+        check_param(self.candidates, "candidates", func, Interval(Integral, 1, None))
+        if self.candidates < self.n_neighbors:
+            raise ValueError(
+                f"The 'candidates' parameter of {func} must be at least n_neighbors = "
+                f"{self.n_neighbors} (a search keeps that many vertices). Got "
+                f"{self.candidates!r} instead.")
+        check_param(self.explore, "explore", func,
+                    [Interval(Integral, 1, int(self.candidates)), None],
+                    " (at most candidates)")
+        check_param(self.batch, "batch", func, Interval(Integral, 1, None))
+        explore = self.candidates if self.explore is None else self.explore
+        return _METRICS[self.metric][0], int(self.candidates), int(explore)
+
+    def fit(self, X: Any, y: Any = None, *,
+            progress: Callable[[int, int], None] | None = None) -> GraphIndex:
+        """Build the graph of the rows of X.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Dense real numbers, finite, on the CPU.
+        y : None
+            Ignored (scikit-learn's estimator API).
+        progress : callable or None, default=None
+            Called as ``progress(rows_inserted, n_samples)`` after each batch.
+
+        Returns
+        -------
+        self : GraphIndex
+
+        Raises
+        ------
+        ValueError
+            A bad parameter; X not 2-D, empty, or with NaN or infinity.
+        TypeError
+            X sparse, on a GPU, or not of numbers.
+        """
+        metric, l_n, e = self._check_params()
+        check_param(progress, "progress", "GraphIndex.fit", [IsCallable(), None])
+        X = _dense(X, "X", "GraphIndex.fit")
+        data = prepare(X, metric)
+        d_max = int(self.degree)
+        self.graph_, self.degree_ = ann_build_lookup(data, metric, max(1, d_max // 2), d_max,
+                                                     l_n, e, int(self.batch), progress)
+        self._data = data
+        self.n_samples_fit_, self.n_features_in_ = (int(n) for n in X.shape)
+        return self
+
+    def kneighbors(self, X: Any, n_neighbors: int | None = None, return_distance: bool = True
+                   ) -> Any:
+        """The approximate nearest rows of the index to each row of X, nearest first.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_queries, n_features)
+            Dense real numbers, finite, on the CPU.
+        n_neighbors : int or None, default=None
+            At most ``candidates`` and the index's rows (None: the index's
+            ``n_neighbors``).
+        return_distance : bool, default=True
+
+        Returns
+        -------
+        distances : ndarray of shape (n_queries, n_neighbors), float64
+            In the metric's terms (inner products for ``inner_product``, the largest
+            first). Only with ``return_distance``.
+        indices : ndarray of shape (n_queries, n_neighbors), int64
+            Rows of the index; -1 (and distance inf, or -inf for ``inner_product``) past
+            the vertices a search reached, where it reached fewer than asked (a graph
+            whose links were dropped so that some rows are out of reach).
+
+        Raises
+        ------
+        ValueError
+            X not 2-D, with another number of columns than the index, empty, or with NaN
+            or infinity; n_neighbors out of range.
+        TypeError
+            X sparse, on a GPU, or not of numbers.
+        """
+        func = "GraphIndex.kneighbors"
+        check_is_fitted(self, "graph_")
+        metric, l_n, e = self._check_params()
+        k = self.n_neighbors if n_neighbors is None else n_neighbors
+        most = min(l_n, self.n_samples_fit_)
+        check_param(k, "n_neighbors", _NAME, Interval(Integral, 1, most),
+                    f" (at most candidates = {l_n} and the index's {self.n_samples_fit_} rows)")
+        check_param(return_distance, "return_distance", func, Boolean())
+        Q = _dense(X, "X", func)
+        if Q.shape[1] != self.n_features_in_:
+            raise ValueError(f"The 'X' parameter of {func} must have {self.n_features_in_} "
+                             f"columns, as the index. Got {Q.shape[1]} instead.")
+        dist, ind = ann_search_lookup(self._data, self.graph_, self.degree_,
+                                      prepare(Q, metric), int(k), metric, l_n, e)
+        return (_METRICS[self.metric][1](dist), ind) if return_distance else ind
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the index (its parameters, the rows as the graph holds them, the graph) to
+        ``path``, an ``.npz`` file of plain arrays (numpy adds the ``.npz`` where the name
+        lacks it)."""
+        check_param(path, "path", "GraphIndex.save", _PATH)
+        check_is_fitted(self, "graph_")
+        params = self.get_params()
+        np.savez(path, format=np.int64(_FORMAT), data=self._data, graph=self.graph_,
+                 links=self.degree_, n_features=np.int64(self.n_features_in_),
+                 metric=np.str_(params.pop("metric")),
+                 explore=np.int64(-1 if params["explore"] is None else params["explore"]),
+                 **{k: np.int64(v) for k, v in params.items() if k != "explore"})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> GraphIndex:
+        """The index :meth:`save` wrote to ``path`` (read without pickle)."""
+        check_param(path, "path", "GraphIndex.load", _PATH)
+        with np.load(path, allow_pickle=False) as f:
+            if "format" not in f or int(f["format"]) != _FORMAT:
+                raise ValueError(f"{os.fspath(path)!r} is not a GraphIndex file of format "
+                                 f"{_FORMAT} (written by GraphIndex.save).")
+            explore = int(f["explore"])
+            index = cls(int(f["n_neighbors"]), metric=str(f["metric"]),
+                        degree=int(f["degree"]), candidates=int(f["candidates"]),
+                        explore=None if explore < 0 else explore, batch=int(f["batch"]))
+            index._data = f["data"]
+            index.graph_ = f["graph"]
+            index.degree_ = f["links"]
+            index.n_samples_fit_ = int(index._data.shape[0])
+            index.n_features_in_ = int(f["n_features"])
+        return index
+
+
+def _dense(X: Any, name: str, func: str) -> np.ndarray:
+    """X as a float64 numpy array of real, finite numbers with rows and columns (an
+    array-like converted, numbers stored as objects too), refusing sparse, GPU and dask
+    data with what to do instead."""
+    X = as_array(X, name, func)
+    # only to word the refusal: the graph's kernels have no sparse, GPU or dask path yet
+    if is_sparse(X) or is_gpu_array(X) or is_dask_array(X):
+        raise TypeError(
+            f"The '{name}' parameter of {func} must be a dense array on the CPU (numpy, or a "
+            f"list of rows). Got {type(X).__name__} instead: GraphIndex takes no sparse rows, "
+            "GPU arrays or dask arrays yet (X.toarray() or cupy.asnumpy(X) for data that "
+            "fits; mgpu.NearestNeighbors gives exact neighbours of any of them).")
+    return check_knn_input(X, name, func, min_samples=1, min_features=1)

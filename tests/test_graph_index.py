@@ -1,0 +1,100 @@
+"""mgpu.models.GraphIndex: approximate neighbours against mgpu's exact ones, its parameters'
+effect, saving and loading."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import mgpu
+from mgpu.models import GraphIndex
+
+
+def _clustered(seed, n, nq, d=16, centers=30):
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal((centers, d)) * 4
+    X = c[rng.integers(0, centers, n + nq)] + rng.standard_normal((n + nq, d))
+    return X[:n], X[n:]
+
+
+def _recall(found, truth):
+    return np.mean([np.intersect1d(f, t).size / t.size for f, t in zip(found, truth)])
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine", "inner_product"])
+def test_neighbours_match_the_exact_ones(metric):
+    """Recall@10 above 0.9 against mgpu.NearestNeighbors (exact), and each distance returned
+    is the exact distance (inner products: the largest first)."""
+    X, Q = _clustered(0, 3000, 200)
+    index = GraphIndex(10, metric=metric, degree=24, candidates=48).fit(X)
+    dist, ind = index.kneighbors(Q)
+    assert dist.shape == ind.shape == (200, 10) and ind.dtype == np.int64
+    _, truth = mgpu.NearestNeighbors(n_neighbors=10, metric=metric).fit(X).kneighbors(Q)
+    assert _recall(ind, truth) > 0.9
+    want = np.take_along_axis(mgpu.pairwise_distances(Q, X, metric=metric), ind, 1)
+    np.testing.assert_allclose(dist, want, rtol=1e-9, atol=1e-9)
+    order = -dist if metric == "inner_product" else dist
+    assert (np.diff(order, axis=1) >= 0).all()
+
+
+def test_more_candidates_find_more():
+    """A search that keeps more candidates finds at least as many true neighbours here, and
+    one that may explore only the nearest candidate finds fewer."""
+    X, Q = _clustered(1, 3000, 200)
+    _, truth = mgpu.NearestNeighbors(n_neighbors=10).fit(X).kneighbors(Q)
+    small = GraphIndex(10, candidates=16, degree=16).fit(X)
+    recalls = [_recall(clone(small).set_params(**p).fit(X).kneighbors(Q)[1], truth)
+               for p in ({"candidates": 16, "explore": 1}, {"candidates": 16},
+                         {"candidates": 64})]
+    assert recalls[0] < recalls[1] <= recalls[2] and recalls[2] > 0.9, recalls
+
+
+def test_save_and_load_give_the_same_index(tmp_path):
+    X, Q = _clustered(2, 500, 20)
+    index = GraphIndex(5, metric="cosine", degree=8, candidates=16, explore=12).fit(X)
+    index.save(tmp_path / "g.npz")
+    with np.load(tmp_path / "g.npz", allow_pickle=False) as f:
+        assert all(f[k].dtype != object for k in f.files)
+    again = GraphIndex.load(tmp_path / "g.npz")
+    assert again.get_params() == index.get_params()
+    assert again.n_features_in_ == 16 and again.n_samples_fit_ == 500
+    for a, b in zip(index.kneighbors(Q), again.kneighbors(Q)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_file_of_another_kind_is_refused(tmp_path):
+    np.savez(tmp_path / "other.npz", x=np.ones(3))
+    with pytest.raises(ValueError, match="is not a GraphIndex file"):
+        GraphIndex.load(tmp_path / "other.npz")
+
+
+def test_progress_and_index_only():
+    X, Q = _clustered(3, 300, 5)
+    seen = []
+    index = GraphIndex(3, degree=8, candidates=8, batch=128).fit(
+        X, progress=lambda done, n: seen.append((done, n)))
+    assert seen == [(128, 300), (256, 300), (300, 300)]
+    ind = index.kneighbors(Q, 2, return_distance=False)
+    np.testing.assert_array_equal(ind, index.kneighbors(Q, 2)[1])
+
+
+def test_more_neighbours_than_rows_are_refused():
+    index = GraphIndex(2, degree=4, candidates=8).fit(np.eye(5))
+    with pytest.raises(ValueError, match="at most candidates = 8 and the index's 5 rows"):
+        index.kneighbors(np.eye(5), 6)
+    assert index.kneighbors(np.eye(5), 5)[1].min() >= 0  # every row reached
+
+
+def test_unfitted_index_is_refused():
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError):
+        GraphIndex().kneighbors(np.eye(2))
+
+
+@parametrize_with_checks([GraphIndex(n_neighbors=2, degree=4, candidates=4, metric=m)
+                          for m in ("euclidean", "cosine", "inner_product")])
+def test_sklearn_estimator_checks(estimator, check):
+    """scikit-learn's own suite of estimator checks (none expected to fail)."""
+    check(estimator)
