@@ -275,7 +275,7 @@ CASES = [
     ("GraphIndex", "GraphIndex", "explore", 5, lambda v: _gi(explore=v).fit(X)),
     ("GraphIndex", "GraphIndex", "batch", 0, lambda v: _gi(batch=v).fit(X)),
     ("GraphIndex.fit", "GraphIndex.fit", "X", XNAN, lambda v: _gi().fit(v)),
-    ("GraphIndex.fit", "GraphIndex.fit", "X", S, lambda v: _gi().fit(v)),
+    ("GraphIndex.fit", "GraphIndex.fit", "X", da.from_array(X), lambda v: _gi().fit(v)),
     ("GraphIndex.fit", "GraphIndex.fit", "progress", 3, lambda v: _gi().fit(X, progress=v)),
     ("GraphIndex.kneighbors", "GraphIndex.kneighbors", "X", np.ones((2, 3)),
      lambda v: _gi().fit(X).kneighbors(v)),

@@ -34,31 +34,106 @@ the true neighbours of 30 clusters in 16 dimensions instead of 90–99%.)
 Distances: ``sqeuclidean``; ``cosine`` (on rows scaled to unit length beforehand; a row of
 zeros is at distance 1 from every row, as in scikit-learn); ``inner_product`` (the negative
 dot product, so that nearer is larger).
+
+The rows are dense (a 2-D array) or sparse: a tuple (indptr, indices, values, squared
+norms) of a canonical CSR matrix (:func:`prepare` makes either), queries in the same form.
+The kernels are written once over both: :func:`_row` gives a row as a query and
+:func:`_distance` scores a row against one (numba compiles each form's version; a sparse
+pair's dot product merges their sorted columns, and the squared euclidean distance is
+expanded from it and the norms, as mgpu's sparse kNN does).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
+import scipy.sparse as sp
+from numba import types
+from numba.extending import overload
 
 from mgpu.backends.dispatch import ann_build_lookup, ann_search_lookup
 from mgpu.backends.jit import njit
 
-__all__ = ["METRICS", "build_graph", "prepare", "search_graph"]
+__all__ = ["METRICS", "build_graph", "prepare", "rows_of", "search_graph"]
 
 METRICS = ("sqeuclidean", "cosine", "inner_product")  # codes 0, 1, 2 in the kernels
 
 
-@njit(nogil=True, inline="always")
-def _distance(x: np.ndarray, y: np.ndarray, metric: int) -> float:
-    s = 0.0
-    if metric == 0:
-        for j in range(x.shape[0]):
-            d = x[j] - y[j]
-            s += d * d
-        return s
-    for j in range(x.shape[0]):
-        s += x[j] * y[j]
-    return 1.0 - s if metric == 1 else -s
+def _row(rows: Any, p: int) -> Any:
+    """Row p of ``rows`` as a query: a 1-D array (dense), or (indices, values, squared
+    norm) (sparse). Compiled by the overload below."""
+    raise NotImplementedError
+
+
+def _distance(rows: Any, u: int, q: Any, metric: int) -> float:
+    """The distance of row u of ``rows`` to the query q (:func:`_row`'s form). Compiled by
+    the overload below."""
+    raise NotImplementedError
+
+
+def _count(rows: Any) -> int:
+    """How many rows ``rows`` holds. Compiled by the overload below."""
+    raise NotImplementedError
+
+
+@overload(_row)
+def _row_forms(rows, p):  # no annotations: numba compares these parameters with the forms'
+    if isinstance(rows, types.Array):
+        return lambda rows, p: rows[p]
+
+    def sparse(rows, p):
+        indptr, indices, values, sq = rows
+        a, b = indptr[p], indptr[p + 1]
+        return indices[a:b], values[a:b], sq[p]
+
+    return sparse
+
+
+@overload(_count)
+def _count_forms(rows):
+    if isinstance(rows, types.Array):
+        return lambda rows: rows.shape[0]
+    return lambda rows: rows[0].shape[0] - 1
+
+
+@overload(_distance)
+def _distance_forms(rows, u, q, metric):
+    if isinstance(rows, types.Array):
+        def dense(rows, u, q, metric):
+            x = rows[u]
+            s = 0.0
+            if metric == 0:
+                for j in range(x.shape[0]):
+                    d = x[j] - q[j]
+                    s += d * d
+                return s
+            for j in range(x.shape[0]):
+                s += x[j] * q[j]
+            return 1.0 - s if metric == 1 else -s
+
+        return dense
+
+    def sparse(rows, u, q, metric):
+        indptr, indices, values, sq = rows
+        q_idx, q_val, q_sq = q
+        a, b = indptr[u], indptr[u + 1]
+        i = 0
+        dot = 0.0
+        while a < b and i < q_idx.shape[0]:  # both rows' columns sorted: one merge
+            if indices[a] == q_idx[i]:
+                dot += values[a] * q_val[i]
+                a += 1
+                i += 1
+            elif indices[a] < q_idx[i]:
+                a += 1
+            else:
+                i += 1
+        if metric == 0:
+            return max(sq[u] + q_sq - 2.0 * dot, 0.0)
+        return 1.0 - dot if metric == 1 else -dot
+
+    return sparse
 
 
 @njit(nogil=True, inline="always")
@@ -113,9 +188,8 @@ def _merge(n_ids: np.ndarray, n_dist: np.ndarray, n_done: np.ndarray, count: int
 
 
 @njit(nogil=True)
-def _search_one(data: np.ndarray, graph: np.ndarray, degree: np.ndarray, q: np.ndarray,
-                entry: int, limit: int, metric: int, e: int, n_ids: np.ndarray,
-                n_dist: np.ndarray) -> int:
+def _search_one(data: Any, graph: np.ndarray, degree: np.ndarray, q: Any, entry: int,
+                limit: int, metric: int, e: int, n_ids: np.ndarray, n_dist: np.ndarray) -> int:
     """Search the graph of vertices 0 .. limit - 1 for q from ``entry``: N (n_ids, n_dist,
     of length l_n) filled nearest first; returns how many entries it holds."""
     l_n = n_ids.shape[0]
@@ -127,7 +201,7 @@ def _search_one(data: np.ndarray, graph: np.ndarray, degree: np.ndarray, q: np.n
     t_ids = np.empty(width, dtype=n_ids.dtype)
     t_dist = np.empty(width, dtype=n_dist.dtype)
     n_ids[0] = entry
-    n_dist[0] = _distance(data[entry], q, metric)
+    n_dist[0] = _distance(data, entry, q, metric)
     count = 1
     while True:
         pick = -1
@@ -144,20 +218,20 @@ def _search_one(data: np.ndarray, graph: np.ndarray, degree: np.ndarray, q: np.n
             u = graph[v, j]
             if u < limit:  # lazy: scored whether or not it was met before
                 t_ids[nt] = u
-                t_dist[nt] = _distance(data[u], q, metric)
+                t_dist[nt] = _distance(data, u, q, metric)
                 nt += 1
         _sort_run(t_ids, t_dist, nt)
         count = _merge(n_ids, n_dist, n_done, count, t_ids, t_dist, nt, m_ids, m_dist, m_done)
 
 
 @njit(parallel=True, nogil=True)
-def _search(data: np.ndarray, graph: np.ndarray, degree: np.ndarray, queries: np.ndarray,
-            entry: int, metric: int, l_n: int, e: int) -> tuple[np.ndarray, np.ndarray]:
-    nq = queries.shape[0]
+def _search(data: Any, graph: np.ndarray, degree: np.ndarray, queries: Any, entry: int,
+            metric: int, l_n: int, e: int) -> tuple[np.ndarray, np.ndarray]:
+    nq = _count(queries)
     ids = np.full((nq, l_n), -1, dtype=np.int64)
     dist = np.full((nq, l_n), np.inf, dtype=np.float64)
     for i in numba.prange(nq):
-        _search_one(data, graph, degree, queries[i], entry, data.shape[0], metric, e,
+        _search_one(data, graph, degree, _row(queries, i), entry, _count(data), metric, e,
                     ids[i], dist[i])
     return ids, dist
 
@@ -189,7 +263,7 @@ def _link(graph: np.ndarray, link_dist: np.ndarray, degree: np.ndarray, own: np.
 
 
 @njit(parallel=True, nogil=True)
-def _candidates(data: np.ndarray, graph: np.ndarray, degree: np.ndarray, s: int, t: int,
+def _candidates(data: Any, graph: np.ndarray, degree: np.ndarray, s: int, t: int,
                 metric: int, d_min: int, l_n: int, e: int
                 ) -> tuple[np.ndarray, np.ndarray]:
     """For each point p of the batch s .. t - 1: its d_min nearest among the graph's search
@@ -199,15 +273,16 @@ def _candidates(data: np.ndarray, graph: np.ndarray, degree: np.ndarray, s: int,
     c_dist = np.full((nb, d_min), np.inf, dtype=np.float64)
     for i in numba.prange(nb):
         p = s + i
+        q = _row(data, p)
         ids = np.full(l_n + nb, -1, dtype=np.int64)
         dist = np.full(l_n + nb, np.inf, dtype=np.float64)
         found = 0
         if s > 0:
-            found = _search_one(data, graph, degree, data[p], 0, s, metric, e, ids[:l_n],
+            found = _search_one(data, graph, degree, q, 0, s, metric, e, ids[:l_n],
                                 dist[:l_n])
         for u in range(s, p):  # the batch's points before p, as NSW inserts one by one
                 ids[found] = u
-                dist[found] = _distance(data[u], data[p], metric)
+                dist[found] = _distance(data, u, q, metric)
                 found += 1
         order = np.argsort(dist[:found], kind="mergesort")  # ties: the search's order
         for j in range(min(d_min, found)):
@@ -233,9 +308,22 @@ def _link_batch(graph: np.ndarray, link_dist: np.ndarray, degree: np.ndarray,
             _link(graph, link_dist, degree, own, c_ids[i, j], p, c_dist[i, j])
 
 
-def prepare(X: np.ndarray, metric: str) -> np.ndarray:
-    """X as the kernels take it: float64, C-contiguous, rows scaled to unit length for
-    cosine (rows of zeros kept)."""
+def prepare(X: Any, metric: str) -> Any:
+    """X as the kernels take it: a float64 C-contiguous array, or, for a scipy sparse X, the
+    tuple (indptr, indices, values, squared norms) of its canonical CSR (int64 row
+    pointers, int32 columns, float64 values); rows scaled to unit length for cosine (rows of
+    zeros kept)."""
+    if sp.issparse(X):
+        C = sp.csr_matrix(X, dtype=np.float64, copy=True)
+        C.sum_duplicates()  # sorted columns, no duplicates: what the merge needs
+        sq = np.asarray(C.multiply(C).sum(axis=1), dtype=np.float64).ravel()
+        if metric == "cosine":
+            norms = np.sqrt(sq)
+            C = sp.csr_matrix(sp.diags(1.0 / np.where(norms > 0, norms, 1.0)) @ C)
+            C.sum_duplicates()
+            sq = np.asarray(C.multiply(C).sum(axis=1), dtype=np.float64).ravel()
+        return (C.indptr.astype(np.int64), C.indices.astype(np.int32),
+                np.ascontiguousarray(C.data, dtype=np.float64), sq)
     data = np.ascontiguousarray(X, dtype=np.float64)
     if metric == "cosine":
         norms = np.sqrt(np.einsum("ij,ij->i", data, data))
@@ -243,13 +331,18 @@ def prepare(X: np.ndarray, metric: str) -> np.ndarray:
     return data
 
 
-@ann_build_lookup.register(np.ndarray)
-def build_graph(data: np.ndarray, metric: str, d_min: int, d_max: int, l_n: int, e: int,
-                batch: int, progress=None) -> tuple[np.ndarray, np.ndarray]:
+def rows_of(data: Any) -> int:
+    """How many rows :func:`prepare`'s form holds."""
+    return data.shape[0] if isinstance(data, np.ndarray) else data[0].shape[0] - 1
+
+
+@ann_build_lookup.register((np.ndarray, tuple))
+def build_graph(data: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int,
+                batch: int, progress: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """The graph of the rows of ``data`` (:func:`prepare`'s): (graph, degree), graph of shape
     (n, d_max) with -1 past each vertex's degree. ``progress(done, n)``, where given, is
     called after each batch."""
-    n = data.shape[0]
+    n = rows_of(data)
     code = METRICS.index(metric)
     graph = np.full((n, d_max), -1, dtype=np.int64)
     link_dist = np.full((n, d_max), np.inf, dtype=np.float64)
@@ -264,11 +357,11 @@ def build_graph(data: np.ndarray, metric: str, d_min: int, d_max: int, l_n: int,
     return graph, degree
 
 
-@ann_search_lookup.register(np.ndarray)
-def search_graph(data: np.ndarray, graph: np.ndarray, degree: np.ndarray,
-                 queries: np.ndarray, k: int, metric: str, l_n: int, e: int
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest rows of ``data`` to each query found in ``graph`` from vertex 0:
+@ann_search_lookup.register((np.ndarray, tuple))
+def search_graph(data: Any, graph: np.ndarray, degree: np.ndarray, queries: Any, k: int,
+                 metric: str, l_n: int, e: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest rows of ``data`` to each query (``queries`` in :func:`prepare`'s form,
+    the same as ``data``'s) found in ``graph`` from vertex 0:
     (distances, indices), each (n_queries, k), nearest first; a query that reached fewer
     than k vertices gets -1 and inf past them."""
     ids, dist = _search(data, graph, degree, queries, 0, METRICS.index(metric), l_n, e)

@@ -15,11 +15,12 @@ from numbers import Integral
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from mgpu.backends import ann_build_lookup, ann_search_lookup, is_gpu_array, is_sparse
-from mgpu.backends.numpy_ann import prepare
+from mgpu.backends import ann_build_lookup, ann_search_lookup, is_gpu_array
+from mgpu.backends.numpy_ann import prepare, rows_of
 from mgpu.ops.distances import check_knn_input
 from mgpu.ops.validation import (Boolean, InstanceOf, Interval, IsCallable, StrOptions,
                                  as_array, check_param, is_dask_array)
@@ -37,6 +38,8 @@ _METRICS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
 _FORMAT = 1  # the version of the saved file's layout
 _NAME = "GraphIndex"  # the refusals of the constructor's parameters name the estimator
 _PATH = InstanceOf((str, os.PathLike), "a str or path")
+# a sparse index's rows in a saved file (mgpu.backends.numpy_ann.prepare's tuple)
+_SPARSE = ("rows_indptr", "rows_indices", "rows_values", "rows_squared_norms")
 
 
 class GraphIndex(BaseEstimator):
@@ -54,8 +57,12 @@ class GraphIndex(BaseEstimator):
     ``explore`` are all explored. More candidates (and a larger ``explore``) find more of
     the true neighbours at more distances computed.
 
-    Dense data on the CPU for now (sparse rows and GPU data are refused with what to do
-    instead); :class:`mgpu.NearestNeighbors` gives exact neighbours of both.
+    Dense or sparse rows on the CPU for now (GPU data is refused with what to do instead).
+    A sparse row is scored against a query as mgpu's sparse kNN scores it: a dot product
+    over the columns the two share (their sorted columns merged), expanded with the norms
+    for the euclidean distances; rows are never made dense. Queries take the index's form
+    (dense queries of a sparse index are made sparse, and sparse ones of a dense index
+    dense).
 
     Parameters
     ----------
@@ -75,6 +82,9 @@ class GraphIndex(BaseEstimator):
 
     Attributes
     ----------
+    effective_metric_ : str
+        The metric the graph was built with (``kneighbors`` refuses to search it under
+        another). ``candidates`` and ``explore`` may change between searches.
     n_samples_fit_ : int
     n_features_in_ : int
     graph_ : ndarray of shape (n_samples_fit_, degree)
@@ -100,6 +110,11 @@ class GraphIndex(BaseEstimator):
         self.candidates = candidates
         self.explore = explore
         self.batch = batch
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
 
     def _check_params(self) -> tuple[str, int, int]:
         """The graph's metric, N's length and the exploration limit, refusing bad
@@ -127,8 +142,8 @@ class GraphIndex(BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            Dense real numbers, finite, on the CPU.
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Real numbers, finite, on the CPU (scipy sparse in any format).
         y : None
             Ignored (scikit-learn's estimator API).
         progress : callable or None, default=None
@@ -143,18 +158,29 @@ class GraphIndex(BaseEstimator):
         ValueError
             A bad parameter; X not 2-D, empty, or with NaN or infinity.
         TypeError
-            X sparse, on a GPU, or not of numbers.
+            X on a GPU, a dask array, or not of numbers.
         """
         metric, l_n, e = self._check_params()
         check_param(progress, "progress", "GraphIndex.fit", [IsCallable(), None])
-        X = _dense(X, "X", "GraphIndex.fit")
+        X = _rows(X, "X", "GraphIndex.fit")
         data = prepare(X, metric)
         d_max = int(self.degree)
         self.graph_, self.degree_ = ann_build_lookup(data, metric, max(1, d_max // 2), d_max,
                                                      l_n, e, int(self.batch), progress)
         self._data = data
+        self.effective_metric_ = self.metric
         self.n_samples_fit_, self.n_features_in_ = (int(n) for n in X.shape)
         return self
+
+    def _check_fitted(self) -> None:
+        """Refuse an index not built, or built for another metric than it now names (the
+        graph's links, and its rows' scaling, hold for the metric of ``fit``)."""
+        check_is_fitted(self, "graph_")
+        if self.metric != self.effective_metric_:
+            raise ValueError(
+                f"The 'metric' parameter of {_NAME} is {self.metric!r}, but the index was "
+                f"built for {self.effective_metric_!r}: fit it again, or set the metric "
+                "back (the graph's links hold for the metric it was built with).")
 
     def kneighbors(self, X: Any, n_neighbors: int | None = None, return_distance: bool = True
                    ) -> Any:
@@ -162,8 +188,8 @@ class GraphIndex(BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_queries, n_features)
-            Dense real numbers, finite, on the CPU.
+        X : {array-like, sparse matrix} of shape (n_queries, n_features)
+            Real numbers, finite, on the CPU.
         n_neighbors : int or None, default=None
             At most ``candidates`` and the index's rows (None: the index's
             ``n_neighbors``).
@@ -185,20 +211,23 @@ class GraphIndex(BaseEstimator):
             X not 2-D, with another number of columns than the index, empty, or with NaN
             or infinity; n_neighbors out of range.
         TypeError
-            X sparse, on a GPU, or not of numbers.
+            X on a GPU, a dask array, or not of numbers.
         """
         func = "GraphIndex.kneighbors"
-        check_is_fitted(self, "graph_")
+        self._check_fitted()
         metric, l_n, e = self._check_params()
         k = self.n_neighbors if n_neighbors is None else n_neighbors
         most = min(l_n, self.n_samples_fit_)
         check_param(k, "n_neighbors", _NAME, Interval(Integral, 1, most),
                     f" (at most candidates = {l_n} and the index's {self.n_samples_fit_} rows)")
         check_param(return_distance, "return_distance", func, Boolean())
-        Q = _dense(X, "X", func)
+        Q = _rows(X, "X", func)
         if Q.shape[1] != self.n_features_in_:
             raise ValueError(f"The 'X' parameter of {func} must have {self.n_features_in_} "
                              f"columns, as the index. Got {Q.shape[1]} instead.")
+        sparse = isinstance(self._data, tuple)  # the index's form: the queries take it
+        if sp.issparse(Q) != sparse:
+            Q = sp.csr_matrix(Q) if sparse else Q.toarray()
         dist, ind = ann_search_lookup(self._data, self.graph_, self.degree_,
                                       prepare(Q, metric), int(k), metric, l_n, e)
         return (_METRICS[self.metric][1](dist), ind) if return_distance else ind
@@ -208,9 +237,11 @@ class GraphIndex(BaseEstimator):
         ``path``, an ``.npz`` file of plain arrays (numpy adds the ``.npz`` where the name
         lacks it)."""
         check_param(path, "path", "GraphIndex.save", _PATH)
-        check_is_fitted(self, "graph_")
+        self._check_fitted()
         params = self.get_params()
-        np.savez(path, format=np.int64(_FORMAT), data=self._data, graph=self.graph_,
+        rows = (dict(zip(_SPARSE, self._data)) if isinstance(self._data, tuple) else
+                {"data": self._data})
+        np.savez(path, format=np.int64(_FORMAT), graph=self.graph_, **rows,
                  links=self.degree_, n_features=np.int64(self.n_features_in_),
                  metric=np.str_(params.pop("metric")),
                  explore=np.int64(-1 if params["explore"] is None else params["explore"]),
@@ -228,24 +259,25 @@ class GraphIndex(BaseEstimator):
             index = cls(int(f["n_neighbors"]), metric=str(f["metric"]),
                         degree=int(f["degree"]), candidates=int(f["candidates"]),
                         explore=None if explore < 0 else explore, batch=int(f["batch"]))
-            index._data = f["data"]
+            index._data = tuple(f[k] for k in _SPARSE) if _SPARSE[0] in f else f["data"]
             index.graph_ = f["graph"]
             index.degree_ = f["links"]
-            index.n_samples_fit_ = int(index._data.shape[0])
+            index.effective_metric_ = index.metric
+            index.n_samples_fit_ = rows_of(index._data)
             index.n_features_in_ = int(f["n_features"])
         return index
 
 
-def _dense(X: Any, name: str, func: str) -> np.ndarray:
-    """X as a float64 numpy array of real, finite numbers with rows and columns (an
-    array-like converted, numbers stored as objects too), refusing sparse, GPU and dask
-    data with what to do instead."""
+def _rows(X: Any, name: str, func: str) -> Any:
+    """X as a float64 numpy array or CSR matrix (summed duplicates) of real, finite numbers
+    with rows and columns (an array-like converted, numbers stored as objects too),
+    refusing GPU and dask data with what to do instead."""
     X = as_array(X, name, func)
-    # only to word the refusal: the graph's kernels have no sparse, GPU or dask path yet
-    if is_sparse(X) or is_gpu_array(X) or is_dask_array(X):
+    # only to word the refusal: the graph's kernels have no GPU or dask path yet
+    if is_gpu_array(X) or is_dask_array(X):
         raise TypeError(
-            f"The '{name}' parameter of {func} must be a dense array on the CPU (numpy, or a "
-            f"list of rows). Got {type(X).__name__} instead: GraphIndex takes no sparse rows, "
-            "GPU arrays or dask arrays yet (X.toarray() or cupy.asnumpy(X) for data that "
-            "fits; mgpu.NearestNeighbors gives exact neighbours of any of them).")
+            f"The '{name}' parameter of {func} must be data on the CPU (numpy, scipy sparse, "
+            f"or a list of rows). Got {type(X).__name__} instead: GraphIndex takes no GPU "
+            "arrays or dask arrays yet (cupy.asnumpy(X) or X.get() for data that fits; "
+            "mgpu.NearestNeighbors gives exact neighbours of either).")
     return check_knn_input(X, name, func, min_samples=1, min_features=1)
