@@ -281,9 +281,9 @@ def _candidates(data: Any, graph: np.ndarray, degree: np.ndarray, s: int, t: int
             found = _search_one(data, graph, degree, q, 0, s, metric, e, ids[:l_n],
                                 dist[:l_n])
         for u in range(s, p):  # the batch's points before p, as NSW inserts one by one
-                ids[found] = u
-                dist[found] = _distance(data, u, q, metric)
-                found += 1
+            ids[found] = u
+            dist[found] = _distance(data, u, q, metric)
+            found += 1
         order = np.argsort(dist[:found], kind="mergesort")  # ties: the search's order
         for j in range(min(d_min, found)):
             c_ids[i, j] = ids[order[j]]
