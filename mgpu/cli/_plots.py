@@ -255,3 +255,23 @@ def jaccard_weights(J: sp.csr_matrix, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def ann(rows: list[dict[str, Any]], title: str, path: str) -> None:
+    """Queries/s against recall@k of each method of :func:`mgpu.bench.ann.bench_ann` (one
+    line through its search parameters; mgpu's exact kNN a point at recall 1)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    methods = dict.fromkeys(r["method"] for r in rows if r["qps"] is not None)
+    for j, method in enumerate(methods):
+        pts = sorted((r["recall"], r["qps"]) for r in rows if r["method"] == method)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{j}", label=method)
+    ax.set_yscale("log")
+    ax.set_xlabel("recall@k (against exact neighbours)")
+    ax.set_ylabel("queries/s")
+    ax.set_title(title, fontsize="small")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

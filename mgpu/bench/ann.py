@@ -1,0 +1,175 @@
+"""``mgpu bench ann``: the proximity-graph index (:class:`mgpu.models.GraphIndex`) against
+exact neighbours and the CPU graph indexes people use, in one run: recall@k against mgpu's
+exact kNN and queries/s, over each index's search parameter, with each index's build time.
+
+Peers, where installed (neither is a dependency of mgpu): hnswlib and Faiss's HNSW
+(``IndexHNSWFlat``), on all the machine's cores, built with M = degree // 2 and
+efConstruction = the build's candidates, searched with efSearch = each candidates value.
+They take dense vectors only: on sparse rows the table says so (no peer exists there).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["PEERS", "bench_ann", "markdown", "recall"]
+
+PEERS = {"hnswlib": "hnswlib HNSW", "faiss": "Faiss IndexHNSWFlat"}
+"""The peer indexes, by key: their names in tables."""
+
+
+def recall(found: np.ndarray, truth: np.ndarray) -> float:
+    """The share of the true k nearest that were found, over all queries (ids -1 never
+    count).
+
+    >>> recall(np.array([[0, 1], [2, -1]]), np.array([[1, 0], [2, 3]]))
+    0.75
+    """
+    hits = sum(np.intersect1d(f[f >= 0], t).size for f, t in zip(found, truth))
+    return hits / truth.size
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def _hnswlib(X: np.ndarray, Q: np.ndarray, k: int, metric: str, degree: int, build: int,
+             candidates: Sequence[int]) -> tuple[float, list[tuple[int, np.ndarray, float]]]:
+    import hnswlib
+
+    space = {"euclidean": "l2", "sqeuclidean": "l2", "cosine": "cosine",
+             "inner_product": "ip"}[metric]
+    index = hnswlib.Index(space=space, dim=X.shape[1])
+    index.set_num_threads(os.cpu_count() or 1)
+
+    def make() -> None:
+        index.init_index(max_elements=X.shape[0], M=max(2, degree // 2),
+                         ef_construction=build, random_seed=0)
+        index.add_items(X, np.arange(X.shape[0]))
+
+    _, build_s = _timed(make)
+    out = []
+    for c in candidates:
+        index.set_ef(max(c, k))
+        (ids, _), s = _timed(lambda: index.knn_query(Q, k=k))
+        out.append((c, ids.astype(np.int64), s))
+    return build_s, out
+
+
+def _faiss(X: np.ndarray, Q: np.ndarray, k: int, metric: str, degree: int, build: int,
+           candidates: Sequence[int]) -> tuple[float, list[tuple[int, np.ndarray, float]]]:
+    import faiss
+
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    X32, Q32 = np.ascontiguousarray(X, np.float32), np.ascontiguousarray(Q, np.float32)
+    if metric == "cosine":  # inner products of unit rows
+        faiss.normalize_L2(X32)
+        faiss.normalize_L2(Q32)
+    inner = metric in ("cosine", "inner_product")
+    index = faiss.IndexHNSWFlat(X.shape[1], max(2, degree // 2),
+                                faiss.METRIC_INNER_PRODUCT if inner else faiss.METRIC_L2)
+    index.hnsw.efConstruction = build
+
+    _, build_s = _timed(lambda: index.add(X32))
+    out = []
+    for c in candidates:
+        index.hnsw.efSearch = max(c, k)
+        (_, ids), s = _timed(lambda: index.search(Q32, k))
+        out.append((c, ids.astype(np.int64), s))
+    return build_s, out
+
+
+_RUNNERS = {"hnswlib": _hnswlib, "faiss": _faiss}
+
+
+def _row(method: str, param: int | None, build_s: float | None, found: np.ndarray | None,
+         seconds: float | None, truth: np.ndarray, note: str | None = None) -> dict[str, Any]:
+    nq = truth.shape[0]
+    return {"method": method, "candidates": param, "build_s": build_s,
+            "qps": None if seconds is None else nq / seconds,
+            "recall": None if found is None else recall(found, truth), "note": note}
+
+
+def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree: int = 32,
+              build_candidates: int = 64, candidates: Sequence[int] = (16, 32, 64, 128),
+              peers: Sequence[str] = tuple(PEERS), progress: Callable[[str], None] | None = None
+              ) -> list[dict[str, Any]]:
+    """Recall@k and queries/s of mgpu's graph index at each ``candidates`` value, of mgpu's
+    exact kNN (the ground truth, recall 1) and of each peer installed, on index X and
+    queries Q (dense or scipy sparse, on the CPU): one row per method and search parameter,
+    with the build's seconds. Each method is called once on two queries before it is
+    timed (numba compiles on a first call).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> rows = bench_ann(rng.random((300, 8)), rng.random((20, 8)), k=5, degree=8,
+    ...                  build_candidates=16, candidates=(8, 32), peers=())
+    >>> [(r["method"], r["candidates"], r["recall"] > 0.5) for r in rows]
+    [('mgpu exact', None, True), ('mgpu graph', 8, True), ('mgpu graph', 32, True)]
+    """
+    import mgpu
+    from mgpu.models import GraphIndex
+
+    say = progress or (lambda line: None)
+    mgpu.knn(X, Q[:2], k, metric=metric)  # compiled before it is timed
+    (_, truth), exact_s = _timed(lambda: mgpu.knn(X, Q, k, metric=metric))
+    rows = [_row("mgpu exact", None, None, truth, exact_s, truth)]
+    say(f"mgpu exact: {rows[0]['qps']:,.0f} q/s")
+    index = GraphIndex(k, metric=metric, degree=degree, candidates=max(build_candidates, k))
+    _, build_s = _timed(lambda: index.fit(X))
+    index.kneighbors(Q[:2])  # the search compiled before it is timed
+    for c in candidates:
+        index.set_params(candidates=max(c, k))
+        (_, ids), s = _timed(lambda: index.kneighbors(Q))
+        rows.append(_row("mgpu graph", c, build_s, ids, s, truth))
+        say(f"mgpu graph, candidates {c}: {rows[-1]['qps']:,.0f} q/s, recall@{k} "
+            f"{rows[-1]['recall']:.3f} (build {build_s:.2f} s)")
+    for key in peers:
+        if sp.issparse(X):
+            rows.append(_row(PEERS[key], None, None, None, None, truth,
+                             "takes dense vectors only: no peer exists for sparse rows"))
+            continue
+        try:
+            importlib.import_module(key)
+        except ImportError:
+            rows.append(_row(PEERS[key], None, None, None, None, truth, "not installed"))
+            say(f"{PEERS[key]}: not installed")
+            continue
+        build_s, found = _RUNNERS[key](np.asarray(X), np.asarray(Q), k, metric, degree,
+                                       build_candidates, candidates)
+        for c, ids, s in found:
+            rows.append(_row(PEERS[key], c, build_s, ids, s, truth))
+            say(f"{PEERS[key]}, efSearch {c}: {rows[-1]['qps']:,.0f} q/s, recall@{k} "
+                f"{rows[-1]['recall']:.3f} (build {build_s:.2f} s)")
+    return rows
+
+
+def markdown(rows: Sequence[dict[str, Any]], k: int = 10) -> str:
+    """The rows as a Markdown table.
+
+    >>> print(markdown([{"method": "m", "candidates": 8, "build_s": 1.0, "qps": 2000.0,
+    ...                  "recall": 0.95, "note": None}]))
+    | method | candidates / efSearch | build s | queries/s | recall@10 |
+    |---|---|---|---|---|
+    | m | 8 | 1.00 | 2,000 | 0.950 |
+    """
+    lines = [f"| method | candidates / efSearch | build s | queries/s | recall@{k} |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        if r["note"]:
+            lines.append(f"| {r['method']} | | | | {r['note']} |")
+            continue
+        build = "" if r["build_s"] is None else f"{r['build_s']:.2f}"
+        param = "" if r["candidates"] is None else str(r["candidates"])
+        lines.append(f"| {r['method']} | {param} | {build} | {r['qps']:,.0f} | "
+                     f"{r['recall']:.3f} |")
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""``mgpu bench ann``: the proximity-graph index against exact kNN and the CPU graph
+indexes, one run (:mod:`mgpu.bench.ann`)."""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import numpy as np
+
+from mgpu.cli import _options as opt
+from mgpu.cli import _plots
+from mgpu.cli._errors import Command, data_error
+from mgpu.cli._output import plotted, write_json
+
+_METRICS = ("euclidean", "sqeuclidean", "cosine", "inner_product")
+
+
+def _vectors(path: str) -> Any:
+    """The rows of INPUT: a dense array (images flattened to one row each) or scipy CSR."""
+    import scipy.sparse as sp
+
+    from mgpu import io
+
+    try:
+        data = io.load(path)
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        raise data_error(exc) from exc
+    data = getattr(data, "matrix", data)
+    if sp.issparse(data):
+        return sp.csr_matrix(data, dtype=np.float64)
+    data = np.asarray(data, dtype=np.float64)
+    return data.reshape(len(data), -1) if data.ndim > 2 else data
+
+
+@click.command("ann", cls=Command)
+@click.argument("input", required=False, type=click.Path(exists=True))
+@click.option("--clustered", default=None, type=opt.Shape(), metavar="ROWSxDIMS",
+              help="Synthetic dense rows around 100 centres instead of INPUT.")
+@click.option("--queries", default=1000, show_default=True, type=click.IntRange(1),
+              help="Rows held out as queries (the last ones of INPUT).")
+@click.option("--metric", default="euclidean", show_default=True,
+              type=click.Choice(_METRICS))
+@opt.k(10, "Neighbours a query asks for (recall@k).")
+@click.option("--degree", default=32, show_default=True, type=click.IntRange(2),
+              help="Links a vertex keeps (hnswlib's and Faiss's M is half of it).")
+@click.option("--build-candidates", default=64, show_default=True, type=click.IntRange(1),
+              help="Candidates of the build's searches (the peers' efConstruction).")
+@opt.int_list("--candidates", "16,32,64,128",
+              "Candidates of the searches timed, comma-separated (the peers' efSearch).")
+@opt.json_out()
+@opt.plot("queries/s against recall@k of each method")
+def bench_ann_cmd(input: str | None, clustered: tuple[int, int] | None, queries: int,
+                  metric: str, k: int, degree: int, build_candidates: int,
+                  candidates: tuple[int, ...], json_path: str | None,
+                  plot: str | None) -> None:
+    """Recall@k and queries/s of mgpu's proximity-graph index (mgpu.models.GraphIndex) at
+    each --candidates, against mgpu's exact kNN (the ground truth) and, where installed,
+    hnswlib and Faiss's HNSW on all cores, on INPUT's rows (a dense vectors file or a
+    sparse matrix) or --clustered ones; with each index's build time.
+    """
+    from mgpu.bench.ann import bench_ann, markdown
+
+    if (input is None) == (clustered is None):
+        raise click.UsageError("give either an input file (INPUT) or --clustered ROWSxDIMS")
+    if input is not None:
+        X, label = _vectors(input), click.format_filename(input)
+    else:
+        n, d = clustered
+        rng = np.random.default_rng(0)
+        centres = rng.standard_normal((100, d)) * 4
+        X = centres[rng.integers(0, 100, n)] + rng.standard_normal((n, d))
+        label = f"clustered {n:,} x {d} (100 centres)"
+    if X.shape[0] <= queries:
+        raise click.UsageError(f"--queries {queries} leaves no index: the input has "
+                               f"{X.shape[0]:,} rows")
+    index, held = X[:-queries], X[-queries:]
+    click.echo(f"{label}: index of {index.shape[0]:,} rows, {queries:,} queries, "
+               f"{metric}, k={k}")
+    rows = bench_ann(index, held, k=k, metric=metric, degree=degree,
+                     build_candidates=build_candidates, candidates=candidates,
+                     progress=click.echo)
+    click.echo(markdown(rows, k))
+    write_json(json_path, {"input": label, "metric": metric, "k": k, "rows": rows})
+    if plot is not None:
+        _plots.ann(rows, f"{label}, {metric}, k={k}", plot)
+    plotted(plot)

@@ -1,0 +1,102 @@
+"""``mgpu bench ann`` (mgpu.bench.ann): recall and queries/s of the graph index, exact kNN
+and the peers, on dense and sparse rows."""
+from __future__ import annotations
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from click.testing import CliRunner
+
+from mgpu.bench import ann
+from mgpu.cli import main
+
+
+def _data(n=1500, nq=60, d=12, seed=0):
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal((20, d)) * 4
+    X = c[rng.integers(0, 20, n + nq)] + rng.standard_normal((n + nq, d))
+    return X[:n], X[n:]
+
+
+def test_the_graph_against_exact_neighbours():
+    X, Q = _data()
+    rows = ann.bench_ann(X, Q, k=5, degree=24, build_candidates=48, candidates=(8, 64),
+                         peers=())
+    assert [(r["method"], r["candidates"]) for r in rows] == [
+        ("mgpu exact", None), ("mgpu graph", 8), ("mgpu graph", 64)]
+    assert rows[0]["recall"] == 1.0 and rows[0]["build_s"] is None
+    assert rows[1]["recall"] <= rows[2]["recall"] and rows[2]["recall"] > 0.9
+    assert all(r["qps"] > 0 and r["note"] is None for r in rows)
+    assert rows[1]["build_s"] == rows[2]["build_s"] > 0  # one build, two searches
+
+
+def test_a_peer_not_installed_is_said(monkeypatch):
+    real = importlib.import_module
+
+    def without_hnswlib(name, *a, **kw):
+        if name == "hnswlib":
+            raise ImportError("no hnswlib here")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(ann.importlib, "import_module", without_hnswlib)
+    X, Q = _data(600, 20)
+    rows = ann.bench_ann(X, Q, k=5, degree=8, build_candidates=16, candidates=(16,),
+                         peers=("hnswlib",))
+    assert rows[-1]["method"] == "hnswlib HNSW" and rows[-1]["note"] == "not installed"
+    assert "| hnswlib HNSW | | | | not installed |" in ann.markdown(rows, 5)
+
+
+def test_sparse_rows_have_no_peer():
+    rng = np.random.default_rng(1)
+    X = sp.random(800, 300, density=0.05, format="csr", random_state=rng)
+    X.data += 1
+    rows = ann.bench_ann(X[:700], X[700:], k=5, degree=8, build_candidates=16,
+                         candidates=(16,), peers=tuple(ann.PEERS), metric="cosine")
+    assert {r["method"] for r in rows if r["note"]} == set(ann.PEERS.values())
+    assert all("no peer exists for sparse rows" in r["note"] for r in rows if r["note"])
+    assert 0 < rows[1]["recall"] <= 1  # uniform random words: near ties everywhere
+
+
+@pytest.mark.parametrize("peer", sorted(ann.PEERS))
+def test_an_installed_peer_is_measured(peer):
+    pytest.importorskip(peer)
+    X, Q = _data()
+    rows = ann.bench_ann(X, Q, k=5, degree=16, build_candidates=32, candidates=(32,),
+                         peers=(peer,), metric="cosine")
+    assert rows[-1]["method"] == ann.PEERS[peer] and rows[-1]["recall"] > 0.9
+
+
+def test_the_command(tmp_path):
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "ann.json", tmp_path / "ann.png"
+    r = CliRunner().invoke(main, ["bench", "ann", "--clustered", "800x8", "--queries", "50",
+                                  "--k", "5", "--degree", "8", "--build-candidates", "16",
+                                  "--candidates", "8,16", "--json", str(out), "--plot",
+                                  str(png)])
+    assert r.exit_code == 0, r.output
+    assert "| mgpu graph | 16 |" in r.output and png.stat().st_size > 0
+    got = json.loads(out.read_text())
+    assert got["k"] == 5 and [row["candidates"] for row in got["rows"][:3]] == [None, 8, 16]
+
+
+@pytest.mark.parametrize("args,text", [
+    ([], "give either an input file (INPUT) or --clustered"),
+    (["--clustered", "100x4", "--queries", "100"], "leaves no index"),
+])
+def test_the_command_refuses(args, text):
+    r = CliRunner().invoke(main, ["bench", "ann", *args])
+    assert r.exit_code == 2 and text in r.output, r.output
+
+
+def test_mnist_file(data_dir, tmp_path):
+    """A real vectors file: MNIST's images, flattened."""
+    path = data_dir / "vectors" / "mnist_t10k-images-idx3-ubyte.gz"
+    r = CliRunner().invoke(main, ["bench", "ann", str(path), "--queries", "9500",
+                                  "--candidates", "32", "--json", str(tmp_path / "m.json")])
+    assert r.exit_code == 0, r.output
+    rows = json.loads((tmp_path / "m.json").read_text())["rows"]
+    graph = [row for row in rows if row["method"] == "mgpu graph"]
+    assert graph and graph[0]["recall"] > 0.8
