@@ -54,6 +54,18 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
      "INPUT of knn-graph has 0 row(s) (an empty file?)"),
     ("knn-graph", ["--powerlaw", "50x40", "--out", "{out_npz}", "--metric", "nope"],
      "'metric' parameter of knn-graph"),
+    # --- ann-graph
+    ("ann-graph", ["{corpus}", "--out", f"{MISSING}/g.npz"],
+     f"--out: folder {MISSING} does not exist"),
+    ("ann-graph", ["{corpus}", "--out", "{tmp}/g.txt"], "give a path ending in .npz"),
+    ("ann-graph", ["{corpus}", "--out", "{out_npz}", "--degree", "1"],
+     "'--degree': 1 is not in the range x>=2"),
+    ("ann-graph", ["{corpus}", "--out", "{out_npz}", "--metric", "manhattan"],
+     "'--metric': 'manhattan' is not one of"),
+    ("ann-graph", ["{nan_mtx}", "--out", "{out_npz}"],
+     "The 'X' parameter of GraphIndex.fit holds NaN or infinity"),
+    ("ann-graph", ["{empty_mtx}", "--out", "{out_npz}"],
+     "The 'X' parameter of GraphIndex.fit must have at least 1 row(s)"),
     # --- jaccard
     ("jaccard", ["{graph}", "--out", "{out_npz}", "--parts", "0"],
      "'--parts': 0 is not in the range x>=1"),

@@ -175,3 +175,30 @@ def test_ap_bag_of_words(data_dir):
     _, ind = GraphIndex(10, metric="cosine", degree=32, candidates=64).fit(X).kneighbors(Q)
     _, truth = mgpu.NearestNeighbors(n_neighbors=10, metric="cosine").fit(X).kneighbors(Q)
     assert _recall(ind, truth) > 0.9
+
+
+def test_the_run_command_writes_an_index_that_loads(tmp_path):
+    """``mgpu run ann-graph`` builds the index of a file's rows and writes it whole: it
+    loads and answers as one built in Python."""
+    from click.testing import CliRunner
+
+    from mgpu.cli import main
+
+    X, Q = _clustered(9, 700, 10)
+    np.save(tmp_path / "rows.npy", X)
+    out = tmp_path / "g.npz"
+    r = CliRunner().invoke(main, ["run", "ann-graph", str(tmp_path / "rows.npy"), "--degree",
+                                  "8", "--candidates", "16", "--batch", "100", "--out",
+                                  str(out)])
+    assert r.exit_code == 0, r.output
+    assert "700 vertices" in r.output and sorted(p.name for p in tmp_path.iterdir()) == [
+        "g.npz", "rows.npy"]
+    want = GraphIndex(10, degree=8, candidates=16, batch=100).fit(X).kneighbors(Q)
+    for a, b in zip(GraphIndex.load(out).kneighbors(Q), want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_save_adds_npz(tmp_path):
+    index = GraphIndex(2, degree=4, candidates=4).fit(np.eye(6))
+    index.save(tmp_path / "plain")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.npz"]

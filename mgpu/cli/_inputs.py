@@ -112,6 +112,24 @@ def load_input(path: str | None, powerlaw: tuple[int, int] | None, nnz: float,
     return got.matrix, got.label
 
 
+def load_vectors(path: str) -> Any:
+    """The rows of a vectors file (any file mgpu.io.load reads): a float64 array, images
+    flattened to one row each, or scipy CSR where the file holds a sparse matrix."""
+    import scipy.sparse as sp
+
+    from mgpu import io
+
+    try:
+        data = io.load(path)
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        raise data_error(exc) from exc
+    data = getattr(data, "matrix", data)  # Ratings and TenX hold theirs with their ids
+    if sp.issparse(data):
+        return sp.csr_matrix(data, dtype=np.float64)
+    data = np.asarray(data, dtype=np.float64)
+    return data.reshape(len(data), -1) if data.ndim > 2 else data
+
+
 def load_ratings(path: str) -> Any:
     """A MovieLens ratings file (``mgpu.io.load_ratings``'s result)."""
     from mgpu.io import load_ratings as load

@@ -2,34 +2,16 @@
 indexes, one run (:mod:`mgpu.bench.ann`)."""
 from __future__ import annotations
 
-from typing import Any
-
 import click
 import numpy as np
 
 from mgpu.cli import _options as opt
 from mgpu.cli import _plots
-from mgpu.cli._errors import Command, data_error
+from mgpu.cli._errors import Command
+from mgpu.cli._inputs import load_vectors
 from mgpu.cli._output import plotted, write_json
 
 _METRICS = ("euclidean", "sqeuclidean", "cosine", "inner_product")
-
-
-def _vectors(path: str) -> Any:
-    """The rows of INPUT: a dense array (images flattened to one row each) or scipy CSR."""
-    import scipy.sparse as sp
-
-    from mgpu import io
-
-    try:
-        data = io.load(path)
-    except (ValueError, FileNotFoundError, TypeError) as exc:
-        raise data_error(exc) from exc
-    data = getattr(data, "matrix", data)
-    if sp.issparse(data):
-        return sp.csr_matrix(data, dtype=np.float64)
-    data = np.asarray(data, dtype=np.float64)
-    return data.reshape(len(data), -1) if data.ndim > 2 else data
 
 
 @click.command("ann", cls=Command)
@@ -63,7 +45,7 @@ def bench_ann_cmd(input: str | None, clustered: tuple[int, int] | None, queries:
     if (input is None) == (clustered is None):
         raise click.UsageError("give either an input file (INPUT) or --clustered ROWSxDIMS")
     if input is not None:
-        X, label = _vectors(input), click.format_filename(input)
+        X, label = load_vectors(input), click.format_filename(input)
     else:
         n, d = clustered
         rng = np.random.default_rng(0)

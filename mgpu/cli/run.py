@@ -17,7 +17,8 @@ import numpy as np
 from mgpu.cli import _options as opt
 from mgpu.cli import _plots
 from mgpu.cli._errors import Group
-from mgpu.cli._inputs import Input, load_ratings, read_input, read_matrix, read_words
+from mgpu.cli._inputs import (Input, load_ratings, load_vectors, read_input, read_matrix,
+                              read_words)
 from mgpu.cli._mf import mf_options, train
 from mgpu.cli._output import (bar, describe, plotted, replace_json, save_npz, save_sparse,
                               save_table, tile_placement)
@@ -147,6 +148,46 @@ def run_knn_graph(input: str | None, powerlaw: tuple[int, int] | None, nnz: floa
     if plot is not None:
         _plots.knn_graph(st["finite"], indeg, f"{label}: {k}-NN graph, {metric}", plot)
     plotted(plot)
+
+
+@run.command("ann-graph")
+@click.argument("input", type=click.Path(exists=True))
+@click.option("--metric", default="euclidean", show_default=True,
+              type=click.Choice(("euclidean", "l2", "sqeuclidean", "cosine", "inner_product")))
+@click.option("--degree", default=32, show_default=True, type=click.IntRange(2),
+              help="Links a vertex keeps; a new row makes half as many.")
+@click.option("--candidates", default=64, show_default=True, type=click.IntRange(1),
+              help="Vertices the build's searches keep (and, saved, the index's searches).")
+@click.option("--batch", default=1024, show_default=True, type=click.IntRange(1),
+              help="Rows inserted at a time.")
+@opt.out_npz("the index", "Where to write the index (mgpu.models.GraphIndex.load reads it).")
+def run_ann_graph(input: str, metric: str, degree: int, candidates: int, batch: int,
+                  out: Path) -> None:
+    """Build the proximity-graph index of INPUT's rows (mgpu.models.GraphIndex, on the CPU)
+    and write it to OUT.
+
+    INPUT is a vectors file (MNIST IDX, an npz array) or a sparse matrix (bag-of-words, a
+    10x folder, ...): dense rows stay dense, sparse rows sparse.
+    """
+    import scipy.sparse as sp
+
+    from mgpu.models import GraphIndex
+
+    t0 = time.perf_counter()
+    X = load_vectors(input)
+    click.echo(f"{click.format_filename(input)}: {X.shape[0]:,} x {X.shape[1]:,} "
+               f"({'sparse' if sp.issparse(X) else 'dense'}, loaded in "
+               f"{time.perf_counter() - t0:.1f} s); {metric}, degree {degree}")
+    index = GraphIndex(min(10, candidates), metric=metric, degree=degree,
+                       candidates=candidates, batch=batch)
+    t0 = time.perf_counter()
+    with bar(total=X.shape[0], unit="row", desc="inserted") as b:
+        index.fit(X, progress=lambda done, n: b.update(done - b.n))
+    index.save(out)
+    links = index.degree_
+    click.echo(f"graph: {X.shape[0]:,} vertices, {int(links.sum()):,} links (per vertex: "
+               f"mean {links.mean():.1f}, max {int(links.max())}) in "
+               f"{time.perf_counter() - t0:.1f} s, written to {out}")
 
 
 @run.command("jaccard")

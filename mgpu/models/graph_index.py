@@ -234,18 +234,23 @@ class GraphIndex(BaseEstimator):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the index (its parameters, the rows as the graph holds them, the graph) to
-        ``path``, an ``.npz`` file of plain arrays (numpy adds the ``.npz`` where the name
-        lacks it)."""
+        ``path``, an ``.npz`` file of plain arrays (``.npz`` added where the name lacks
+        it), whole: written beside it first, then moved into place."""
         check_param(path, "path", "GraphIndex.save", _PATH)
         self._check_fitted()
         params = self.get_params()
         rows = (dict(zip(_SPARSE, self._data)) if isinstance(self._data, tuple) else
                 {"data": self._data})
-        np.savez(path, format=np.int64(_FORMAT), graph=self.graph_, **rows,
+        final = os.fspath(path)
+        final = final if final.endswith(".npz") else final + ".npz"
+        head, name = os.path.split(final)
+        partial = os.path.join(head, f".{name[:-4]}.partial.npz")
+        np.savez(partial, format=np.int64(_FORMAT), graph=self.graph_, **rows,
                  links=self.degree_, n_features=np.int64(self.n_features_in_),
                  metric=np.str_(params.pop("metric")),
                  explore=np.int64(-1 if params["explore"] is None else params["explore"]),
                  **{k: np.int64(v) for k, v in params.items() if k != "explore"})
+        os.replace(partial, final)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> GraphIndex:
