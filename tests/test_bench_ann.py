@@ -100,3 +100,16 @@ def test_mnist_file(data_dir, tmp_path):
     rows = json.loads((tmp_path / "m.json").read_text())["rows"]
     graph = [row for row in rows if row["method"] == "mgpu graph"]
     assert graph and graph[0]["recall"] > 0.8
+
+
+def test_a_search_is_timed_as_a_median_after_an_untimed_call(monkeypatch):
+    from mgpu.models import GraphIndex
+
+    calls = []
+    real = GraphIndex.kneighbors
+    monkeypatch.setattr(GraphIndex, "kneighbors",
+                        lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
+    X, Q = _data(400, 10)
+    ann.bench_ann(X, Q, k=5, degree=8, build_candidates=16, candidates=(8, 16), peers=(),
+                  repeats=4)
+    assert len(calls) == 2 * (1 + 4)

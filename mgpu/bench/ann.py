@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from mgpu.backends.timing import time_cpu
+
 __all__ = ["PEERS", "bench_ann", "markdown", "recall"]
 
 PEERS = {"hnswlib": "hnswlib HNSW", "faiss": "Faiss IndexHNSWFlat"}
@@ -36,13 +38,21 @@ def recall(found: np.ndarray, truth: np.ndarray) -> float:
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``fn()`` and its seconds: a build, timed once."""
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
 
 
+def _searched(fn: Callable[[], Any], repeats: int) -> tuple[Any, float]:
+    """``fn()`` (a search: its first call, untimed, compiles what numba compiles) and the
+    median seconds of ``repeats`` more."""
+    return fn(), time_cpu(fn, repeats=repeats, warmup=0)
+
+
 def _hnswlib(X: np.ndarray, Q: np.ndarray, k: int, metric: str, degree: int, build: int,
-             candidates: Sequence[int]) -> tuple[float, list[tuple[int, np.ndarray, float]]]:
+             candidates: Sequence[int], repeats: int
+             ) -> tuple[float, list[tuple[int, np.ndarray, float]]]:
     import hnswlib
 
     space = {"euclidean": "l2", "sqeuclidean": "l2", "cosine": "cosine",
@@ -59,13 +69,14 @@ def _hnswlib(X: np.ndarray, Q: np.ndarray, k: int, metric: str, degree: int, bui
     out = []
     for c in candidates:
         index.set_ef(max(c, k))
-        (ids, _), s = _timed(lambda: index.knn_query(Q, k=k))
+        (ids, _), s = _searched(lambda: index.knn_query(Q, k=k), repeats)
         out.append((c, ids.astype(np.int64), s))
     return build_s, out
 
 
 def _faiss(X: np.ndarray, Q: np.ndarray, k: int, metric: str, degree: int, build: int,
-           candidates: Sequence[int]) -> tuple[float, list[tuple[int, np.ndarray, float]]]:
+           candidates: Sequence[int], repeats: int
+           ) -> tuple[float, list[tuple[int, np.ndarray, float]]]:
     import faiss
 
     faiss.omp_set_num_threads(os.cpu_count() or 1)
@@ -82,7 +93,7 @@ def _faiss(X: np.ndarray, Q: np.ndarray, k: int, metric: str, degree: int, build
     out = []
     for c in candidates:
         index.hnsw.efSearch = max(c, k)
-        (_, ids), s = _timed(lambda: index.search(Q32, k))
+        (_, ids), s = _searched(lambda: index.search(Q32, k), repeats)
         out.append((c, ids.astype(np.int64), s))
     return build_s, out
 
@@ -100,13 +111,14 @@ def _row(method: str, param: int | None, build_s: float | None, found: np.ndarra
 
 def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree: int = 32,
               build_candidates: int = 64, candidates: Sequence[int] = (16, 32, 64, 128),
-              peers: Sequence[str] = tuple(PEERS), progress: Callable[[str], None] | None = None
-              ) -> list[dict[str, Any]]:
+              peers: Sequence[str] = tuple(PEERS), repeats: int = 3,
+              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Recall@k and queries/s of mgpu's graph index at each ``candidates`` value, of mgpu's
     exact kNN (the ground truth, recall 1) and of each peer installed, on index X and
     queries Q (dense or scipy sparse, on the CPU): one row per method and search parameter,
-    with the build's seconds. Each method is called once on two queries before it is
-    timed (numba compiles on a first call).
+    with the build's seconds (one build each). A search's queries/s are from the median of
+    ``repeats`` timed calls after one untimed call (whose neighbours are scored; numba
+    compiles on a first call).
 
     Examples
     --------
@@ -120,16 +132,14 @@ def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree:
     from mgpu.models import GraphIndex
 
     say = progress or (lambda line: None)
-    mgpu.knn(X, Q[:2], k, metric=metric)  # compiled before it is timed
-    (_, truth), exact_s = _timed(lambda: mgpu.knn(X, Q, k, metric=metric))
+    (_, truth), exact_s = _searched(lambda: mgpu.knn(X, Q, k, metric=metric), repeats)
     rows = [_row("mgpu exact", None, None, truth, exact_s, truth)]
     say(f"mgpu exact: {rows[0]['qps']:,.0f} q/s")
     index = GraphIndex(k, metric=metric, degree=degree, candidates=max(build_candidates, k))
     _, build_s = _timed(lambda: index.fit(X))
-    index.kneighbors(Q[:2])  # the search compiled before it is timed
     for c in candidates:
         index.set_params(candidates=max(c, k))
-        (_, ids), s = _timed(lambda: index.kneighbors(Q))
+        (_, ids), s = _searched(lambda: index.kneighbors(Q), repeats)
         rows.append(_row("mgpu graph", c, build_s, ids, s, truth))
         say(f"mgpu graph, candidates {c}: {rows[-1]['qps']:,.0f} q/s, recall@{k} "
             f"{rows[-1]['recall']:.3f} (build {build_s:.2f} s)")
@@ -145,7 +155,7 @@ def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree:
             say(f"{PEERS[key]}: not installed")
             continue
         build_s, found = _RUNNERS[key](np.asarray(X), np.asarray(Q), k, metric, degree,
-                                       build_candidates, candidates)
+                                       build_candidates, candidates, repeats)
         for c, ids, s in found:
             rows.append(_row(PEERS[key], c, build_s, ids, s, truth))
             say(f"{PEERS[key]}, efSearch {c}: {rows[-1]['qps']:,.0f} q/s, recall@{k} "

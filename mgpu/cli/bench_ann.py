@@ -29,11 +29,12 @@ _METRICS = ("euclidean", "sqeuclidean", "cosine", "inner_product")
               help="Candidates of the build's searches (the peers' efConstruction).")
 @opt.int_list("--candidates", "16,32,64,128",
               "Candidates of the searches timed, comma-separated (the peers' efSearch).")
+@opt.repeats(3, "Timed calls of each search (median), after one untimed call.")
 @opt.json_out()
 @opt.plot("queries/s against recall@k of each method")
 def bench_ann_cmd(input: str | None, clustered: tuple[int, int] | None, queries: int,
                   metric: str, k: int, degree: int, build_candidates: int,
-                  candidates: tuple[int, ...], json_path: str | None,
+                  candidates: tuple[int, ...], repeats: int, json_path: str | None,
                   plot: str | None) -> None:
     """Recall@k and queries/s of mgpu's proximity-graph index (mgpu.models.GraphIndex) at
     each --candidates, against mgpu's exact kNN (the ground truth) and, where installed,
@@ -60,7 +61,7 @@ def bench_ann_cmd(input: str | None, clustered: tuple[int, int] | None, queries:
                f"{metric}, k={k}")
     rows = bench_ann(index, held, k=k, metric=metric, degree=degree,
                      build_candidates=build_candidates, candidates=candidates,
-                     progress=click.echo)
+                     repeats=repeats, progress=click.echo)
     click.echo(markdown(rows, k))
     write_json(json_path, {"input": label, "metric": metric, "k": k, "rows": rows})
     if plot is not None:
