@@ -13,6 +13,7 @@ from dask.utils import Dispatch
 
 __all__ = [
     "ann_build_lookup",
+    "ann_prepare_lookup",
     "ann_search_lookup",
     "all_finite_lookup",
     "array_module_lookup",
@@ -44,6 +45,9 @@ __all__ = [
 # (rows as the graph takes them, metric, d_min, d_max, N's length, exploration limit, batch,
 # progress) -> (graph, degree): the proximity graph of GraphIndex
 ann_build_lookup = Dispatch("ann_build")
+# (checked X, metric, sparse or None) -> the rows as the graph's kernels take them, in the
+# form asked (None: X's own)
+ann_prepare_lookup = Dispatch("ann_prepare")
 # (rows, graph, degree, queries, k, metric, N's length, exploration limit) -> (dist, ids)
 ann_search_lookup = Dispatch("ann_search")
 # (X, op) -> per-row reduction in X's float dtype

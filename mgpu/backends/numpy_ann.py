@@ -53,7 +53,7 @@ import scipy.sparse as sp
 from numba import types
 from numba.extending import overload
 
-from mgpu.backends.dispatch import ann_build_lookup, ann_search_lookup
+from mgpu.backends.dispatch import ann_build_lookup, ann_prepare_lookup, ann_search_lookup
 from mgpu.backends.jit import njit
 
 __all__ = ["METRICS", "build_graph", "prepare", "rows_of", "search_graph"]
@@ -309,12 +309,14 @@ def _link_batch(graph: np.ndarray, link_dist: np.ndarray, degree: np.ndarray,
             _link(graph, link_dist, degree, own, c_ids[i, j], p, c_dist[i, j])
 
 
-def prepare(X: Any, metric: str) -> Any:
-    """X as the kernels take it: a float64 C-contiguous array, or, for a scipy sparse X, the
-    tuple (indptr, indices, values, squared norms) of its canonical CSR (int64 row
-    pointers, int32 columns, float64 values); rows scaled to unit length for cosine (rows of
-    zeros kept)."""
-    if sp.issparse(X):
+@ann_prepare_lookup.register((np.ndarray, sp.spmatrix, sp.sparray))
+def prepare(X: Any, metric: str, sparse: bool | None = None) -> Any:
+    """X as the kernels take it, in the form asked (``sparse``; None: X's own): a float64
+    C-contiguous array, or the tuple (indptr, indices, values, squared norms) of a
+    canonical CSR (int64 row pointers, int32 columns, float64 values); rows scaled to unit
+    length for cosine (rows of zeros kept)."""
+    sparse = sp.issparse(X) if sparse is None else sparse
+    if sparse:
         C = sp.csr_matrix(X, dtype=np.float64, copy=True)
         C.sum_duplicates()  # sorted columns, no duplicates: what the merge needs
         sq = np.asarray(C.multiply(C).sum(axis=1), dtype=np.float64).ravel()
@@ -325,7 +327,7 @@ def prepare(X: Any, metric: str) -> Any:
             sq = np.asarray(C.multiply(C).sum(axis=1), dtype=np.float64).ravel()
         return (C.indptr.astype(np.int64), C.indices.astype(np.int32),
                 np.ascontiguousarray(C.data, dtype=np.float64), sq)
-    data = np.ascontiguousarray(X, dtype=np.float64)
+    data = np.ascontiguousarray(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
     if metric == "cosine":
         norms = np.sqrt(np.einsum("ij,ij->i", data, data))
         data = data / np.where(norms > 0, norms, 1.0)[:, None]

@@ -2,8 +2,11 @@
 exact neighbours and the CPU graph indexes people use, in one run: recall@k against mgpu's
 exact kNN and queries/s, over each index's search parameter, with each index's build time.
 
+With ``gpu``, mgpu's graph index and exact kNN run on the GPU (rows as float32 CuPy arrays
+or cupyx CSR; searches timed with CUDA events, builds to the device's last kernel).
+
 Peers, where installed (neither is a dependency of mgpu): hnswlib and Faiss's HNSW
-(``IndexHNSWFlat``), on all the machine's cores, built with M = degree // 2 and
+(``IndexHNSWFlat``), on all the machine's CPU cores, built with M = degree // 2 and
 efConstruction = the build's candidates, searched with efSearch = each candidates value.
 They take dense vectors only: on sparse rows the table says so (no peer exists there).
 """
@@ -18,7 +21,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mgpu.backends.timing import time_cpu
+from mgpu.backends import to_host
+from mgpu.backends.timing import time_cpu, time_gpu
 
 __all__ = ["PEERS", "bench_ann", "markdown", "recall"]
 
@@ -37,17 +41,33 @@ def recall(found: np.ndarray, truth: np.ndarray) -> float:
     return hits / truth.size
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """``fn()`` and its seconds: a build, timed once."""
+def _timed(fn: Callable[[], Any], gpu: bool = False) -> tuple[Any, float]:
+    """``fn()`` and its seconds: a build, timed once (to the GPU's last kernel)."""
     t0 = time.perf_counter()
     out = fn()
+    if gpu:
+        import cupy
+
+        cupy.cuda.Device().synchronize()
     return out, time.perf_counter() - t0
 
 
-def _searched(fn: Callable[[], Any], repeats: int) -> tuple[Any, float]:
-    """``fn()`` (a search: its first call, untimed, compiles what numba compiles) and the
-    median seconds of ``repeats`` more."""
-    return fn(), time_cpu(fn, repeats=repeats, warmup=0)
+def _searched(fn: Callable[[], Any], repeats: int, gpu: bool = False) -> tuple[Any, float]:
+    """``fn()`` (a search: its first call, untimed, compiles what numba or NVRTC compiles)
+    and the median seconds of ``repeats`` more (CUDA events on the GPU)."""
+    out = fn()
+    timer = time_gpu if gpu else time_cpu
+    return out, timer(fn, repeats=repeats, warmup=0)
+
+
+def _on_gpu(X: Any) -> Any:
+    """X as float32 CuPy data: a cupyx CSR matrix for sparse X."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    if sp.issparse(X):
+        return csp.csr_matrix(sp.csr_matrix(X, dtype=np.float32))
+    return cupy.asarray(X, dtype=np.float32)
 
 
 def _hnswlib(X: np.ndarray, Q: np.ndarray, k: int, metric: str, degree: int, build: int,
@@ -111,14 +131,16 @@ def _row(method: str, param: int | None, build_s: float | None, found: np.ndarra
 
 def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree: int = 32,
               build_candidates: int = 64, candidates: Sequence[int] = (16, 32, 64, 128),
-              peers: Sequence[str] = tuple(PEERS), repeats: int = 3,
-              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+              peers: Sequence[str] = tuple(PEERS), repeats: int = 3, gpu: bool = False,
+              batch: int = 1024, progress: Callable[[str], None] | None = None
+              ) -> list[dict[str, Any]]:
     """Recall@k and queries/s of mgpu's graph index at each ``candidates`` value, of mgpu's
     exact kNN (the ground truth, recall 1) and of each peer installed, on index X and
     queries Q (dense or scipy sparse, on the CPU): one row per method and search parameter,
     with the build's seconds (one build each). A search's queries/s are from the median of
     ``repeats`` timed calls after one untimed call (whose neighbours are scored; numba
-    compiles on a first call).
+    compiles on a first call). ``gpu``: mgpu's indexes on the GPU (float32); ``batch``:
+    the rows the graph's build inserts at a time.
 
     Examples
     --------
@@ -132,15 +154,19 @@ def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree:
     from mgpu.models import GraphIndex
 
     say = progress or (lambda line: None)
-    (_, truth), exact_s = _searched(lambda: mgpu.knn(X, Q, k, metric=metric), repeats)
-    rows = [_row("mgpu exact", None, None, truth, exact_s, truth)]
-    say(f"mgpu exact: {rows[0]['qps']:,.0f} q/s")
-    index = GraphIndex(k, metric=metric, degree=degree, candidates=max(build_candidates, k))
-    _, build_s = _timed(lambda: index.fit(X))
+    Xm, Qm = (_on_gpu(X), _on_gpu(Q)) if gpu else (X, Q)
+    where = " (GPU)" if gpu else ""
+    (_, truth), exact_s = _searched(lambda: mgpu.knn(Xm, Qm, k, metric=metric), repeats, gpu)
+    truth = to_host(truth)
+    rows = [_row(f"mgpu exact{where}", None, None, truth, exact_s, truth)]
+    say(f"mgpu exact{where}: {rows[0]['qps']:,.0f} q/s")
+    index = GraphIndex(k, metric=metric, degree=degree, candidates=max(build_candidates, k),
+                       batch=batch)
+    _, build_s = _timed(lambda: index.fit(Xm), gpu)
     for c in candidates:
         index.set_params(candidates=max(c, k))
-        (_, ids), s = _searched(lambda: index.kneighbors(Q), repeats)
-        rows.append(_row("mgpu graph", c, build_s, ids, s, truth))
+        (_, ids), s = _searched(lambda: index.kneighbors(Qm), repeats, gpu)
+        rows.append(_row(f"mgpu graph{where}", c, build_s, to_host(ids), s, truth))
         say(f"mgpu graph, candidates {c}: {rows[-1]['qps']:,.0f} q/s, recall@{k} "
             f"{rows[-1]['recall']:.3f} (build {build_s:.2f} s)")
     for key in peers:

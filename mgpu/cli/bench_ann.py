@@ -29,13 +29,17 @@ _METRICS = ("euclidean", "sqeuclidean", "cosine", "inner_product")
               help="Candidates of the build's searches (the peers' efConstruction).")
 @opt.int_list("--candidates", "16,32,64,128",
               "Candidates of the searches timed, comma-separated (the peers' efSearch).")
+@click.option("--batch", default=1024, show_default=True, type=click.IntRange(1),
+              help="Rows the graph's build inserts at a time.")
+@click.option("--gpu", is_flag=True,
+              help="mgpu's graph index and exact kNN on the GPU (float32); peers on the CPU.")
 @opt.repeats(3, "Timed calls of each search (median), after one untimed call.")
 @opt.json_out()
 @opt.plot("queries/s against recall@k of each method")
 def bench_ann_cmd(input: str | None, clustered: tuple[int, int] | None, queries: int,
                   metric: str, k: int, degree: int, build_candidates: int,
-                  candidates: tuple[int, ...], repeats: int, json_path: str | None,
-                  plot: str | None) -> None:
+                  candidates: tuple[int, ...], batch: int, gpu: bool, repeats: int,
+                  json_path: str | None, plot: str | None) -> None:
     """Recall@k and queries/s of mgpu's proximity-graph index (mgpu.models.GraphIndex) at
     each --candidates, against mgpu's exact kNN (the ground truth) and, where installed,
     hnswlib and Faiss's HNSW on all cores, on INPUT's rows (a dense vectors file or a
@@ -61,9 +65,10 @@ def bench_ann_cmd(input: str | None, clustered: tuple[int, int] | None, queries:
                f"{metric}, k={k}")
     rows = bench_ann(index, held, k=k, metric=metric, degree=degree,
                      build_candidates=build_candidates, candidates=candidates,
-                     repeats=repeats, progress=click.echo)
+                     repeats=repeats, gpu=gpu, batch=batch, progress=click.echo)
     click.echo(markdown(rows, k))
-    write_json(json_path, {"input": label, "metric": metric, "k": k, "rows": rows})
+    write_json(json_path, {"input": label, "metric": metric, "k": k, "gpu": gpu,
+                           "batch": batch, "rows": rows})
     if plot is not None:
         _plots.ann(rows, f"{label}, {metric}, k={k}", plot)
     plotted(plot)

@@ -15,12 +15,12 @@ from numbers import Integral
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from mgpu.backends import ann_build_lookup, ann_search_lookup, is_gpu_array
-from mgpu.backends.numpy_ann import prepare, rows_of
+from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_lookup,
+                           is_gpu_array, is_sparse, to_host)
+from mgpu.backends.numpy_ann import rows_of
 from mgpu.ops.distances import check_knn_input
 from mgpu.ops.validation import (Boolean, InstanceOf, Interval, IsCallable, StrOptions,
                                  as_array, check_param, is_dask_array)
@@ -57,8 +57,9 @@ class GraphIndex(BaseEstimator):
     ``explore`` are all explored. More candidates (and a larger ``explore``) find more of
     the true neighbours at more distances computed.
 
-    Dense or sparse rows on the CPU for now (GPU data is refused with what to do instead).
-    A sparse row is scored against a query as mgpu's sparse kNN scores it: a dot product
+    On the CPU (numpy, scipy sparse) or the GPU (CuPy, cupyx sparse: the graph is built
+    and searched there, by the kernels of ``kernels/ann.cu``, one thread block a query), as
+    X of ``fit`` is; queries must be where the index is. A sparse row is scored against a query as mgpu's sparse kNN scores it: a dot product
     over the columns the two share (their sorted columns merged), expanded with the norms
     for the euclidean distances; rows are never made dense. Queries take the index's form
     (dense queries of a sparse index are made sparse, and sparse ones of a dense index
@@ -143,7 +144,8 @@ class GraphIndex(BaseEstimator):
         Parameters
         ----------
         X : {array-like, sparse matrix} of shape (n_samples, n_features)
-            Real numbers, finite, on the CPU (scipy sparse in any format).
+            Real numbers, finite: numpy, scipy sparse (any format), CuPy or cupyx sparse
+            (the index is then built and kept on the GPU, float32 kept float32).
         y : None
             Ignored (scikit-learn's estimator API).
         progress : callable or None, default=None
@@ -158,12 +160,13 @@ class GraphIndex(BaseEstimator):
         ValueError
             A bad parameter; X not 2-D, empty, or with NaN or infinity.
         TypeError
-            X on a GPU, a dask array, or not of numbers.
+            X a dask array, or not of numbers.
         """
         metric, l_n, e = self._check_params()
         check_param(progress, "progress", "GraphIndex.fit", [IsCallable(), None])
         X = _rows(X, "X", "GraphIndex.fit")
-        data = prepare(X, metric)
+        data = ann_prepare_lookup(X, metric)
+        self._sparse = is_sparse(X)
         d_max = int(self.degree)
         self.graph_, self.degree_ = ann_build_lookup(data, metric, max(1, d_max // 2), d_max,
                                                      l_n, e, int(self.batch), progress)
@@ -189,7 +192,8 @@ class GraphIndex(BaseEstimator):
         Parameters
         ----------
         X : {array-like, sparse matrix} of shape (n_queries, n_features)
-            Real numbers, finite, on the CPU.
+            Real numbers, finite, on the device of the index (the GPU for an index fitted
+            on GPU data).
         n_neighbors : int or None, default=None
             At most ``candidates`` and the index's rows (None: the index's
             ``n_neighbors``).
@@ -211,7 +215,7 @@ class GraphIndex(BaseEstimator):
             X not 2-D, with another number of columns than the index, empty, or with NaN
             or infinity; n_neighbors out of range.
         TypeError
-            X on a GPU, a dask array, or not of numbers.
+            X on another device than the index, a dask array, or not of numbers.
         """
         func = "GraphIndex.kneighbors"
         self._check_fitted()
@@ -225,11 +229,16 @@ class GraphIndex(BaseEstimator):
         if Q.shape[1] != self.n_features_in_:
             raise ValueError(f"The 'X' parameter of {func} must have {self.n_features_in_} "
                              f"columns, as the index. Got {Q.shape[1]} instead.")
-        sparse = isinstance(self._data, tuple)  # the index's form: the queries take it
-        if sp.issparse(Q) != sparse:
-            Q = sp.csr_matrix(Q) if sparse else Q.toarray()
-        dist, ind = ann_search_lookup(self._data, self.graph_, self.degree_,
-                                      prepare(Q, metric), int(k), metric, l_n, e)
+        # only to word the refusal: each device searches its own index
+        if is_gpu_array(Q) != is_gpu_array(self.graph_):
+            where = "the GPU" if is_gpu_array(self.graph_) else "the CPU"
+            raise TypeError(
+                f"The 'X' parameter of {func} must be on {where}, where the index is. Got "
+                f"{type(Q).__name__} instead: move the queries (cupy.asarray(X), or X.get()), "
+                "or fit the index on the queries' device.")
+        queries = ann_prepare_lookup(Q, metric, self._sparse)  # in the index's form
+        dist, ind = ann_search_lookup(self._data, self.graph_, self.degree_, queries,
+                                      int(k), metric, l_n, e)
         return (_METRICS[self.metric][1](dist), ind) if return_distance else ind
 
     def save(self, path: str | os.PathLike) -> None:
@@ -239,14 +248,18 @@ class GraphIndex(BaseEstimator):
         check_param(path, "path", "GraphIndex.save", _PATH)
         self._check_fitted()
         params = self.get_params()
-        rows = (dict(zip(_SPARSE, self._data)) if isinstance(self._data, tuple) else
-                {"data": self._data})
+        data = self._data
+        # a GPU index is written as the CPU's: its rows in the host form (without scaling
+        # them again: "sqeuclidean"), its graph as int64
+        if is_gpu_array(self.graph_):
+            data = ann_prepare_lookup(to_host(data), "sqeuclidean")
+        rows = dict(zip(_SPARSE, data)) if self._sparse else {"data": data}
         final = os.fspath(path)
         final = final if final.endswith(".npz") else final + ".npz"
         head, name = os.path.split(final)
         partial = os.path.join(head, f".{name[:-4]}.partial.npz")
-        np.savez(partial, format=np.int64(_FORMAT), graph=self.graph_, **rows,
-                 links=self.degree_, n_features=np.int64(self.n_features_in_),
+        np.savez(partial, format=np.int64(_FORMAT), graph=to_host(self.graph_).astype(np.int64),
+                 **rows, links=to_host(self.degree_).astype(np.int64), n_features=np.int64(self.n_features_in_),
                  metric=np.str_(params.pop("metric")),
                  explore=np.int64(-1 if params["explore"] is None else params["explore"]),
                  **{k: np.int64(v) for k, v in params.items() if k != "explore"})
@@ -264,7 +277,8 @@ class GraphIndex(BaseEstimator):
             index = cls(int(f["n_neighbors"]), metric=str(f["metric"]),
                         degree=int(f["degree"]), candidates=int(f["candidates"]),
                         explore=None if explore < 0 else explore, batch=int(f["batch"]))
-            index._data = tuple(f[k] for k in _SPARSE) if _SPARSE[0] in f else f["data"]
+            index._sparse = _SPARSE[0] in f
+            index._data = tuple(f[k] for k in _SPARSE) if index._sparse else f["data"]
             index.graph_ = f["graph"]
             index.degree_ = f["links"]
             index.effective_metric_ = index.metric
@@ -274,15 +288,16 @@ class GraphIndex(BaseEstimator):
 
 
 def _rows(X: Any, name: str, func: str) -> Any:
-    """X as a float64 numpy array or CSR matrix (summed duplicates) of real, finite numbers
-    with rows and columns (an array-like converted, numbers stored as objects too),
-    refusing GPU and dask data with what to do instead."""
+    """X checked where it is: a float64 numpy array or CSR matrix (summed duplicates) on
+    the CPU, a C-ordered CuPy array or canonical cupyx CSR (float32 or float64) on the GPU,
+    of real, finite numbers with rows and columns (an array-like converted, numbers stored
+    as objects too), refusing dask data with what to do instead."""
     X = as_array(X, name, func)
-    # only to word the refusal: the graph's kernels have no GPU or dask path yet
-    if is_gpu_array(X) or is_dask_array(X):
+    # only to word the refusal: the graph index runs on one device
+    if is_dask_array(X):
         raise TypeError(
-            f"The '{name}' parameter of {func} must be data on the CPU (numpy, scipy sparse, "
-            f"or a list of rows). Got {type(X).__name__} instead: GraphIndex takes no GPU "
-            "arrays or dask arrays yet (cupy.asnumpy(X) or X.get() for data that fits; "
-            "mgpu.NearestNeighbors gives exact neighbours of either).")
-    return check_knn_input(X, name, func, min_samples=1, min_features=1)
+            f"The '{name}' parameter of {func} must be data on one device (numpy, scipy "
+            f"sparse, CuPy, cupyx sparse, or a list of rows). Got {type(X).__name__} "
+            "instead: GraphIndex takes no dask arrays yet (X.compute() for data that fits; "
+            "mgpu.NearestNeighbors gives exact neighbours of dask arrays).")
+    return check_knn_input(X, name, func, X, min_samples=1, min_features=1)

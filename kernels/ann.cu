@@ -1,0 +1,403 @@
+// Graph-based approximate nearest neighbours on the GPU: GANNS's search and the batched
+// construction of GGraphCon (Yu, PhD thesis ch. 4), the GPU side of
+// mgpu/backends/numpy_ann.py (whose docstring states the algorithms; the two are kept
+// equal, step for step).
+//
+// mgpu_ann_search: one thread block per query. The block holds in shared memory the two
+// fixed-length arrays of GANNS: N, the best vertices met so far (id, distance, explored
+// flag), sorted by (distance, id), and T, the neighbours of the vertex being explored. A
+// step picks the first unexplored vertex among N's first e entries, loads its neighbours
+// into T, scores each (a group of lanes a neighbour) without asking whether it was met
+// before (the lazy check), drops the ones N already holds (a binary search of the sorted N
+// for the same (distance, id): a vertex scored again scores the same to the last bit, since
+// a group's lanes always take the same elements), sorts T (bitonic) and merges it into N: T's
+// i-th entry against N's (L-1-i)-th, the smaller kept, which leaves N bitonic, then a
+// bitonic merge; entries past N's length l_n are dropped. The search ends when N's first e
+// entries are explored.
+//
+// The same kernel serves the construction: the queries are then the rows of a batch
+// (query i is row q0 + i), the graph searched is that of the rows before the batch (ids
+// below `limit`), and after the search each row scores the rows of its batch before it
+// (pred_lo .. q0 + i - 1), in pieces of T's length merged into N as above; its d_min
+// nearest are its links.
+//
+// mgpu_ann_link: the links made back. One thread per vertex linked to in a batch: the
+// vertex's list is its own links (first own[v]) then the links made to it, nearest first;
+// the new ones (sorted by the host by (target, distance, source)) are merged into the
+// old ones in place from the back, the nearest width - own[v] kept.
+//
+// Rows are dense (X, n x dim, row-major) or CSR (indptr, indices, values X; squared norms
+// sq): a sparse pair's dot product is taken over the row's nonzeros, each looked up by a
+// binary search in the query's sorted columns (in shared memory where they fit), then
+// expanded with the norms, as mgpu's sparse kNN expands it.
+#include "common.cuh"
+
+namespace mgpu_ann {
+
+constexpr int EMPTY = 0x7fffffff;  // an empty slot: after every vertex, also at distance inf
+
+template <typename T> __device__ __forceinline__ T infinity();
+template <> __device__ __forceinline__ float infinity<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double infinity<double>() {
+    return __longlong_as_double(0x7ff0000000000000LL);
+}
+
+// (d1, i1) orders before (d2, i2): by distance, ties by the lower id
+template <typename T>
+__device__ __forceinline__ bool before(T d1, int i1, T d2, int i2) {
+    return d1 < d2 || (d1 == d2 && i1 < i2);
+}
+
+// the metric's value from a squared distance's parts or a dot product (numpy_ann.METRICS)
+template <typename T>
+__device__ __forceinline__ T finish(T acc, T sq_u, T sq_q, int metric, bool sparse) {
+    if (metric == 0) {
+        if (!sparse) return acc;  // dense: acc is the squared distance itself
+        T d = sq_u + sq_q - T(2) * acc;
+        return d > T(0) ? d : T(0);
+    }
+    return metric == 1 ? T(1) - acc : -acc;
+}
+
+// The query as the block reads it: dense values, or sorted columns with their values.
+template <typename T>
+struct Query {
+    const T* val;
+    const int* idx;
+    int nnz;
+    T sq;
+};
+
+__device__ __forceinline__ float sq_diff(float4 a, float4 b) {
+    const float x = a.x - b.x, y = a.y - b.y, z = a.z - b.z, w = a.w - b.w;
+    return fmaf(x, x, fmaf(y, y, fmaf(z, z, w * w)));
+}
+__device__ __forceinline__ double sq_diff(double2 a, double2 b) {
+    const double x = a.x - b.x, y = a.y - b.y;
+    return fma(x, x, y * y);
+}
+
+// This lane's part of the dot product (or, dense and metric 0, of the squared distance)
+// of row u and the query: the lanes of a group of G take every G-th element (dense: a
+// 16-byte vector of them where the rows are made of whole vectors) or nonzero.
+template <typename T, bool SPARSE>
+__device__ __forceinline__ T partial(const T* __restrict__ X, const int* __restrict__ indptr,
+                                     const int* __restrict__ indices, int dim, int u,
+                                     const Query<T>& q, int metric, int lane, int G) {
+    T acc = T(0);
+    if (SPARSE) {
+        const int a = indptr[u], b = indptr[u + 1];
+        for (int k = a + lane; k < b; k += G) {
+            const int col = indices[k];
+            int lo = 0, hi = q.nnz;  // the first query column >= col
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (q.idx[mid] < col) lo = mid + 1; else hi = mid;
+            }
+            if (lo < q.nnz && q.idx[lo] == col) acc += X[k] * q.val[lo];
+        }
+        return acc;
+    }
+    constexpr int VW = 16 / sizeof(T);
+    using V = typename mgpu::vec<T, VW>::type;
+    const T* x = X + (size_t)u * dim;
+    if (dim % VW == 0) {  // rows of whole vectors: each one 16-byte aligned
+        const V* xv = reinterpret_cast<const V*>(x);
+        const V* qv = reinterpret_cast<const V*>(q.val);
+        const int n = dim / VW;
+        if (metric == 0) {
+            for (int c = lane; c < n; c += G) acc += sq_diff(xv[c], qv[c]);
+        } else {
+            for (int c = lane; c < n; c += G) acc += mgpu::dot(xv[c], qv[c]);
+        }
+        return acc;
+    }
+    if (metric == 0) {
+        for (int c = lane; c < dim; c += G) {
+            const T d = x[c] - q.val[c];
+            acc += d * d;
+        }
+    } else {
+        for (int c = lane; c < dim; c += G) acc += x[c] * q.val[c];
+    }
+    return acc;
+}
+
+// Sort the W (a power of two) entries of (dist, id) by (distance, id): a bitonic sort.
+template <typename T>
+__device__ void sort_run(T* dist, int* id, int W) {
+    for (int k = 2; k <= W; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < W; i += blockDim.x) {
+                const int p = i ^ j;
+                if (p > i) {
+                    const bool up = (i & k) == 0;
+                    if (before(dist[p], id[p], dist[i], id[i]) == up) {
+                        const T d = dist[i]; dist[i] = dist[p]; dist[p] = d;
+                        const int v = id[i]; id[i] = id[p]; id[p] = v;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// Merge the sorted T (W entries) into the sorted N (L entries, W <= L, both powers of two),
+// keeping the best `keep` in N (the others emptied). T's entries come in unexplored.
+template <typename T>
+__device__ void merge_run(T* n_dist, int* n_id, unsigned char* n_done, const T* t_dist,
+                          const int* t_id, int L, int W, int keep) {
+    for (int i = threadIdx.x; i < W; i += blockDim.x) {
+        const int pos = L - 1 - i;
+        if (before(t_dist[i], t_id[i], n_dist[pos], n_id[pos])) {
+            n_dist[pos] = t_dist[i];
+            n_id[pos] = t_id[i];
+            n_done[pos] = 0;
+        }
+    }
+    __syncthreads();
+    for (int j = L >> 1; j > 0; j >>= 1) {  // N is bitonic: one merge sorts it
+        for (int i = threadIdx.x; i < L; i += blockDim.x) {
+            const int p = i ^ j;
+            if (p > i && before(n_dist[p], n_id[p], n_dist[i], n_id[i])) {
+                const T d = n_dist[i]; n_dist[i] = n_dist[p]; n_dist[p] = d;
+                const int v = n_id[i]; n_id[i] = n_id[p]; n_id[p] = v;
+                const unsigned char f = n_done[i]; n_done[i] = n_done[p]; n_done[p] = f;
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = keep + threadIdx.x; i < L; i += blockDim.x) {
+        n_dist[i] = infinity<T>();
+        n_id[i] = EMPTY;
+        n_done[i] = 0;
+    }
+    __syncthreads();
+}
+
+// Whether vertex u is met for the first time, by the table of the H (a power of two, or 0:
+// none) vertices met first (open addressing, ids hashed); *filled counts them. Without a
+// table, or once it is half full, every vertex counts as new (the lazy check: scored, then
+// dropped where N holds it). A vertex met before and no longer in N is left out: it was
+// pushed out of a full N, whose last entry has only come nearer since, so it would not
+// enter again: the search finds what it finds without the table.
+__device__ __forceinline__ bool first_time(int* table, int H, int* filled, int u) {
+    if (H == 0 || *filled >= (H >> 1)) return true;
+    unsigned h = ((unsigned)u * 2654435761u) & (unsigned)(H - 1);
+    for (;;) {
+        const int old = atomicCAS(&table[h], EMPTY, u);
+        if (old == EMPTY) {
+            atomicAdd(filled, 1);
+            return true;
+        }
+        if (old == u) return false;
+        h = (h + 1) & (unsigned)(H - 1);
+    }
+}
+
+// Whether the sorted N (L entries) holds (d, u): a binary search.
+template <typename T>
+__device__ __forceinline__ bool holds(const T* n_dist, const int* n_id, int L, T d, int u) {
+    int lo = 0, hi = L;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (before(n_dist[mid], n_id[mid], d, u)) lo = mid + 1; else hi = mid;
+    }
+    return lo < L && n_id[lo] == u && n_dist[lo] == d;
+}
+
+// Score the T entries (EMPTY ones left at inf), a group of G lanes (a power of two, at
+// most 32) an entry, its parts summed within the group; every warp runs the same rounds, so
+// that the shuffles have all their lanes.
+template <typename T, bool SPARSE>
+__device__ void score_run(T* t_dist, const int* t_id, int W, const T* X, const int* indptr,
+                          const int* indices, const T* sq, int dim, const Query<T>& q,
+                          int metric, int G) {
+    const int groups = blockDim.x / G, lane = threadIdx.x % G;
+    for (int base = 0; base < W; base += groups) {
+        const int j = base + threadIdx.x / G;
+        const int u = j < W ? t_id[j] : EMPTY;
+        T acc = u != EMPTY ? partial<T, SPARSE>(X, indptr, indices, dim, u, q, metric, lane, G)
+                           : T(0);
+        for (int off = G >> 1; off > 0; off >>= 1)
+            acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, off);
+        if (lane == 0 && u != EMPTY)
+            t_dist[j] = finish(acc, SPARSE ? sq[u] : T(0), q.sq, metric, SPARSE);
+    }
+    __syncthreads();
+}
+
+}  // namespace mgpu_ann
+
+// One block a query (blockDim.x a multiple of 32), a group of G lanes scoring a neighbour.
+// Dynamic shared memory, in this order:
+// N's distances (L), T's distances (W), the staged query's values (qcap), N's ids (L),
+// T's ids (W), the staged query's columns (qcap, sparse), the table of vertices met (H; 0:
+// GANNS's lazy check alone), N's flags (L). A query whose values (dense: dim; sparse: its
+// nonzeros) exceed qcap is read from global memory.
+// out_ids / out_dist: k_out a query, nearest first; -1 and inf past what was found.
+template <typename T, bool SPARSE>
+__global__ void mgpu_ann_search(
+    const T* __restrict__ X, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const T* __restrict__ sq, int dim,
+    const T* __restrict__ QX, const int* __restrict__ q_indptr,
+    const int* __restrict__ q_indices, const T* __restrict__ q_sq, int q0, int nq,
+    const int* __restrict__ graph, const int* __restrict__ degree, int width,
+    int entry, int limit, int pred_lo, int metric, int l_n, int e, int L, int W, int qcap,
+    int G, int H, int k_out, int* __restrict__ out_ids, T* __restrict__ out_dist) {
+    using namespace mgpu_ann;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T* n_dist = reinterpret_cast<T*>(smem);
+    T* t_dist = n_dist + L;
+    T* q_val = t_dist + W;
+    int* n_id = reinterpret_cast<int*>(q_val + qcap);
+    int* t_id = n_id + L;
+    int* q_idx = t_id + W;
+    int* seen = q_idx + (SPARSE ? qcap : 0);
+    unsigned char* n_done = reinterpret_cast<unsigned char*>(seen + H);
+    __shared__ int s_pick, s_seen;
+
+    const int i = blockIdx.x;
+    if (i >= nq) return;
+    const int row = q0 + i;
+    Query<T> q;
+    if (SPARSE) {
+        const int a = q_indptr[row], b = q_indptr[row + 1];
+        q.nnz = b - a;
+        q.sq = q_sq[row];
+        if (q.nnz <= qcap) {
+            for (int j = threadIdx.x; j < q.nnz; j += blockDim.x) {
+                q_idx[j] = q_indices[a + j];
+                q_val[j] = QX[a + j];
+            }
+            q.idx = q_idx;
+            q.val = q_val;
+        } else {
+            q.idx = q_indices + a;
+            q.val = QX + a;
+        }
+    } else {
+        q.nnz = dim;
+        q.sq = T(0);
+        q.idx = nullptr;
+        if (dim <= qcap) {
+            for (int j = threadIdx.x; j < dim; j += blockDim.x) q_val[j] = QX[(size_t)row * dim + j];
+            q.val = q_val;
+        } else {
+            q.val = QX + (size_t)row * dim;
+        }
+    }
+    for (int j = threadIdx.x; j < L; j += blockDim.x) {
+        n_dist[j] = infinity<T>();
+        n_id[j] = EMPTY;
+        n_done[j] = 0;
+    }
+    for (int j = threadIdx.x; j < H; j += blockDim.x) seen[j] = EMPTY;
+    if (threadIdx.x == 0) s_seen = 0;
+    __syncthreads();
+    if (threadIdx.x == 0 && entry >= 0 && entry < limit) first_time(seen, H, &s_seen, entry);
+    if (entry >= 0 && entry < limit) {  // scored as T's only entry, then N's first
+        for (int j = threadIdx.x; j < W; j += blockDim.x) {
+            t_id[j] = j == 0 ? entry : EMPTY;
+            t_dist[j] = infinity<T>();
+        }
+        __syncthreads();
+        score_run<T, SPARSE>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
+        if (threadIdx.x == 0) {
+            n_dist[0] = t_dist[0];
+            n_id[0] = entry;
+        }
+    }
+    const int first = e < l_n ? e : l_n;
+    for (;;) {
+        if (threadIdx.x == 0) s_pick = EMPTY;
+        __syncthreads();
+        for (int j = threadIdx.x; j < first; j += blockDim.x)
+            if (n_id[j] != EMPTY && !n_done[j]) atomicMin(&s_pick, j);
+        __syncthreads();
+        const int pick = s_pick;
+        if (pick == EMPTY) break;
+        const int v = n_id[pick];
+        const int deg = degree[v];
+        for (int j = threadIdx.x; j < W; j += blockDim.x) {
+            const int u = j < deg ? graph[(size_t)v * width + j] : -1;
+            t_id[j] = (u >= 0 && u < limit && first_time(seen, H, &s_seen, u)) ? u : EMPTY;
+            t_dist[j] = infinity<T>();
+        }
+        __syncthreads();  // every thread has read pick's entry: it may change now
+        if (threadIdx.x == 0) n_done[pick] = 1;
+        score_run<T, SPARSE>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
+        for (int j = threadIdx.x; j < W; j += blockDim.x) {  // met before: N's copy stays
+            if (t_id[j] != EMPTY && holds(n_dist, n_id, L, t_dist[j], t_id[j])) {
+                t_id[j] = EMPTY;
+                t_dist[j] = infinity<T>();
+            }
+        }
+        __syncthreads();
+        sort_run(t_dist, t_id, W);
+        merge_run(n_dist, n_id, n_done, t_dist, t_id, L, W, l_n);
+    }
+    // the construction: the batch's rows before this one, scored directly
+    for (int base = pred_lo; pred_lo >= 0 && base < row; base += W) {
+        for (int j = threadIdx.x; j < W; j += blockDim.x) {
+            t_id[j] = base + j < row ? base + j : EMPTY;
+            t_dist[j] = infinity<T>();
+        }
+        __syncthreads();
+        score_run<T, SPARSE>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
+        sort_run(t_dist, t_id, W);
+        merge_run(n_dist, n_id, n_done, t_dist, t_id, L, W, L);
+    }
+    for (int j = threadIdx.x; j < k_out; j += blockDim.x) {
+        const int u = n_id[j];
+        out_ids[(size_t)i * k_out + j] = u == EMPTY ? -1 : u;
+        out_dist[(size_t)i * k_out + j] = n_dist[j];
+    }
+}
+
+// The links made back in a batch. targets[t] (t < m) is a vertex linked to; its new links
+// are sources/dists[seg[t] .. seg[t+1]), sorted by (distance, source).
+template <typename T>
+__global__ void mgpu_ann_link(int* __restrict__ graph, T* __restrict__ link_dist,
+                              int* __restrict__ degree, const int* __restrict__ own, int width,
+                              const int* __restrict__ targets, const int* __restrict__ seg,
+                              const int* __restrict__ sources, const T* __restrict__ dists,
+                              int m) {
+    using mgpu_ann::before;
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= m) return;
+    const int v = targets[t];
+    const int first = own[v];
+    const int cap = width - first;
+    if (cap <= 0) return;
+    int* g = graph + (size_t)v * width + first;
+    T* gd = link_dist + (size_t)v * width + first;
+    const int na = degree[v] - first, b0 = seg[t], nb = seg[t + 1] - b0;
+    // how many of each list the nearest `cap` take: walk the merge without writing
+    int ia = 0, ib = 0;
+    while (ia + ib < cap && (ia < na || ib < nb)) {
+        if (ib >= nb || (ia < na && !before(dists[b0 + ib], sources[b0 + ib], gd[ia], g[ia])))
+            ++ia;
+        else
+            ++ib;
+    }
+    const int kept = ia + ib;  // cap at most: an old entry left out is the farthest
+    // then write them from the back: an old entry only moves to a later place
+    int out = kept - 1;
+    --ia;
+    --ib;
+    while (ib >= 0) {
+        if (ia >= 0 && before(dists[b0 + ib], sources[b0 + ib], gd[ia], g[ia])) {
+            g[out] = g[ia];
+            gd[out] = gd[ia];
+            --ia;
+        } else {
+            g[out] = sources[b0 + ib];
+            gd[out] = dists[b0 + ib];
+            --ib;
+        }
+        --out;
+    }
+    degree[v] = first + kept;
+}

@@ -1,0 +1,230 @@
+"""The proximity graph of :class:`mgpu.models.GraphIndex` on the GPU: the kernels of
+``kernels/ann.cu`` (GANNS's search, one block a query; GGraphCon's batched construction),
+the same algorithms as :mod:`mgpu.backends.numpy_ann`, step for step (its docstring states
+them).
+
+Rows are kept in the input's float dtype (float32 or float64; other dtypes become float64):
+a CuPy array, or a canonical cupyx CSR matrix (sorted columns, no duplicates), rows scaled
+to unit length for cosine. The graph is int32, ``(n, degree)``, -1 past each vertex's
+links.
+
+A batch of the construction is one search launch (the batch's rows search the graph of the
+rows before it, then score the batch's rows before them) and the links made back: the new
+links (target, distance, source) sorted by CuPy, then one thread per target merging them
+into its list (``mgpu_ann_link``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import cupy
+import cupyx.scipy.sparse as csp
+import dask.config
+import numpy as np
+
+from mgpu.backends.dispatch import ann_build_lookup, ann_prepare_lookup, ann_search_lookup
+from mgpu.backends.instances import INSTANCES
+from mgpu.backends.loader import c_type, get_function
+from mgpu.backends.memory import require_gpu
+from mgpu.backends.numpy_ann import METRICS
+
+_FILE = "ann.cu"
+_SHARED = 48 * 1024  # a block's shared memory: no opt-in past the default
+_MAX_ROWS = 2**31 - 1  # ids are int32
+_NULL = np.uint64(0)  # a pointer the dense form has no use for
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@ann_prepare_lookup.register((cupy.ndarray, csp.spmatrix))
+def prepare(X: Any, metric: str, sparse: bool | None = None) -> Any:
+    """X (checked: a C-ordered array or canonical CSR on the GPU) as the kernels take it,
+    in the form asked (``sparse``; None: X's own): float32 stays float32, other dtypes
+    become float64; rows scaled to unit length for cosine (rows of zeros kept)."""
+    if X.shape[0] > _MAX_ROWS:
+        raise ValueError(f"A graph index on the GPU takes at most {_MAX_ROWS:,} rows (int32 "
+                         f"ids). Got {X.shape[0]:,}: shard the rows over several indexes.")
+    dtype = np.float32 if X.dtype == np.float32 else np.float64
+    sparse = csp.issparse(X) if sparse is None else sparse
+    if sparse:
+        C = csp.csr_matrix(X, dtype=dtype, copy=True)
+        C.sum_duplicates()
+        if metric == "cosine":
+            C = csp.csr_matrix(csp.diags(_inverse_norms(_sq_norms(C))) @ C)
+            C.sum_duplicates()
+        return C
+    D = X.toarray() if csp.issparse(X) else X
+    D = cupy.ascontiguousarray(D, dtype=dtype)
+    if metric == "cosine":
+        D = D * _inverse_norms(cupy.einsum("ij,ij->i", D, D))[:, None]
+    return cupy.ascontiguousarray(D)
+
+
+def _sq_norms(C: csp.csr_matrix) -> cupy.ndarray:
+    return cupy.asarray(C.multiply(C).sum(axis=1), dtype=C.dtype).ravel()
+
+
+def _inverse_norms(sq: cupy.ndarray) -> cupy.ndarray:
+    norms = cupy.sqrt(sq)
+    return 1.0 / cupy.where(norms > 0, norms, 1.0).astype(sq.dtype)
+
+
+class _Rows:
+    """The pointers and sizes a search launch takes of a set of rows."""
+
+    def __init__(self, data: Any):
+        self.sparse = csp.issparse(data)
+        self.dtype = data.dtype
+        self.n = data.shape[0]
+        if self.sparse:
+            self.values, self.indptr, self.indices = data.data, data.indptr, data.indices
+            self.sq = _sq_norms(data)
+            self.dim = data.shape[1]
+            lengths = cupy.diff(data.indptr)
+            self.most = int(lengths.max()) if self.n else 0  # the longest row
+            self.mean = data.nnz / max(self.n, 1)
+        else:
+            self.values, self.indptr, self.indices, self.sq = data, _NULL, _NULL, _NULL
+            self.dim = data.shape[1]
+            self.most = self.dim
+
+
+def _block_threads() -> int:
+    """``mgpu.ann.block-threads``, checked (read where the search is launched: the graph
+    index runs on the caller's device, not in a task)."""
+    value = dask.config.get("mgpu.ann.block-threads")
+    if not isinstance(value, int) or isinstance(value, bool) or value % 32 or not \
+            32 <= value <= 1024:
+        raise ValueError("The setting mgpu.ann.block-threads must be a multiple of 32 from 32 "
+                         f"to 1024 (threads of a CUDA block). Got {value!r} instead.")
+    return value
+
+
+def _visited_slots(W: int, room: int) -> int:
+    """The slots of a search's table of vertices met (``mgpu.ann.visited-slots``, checked):
+    a power of two, at least twice T's length (a step's new vertices always find a free
+    slot), as many as the shared memory left (``room`` bytes) holds; 0, GANNS's lazy check
+    alone, where asked or where it holds too few."""
+    value = dask.config.get("mgpu.ann.visited-slots")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError("The setting mgpu.ann.visited-slots must be an integer, 0 or more "
+                         f"(0: no table). Got {value!r} instead.")
+    H = _pow2(max(value, 2 * W)) if value else 0
+    while H and 4 * H > room:
+        H //= 2
+    return H if H >= 2 * W else 0
+
+
+def _group(rows: _Rows) -> int:
+    """The lanes that score a neighbour together: about four 16-byte vectors (dense) or
+    two nonzeros (sparse, on the rows' mean) a lane, 4 to 32 lanes."""
+    if rows.sparse:
+        units = rows.mean
+    else:
+        vector = 16 // np.dtype(rows.dtype).itemsize
+        units = rows.dim // vector if rows.dim % vector == 0 else rows.dim
+        units = units / 2  # scalars or vectors: twice the loads of a 4-vector lane
+    return min(32, max(4, _pow2(int(np.ceil(units / 2)))))
+
+
+def _search(rows: _Rows, queries: _Rows, q0: int, nq: int, graph: cupy.ndarray,
+            degree: cupy.ndarray, limit: int, pred_lo: int, metric: str, l_n: int, e: int,
+            k_out: int) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """One launch of ``mgpu_ann_search`` over queries q0 .. q0 + nq - 1: (ids int32, dist),
+    each (nq, k_out)."""
+    width = graph.shape[1]
+    W = _pow2(max(width, 4))  # at least 4: the staged query starts 16-byte aligned
+    L = _pow2(max(l_n, k_out, W))
+    item = np.dtype(rows.dtype).itemsize
+    fixed = (L + W) * (item + 4) + L + 16
+    if fixed > _SHARED:
+        raise ValueError(f"A search keeps {L} candidates and {W} neighbours in a block's "
+                         f"shared memory, more than its {_SHARED // 1024} KiB: use fewer "
+                         "candidates or a smaller degree.")
+    per = item + (4 if rows.sparse else 0)
+    qcap = queries.most if fixed + queries.most * per <= _SHARED else 0
+    H = _visited_slots(W, _SHARED - fixed - qcap * per)
+    ids = cupy.empty((nq, k_out), dtype=np.int32)
+    dist = cupy.empty((nq, k_out), dtype=rows.dtype)
+    if nq == 0:
+        return ids, dist
+    fn = get_function(_FILE, f"mgpu_ann_search<{c_type(rows.dtype)}, "
+                      f"{'true' if rows.sparse else 'false'}>", INSTANCES[_FILE])
+    i32 = np.int32
+    threads = _block_threads()
+    fn((nq,), (threads,), (
+        rows.values, rows.indptr, rows.indices, rows.sq, i32(rows.dim),
+        queries.values, queries.indptr, queries.indices, queries.sq, i32(q0), i32(nq),
+        graph, degree, i32(width), i32(0), i32(limit), i32(pred_lo), i32(METRICS.index(metric)),
+        i32(l_n), i32(e), i32(L), i32(W), i32(qcap), i32(_group(rows)), i32(H), i32(k_out),
+        ids, dist),
+       shared_mem=fixed + qcap * per + 4 * H)
+    return ids, dist
+
+
+def _link_back(graph: cupy.ndarray, link_dist: cupy.ndarray, degree: cupy.ndarray,
+               own: cupy.ndarray, s: int, c_ids: cupy.ndarray, c_dist: cupy.ndarray) -> None:
+    """Each link made by the batch from row s on, added back in the other direction."""
+    made = c_ids >= 0
+    targets = c_ids[made]
+    if targets.size == 0:
+        return
+    sources = cupy.broadcast_to(cupy.arange(s, s + c_ids.shape[0], dtype=np.int32)[:, None],
+                                c_ids.shape)[made]
+    dists = c_dist[made]
+    order = cupy.lexsort(cupy.stack([sources.astype(np.float64), dists.astype(np.float64),
+                                     targets.astype(np.float64)]))
+    targets, sources, dists = targets[order], sources[order], dists[order]
+    starts = cupy.flatnonzero(cupy.concatenate([cupy.ones(1, dtype=bool),
+                                                targets[1:] != targets[:-1]]))
+    m = int(starts.size)
+    seg = cupy.concatenate([starts, cupy.asarray([targets.size])]).astype(np.int32)
+    fn = get_function(_FILE, f"mgpu_ann_link<{c_type(link_dist.dtype)}>", INSTANCES[_FILE])
+    fn((-(-m // 256),), (256,), (graph, link_dist, degree, own, np.int32(graph.shape[1]),
+                                 cupy.ascontiguousarray(targets[starts]), seg,
+                                 cupy.ascontiguousarray(sources),
+                                 cupy.ascontiguousarray(dists), np.int32(m)))
+
+
+@ann_build_lookup.register((cupy.ndarray, csp.spmatrix))
+def build_graph(data: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int,
+                batch: int, progress: Callable[[int, int], None] | None = None
+                ) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """The graph of the rows of ``data`` (:func:`prepare`'s): (graph, degree), int32,
+    graph of shape (n, d_max) with -1 past each vertex's degree. ``progress(done, n)``,
+    where given, is called after each batch is queued."""
+    rows = _Rows(data)
+    n = rows.n
+    item = np.dtype(rows.dtype).itemsize
+    require_gpu(n * d_max * (4 + item) + 8 * n + 2 * batch * d_min * (8 + item),
+                f"the proximity graph of {n:,} rows of degree {d_max}",
+                "Use a smaller degree, or shard the rows over several indexes.")
+    graph = cupy.full((n, d_max), -1, dtype=np.int32)
+    link_dist = cupy.full((n, d_max), np.inf, dtype=rows.dtype)
+    degree = cupy.zeros(n, dtype=np.int32)
+    own = cupy.zeros(n, dtype=np.int32)
+    for s in range(0, n, batch):
+        t = min(n, s + batch)
+        c_ids, c_dist = _search(rows, rows, s, t - s, graph, degree, s, s, metric, l_n, e,
+                                d_min)
+        graph[s:t, :d_min] = c_ids
+        link_dist[s:t, :d_min] = c_dist
+        degree[s:t] = own[s:t] = (c_ids >= 0).sum(axis=1, dtype=np.int32)
+        _link_back(graph, link_dist, degree, own, s, c_ids, c_dist)
+        if progress is not None:
+            progress(t, n)
+    return graph, degree
+
+
+@ann_search_lookup.register((cupy.ndarray, csp.spmatrix))
+def search_graph(data: Any, graph: cupy.ndarray, degree: cupy.ndarray, queries: Any, k: int,
+                 metric: str, l_n: int, e: int) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """The k nearest rows of ``data`` to each query (in :func:`prepare`'s form, the same as
+    ``data``'s) found in ``graph`` from vertex 0: (distances, indices int64), each
+    (n_queries, k), nearest first; -1 and inf past the vertices a search reached."""
+    rows, qs = _Rows(data), _Rows(queries)
+    ids, dist = _search(rows, qs, 0, qs.n, graph, degree, rows.n, -1, metric, l_n, e, k)
+    return dist, ids.astype(np.int64)

@@ -1,0 +1,249 @@
+"""The GPU graph search and construction (mgpu.backends.cupy_ann, kernels/ann.cu) against
+the CPU's (mgpu.backends.numpy_ann) and exact neighbours: the same graph where the two
+compute the same distances, the same recall where they round differently."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from mgpu.backends import numpy_ann as ann
+
+pytestmark = pytest.mark.gpu
+
+
+def _clustered(rng, n, nq, d, centers=40):
+    c = rng.standard_normal((centers, d)) * 4
+    X = c[rng.integers(0, centers, n + nq)] + rng.standard_normal((n + nq, d))
+    return X[:n], X[n:]
+
+
+def _sparse(rng, n, d, per_row=12):
+    """n rows of power-law columns (a bag of words' shape), some rows of one column."""
+    cols = np.minimum((rng.pareto(1.2, (n, per_row)) * 3).astype(np.int64), d - 1)
+    rows = np.repeat(np.arange(n), per_row)
+    X = sp.csr_matrix((rng.random(n * per_row) + 0.1, (rows, cols.ravel())), shape=(n, d))
+    X.sum_duplicates()
+    return X
+
+
+def _recall(found, truth):
+    return np.mean([np.intersect1d(f, t).size / t.size for f, t in zip(found, truth)])
+
+
+def _gpu_form(data, shape):
+    """The CPU form of rows of ``shape`` as the GPU kernels take them (the same float64
+    values)."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    if isinstance(data, tuple):
+        indptr, indices, values, _ = data
+        return csp.csr_matrix((cupy.asarray(values), cupy.asarray(indices),
+                               cupy.asarray(indptr.astype(np.int32))), shape=shape)
+    return cupy.asarray(data)
+
+
+def _cpu_and_gpu(X, metric):
+    from mgpu.backends import cupy_ann
+
+    cpu = ann.prepare(X, metric)
+    return cpu, _gpu_form(cpu, X.shape), cupy_ann
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("metric", ann.METRICS)
+def test_one_batch_gives_the_cpu_graph(metric, sparse):
+    """A build of one batch is the batch's rows linked to their nearest predecessors, no
+    search: float64 on both sides, the GPU's graph is the CPU's, link for link (rows with
+    equal distances included: duplicated rows)."""
+    rng = np.random.default_rng(1)
+    if sparse:
+        X = _sparse(rng, 600, 300)
+    else:
+        X = _clustered(rng, 600, 0, 8)[0]
+        X[100:150] = X[50:100]  # ties: equal distances, ordered by id
+    cpu, gpu, cupy_ann = _cpu_and_gpu(X, metric)
+    g_cpu, d_cpu = ann.build_graph(cpu, metric, 6, 12, 16, 16, 600)
+    g_gpu, d_gpu = cupy_ann.build_graph(gpu, metric, 6, 12, 16, 16, 600)
+    np.testing.assert_array_equal(d_gpu.get(), d_cpu)
+    np.testing.assert_array_equal(g_gpu.get(), g_cpu)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("metric", ann.METRICS)
+def test_search_of_the_cpu_graph_finds_what_the_cpu_finds(metric, sparse):
+    """The GPU search of the CPU's graph, float64: the neighbours the CPU search finds (the
+    same steps; sums in another order may swap near-ties only), with the exact distances."""
+    import cupy
+
+    rng = np.random.default_rng(2)
+    if sparse:
+        X, Q = _sparse(rng, 3000, 500), _sparse(rng, 200, 500)
+    else:
+        X, Q = _clustered(rng, 3000, 200, 24)
+    cpu, gpu, cupy_ann = _cpu_and_gpu(X, metric)
+    q_cpu = ann.prepare(Q, metric)
+    q_gpu = _gpu_form(q_cpu, Q.shape)
+    graph, degree = ann.build_graph(cpu, metric, 8, 16, 32, 32, 256)
+    dist, ids = ann.search_graph(cpu, graph, degree, q_cpu, 10, metric, 32, 16)
+    g_dist, g_ids = cupy_ann.search_graph(gpu, cupy.asarray(graph, dtype=np.int32),
+                                          cupy.asarray(degree, dtype=np.int32), q_gpu, 10,
+                                          metric, 32, 16)
+    same = np.mean([np.intersect1d(a, b).size / 10 for a, b in zip(ids, g_ids.get())])
+    assert same > 0.99
+    np.testing.assert_allclose(g_dist.get()[:, 0], dist[:, 0], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
+def test_gpu_index_recall_equals_the_cpu_index(metric, dtype):
+    """GraphIndex fitted on CuPy data (float32 kept float32): recall@10 against exact
+    neighbours within 0.01 of the CPU index's at the same parameters, over several
+    batches; results on the GPU, distances the exact ones of the ids returned."""
+    import cupy
+
+    import mgpu
+    from mgpu.models import GraphIndex
+
+    rng = np.random.default_rng(3)
+    X, Q = _clustered(rng, 6000, 300, 32)
+    _, truth = mgpu.NearestNeighbors(n_neighbors=10, metric=metric).fit(X).kneighbors(Q)
+    params = dict(metric=metric, degree=24, candidates=48, batch=500)
+    cpu = GraphIndex(10, **params).fit(X)
+    gpu = GraphIndex(10, **params).fit(cupy.asarray(X, dtype=dtype))
+    assert gpu.graph_.dtype == np.int32 and isinstance(gpu.graph_, cupy.ndarray)
+    dist, ids = gpu.kneighbors(cupy.asarray(Q, dtype=dtype))
+    assert isinstance(ids, cupy.ndarray) and ids.dtype == np.int64
+    r_gpu = _recall(ids.get(), truth)
+    r_cpu = _recall(cpu.kneighbors(Q)[1], truth)
+    assert r_gpu > 0.9 and abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu)
+    want = np.take_along_axis(mgpu.pairwise_distances(Q, X, metric=metric), ids.get(), 1)
+    tol = 1e-3 if dtype == np.float32 else 1e-9
+    np.testing.assert_allclose(dist.get(), want, rtol=tol, atol=tol)
+
+
+def test_sparse_gpu_index_recall_equals_the_cpu_index():
+    """Sparse rows on the GPU (cupyx CSR, cosine): recall within 0.01 of the CPU index's;
+    dense queries of the sparse index are made sparse."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    import mgpu
+    from mgpu.models import GraphIndex
+
+    rng = np.random.default_rng(5)
+    X, Q = _sparse(rng, 4000, 2000, 20), _sparse(rng, 200, 2000, 20)
+    _, truth = mgpu.NearestNeighbors(n_neighbors=10, metric="cosine").fit(X).kneighbors(Q)
+    params = dict(metric="cosine", degree=24, candidates=64, batch=512)
+    r_cpu = _recall(GraphIndex(10, **params).fit(X).kneighbors(Q)[1], truth)
+    gpu = GraphIndex(10, **params).fit(csp.csr_matrix(X))
+    r_gpu = _recall(gpu.kneighbors(csp.csr_matrix(Q))[1].get(), truth)
+    assert r_gpu > 0.85 and abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu)
+    dense = gpu.kneighbors(cupy.asarray(Q.toarray()))[1].get()
+    assert _recall(dense, truth) == pytest.approx(r_gpu)
+
+
+def test_gpu_index_saved_loads_on_the_cpu(tmp_path):
+    """A GPU index saved and loaded (on the CPU) answers the CPU's search of the same graph,
+    and queries on the other device than the index are refused with what to do."""
+    import cupy
+
+    from mgpu.models import GraphIndex
+
+    X, Q = _clustered(np.random.default_rng(6), 2000, 100, 16)
+    gpu = GraphIndex(5, degree=16, candidates=32).fit(cupy.asarray(X))
+    gpu.save(tmp_path / "g")
+    cpu = GraphIndex.load(tmp_path / "g.npz")
+    np.testing.assert_array_equal(cpu.graph_, gpu.graph_.get())
+    found = gpu.kneighbors(cupy.asarray(Q))[1].get()
+    assert np.mean(cpu.kneighbors(Q)[1] == found) > 0.99
+    with pytest.raises(TypeError, match="must be on the GPU, where the index is"):
+        gpu.kneighbors(Q)
+    with pytest.raises(TypeError, match="must be on the CPU, where the index is"):
+        cpu.kneighbors(cupy.asarray(Q))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_table_of_vertices_met_finds_the_same(sparse):
+    """A search that skips the vertices it met before (mgpu.ann.visited-slots: a table
+    of 4,096, and one of 64 that fills at once) finds what GANNS's lazy check finds: the
+    same neighbours at the same distances, in the build and the search."""
+    import dask.config
+
+    rng = np.random.default_rng(9)
+    X = _sparse(rng, 3000, 800) if sparse else _clustered(rng, 3000, 0, 24)[0]
+    _, gpu, cupy_ann = _cpu_and_gpu(X, "sqeuclidean")
+    found = []
+    for slots in (0, 4096, 64):
+        with dask.config.set({"mgpu.ann.visited-slots": slots}):
+            graph, degree = cupy_ann.build_graph(gpu, "sqeuclidean", 8, 16, 48, 48, 400)
+            found.append((graph.get(), cupy_ann.search_graph(gpu, graph, degree, gpu[:300],
+                                                             10, "sqeuclidean", 48, 48)))
+    for graph, (dist, ids) in found[1:]:
+        np.testing.assert_array_equal(graph, found[0][0])
+        np.testing.assert_array_equal(ids.get(), found[0][1][1].get())
+        np.testing.assert_array_equal(dist.get(), found[0][1][0].get())
+    with dask.config.set({"mgpu.ann.visited-slots": -1}), \
+            pytest.raises(ValueError, match="visited-slots must be an integer, 0 or more"):
+        cupy_ann.build_graph(gpu, "sqeuclidean", 8, 16, 48, 48, 400)
+
+
+def test_gpu_progress_and_wide_candidates():
+    """Progress after each batch; candidates past a block's usual width (N of 512)."""
+    import cupy
+
+    from mgpu.backends import cupy_ann
+
+    X = cupy.asarray(_clustered(np.random.default_rng(7), 1200, 0, 16)[0])
+    seen = []
+    graph, degree = cupy_ann.build_graph(X, "sqeuclidean", 8, 16, 512, 512, 500,
+                                         progress=lambda done, n: seen.append((done, n)))
+    assert seen == [(500, 1200), (1000, 1200), (1200, 1200)]
+    dist, ids = cupy_ann.search_graph(X, graph, degree, X[:50], 1, "sqeuclidean", 512, 512)
+    np.testing.assert_array_equal(ids.get()[:, 0], np.arange(50))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_queries_longer_than_shared_memory(sparse):
+    """Queries of more values than a block's shared memory holds (20,000 dense; 8,000
+    nonzeros) are read from global memory: the GPU search of the CPU's graph finds what the
+    CPU search finds."""
+    import cupy
+
+    rng = np.random.default_rng(8)
+    if sparse:
+        X = sp.random(300, 50000, density=0.16, format="csr", random_state=rng)
+    else:
+        X = rng.standard_normal((300, 20000))
+    cpu, gpu, cupy_ann = _cpu_and_gpu(X, "sqeuclidean")
+    graph, degree = ann.build_graph(cpu, "sqeuclidean", 4, 8, 16, 16, 100)
+    queries = X[:20]
+    dist, ids = ann.search_graph(cpu, graph, degree, ann.prepare(queries, "sqeuclidean"), 5,
+                                 "sqeuclidean", 64, 64)
+    g_dist, g_ids = cupy_ann.search_graph(
+        gpu, cupy.asarray(graph, dtype=np.int32), cupy.asarray(degree, dtype=np.int32),
+        _gpu_form(ann.prepare(queries, "sqeuclidean"), queries.shape), 5, "sqeuclidean", 64, 64)
+    np.testing.assert_array_equal(g_ids.get(), ids)
+    # the expanded sparse form cancels at a row's own distance: an absolute tolerance
+    np.testing.assert_allclose(g_dist.get(), dist, rtol=1e-9, atol=1e-9 * dist.max())
+
+
+def test_mnist_gpu_recall(data_dir):
+    """MNIST (the test set: 9,000 indexed, 1,000 queries), float32 on the GPU: recall@10
+    within 0.01 of the CPU index's and above 0.95 at 64 candidates."""
+    import cupy
+
+    from mgpu import io
+    from mgpu.models import GraphIndex
+
+    X = io.load(str(data_dir / "vectors" / "mnist_t10k-images-idx3-ubyte.gz"))
+    X = X.reshape(len(X), -1).astype(np.float64) / 255
+    index, Q = X[:9000], X[9000:]
+    truth = np.argsort(((Q ** 2).sum(1)[:, None] - 2 * Q @ index.T + (index ** 2).sum(1)),
+                       axis=1, kind="stable")[:, :10]
+    params = dict(degree=32, candidates=64)
+    r_cpu = _recall(GraphIndex(10, **params).fit(index).kneighbors(Q)[1], truth)
+    gpu = GraphIndex(10, **params).fit(cupy.asarray(index, dtype=np.float32))
+    r_gpu = _recall(gpu.kneighbors(cupy.asarray(Q, dtype=np.float32))[1].get(), truth)
+    assert r_gpu > 0.95 and abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu)
