@@ -228,13 +228,85 @@ __device__ void score_run(T* t_dist, const int* t_id, int W, const T* X, const i
     __syncthreads();
 }
 
+// N, as the block holds it: two such buffers, one current, swapped by merge_by_rank.
+template <typename T>
+struct Run {
+    T* dist;
+    int* id;
+    unsigned char* done;
+};
+
+// Merge T's entries (W, unsorted; EMPTY ones and those N holds already dropped) into N by
+// rank, into the other buffer `o`, which then becomes N: the entries nearer than N's last
+// kept one are counted into order among themselves (s_*, W long), then each kept entry of
+// N moves past those of them before it, and each of them past the entries of N before it.
+// The same N as sort_run and merge_run make, in a few steps of independent work instead
+// of a bitonic network's log-squared ones. *count must be 0 on entry (a sync before).
+// Returns whether N changed.
+template <typename T>
+__device__ bool merge_by_rank(Run<T>& n, Run<T>& o, const T* t_dist, const int* t_id,
+                              T* s_dist, int* s_id, int W, int keep, int* count) {
+    const T tail_d = n.dist[keep - 1];
+    const int tail_i = n.id[keep - 1];
+    int mine = 0;
+    for (int j = threadIdx.x; j < W; j += blockDim.x) {
+        const T d = t_dist[j];
+        const int u = t_id[j];
+        if (u != EMPTY && before(d, u, tail_d, tail_i)) {
+            int r = 0;  // entries before it come before N's last one too
+            for (int k = 0; k < W; ++k) r += before(t_dist[k], t_id[k], d, u);
+            s_dist[r] = d;
+            s_id[r] = u;
+            ++mine;
+        }
+    }
+    if (mine) atomicAdd(count, mine);
+    __syncthreads();
+    const int m = *count;
+    if (m == 0) return false;
+    for (int i = threadIdx.x; i < keep; i += blockDim.x) {
+        const T d = n.dist[i];
+        const int u = n.id[i];
+        int lo = 0, hi = m;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (before(s_dist[mid], s_id[mid], d, u)) lo = mid + 1; else hi = mid;
+        }
+        if (i + lo < keep) {
+            o.dist[i + lo] = d;
+            o.id[i + lo] = u;
+            o.done[i + lo] = n.done[i];
+        }
+    }
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+        const T d = s_dist[j];
+        const int u = s_id[j];
+        int lo = 0, hi = keep;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (before(n.dist[mid], n.id[mid], d, u)) lo = mid + 1; else hi = mid;
+        }
+        if (lo + j < keep) {
+            o.dist[lo + j] = d;
+            o.id[lo + j] = u;
+            o.done[lo + j] = 0;
+        }
+    }
+    __syncthreads();
+    const Run<T> t = n;
+    n = o;
+    o = t;
+    return true;
+}
+
 }  // namespace mgpu_ann
 
 // One block a query (blockDim.x a multiple of 32), a group of G lanes scoring a neighbour.
-// Dynamic shared memory, in this order:
-// N's distances (L), T's distances (W), the staged query's values (qcap), N's ids (L),
-// T's ids (W), the staged query's columns (qcap, sparse), the table of vertices met (H; 0:
-// GANNS's lazy check alone), N's flags (L). A query whose values (dense: dim; sparse: its
+// rank: merge T into N by rank (merge_by_rank), else by GANNS's bitonic sort and merge.
+// Dynamic shared memory, in this order: the distances of N, N's other buffer (L each), T
+// and T's entries in order (W each), the staged query's values (qcap); the ids of the same
+// four, the staged query's columns (qcap, sparse), the table of vertices met (H; 0:
+// GANNS's lazy check alone); N's flags, the other buffer's (L each). A query whose values (dense: dim; sparse: its
 // nonzeros) exceed qcap is read from global memory.
 // out_ids / out_dist: k_out a query, nearest first; -1 and inf past what was found.
 template <typename T, bool SPARSE>
@@ -245,18 +317,23 @@ __global__ void mgpu_ann_search(
     const int* __restrict__ q_indices, const T* __restrict__ q_sq, int q0, int nq,
     const int* __restrict__ graph, const int* __restrict__ degree, int width,
     int entry, int limit, int pred_lo, int metric, int l_n, int e, int L, int W, int qcap,
-    int G, int H, int k_out, int* __restrict__ out_ids, T* __restrict__ out_dist) {
+    int G, int H, int rank, int k_out, int* __restrict__ out_ids, T* __restrict__ out_dist) {
     using namespace mgpu_ann;
     extern __shared__ __align__(16) unsigned char smem[];
     T* n_dist = reinterpret_cast<T*>(smem);
-    T* t_dist = n_dist + L;
-    T* q_val = t_dist + W;
+    T* o_dist = n_dist + L;
+    T* t_dist = o_dist + L;
+    T* s_dist = t_dist + W;
+    T* q_val = s_dist + W;
     int* n_id = reinterpret_cast<int*>(q_val + qcap);
-    int* t_id = n_id + L;
-    int* q_idx = t_id + W;
+    int* o_id = n_id + L;
+    int* t_id = o_id + L;
+    int* s_id = t_id + W;
+    int* q_idx = s_id + W;
     int* seen = q_idx + (SPARSE ? qcap : 0);
     unsigned char* n_done = reinterpret_cast<unsigned char*>(seen + H);
-    __shared__ int s_pick, s_seen;
+    Run<T> n{n_dist, n_id, n_done}, o{o_dist, o_id, n_done + L};
+    __shared__ int s_pick, s_seen, s_count;
 
     const int i = blockIdx.x;
     if (i >= nq) return;
@@ -288,7 +365,7 @@ __global__ void mgpu_ann_search(
             q.val = QX + (size_t)row * dim;
         }
     }
-    for (int j = threadIdx.x; j < L; j += blockDim.x) {
+    for (int j = threadIdx.x; j < 2 * L; j += blockDim.x) {  // both buffers
         n_dist[j] = infinity<T>();
         n_id[j] = EMPTY;
         n_done[j] = 0;
@@ -305,20 +382,23 @@ __global__ void mgpu_ann_search(
         __syncthreads();
         score_run<T, SPARSE>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
         if (threadIdx.x == 0) {
-            n_dist[0] = t_dist[0];
-            n_id[0] = entry;
+            n.dist[0] = t_dist[0];
+            n.id[0] = entry;
         }
     }
     const int first = e < l_n ? e : l_n;
     for (;;) {
-        if (threadIdx.x == 0) s_pick = EMPTY;
+        if (threadIdx.x == 0) {
+            s_pick = EMPTY;
+            s_count = 0;
+        }
         __syncthreads();
         for (int j = threadIdx.x; j < first; j += blockDim.x)
-            if (n_id[j] != EMPTY && !n_done[j]) atomicMin(&s_pick, j);
+            if (n.id[j] != EMPTY && !n.done[j]) atomicMin(&s_pick, j);
         __syncthreads();
         const int pick = s_pick;
         if (pick == EMPTY) break;
-        const int v = n_id[pick];
+        const int v = n.id[pick];
         const int deg = degree[v];
         for (int j = threadIdx.x; j < W; j += blockDim.x) {
             const int u = j < deg ? graph[(size_t)v * width + j] : -1;
@@ -326,17 +406,21 @@ __global__ void mgpu_ann_search(
             t_dist[j] = infinity<T>();
         }
         __syncthreads();  // every thread has read pick's entry: it may change now
-        if (threadIdx.x == 0) n_done[pick] = 1;
+        if (threadIdx.x == 0) n.done[pick] = 1;
         score_run<T, SPARSE>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
         for (int j = threadIdx.x; j < W; j += blockDim.x) {  // met before: N's copy stays
-            if (t_id[j] != EMPTY && holds(n_dist, n_id, L, t_dist[j], t_id[j])) {
+            if (t_id[j] != EMPTY && holds(n.dist, n.id, L, t_dist[j], t_id[j])) {
                 t_id[j] = EMPTY;
                 t_dist[j] = infinity<T>();
             }
         }
         __syncthreads();
-        sort_run(t_dist, t_id, W);
-        merge_run(n_dist, n_id, n_done, t_dist, t_id, L, W, l_n);
+        if (rank) {
+            merge_by_rank(n, o, t_dist, t_id, s_dist, s_id, W, l_n, &s_count);
+        } else {
+            sort_run(t_dist, t_id, W);
+            merge_run(n.dist, n.id, n.done, t_dist, t_id, L, W, l_n);
+        }
     }
     // the construction: the batch's rows before this one, scored directly
     for (int base = pred_lo; pred_lo >= 0 && base < row; base += W) {
@@ -344,15 +428,20 @@ __global__ void mgpu_ann_search(
             t_id[j] = base + j < row ? base + j : EMPTY;
             t_dist[j] = infinity<T>();
         }
+        if (threadIdx.x == 0) s_count = 0;
         __syncthreads();
         score_run<T, SPARSE>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
-        sort_run(t_dist, t_id, W);
-        merge_run(n_dist, n_id, n_done, t_dist, t_id, L, W, L);
+        if (rank) {
+            merge_by_rank(n, o, t_dist, t_id, s_dist, s_id, W, L, &s_count);
+        } else {
+            sort_run(t_dist, t_id, W);
+            merge_run(n.dist, n.id, n.done, t_dist, t_id, L, W, L);
+        }
     }
     for (int j = threadIdx.x; j < k_out; j += blockDim.x) {
-        const int u = n_id[j];
+        const int u = n.id[j];
         out_ids[(size_t)i * k_out + j] = u == EMPTY ? -1 : u;
-        out_dist[(size_t)i * k_out + j] = n_dist[j];
+        out_dist[(size_t)i * k_out + j] = n.dist[j];
     }
 }
 

@@ -165,18 +165,19 @@ def test_gpu_index_saved_loads_on_the_cpu(tmp_path):
 
 
 @pytest.mark.parametrize("sparse", [False, True])
-def test_table_of_vertices_met_finds_the_same(sparse):
+def test_table_and_merge_find_the_same(sparse):
     """A search that skips the vertices it met before (mgpu.ann.visited-slots: a table
-    of 4,096, and one of 64 that fills at once) finds what GANNS's lazy check finds: the
-    same neighbours at the same distances, in the build and the search."""
+    of 4,096, and one of 64 that fills at once) finds what GANNS's lazy check finds, and a
+    merge by rank what the bitonic merge finds (mgpu.ann.merge): the same graph, the same
+    neighbours at the same distances."""
     import dask.config
 
     rng = np.random.default_rng(9)
     X = _sparse(rng, 3000, 800) if sparse else _clustered(rng, 3000, 0, 24)[0]
     _, gpu, cupy_ann = _cpu_and_gpu(X, "sqeuclidean")
     found = []
-    for slots in (0, 4096, 64):
-        with dask.config.set({"mgpu.ann.visited-slots": slots}):
+    for slots, merge in ((0, "bitonic"), (0, "rank"), (4096, "rank"), (64, "bitonic")):
+        with dask.config.set({"mgpu.ann.visited-slots": slots, "mgpu.ann.merge": merge}):
             graph, degree = cupy_ann.build_graph(gpu, "sqeuclidean", 8, 16, 48, 48, 400)
             found.append((graph.get(), cupy_ann.search_graph(gpu, graph, degree, gpu[:300],
                                                              10, "sqeuclidean", 48, 48)))
@@ -186,6 +187,9 @@ def test_table_of_vertices_met_finds_the_same(sparse):
         np.testing.assert_array_equal(dist.get(), found[0][1][0].get())
     with dask.config.set({"mgpu.ann.visited-slots": -1}), \
             pytest.raises(ValueError, match="visited-slots must be an integer, 0 or more"):
+        cupy_ann.build_graph(gpu, "sqeuclidean", 8, 16, 48, 48, 400)
+    with dask.config.set({"mgpu.ann.merge": "heap"}), \
+            pytest.raises(ValueError, match="mgpu.ann.merge must be one of"):
         cupy_ann.build_graph(gpu, "sqeuclidean", 8, 16, 48, 48, 400)
 
 

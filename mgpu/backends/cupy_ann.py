@@ -32,6 +32,7 @@ from mgpu.backends.numpy_ann import METRICS
 _FILE = "ann.cu"
 _SHARED = 48 * 1024  # a block's shared memory: no opt-in past the default
 _MAX_ROWS = 2**31 - 1  # ids are int32
+_MERGES = {"rank": 1, "bitonic": 0}  # mgpu.ann.merge -> the kernel's flag
 _NULL = np.uint64(0)  # a pointer the dense form has no use for
 
 
@@ -103,6 +104,16 @@ def _block_threads() -> int:
     return value
 
 
+def _merge() -> int:
+    """1: T merged into N by rank; 0: by GANNS's bitonic sort and merge
+    (``mgpu.ann.merge``, checked)."""
+    value = dask.config.get("mgpu.ann.merge")
+    if value not in _MERGES:
+        raise ValueError(f"The setting mgpu.ann.merge must be one of {set(_MERGES)}. Got "
+                         f"{value!r} instead.")
+    return _MERGES[value]
+
+
 def _visited_slots(W: int, room: int) -> int:
     """The slots of a search's table of vertices met (``mgpu.ann.visited-slots``, checked):
     a power of two, at least twice T's length (a step's new vertices always find a free
@@ -139,7 +150,7 @@ def _search(rows: _Rows, queries: _Rows, q0: int, nq: int, graph: cupy.ndarray,
     W = _pow2(max(width, 4))  # at least 4: the staged query starts 16-byte aligned
     L = _pow2(max(l_n, k_out, W))
     item = np.dtype(rows.dtype).itemsize
-    fixed = (L + W) * (item + 4) + L + 16
+    fixed = 2 * (L + W) * (item + 4) + 2 * L + 16
     if fixed > _SHARED:
         raise ValueError(f"A search keeps {L} candidates and {W} neighbours in a block's "
                          f"shared memory, more than its {_SHARED // 1024} KiB: use fewer "
@@ -159,7 +170,7 @@ def _search(rows: _Rows, queries: _Rows, q0: int, nq: int, graph: cupy.ndarray,
         rows.values, rows.indptr, rows.indices, rows.sq, i32(rows.dim),
         queries.values, queries.indptr, queries.indices, queries.sq, i32(q0), i32(nq),
         graph, degree, i32(width), i32(0), i32(limit), i32(pred_lo), i32(METRICS.index(metric)),
-        i32(l_n), i32(e), i32(L), i32(W), i32(qcap), i32(_group(rows)), i32(H), i32(k_out),
+        i32(l_n), i32(e), i32(L), i32(W), i32(qcap), i32(_group(rows)), i32(H), i32(_merge()), i32(k_out),
         ids, dist),
        shared_mem=fixed + qcap * per + 4 * H)
     return ids, dist
