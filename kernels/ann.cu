@@ -19,7 +19,7 @@
 // (query i is row q0 + i), the graph searched is that of the rows before the batch (ids
 // below `limit`), and after the search each row scores the rows of its batch before it
 // (pred_lo .. q0 + i - 1), in pieces of T's length merged into N as above; its d_min
-// nearest are its links.
+// nearest are its links (with `diverse`, HNSW's heuristic picks them).
 //
 // mgpu_ann_link: the links made back. One thread per vertex linked to in a batch: the
 // vertex's list is its own links (first own[v]) then the links made to it, nearest first;
@@ -303,6 +303,9 @@ __device__ bool merge_by_rank(Run<T>& n, Run<T>& o, const T* t_dist, const int* 
 
 // One block a query (blockDim.x a multiple of 32), a group of G lanes scoring a neighbour.
 // rank: merge T into N by rank (merge_by_rank), else by GANNS's bitonic sort and merge.
+// diverse (the construction): of N's first max(l_n, k_out) entries in order, only those
+// nearer to the row than to every entry taken before them are taken (k_out at most), as
+// numpy_ann's _candidates.
 // Dynamic shared memory, in this order: the distances of N, N's other buffer (L each), T
 // and T's entries in order (W each), the staged query's values (qcap); the ids of the same
 // four, the staged query's columns (qcap, sparse), the table of vertices met (H; 0:
@@ -317,7 +320,7 @@ __global__ void mgpu_ann_search(
     const int* __restrict__ q_indices, const T* __restrict__ q_sq, int q0, int nq,
     const int* __restrict__ graph, const int* __restrict__ degree, int width,
     int entry, int limit, int pred_lo, int metric, int l_n, int e, int L, int W, int qcap,
-    int G, int H, int rank, int k_out, int* __restrict__ out_ids, T* __restrict__ out_dist) {
+    int G, int H, int rank, int diverse, int k_out, int* __restrict__ out_ids, T* __restrict__ out_dist) {
     using namespace mgpu_ann;
     extern __shared__ __align__(16) unsigned char smem[];
     T* n_dist = reinterpret_cast<T*>(smem);
@@ -437,6 +440,55 @@ __global__ void mgpu_ann_search(
             sort_run(t_dist, t_id, W);
             merge_run(n.dist, n.id, n.done, t_dist, t_id, L, W, L);
         }
+    }
+    if (diverse) {  // HNSW's heuristic: the candidates nearer to the row than to those taken
+        int kept = 0;
+        const int groups = blockDim.x / G, lane = threadIdx.x % G;
+        const int most = l_n > k_out ? l_n : k_out;  // of the nearest max(l_n, k_out)
+        for (int c = 0; c < most && c < L && kept < k_out; ++c) {
+            const int u = n.id[c];
+            if (u == EMPTY) break;
+            const T du = n.dist[c];
+            Query<T> cq;  // the candidate's row, read from global memory
+            if (SPARSE) {
+                cq.idx = indices + indptr[u];
+                cq.val = X + indptr[u];
+                cq.nnz = indptr[u + 1] - indptr[u];
+                cq.sq = sq[u];
+            } else {
+                cq.idx = nullptr;
+                cq.val = X + (size_t)u * dim;
+                cq.nnz = dim;
+                cq.sq = T(0);
+            }
+            if (threadIdx.x == 0) s_pick = 0;
+            __syncthreads();
+            for (int base = 0; base < kept; base += groups) {
+                const int j = base + threadIdx.x / G;
+                const int w = j < kept ? t_id[j] : EMPTY;
+                T acc = w != EMPTY ? partial<T, SPARSE>(X, indptr, indices, dim, w, cq, metric,
+                                                        lane, G) : T(0);
+                for (int off = G >> 1; off > 0; off >>= 1)
+                    acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, off);
+                if (lane == 0 && w != EMPTY &&
+                    finish(acc, SPARSE ? sq[w] : T(0), cq.sq, metric, SPARSE) < du)
+                    s_pick = 1;  // a link taken lies nearer to it than the row does
+            }
+            __syncthreads();
+            if (!s_pick) {
+                if (threadIdx.x == 0) {
+                    t_id[kept] = u;
+                    t_dist[kept] = du;
+                }
+                ++kept;
+            }
+            __syncthreads();
+        }
+        for (int j = threadIdx.x; j < k_out; j += blockDim.x) {
+            out_ids[(size_t)i * k_out + j] = j < kept ? t_id[j] : -1;
+            out_dist[(size_t)i * k_out + j] = j < kept ? t_dist[j] : infinity<T>();
+        }
+        return;
     }
     for (int j = threadIdx.x; j < k_out; j += blockDim.x) {
         const int u = n.id[j];

@@ -54,9 +54,10 @@ def _cpu_and_gpu(X, metric):
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("metric", ann.METRICS)
 def test_one_batch_gives_the_cpu_graph(metric, sparse):
-    """A build of one batch is the batch's rows linked to their nearest predecessors, no
-    search: float64 on both sides, the GPU's graph is the CPU's, link for link (rows with
-    equal distances included: duplicated rows)."""
+    """A build of one batch is the batch's rows linked to their nearest predecessors (or,
+    diverse, to those HNSW's heuristic picks), no search: float64 on both sides, the GPU's
+    graph is the CPU's, link for link (rows with equal distances included: duplicated
+    rows)."""
     rng = np.random.default_rng(1)
     if sparse:
         X = _sparse(rng, 600, 300)
@@ -64,10 +65,11 @@ def test_one_batch_gives_the_cpu_graph(metric, sparse):
         X = _clustered(rng, 600, 0, 8)[0]
         X[100:150] = X[50:100]  # ties: equal distances, ordered by id
     cpu, gpu, cupy_ann = _cpu_and_gpu(X, metric)
-    g_cpu, d_cpu = ann.build_graph(cpu, metric, 6, 12, 16, 16, 600)
-    g_gpu, d_gpu = cupy_ann.build_graph(gpu, metric, 6, 12, 16, 16, 600)
-    np.testing.assert_array_equal(d_gpu.get(), d_cpu)
-    np.testing.assert_array_equal(g_gpu.get(), g_cpu)
+    for diverse in (False, True):
+        g_cpu, d_cpu = ann.build_graph(cpu, metric, 6, 12, 16, 16, 600, diverse=diverse)
+        g_gpu, d_gpu = cupy_ann.build_graph(gpu, metric, 6, 12, 16, 16, 600, diverse=diverse)
+        np.testing.assert_array_equal(d_gpu.get(), d_cpu)
+        np.testing.assert_array_equal(g_gpu.get(), g_cpu)
 
 
 @pytest.mark.parametrize("sparse", [False, True])

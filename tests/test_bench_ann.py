@@ -82,8 +82,21 @@ def test_the_command(tmp_path):
     assert got["k"] == 5 and [row["candidates"] for row in got["rows"][:3]] == [None, 8, 16]
 
 
+def test_the_command_on_tfidf_rows(tmp_path):
+    """--tfidf: sparse synthetic rows, cosine, with no peer (their rows say so)."""
+    out = tmp_path / "t.json"
+    r = CliRunner().invoke(main, ["bench", "ann", "--tfidf", "1500x800", "--queries", "100",
+                                  "--metric", "cosine", "--candidates", "32", "--json",
+                                  str(out)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[1]["method"] == "mgpu graph" and rows[1]["recall"] > 0.8
+    assert all("no peer exists" in row["note"] for row in rows[2:])
+
+
 @pytest.mark.parametrize("args,text", [
-    ([], "give either an input file (INPUT) or --clustered"),
+    ([], "give one of an input file (INPUT), --clustered"),
+    (["--clustered", "100x4", "--tfidf", "100x50"], "give one of an input file (INPUT)"),
     (["--clustered", "100x4", "--queries", "100"], "leaves no index"),
 ])
 def test_the_command_refuses(args, text):

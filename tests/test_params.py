@@ -274,6 +274,7 @@ CASES = [
     ("GraphIndex", "GraphIndex", "candidates", 1, lambda v: _gi(candidates=v).fit(X)),
     ("GraphIndex", "GraphIndex", "explore", 5, lambda v: _gi(explore=v).fit(X)),
     ("GraphIndex", "GraphIndex", "batch", 0, lambda v: _gi(batch=v).fit(X)),
+    ("GraphIndex", "GraphIndex", "diverse", "yes", lambda v: _gi(diverse=v).fit(X)),
     ("GraphIndex.fit", "GraphIndex.fit", "X", XNAN, lambda v: _gi().fit(v)),
     ("GraphIndex.fit", "GraphIndex.fit", "X", da.from_array(X), lambda v: _gi().fit(v)),
     ("GraphIndex.fit", "GraphIndex.fit", "progress", 3, lambda v: _gi().fit(X, progress=v)),

@@ -143,7 +143,7 @@ def _group(rows: _Rows) -> int:
 
 def _search(rows: _Rows, queries: _Rows, q0: int, nq: int, graph: cupy.ndarray,
             degree: cupy.ndarray, limit: int, pred_lo: int, metric: str, l_n: int, e: int,
-            k_out: int) -> tuple[cupy.ndarray, cupy.ndarray]:
+            k_out: int, diverse: bool = False) -> tuple[cupy.ndarray, cupy.ndarray]:
     """One launch of ``mgpu_ann_search`` over queries q0 .. q0 + nq - 1: (ids int32, dist),
     each (nq, k_out)."""
     width = graph.shape[1]
@@ -170,7 +170,7 @@ def _search(rows: _Rows, queries: _Rows, q0: int, nq: int, graph: cupy.ndarray,
         rows.values, rows.indptr, rows.indices, rows.sq, i32(rows.dim),
         queries.values, queries.indptr, queries.indices, queries.sq, i32(q0), i32(nq),
         graph, degree, i32(width), i32(0), i32(limit), i32(pred_lo), i32(METRICS.index(metric)),
-        i32(l_n), i32(e), i32(L), i32(W), i32(qcap), i32(_group(rows)), i32(H), i32(_merge()), i32(k_out),
+        i32(l_n), i32(e), i32(L), i32(W), i32(qcap), i32(_group(rows)), i32(H), i32(_merge()), i32(diverse), i32(k_out),
         ids, dist),
        shared_mem=fixed + qcap * per + 4 * H)
     return ids, dist
@@ -202,11 +202,12 @@ def _link_back(graph: cupy.ndarray, link_dist: cupy.ndarray, degree: cupy.ndarra
 
 @ann_build_lookup.register((cupy.ndarray, csp.spmatrix))
 def build_graph(data: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int,
-                batch: int, progress: Callable[[int, int], None] | None = None
-                ) -> tuple[cupy.ndarray, cupy.ndarray]:
+                batch: int, progress: Callable[[int, int], None] | None = None,
+                diverse: bool = False) -> tuple[cupy.ndarray, cupy.ndarray]:
     """The graph of the rows of ``data`` (:func:`prepare`'s): (graph, degree), int32,
     graph of shape (n, d_max) with -1 past each vertex's degree. ``progress(done, n)``,
-    where given, is called after each batch is queued."""
+    where given, is called after each batch is queued; ``diverse``: a point links only to
+    candidates nearer to it than to the candidates it linked to before them."""
     rows = _Rows(data)
     n = rows.n
     item = np.dtype(rows.dtype).itemsize
@@ -220,7 +221,7 @@ def build_graph(data: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int
     for s in range(0, n, batch):
         t = min(n, s + batch)
         c_ids, c_dist = _search(rows, rows, s, t - s, graph, degree, s, s, metric, l_n, e,
-                                d_min)
+                                d_min, diverse)
         graph[s:t, :d_min] = c_ids
         link_dist[s:t, :d_min] = c_dist
         degree[s:t] = own[s:t] = (c_ids >= 0).sum(axis=1, dtype=np.int32)

@@ -32,6 +32,12 @@ way the graph falls apart into the clusters: on 30 clusters in 16 dimensions (3,
 a search from vertex 0 found 2–77% of the true 10 nearest at batches of 1,024–3,000, where
 these rules find 90–99% at batches of 64–3,000.)
 
+With ``diverse`` (HNSW's heuristic, Malkov and Yashunin, 2018), a point links only to
+candidates nearer to it than to every candidate it linked to before them (taken in order
+of distance, up to ``d_min``): where several candidates lie in one direction, the nearest
+stands for them, and the links that remain reach in other directions; the links made back
+are kept as above.
+
 Distances: ``sqeuclidean``; ``cosine`` (on rows scaled to unit length beforehand; a row of
 zeros is at distance 1 from every row, as in scikit-learn); ``inner_product`` (the negative
 dot product, so that nearer is larger).
@@ -265,10 +271,12 @@ def _link(graph: np.ndarray, link_dist: np.ndarray, degree: np.ndarray, own: np.
 
 @njit(parallel=True, nogil=True)
 def _candidates(data: Any, graph: np.ndarray, degree: np.ndarray, s: int, t: int,
-                metric: int, d_min: int, l_n: int, e: int
+                metric: int, d_min: int, l_n: int, e: int, diverse: bool
                 ) -> tuple[np.ndarray, np.ndarray]:
     """For each point p of the batch s .. t - 1: its d_min nearest among the graph's search
-    results (vertices 0 .. s - 1) and the batch's points before p."""
+    results (vertices 0 .. s - 1) and the batch's points before p, in order of (distance,
+    id); with ``diverse``, of the nearest max(l_n, d_min) of them, only those nearer to p
+    than to every one taken before them."""
     nb = t - s
     c_ids = np.full((nb, d_min), -1, dtype=np.int64)
     c_dist = np.full((nb, d_min), np.inf, dtype=np.float64)
@@ -285,10 +293,25 @@ def _candidates(data: Any, graph: np.ndarray, degree: np.ndarray, s: int, t: int
             ids[found] = u
             dist[found] = _distance(data, u, q, metric)
             found += 1
-        order = np.argsort(dist[:found], kind="mergesort")  # ties: the search's order
-        for j in range(min(d_min, found)):
-            c_ids[i, j] = ids[order[j]]
-            c_dist[i, j] = dist[order[j]]
+        by_id = np.argsort(ids[:found], kind="mergesort")  # ties of distance: by id
+        order = by_id[np.argsort(dist[:found][by_id], kind="mergesort")]
+        kept = 0
+        for j in range(min(found, max(l_n, d_min))):  # the nearest max(l_n, d_min)
+            c, dc = ids[order[j]], dist[order[j]]
+            if diverse:
+                row = _row(data, c)
+                covered = False
+                for m in range(kept):
+                    if _distance(data, c_ids[i, m], row, metric) < dc:
+                        covered = True
+                        break
+                if covered:
+                    continue
+            c_ids[i, kept] = c
+            c_dist[i, kept] = dc
+            kept += 1
+            if kept == d_min:
+                break
     return c_ids, c_dist
 
 
@@ -341,10 +364,12 @@ def rows_of(data: Any) -> int:
 
 @ann_build_lookup.register((np.ndarray, tuple))
 def build_graph(data: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int,
-                batch: int, progress: Any = None) -> tuple[np.ndarray, np.ndarray]:
+                batch: int, progress: Any = None, diverse: bool = False
+                ) -> tuple[np.ndarray, np.ndarray]:
     """The graph of the rows of ``data`` (:func:`prepare`'s): (graph, degree), graph of shape
     (n, d_max) with -1 past each vertex's degree. ``progress(done, n)``, where given, is
-    called after each batch."""
+    called after each batch; ``diverse``: a point links only to candidates nearer to it
+    than to the candidates it linked to before them."""
     n = rows_of(data)
     code = METRICS.index(metric)
     graph = np.full((n, d_max), -1, dtype=np.int64)
@@ -353,7 +378,8 @@ def build_graph(data: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int
     own = np.zeros(n, dtype=np.int64)
     for s in range(0, n, batch):
         t = min(n, s + batch)
-        c_ids, c_dist = _candidates(data, graph, degree, s, t, code, d_min, l_n, e)
+        c_ids, c_dist = _candidates(data, graph, degree, s, t, code, d_min, l_n, e,
+                                    bool(diverse))
         _link_batch(graph, link_dist, degree, own, s, c_ids, c_dist)
         if progress is not None:
             progress(t, n)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import dask.config
 import numpy as np
 import scipy.sparse as sp
 
@@ -120,6 +121,14 @@ def _faiss(X: np.ndarray, Q: np.ndarray, k: int, metric: str, degree: int, build
 
 _RUNNERS = {"hnswlib": _hnswlib, "faiss": _faiss}
 
+# The GPU search's other strategies (the same neighbours, other speeds), timed on the same
+# graph: GANNS's bitonic networks for the merge, and a table of the vertices met, so that
+# no neighbour is scored twice (the naive search's visited set) instead of the lazy check.
+_VARIANTS: dict[str, dict[str, Any]] = {
+    "mgpu graph (GPU, bitonic merge)": {"mgpu.ann.merge": "bitonic"},
+    "mgpu graph (GPU, visited table)": {"mgpu.ann.visited-slots": 1024},
+}
+
 
 def _row(method: str, param: int | None, build_s: float | None, found: np.ndarray | None,
          seconds: float | None, truth: np.ndarray, note: str | None = None) -> dict[str, Any]:
@@ -163,12 +172,14 @@ def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree:
     index = GraphIndex(k, metric=metric, degree=degree, candidates=max(build_candidates, k),
                        batch=batch)
     _, build_s = _timed(lambda: index.fit(Xm), gpu)
-    for c in candidates:
-        index.set_params(candidates=max(c, k))
-        (_, ids), s = _searched(lambda: index.kneighbors(Qm), repeats, gpu)
-        rows.append(_row(f"mgpu graph{where}", c, build_s, to_host(ids), s, truth))
-        say(f"mgpu graph, candidates {c}: {rows[-1]['qps']:,.0f} q/s, recall@{k} "
-            f"{rows[-1]['recall']:.3f} (build {build_s:.2f} s)")
+    for variant, settings in ((f"mgpu graph{where}", {}), *(_VARIANTS.items() if gpu else ())):
+        with dask.config.set(settings):
+            for c in candidates:
+                index.set_params(candidates=max(c, k))
+                (_, ids), s = _searched(lambda: index.kneighbors(Qm), repeats, gpu)
+                rows.append(_row(variant, c, build_s, to_host(ids), s, truth))
+                say(f"{variant}, candidates {c}: {rows[-1]['qps']:,.0f} q/s, recall@{k} "
+                    f"{rows[-1]['recall']:.3f} (build {build_s:.2f} s)")
     for key in peers:
         if sp.issparse(X):
             rows.append(_row(PEERS[key], None, None, None, None, truth,

@@ -18,6 +18,9 @@ _METRICS = ("euclidean", "sqeuclidean", "cosine", "inner_product")
 @click.argument("input", required=False, type=click.Path(exists=True))
 @click.option("--clustered", default=None, type=opt.Shape(), metavar="ROWSxDIMS",
               help="Synthetic dense rows around 100 centres instead of INPUT.")
+@click.option("--tfidf", default=None, type=opt.Shape(), metavar="ROWSxTERMS",
+              help="Synthetic sparse TF-IDF rows of 100 topics (mgpu.synthetic.topic_tfidf) "
+                   "instead of INPUT.")
 @click.option("--queries", default=1000, show_default=True, type=click.IntRange(1),
               help="Rows held out as queries (the last ones of INPUT).")
 @click.option("--metric", default="euclidean", show_default=True,
@@ -36,21 +39,28 @@ _METRICS = ("euclidean", "sqeuclidean", "cosine", "inner_product")
 @opt.repeats(3, "Timed calls of each search (median), after one untimed call.")
 @opt.json_out()
 @opt.plot("queries/s against recall@k of each method")
-def bench_ann_cmd(input: str | None, clustered: tuple[int, int] | None, queries: int,
+def bench_ann_cmd(input: str | None, clustered: tuple[int, int] | None,
+                  tfidf: tuple[int, int] | None, queries: int,
                   metric: str, k: int, degree: int, build_candidates: int,
                   candidates: tuple[int, ...], batch: int, gpu: bool, repeats: int,
                   json_path: str | None, plot: str | None) -> None:
     """Recall@k and queries/s of mgpu's proximity-graph index (mgpu.models.GraphIndex) at
     each --candidates, against mgpu's exact kNN (the ground truth) and, where installed,
     hnswlib and Faiss's HNSW on all cores, on INPUT's rows (a dense vectors file or a
-    sparse matrix) or --clustered ones; with each index's build time.
+    sparse matrix), --clustered or --tfidf ones; with each index's build time.
     """
     from mgpu.bench.ann import bench_ann, markdown
 
-    if (input is None) == (clustered is None):
-        raise click.UsageError("give either an input file (INPUT) or --clustered ROWSxDIMS")
+    if sum(x is not None for x in (input, clustered, tfidf)) != 1:
+        raise click.UsageError("give one of an input file (INPUT), --clustered ROWSxDIMS "
+                               "and --tfidf ROWSxTERMS")
     if input is not None:
         X, label = load_vectors(input), click.format_filename(input)
+    elif tfidf is not None:
+        from mgpu.synthetic import topic_tfidf
+
+        X = topic_tfidf(*tfidf)
+        label = f"TF-IDF {tfidf[0]:,} x {tfidf[1]:,} (100 topics)"
     else:
         n, d = clustered
         rng = np.random.default_rng(0)

@@ -44,12 +44,12 @@ _SPARSE = ("rows_indptr", "rows_indices", "rows_values", "rows_squared_norms")
 
 class GraphIndex(BaseEstimator):
     """Approximate nearest neighbours in a proximity graph: GANNS's search, GGraphCon's
-    construction (Yu, PhD thesis ch. 4), on all CPU cores (numba).
+    construction (Yu, PhD thesis ch. 4), on all CPU cores (numba) or on a GPU.
 
     ``fit`` builds the graph: the rows are inserted in batches; each row of a batch
-    searches the graph built so far and links to its ``degree // 2`` nearest among what
-    it found and the rows of its batch before it, and each link is added back the other
-    way; a vertex keeps the links it made and the nearest of those made to it, ``degree``
+    searches the graph built so far and links to up to ``degree // 2`` of the nearest
+    among what it found and the rows of its batch before it (with ``diverse``, those that
+    no nearer link already stands for), and each link is added back the other way; a vertex keeps the links it made and the nearest of those made to it, ``degree``
     in all. A search keeps the ``candidates`` nearest
     vertices met in a fixed-length array and explores, one at a time, the nearest not yet
     explored among its first ``explore``; it scores every neighbour of that vertex without
@@ -80,6 +80,12 @@ class GraphIndex(BaseEstimator):
         How far down the candidates a search explores (at most ``candidates``; None: all).
     batch : int, default=1024
         Rows inserted at a time by ``fit``.
+    diverse : bool, default=True
+        A new row links only to the candidates nearer to it than to every candidate it
+        linked to before them (HNSW's heuristic; Malkov and Yashunin, 2018): where several
+        lie in one direction the nearest stands for them, so the links reach in more
+        directions and a search needs fewer candidates for the same recall. False: its
+        ``degree // 2`` nearest.
 
     Attributes
     ----------
@@ -104,13 +110,15 @@ class GraphIndex(BaseEstimator):
     """
 
     def __init__(self, n_neighbors: int = 10, *, metric: str = "euclidean", degree: int = 32,
-                 candidates: int = 64, explore: int | None = None, batch: int = 1024):
+                 candidates: int = 64, explore: int | None = None, batch: int = 1024,
+                 diverse: bool = True):
         self.n_neighbors = n_neighbors
         self.metric = metric
         self.degree = degree
         self.candidates = candidates
         self.explore = explore
         self.batch = batch
+        self.diverse = diverse
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -134,6 +142,7 @@ class GraphIndex(BaseEstimator):
                     [Interval(Integral, 1, int(self.candidates)), None],
                     " (at most candidates)")
         check_param(self.batch, "batch", func, Interval(Integral, 1, None))
+        check_param(self.diverse, "diverse", func, Boolean())
         explore = self.candidates if self.explore is None else self.explore
         return _METRICS[self.metric][0], int(self.candidates), int(explore)
 
@@ -169,7 +178,8 @@ class GraphIndex(BaseEstimator):
         self._sparse = is_sparse(X)
         d_max = int(self.degree)
         self.graph_, self.degree_ = ann_build_lookup(data, metric, max(1, d_max // 2), d_max,
-                                                     l_n, e, int(self.batch), progress)
+                                                     l_n, e, int(self.batch), progress,
+                                                     bool(self.diverse))
         self._data = data
         self.effective_metric_ = self.metric
         self.n_samples_fit_, self.n_features_in_ = (int(n) for n in X.shape)
@@ -276,7 +286,9 @@ class GraphIndex(BaseEstimator):
             explore = int(f["explore"])
             index = cls(int(f["n_neighbors"]), metric=str(f["metric"]),
                         degree=int(f["degree"]), candidates=int(f["candidates"]),
-                        explore=None if explore < 0 else explore, batch=int(f["batch"]))
+                        explore=None if explore < 0 else explore, batch=int(f["batch"]),
+                        # files written before the parameter hold graphs built without it
+                        diverse=bool(f["diverse"]) if "diverse" in f else False)
             index._sparse = _SPARSE[0] in f
             index._data = tuple(f[k] for k in _SPARSE) if index._sparse else f["data"]
             index.graph_ = f["graph"]
