@@ -253,3 +253,29 @@ def test_mnist_gpu_recall(data_dir):
     gpu = GraphIndex(10, **params).fit(cupy.asarray(index, dtype=np.float32))
     r_gpu = _recall(gpu.kneighbors(cupy.asarray(Q, dtype=np.float32))[1].get(), truth)
     assert r_gpu > 0.95 and abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu)
+
+
+def test_the_build_command_and_the_bench_on_the_gpu(tmp_path):
+    """``mgpu run ann-graph --gpu`` builds on the GPU and writes an index the CPU loads;
+    ``bench_ann(gpu=True)`` scores the GPU index and its variants against exact kNN."""
+    from click.testing import CliRunner
+
+    from mgpu.bench import ann as bench
+    from mgpu.cli import main
+    from mgpu.models import GraphIndex
+
+    X, Q = _clustered(np.random.default_rng(10), 3000, 100, 16)
+    src = tmp_path / "rows.npy"
+    np.save(src, X)
+    r = CliRunner().invoke(main, ["run", "ann-graph", str(src), "--gpu", "--degree", "16",
+                                  "--out", str(tmp_path / "g.npz")])
+    assert r.exit_code == 0, r.output
+    index = GraphIndex.load(tmp_path / "g.npz")
+    assert index.graph_.shape == (3000, 16) and index.degree_.min() >= 1
+    rows = bench.bench_ann(X, Q, k=5, degree=16, build_candidates=32, candidates=(32,),
+                           peers=(), gpu=True)
+    assert [row["method"] for row in rows] == [
+        "mgpu exact (GPU)", "mgpu graph (GPU)", "mgpu graph (GPU, bitonic merge)",
+        "mgpu graph (GPU, visited table)"]
+    assert all(row["recall"] > 0.9 for row in rows)
+    assert len({row["recall"] for row in rows[1:]}) == 1  # the same neighbours

@@ -160,17 +160,19 @@ def run_knn_graph(input: str | None, powerlaw: tuple[int, int] | None, nnz: floa
               help="Vertices the build's searches keep (and, saved, the index's searches).")
 @click.option("--batch", default=1024, show_default=True, type=click.IntRange(1),
               help="Rows inserted at a time.")
+@click.option("--gpu", is_flag=True, help="Build on the GPU (the rows in float32).")
 @opt.out_npz("the index", "Where to write the index (mgpu.models.GraphIndex.load reads it).")
 def run_ann_graph(input: str, metric: str, degree: int, candidates: int, batch: int,
-                  out: Path) -> None:
-    """Build the proximity-graph index of INPUT's rows (mgpu.models.GraphIndex, on the CPU)
-    and write it to OUT.
+                  gpu: bool, out: Path) -> None:
+    """Build the proximity-graph index of INPUT's rows (mgpu.models.GraphIndex, on the CPU
+    or with --gpu on the GPU) and write it to OUT.
 
     INPUT is a vectors file (MNIST IDX, an npz array) or a sparse matrix (bag-of-words, a
     10x folder, ...): dense rows stay dense, sparse rows sparse.
     """
     import scipy.sparse as sp
 
+    from mgpu.backends import to_device, to_host
     from mgpu.models import GraphIndex
 
     t0 = time.perf_counter()
@@ -181,10 +183,11 @@ def run_ann_graph(input: str, metric: str, degree: int, candidates: int, batch: 
     index = GraphIndex(min(10, candidates), metric=metric, degree=degree,
                        candidates=candidates, batch=batch)
     t0 = time.perf_counter()
+    rows = to_device(X.astype(np.float32)) if gpu else X
     with bar(total=X.shape[0], unit="row", desc="inserted") as b:
-        index.fit(X, progress=lambda done, n: b.update(done - b.n))
+        index.fit(rows, progress=lambda done, n: b.update(done - b.n))
     index.save(out)
-    links = index.degree_
+    links = to_host(index.degree_)
     click.echo(f"graph: {X.shape[0]:,} vertices, {int(links.sum()):,} links (per vertex: "
                f"mean {links.mean():.1f}, max {int(links.max())}) in "
                f"{time.perf_counter() - t0:.1f} s, written to {out}")
