@@ -144,6 +144,11 @@ def test_sparse_gpu_index_recall_equals_the_cpu_index():
     assert r_gpu > 0.85 and abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu)
     dense = gpu.kneighbors(cupy.asarray(Q.toarray()))[1].get()
     assert _recall(dense, truth) == pytest.approx(r_gpu)
+    # float32 queries of a float64 index (and the other way) are read in the index's type
+    single = GraphIndex(10, **params).fit(csp.csr_matrix(X, dtype=np.float32))
+    for index, q in ((gpu, csp.csr_matrix(Q, dtype=np.float32)),
+                     (single, csp.csr_matrix(Q))):
+        assert _recall(index.kneighbors(q)[1].get(), truth) > 0.85
 
 
 def test_gpu_index_saved_loads_on_the_cpu(tmp_path):

@@ -237,6 +237,8 @@ def search_graph(data: Any, graph: cupy.ndarray, degree: cupy.ndarray, queries: 
     """The k nearest rows of ``data`` to each query (in :func:`prepare`'s form, the same as
     ``data``'s) found in ``graph`` from vertex 0: (distances, indices int64), each
     (n_queries, k), nearest first; -1 and inf past the vertices a search reached."""
+    if queries.dtype != data.dtype:  # the kernel reads the rows and the queries as one type
+        queries = queries.astype(data.dtype)
     rows, qs = _Rows(data), _Rows(queries)
     ids, dist = _search(rows, qs, 0, qs.n, graph, degree, rows.n, -1, metric, l_n, e, k)
     return dist, ids.astype(np.int64)

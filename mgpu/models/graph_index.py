@@ -21,6 +21,8 @@ from sklearn.utils.validation import check_is_fitted
 from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_lookup,
                            is_gpu_array, is_sparse, to_host)
 from mgpu.backends.numpy_ann import rows_of
+from mgpu.distributed.ann import build_shards, search_shards
+from mgpu.distributed.inputs import is_sparse_array
 from mgpu.ops.distances import check_knn_input
 from mgpu.ops.validation import (Boolean, InstanceOf, Interval, IsCallable, StrOptions,
                                  as_array, check_param, is_dask_array)
@@ -96,7 +98,8 @@ class GraphIndex(BaseEstimator):
     n_features_in_ : int
     graph_ : ndarray of shape (n_samples_fit_, degree)
         Each vertex's neighbours: the links it made, nearest first, then the nearest of
-        those made to it; -1 past ``degree_``.
+        those made to it; -1 past ``degree_``. None for an index sharded over a cluster
+        (each worker holds its shard's graph).
     degree_ : ndarray of shape (n_samples_fit_,)
 
     Examples
@@ -152,13 +155,16 @@ class GraphIndex(BaseEstimator):
 
         Parameters
         ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
             Real numbers, finite: numpy, scipy sparse (any format), CuPy or cupyx sparse
-            (the index is then built and kept on the GPU, float32 kept float32).
+            (the index is then built and kept on the GPU, float32 kept float32), or a
+            dask array on a cluster (``mgpu.connect()``): each worker then builds and keeps
+            the graph of its row tiles (on its GPU for CuPy chunks), a shard of the index.
         y : None
             Ignored (scikit-learn's estimator API).
         progress : callable or None, default=None
-            Called as ``progress(rows_inserted, n_samples)`` after each batch.
+            Called as ``progress(rows_inserted, n_samples)`` after each batch (after each
+            shard, for a dask array).
 
         Returns
         -------
@@ -169,14 +175,24 @@ class GraphIndex(BaseEstimator):
         ValueError
             A bad parameter; X not 2-D, empty, or with NaN or infinity.
         TypeError
-            X a dask array, or not of numbers.
+            X not of numbers.
         """
         metric, l_n, e = self._check_params()
         check_param(progress, "progress", "GraphIndex.fit", [IsCallable(), None])
+        d_max = int(self.degree)
+        self._shards = None
+        # only to choose the path: a dask array's rows are sharded over the workers
+        if is_dask_array(X):
+            self._shards = build_shards(X, metric, max(1, d_max // 2), d_max, l_n, e,
+                                        int(self.batch), bool(self.diverse), progress)
+            self._sparse = is_sparse_array(X)
+            self._data = self.graph_ = self.degree_ = None
+            self.effective_metric_ = self.metric
+            self.n_samples_fit_, self.n_features_in_ = (int(n) for n in X.shape)
+            return self
         X = _rows(X, "X", "GraphIndex.fit")
         data = ann_prepare_lookup(X, metric)
         self._sparse = is_sparse(X)
-        d_max = int(self.degree)
         self.graph_, self.degree_ = ann_build_lookup(data, metric, max(1, d_max // 2), d_max,
                                                      l_n, e, int(self.batch), progress,
                                                      bool(self.diverse))
@@ -203,7 +219,7 @@ class GraphIndex(BaseEstimator):
         ----------
         X : {array-like, sparse matrix} of shape (n_queries, n_features)
             Real numbers, finite, on the device of the index (the GPU for an index fitted
-            on GPU data).
+            on GPU data; either for a sharded one, whose answers are numpy arrays).
         n_neighbors : int or None, default=None
             At most ``candidates`` and the index's rows (None: the index's
             ``n_neighbors``).
@@ -239,6 +255,9 @@ class GraphIndex(BaseEstimator):
         if Q.shape[1] != self.n_features_in_:
             raise ValueError(f"The 'X' parameter of {func} must have {self.n_features_in_} "
                              f"columns, as the index. Got {Q.shape[1]} instead.")
+        if self._shards is not None:  # every shard searches the queries, from the host
+            dist, ind = search_shards(self._shards, to_host(Q), int(k), metric, l_n, e)
+            return (_METRICS[self.metric][1](dist), ind) if return_distance else ind
         # only to word the refusal: each device searches its own index
         if is_gpu_array(Q) != is_gpu_array(self.graph_):
             where = "the GPU" if is_gpu_array(self.graph_) else "the CPU"
@@ -257,6 +276,10 @@ class GraphIndex(BaseEstimator):
         it), whole: written beside it first, then moved into place."""
         check_param(path, "path", "GraphIndex.save", _PATH)
         self._check_fitted()
+        if self._shards is not None:
+            raise ValueError("GraphIndex.save writes an index held on one device; this one is "
+                             "sharded over a cluster's workers (fitted on a dask array). Fit "
+                             "it on a numpy, scipy or CuPy array to save it.")
         params = self.get_params()
         data = self._data
         # a GPU index is written as the CPU's: its rows in the host form (without scaling
@@ -290,6 +313,7 @@ class GraphIndex(BaseEstimator):
                         # files written before the parameter hold graphs built without it
                         diverse=bool(f["diverse"]) if "diverse" in f else False)
             index._sparse = _SPARSE[0] in f
+            index._shards = None
             index._data = tuple(f[k] for k in _SPARSE) if index._sparse else f["data"]
             index.graph_ = f["graph"]
             index.degree_ = f["links"]
@@ -303,13 +327,12 @@ def _rows(X: Any, name: str, func: str) -> Any:
     """X checked where it is: a float64 numpy array or CSR matrix (summed duplicates) on
     the CPU, a C-ordered CuPy array or canonical cupyx CSR (float32 or float64) on the GPU,
     of real, finite numbers with rows and columns (an array-like converted, numbers stored
-    as objects too), refusing dask data with what to do instead."""
+    as objects too), refusing dask data (queries) with what to do instead."""
     X = as_array(X, name, func)
-    # only to word the refusal: the graph index runs on one device
+    # only to word the refusal: queries come to the index as one batch
     if is_dask_array(X):
         raise TypeError(
             f"The '{name}' parameter of {func} must be data on one device (numpy, scipy "
             f"sparse, CuPy, cupyx sparse, or a list of rows). Got {type(X).__name__} "
-            "instead: GraphIndex takes no dask arrays yet (X.compute() for data that fits; "
-            "mgpu.NearestNeighbors gives exact neighbours of dask arrays).")
+            "instead: compute the queries first (X.compute()), in batches that fit.")
     return check_knn_input(X, name, func, X, min_samples=1, min_features=1)
