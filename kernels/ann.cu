@@ -10,10 +10,11 @@
 // into T, scores each (a group of lanes a neighbour) without asking whether it was met
 // before (the lazy check), drops the ones N already holds (a binary search of the sorted N
 // for the same (distance, id): a vertex scored again scores the same to the last bit, since
-// a group's lanes always take the same elements), sorts T (bitonic) and merges it into N: T's
-// i-th entry against N's (L-1-i)-th, the smaller kept, which leaves N bitonic, then a
-// bitonic merge; entries past N's length l_n are dropped. The search ends when N's first e
-// entries are explored.
+// a group's lanes always take the same elements), and merges T into N, keeping N's first
+// l_n: by rank (merge_by_rank, the default) or as GANNS does, T sorted by a bitonic network
+// and T's i-th entry put against N's (L-1-i)-th, the smaller kept, which leaves N bitonic
+// for one bitonic merge. The two give the same N. The search ends when N's first e entries
+// are explored. A table of the vertices met (H slots, optional) skips scoring them again.
 //
 // The same kernel serves the construction: the queries are then the rows of a batch
 // (query i is row q0 + i), the graph searched is that of the rows before the batch (ids

@@ -94,8 +94,9 @@ class _Rows:
 
 
 def _block_threads() -> int:
-    """``mgpu.ann.block-threads``, checked (read where the search is launched: the graph
-    index runs on the caller's device, not in a task)."""
+    """``mgpu.ann.block-threads``, checked. The settings are read where the search is
+    launched: by the caller on one device; in a sharded index's tasks, within the client's
+    settings, which the tasks carry (:mod:`mgpu.distributed.ann`)."""
     value = dask.config.get("mgpu.ann.block-threads")
     if not isinstance(value, int) or isinstance(value, bool) or value % 32 or not \
             32 <= value <= 1024:
@@ -130,15 +131,14 @@ def _visited_slots(W: int, room: int) -> int:
 
 
 def _group(rows: _Rows) -> int:
-    """The lanes that score a neighbour together: about four 16-byte vectors (dense) or
-    two nonzeros (sparse, on the rows' mean) a lane, 4 to 32 lanes."""
+    """The lanes that score a neighbour together, 4 to 32: about two nonzeros a lane
+    (sparse, on the rows' mean), or four loads (dense: of 16-byte vectors where the rows
+    are made of whole ones, else of single values)."""
     if rows.sparse:
-        units = rows.mean
-    else:
-        vector = 16 // np.dtype(rows.dtype).itemsize
-        units = rows.dim // vector if rows.dim % vector == 0 else rows.dim
-        units = units / 2  # scalars or vectors: twice the loads of a 4-vector lane
-    return min(32, max(4, _pow2(int(np.ceil(units / 2)))))
+        return min(32, max(4, _pow2(int(np.ceil(rows.mean / 2)))))
+    vector = 16 // np.dtype(rows.dtype).itemsize
+    loads = rows.dim // vector if rows.dim % vector == 0 else rows.dim
+    return min(32, max(4, _pow2(int(np.ceil(loads / 4)))))
 
 
 def _search(rows: _Rows, queries: _Rows, q0: int, nq: int, graph: cupy.ndarray,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dask.array as da
+import dask.config
 import numpy as np
 
 from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_lookup,
@@ -30,6 +31,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["Shards", "build_shards", "search_shards"]
 
 _FIT = "GraphIndex.fit"
+# the GPU search's settings: read on the client, carried by the tasks (mgpu/config.py)
+_SETTINGS = ("mgpu.ann.block-threads", "mgpu.ann.visited-slots", "mgpu.ann.merge")
+
+
+def _settings() -> dict[str, Any]:
+    return {key: dask.config.get(key) for key in _SETTINGS}
 
 
 @dataclass
@@ -56,25 +63,27 @@ class Shards:
 
 
 def _build(tile: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int, batch: int,
-           diverse: bool, offset: int) -> Shard:
+           diverse: bool, offset: int, settings: dict[str, Any]) -> Shard:
     """A tile's graph, built where the tile is (its rows checked there: NaN and infinity
     refused, as on one device)."""
     X = check_knn_input(tile, "X", _FIT, tile, min_samples=1, min_features=1)
     data = ann_prepare_lookup(X, metric)
-    graph, degree = ann_build_lookup(data, metric, d_min, d_max, l_n, e, batch, None,
-                                     diverse)
+    with dask.config.set(settings):
+        graph, degree = ann_build_lookup(data, metric, d_min, d_max, l_n, e, batch, None,
+                                         diverse)
     return Shard(data, graph, degree, offset, is_sparse(X))
 
 
-def _search(shard: Shard, queries: Any, k: int, metric: str, l_n: int, e: int
-            ) -> tuple[np.ndarray, np.ndarray]:
+def _search(shard: Shard, queries: Any, k: int, metric: str, l_n: int, e: int,
+            settings: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """A shard's k nearest to each of the queries (checked host rows), on the host, with
     global ids (-1 stays -1)."""
     Q = on_device_of(queries, shard.graph)  # host queries go to a GPU shard's device
     k = min(k, shard.graph.shape[0])
-    dist, ids = ann_search_lookup(shard.data, shard.graph, shard.degree,
-                                  ann_prepare_lookup(Q, metric, shard.sparse), k, metric,
-                                  l_n, e)
+    with dask.config.set(settings):
+        dist, ids = ann_search_lookup(shard.data, shard.graph, shard.degree,
+                                      ann_prepare_lookup(Q, metric, shard.sparse), k,
+                                      metric, l_n, e)
     dist, ids = to_host(dist).astype(np.float64), to_host(ids).astype(np.int64)
     return dist, np.where(ids >= 0, ids + shard.offset, -1)
 
@@ -97,13 +106,13 @@ def build_shards(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
     where = client.who_has(tiles)
     gpu = is_gpu_array(X._meta)  # GPU shards stay pinned to their device (task_placement)
     offsets = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(np.int64)
-    futures, placements, rows = [], [], []
+    futures, placements, rows, settings = [], [], [], _settings()
     for tile, offset, n in zip(tiles, offsets, X.chunks[0]):
         if n == 0:
             continue
         pin = task_placement(list(where.get(tile.key, ()))[:1], gpu)
         futures.append(client.submit(_build, tile, metric, d_min, d_max, l_n, e, batch,
-                                     diverse, int(offset), pure=False, **pin))
+                                     diverse, int(offset), settings, pure=False, **pin))
         placements.append(pin)
         rows.append(int(n))
     n_rows, done = int(X.shape[0]), 0
@@ -122,7 +131,8 @@ def search_shards(shards: Shards, queries: Any, k: int, metric: str, l_n: int, e
     graph's metric (nearest first): every shard searches the batch, their lists merged."""
     client = shards.client
     batch = place_as(client, f"mgpu-ann-queries-{uuid.uuid4().hex}", queries)
-    parts = [client.submit(_search, f, batch, k, metric, l_n, e, pure=False, **pin)
+    settings = _settings()
+    parts = [client.submit(_search, f, batch, k, metric, l_n, e, settings, pure=False, **pin)
              for f, pin in zip(shards.futures, shards.placements)]
     for _ in completed(parts, "the shards' searches", client):
         pass
