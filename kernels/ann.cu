@@ -38,7 +38,9 @@ namespace mgpu_ann {
 constexpr int EMPTY = 0x7fffffff;  // an empty slot: after every vertex, also at distance inf
 
 template <typename T> __device__ __forceinline__ T infinity();
-template <> __device__ __forceinline__ float infinity<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ float infinity<float>() {
+    return __int_as_float(0x7f800000);
+}
 template <> __device__ __forceinline__ double infinity<double>() {
     return __longlong_as_double(0x7ff0000000000000LL);
 }
@@ -310,8 +312,8 @@ __device__ bool merge_by_rank(Run<T>& n, Run<T>& o, const T* t_dist, const int* 
 // Dynamic shared memory, in this order: the distances of N, N's other buffer (L each), T
 // and T's entries in order (W each), the staged query's values (qcap); the ids of the same
 // four, the staged query's columns (qcap, sparse), the table of vertices met (H; 0:
-// GANNS's lazy check alone); N's flags, the other buffer's (L each). A query whose values (dense: dim; sparse: its
-// nonzeros) exceed qcap is read from global memory.
+// GANNS's lazy check alone); N's flags, the other buffer's (L each). A query whose values
+// (dense: dim; sparse: its nonzeros) exceed qcap is read from global memory.
 // out_ids / out_dist: k_out a query, nearest first; -1 and inf past what was found.
 template <typename T, bool SPARSE>
 __global__ void mgpu_ann_search(
@@ -321,7 +323,8 @@ __global__ void mgpu_ann_search(
     const int* __restrict__ q_indices, const T* __restrict__ q_sq, int q0, int nq,
     const int* __restrict__ graph, const int* __restrict__ degree, int width,
     int entry, int limit, int pred_lo, int metric, int l_n, int e, int L, int W, int qcap,
-    int G, int H, int rank, int diverse, int k_out, int* __restrict__ out_ids, T* __restrict__ out_dist) {
+    int G, int H, int rank, int diverse, int k_out, int* __restrict__ out_ids,
+    T* __restrict__ out_dist) {
     using namespace mgpu_ann;
     extern __shared__ __align__(16) unsigned char smem[];
     T* n_dist = reinterpret_cast<T*>(smem);
@@ -363,7 +366,8 @@ __global__ void mgpu_ann_search(
         q.sq = T(0);
         q.idx = nullptr;
         if (dim <= qcap) {
-            for (int j = threadIdx.x; j < dim; j += blockDim.x) q_val[j] = QX[(size_t)row * dim + j];
+            for (int j = threadIdx.x; j < dim; j += blockDim.x)
+                q_val[j] = QX[(size_t)row * dim + j];
             q.val = q_val;
         } else {
             q.val = QX + (size_t)row * dim;

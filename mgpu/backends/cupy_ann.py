@@ -169,9 +169,9 @@ def _search(rows: _Rows, queries: _Rows, q0: int, nq: int, graph: cupy.ndarray,
     fn((nq,), (threads,), (
         rows.values, rows.indptr, rows.indices, rows.sq, i32(rows.dim),
         queries.values, queries.indptr, queries.indices, queries.sq, i32(q0), i32(nq),
-        graph, degree, i32(width), i32(0), i32(limit), i32(pred_lo), i32(METRICS.index(metric)),
-        i32(l_n), i32(e), i32(L), i32(W), i32(qcap), i32(_group(rows)), i32(H), i32(_merge()), i32(diverse), i32(k_out),
-        ids, dist),
+        graph, degree, i32(width), i32(0), i32(limit), i32(pred_lo),
+        i32(METRICS.index(metric)), i32(l_n), i32(e), i32(L), i32(W), i32(qcap),
+        i32(_group(rows)), i32(H), i32(_merge()), i32(diverse), i32(k_out), ids, dist),
        shared_mem=fixed + qcap * per + 4 * H)
     return ids, dist
 

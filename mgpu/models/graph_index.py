@@ -51,21 +51,23 @@ class GraphIndex(BaseEstimator):
     ``fit`` builds the graph: the rows are inserted in batches; each row of a batch
     searches the graph built so far and links to up to ``degree // 2`` of the nearest
     among what it found and the rows of its batch before it (with ``diverse``, those that
-    no nearer link already stands for), and each link is added back the other way; a vertex keeps the links it made and the nearest of those made to it, ``degree``
-    in all. A search keeps the ``candidates`` nearest
-    vertices met in a fixed-length array and explores, one at a time, the nearest not yet
-    explored among its first ``explore``; it scores every neighbour of that vertex without
-    asking whether it was met before (GANNS's lazy check), and ends when those first
-    ``explore`` are all explored. More candidates (and a larger ``explore``) find more of
-    the true neighbours at more distances computed.
+    no nearer link already stands for), and each link is added back the other way; a
+    vertex keeps the links it made and the nearest of those made to it, ``degree`` in all.
+    A search keeps the ``candidates`` nearest vertices met in a fixed-length array and
+    explores, one at a time, the nearest not yet explored among its first ``explore``; it
+    scores every neighbour of that vertex without asking whether it was met before
+    (GANNS's lazy check), and ends when those first ``explore`` are all explored. More
+    candidates (and a larger ``explore``) find more of the true neighbours at more
+    distances computed.
 
     On the CPU (numpy, scipy sparse) or the GPU (CuPy, cupyx sparse: the graph is built
     and searched there, by the kernels of ``kernels/ann.cu``, one thread block a query), as
-    X of ``fit`` is; queries must be where the index is. A sparse row is scored against a query as mgpu's sparse kNN scores it: a dot product
-    over the columns the two share (their sorted columns merged), expanded with the norms
-    for the euclidean distances; rows are never made dense. Queries take the index's form
-    (dense queries of a sparse index are made sparse, and sparse ones of a dense index
-    dense).
+    X of ``fit`` is; queries must be where the index is; a dask array is sharded over a
+    cluster's workers. A sparse row is scored against a query as mgpu's sparse kNN scores
+    it: a dot product over the columns the two share (their sorted columns merged),
+    expanded with the norms for the euclidean distances; rows are never made dense.
+    Queries take the index's form (dense queries of a sparse index are made sparse, and
+    sparse ones of a dense index dense).
 
     Parameters
     ----------
@@ -291,8 +293,10 @@ class GraphIndex(BaseEstimator):
         final = final if final.endswith(".npz") else final + ".npz"
         head, name = os.path.split(final)
         partial = os.path.join(head, f".{name[:-4]}.partial.npz")
-        np.savez(partial, format=np.int64(_FORMAT), graph=to_host(self.graph_).astype(np.int64),
-                 **rows, links=to_host(self.degree_).astype(np.int64), n_features=np.int64(self.n_features_in_),
+        np.savez(partial, format=np.int64(_FORMAT),
+                 graph=to_host(self.graph_).astype(np.int64), **rows,
+                 links=to_host(self.degree_).astype(np.int64),
+                 n_features=np.int64(self.n_features_in_),
                  metric=np.str_(params.pop("metric")),
                  explore=np.int64(-1 if params["explore"] is None else params["explore"]),
                  **{k: np.int64(v) for k, v in params.items() if k != "explore"})
