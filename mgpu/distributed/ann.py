@@ -1,7 +1,7 @@
 """The proximity-graph index sharded over a cluster's workers: each worker builds and keeps
 the graph of its own row tiles (on its GPU for CuPy tiles), a batch of queries goes to every
 shard, and each shard's k nearest, with global ids, are merged on the client in a tree of
-pairwise merges (:func:`mgpu.distributed.knn.merge_top_k`, ties to the lower id).
+pairwise merges (:func:`mgpu.distributed.knn.merge_all`, ties to the lower id).
 
 An index bigger than one device's memory is served by several this way; a query's answer is
 the k nearest of what each shard's search found, so its recall is at least each shard's.
@@ -23,7 +23,7 @@ from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_look
 from mgpu.distributed.cluster import completed, current_client, task_placement
 from mgpu.distributed.collection import block_futures, place_as
 from mgpu.distributed.inputs import check_dask_input, is_placed, row_tiles
-from mgpu.distributed.knn import merge_top_k
+from mgpu.distributed.knn import merge_all
 from mgpu.ops.distances import check_knn_input
 
 logger = logging.getLogger(__name__)
@@ -116,9 +116,10 @@ def build_shards(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
         placements.append(pin)
         rows.append(int(n))
     n_rows, done = int(X.shape[0]), 0
+    rows_of = {f.key: n for f, n in zip(futures, rows)}
     for future in completed(futures, "the shards' graphs", client):
         future.result()  # a shard's error (its rows refused, say) is raised here
-        done += rows[futures.index(future)]
+        done += rows_of[future.key]
         if progress is not None:
             progress(done, n_rows)
     logger.info("graph index: %d shard(s) of %s rows built", len(futures), rows)
@@ -136,13 +137,6 @@ def search_shards(shards: Shards, queries: Any, k: int, metric: str, l_n: int, e
              for f, pin in zip(shards.futures, shards.placements)]
     for _ in completed(parts, "the shards' searches", client):
         pass
-    lists = client.gather(parts)
-    while len(lists) > 1:
-        lists = [merge_top_k(lists[j], lists[j + 1], k, False)
-                 for j in range(0, len(lists) - 1, 2)] + lists[len(lists) - len(lists) % 2:]
-    dist, ids = lists[0]
-    if dist.shape[1] < k:  # every shard smaller than k: the rest is not there
-        pad = k - dist.shape[1]
-        dist = np.hstack([dist, np.full((dist.shape[0], pad), np.inf)])
-        ids = np.hstack([ids, np.full((ids.shape[0], pad), -1, dtype=np.int64)])
-    return dist, ids
+    # each shard gives min(k, its rows) a query, and k is at most the index's rows: the
+    # merged lists hold k
+    return merge_all(client.gather(parts), k, False)

@@ -27,7 +27,7 @@ from mgpu.ops.validation import Bytes, Interval, IsCallable, check_param, is_das
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["knn", "knn_distributed", "merge_top_k"]
+__all__ = ["knn", "knn_distributed", "merge_all", "merge_top_k"]
 
 
 def merge_top_k(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], k: int,
@@ -177,11 +177,7 @@ def knn_distributed(index: da.Array, queries: Any, k: int, *, metric: str = "euc
         # a merge task would take the thread of a GPU worker from its next batch.
         for _ in completed(parts, f"knn's query batch at row {s}", client):
             pass
-        lists = client.gather(parts)
-        while len(lists) > 1:
-            lists = [merge_top_k(lists[j], lists[j + 1], k, ring.similarity)
-                     for j in range(0, len(lists) - 1, 2)] + lists[len(lists) - len(lists) % 2:]
-        d, i = lists[0]
+        d, i = merge_all(client.gather(parts), k, ring.similarity)
         out_d[s:s + step], out_i[s:s + step] = d, i
         if progress is not None:
             progress(d.shape[0])
@@ -211,10 +207,10 @@ def _chunk_knn(tile: Any, q: Any, k: int, metric: str, p: float, offset: int,
     return _local_knn(tile, q, k, metric, p, offset, working_memory)
 
 
-def _merge_all(lists: list[tuple[np.ndarray, np.ndarray]], k: int, largest: bool
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """The tiles' lists for one chunk of queries merged into its k best, ties to the lower
-    id (a tree of pairwise merges, as for numpy queries)."""
+def merge_all(lists: list[tuple[np.ndarray, np.ndarray]], k: int, largest: bool
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Several tiles' (or shards') lists for the same queries merged into their k best, ties
+    to the lower id: a tree of pairwise merges (:func:`merge_top_k`)."""
     while len(lists) > 1:
         lists = [merge_top_k(lists[j], lists[j + 1], k, largest)
                  for j in range(0, len(lists) - 1, 2)] + lists[len(lists) - len(lists) % 2:]
@@ -249,7 +245,7 @@ def _streamed(prepared: list[tuple[Any, int, Any]], queries: da.Array, k: int,
             t, q, k, ring.name, p, o, working_memory,
             dask_key_name=f"mgpu-knn-tile-{run}-{c}-{j}")
             for j, (t, o, _pin) in enumerate(prepared)]
-        parts.append(delayed(_merge_all, pure=True, nout=2)(
+        parts.append(delayed(merge_all, pure=True, nout=2)(
             lists, k, ring.similarity, dask_key_name=f"mgpu-knn-merge-{run}-{c}"))
     logger.info("knn: a dask array of %d queries in %d chunk(s) over %d tile(s), k=%d, %s "
                 "(lazy)", queries.shape[0], queries.numblocks[0], len(prepared), k, ring.name)
