@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["band_csr", "powerlaw_corpus", "powerlaw_csr", "topic_tfidf"]
+__all__ = ["band_csr", "clustered_rows", "powerlaw_corpus", "powerlaw_csr", "topic_tfidf"]
 
 
 def _inverse_cdf(cdf: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -217,3 +217,21 @@ def topic_tfidf(n_docs: int, n_terms: int, *, topics: int = 100, words: int = 60
     norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
     X.data /= np.repeat(np.where(norms > 0, norms, 1.0), np.diff(X.indptr)).astype(np.float32)
     return X
+
+
+def clustered_rows(n: int, d: int, *, centres: int = 100, seed: int | None = 0) -> np.ndarray:
+    """Dense rows around ``centres`` random centres (standard normal, times 4), each a
+    centre plus standard normal noise, float64: a vector set whose neighbours lie in their
+    own cluster, as embeddings' do, where uniformly random rows have no structure to find.
+
+    Examples
+    --------
+    >>> clustered_rows(1000, 8, centres=5).shape
+    (1000, 8)
+    """
+    if n < 0 or d < 1 or centres < 1:
+        raise ValueError("clustered_rows needs n >= 0 rows, at least one column and one "
+                         f"centre. Got {n}, {d}, {centres}.")
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal((centres, d)) * 4
+    return c[rng.integers(0, centres, n)] + rng.standard_normal((n, d))

@@ -126,3 +126,40 @@ def test_a_search_is_timed_as_a_median_after_an_untimed_call(monkeypatch):
     ann.bench_ann(X, Q, k=5, degree=8, build_candidates=16, candidates=(8, 16), peers=(),
                   repeats=4)
     assert len(calls) == 2 * (1 + 4)
+
+
+def test_the_scaling_command(tmp_path):
+    """``mgpu bench ann-scaling`` on a CPU cluster of two workers: the one-device rows, then
+    the index cut by clusters (each probes value, with its job's own time) and by rows; the
+    recall of each sharded search near the one-device index's; the table's ratios are to
+    the one-device row of the same candidates."""
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    r = CliRunner().invoke(main, ["bench", "ann-scaling", "--clustered", "3000x8",
+                                  "--queries", "200", "--truth-queries", "150", "--workers",
+                                  "2", "--degree", "12", "--build-candidates", "24",
+                                  "--candidates", "16,32", "--repeats", "1", "--json",
+                                  str(out), "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["method"], row["candidates"]) for row in rows] == [
+        ("one process (CPU)", 16), ("one process (CPU)", 32),
+        ("2 CPU workers, clusters, probes 1", 16), ("2 CPU workers, clusters, probes 1", 32),
+        ("2 CPU workers, clusters, probes 2", 16), ("2 CPU workers, clusters, probes 2", 32),
+        ("2 CPU workers, rows", 16), ("2 CPU workers, rows", 32)]
+    assert all(row["recall"] > 0.85 for row in rows)
+    assert all((row["job_qps"] is not None) == ("clusters" in row["method"]) for row in rows)
+    assert [row["workers"] for row in rows] == [None] * 2 + [2] * 6
+    ratio = rows[2]["qps"] / rows[0]["qps"]
+    assert f"| {rows[2]['qps']:,.0f} | {rows[2]['job_qps']:,.0f} | {ratio:.2f} |" in r.output
+    assert png.stat().st_size > 0
+
+
+@pytest.mark.parametrize("args,text", [
+    ([], "give one of an input file (INPUT) and --clustered"),
+    (["--clustered", "100x4", "--partitions", "cols"], "give clusters, rows"),
+    (["--clustered", "100x4", "--queries", "100"], "leaves no index"),
+])
+def test_the_scaling_command_refuses(args, text):
+    r = CliRunner().invoke(main, ["bench", "ann-scaling", *args])
+    assert r.exit_code == 2 and text in r.output, r.output

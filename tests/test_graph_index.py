@@ -55,7 +55,8 @@ def test_more_candidates_find_more():
 
 def test_save_and_load_give_the_same_index(tmp_path):
     X, Q = _clustered(2, 500, 20)
-    index = GraphIndex(5, metric="cosine", degree=8, candidates=16, explore=12).fit(X)
+    index = GraphIndex(5, metric="cosine", degree=8, candidates=16, explore=12,
+                       partition="clusters", probes=3).fit(X)
     index.save(tmp_path / "g.npz")
     with np.load(tmp_path / "g.npz", allow_pickle=False) as f:
         assert all(f[k].dtype != object for k in f.files)
@@ -255,3 +256,91 @@ def test_sparse_shards_and_refusals(client, tmp_path):
         GraphIndex(5, degree=8, candidates=16).fit(da.from_array(bad, chunks=(100, 16)))
     with pytest.raises(TypeError, match="compute the queries first"):
         index.kneighbors(da.from_array(Q, chunks=(20, 300)))
+
+
+# partition="clusters": each worker's shard holds the rows nearest its k-means centroids, and
+# each query is searched, in one SPMD job, in the shards of its nearest centroids only.
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_cluster_shards_find_the_neighbours(client, metric):
+    """Rows are in the shards under their own ids (found as their own nearest); recall@10
+    above 0.9 with one shard a query; two shards a query find at least what one found, for
+    every query; queries on the workers (a dask array) get the answers of host ones, held
+    on the workers."""
+    X, Q = _clustered(3, 3000, 80)
+    index = GraphIndex(10, metric=metric, degree=16, candidates=32, batch=256,
+                       partition="clusters")
+    seen = []
+    index.fit(da.from_array(X, chunks=((1000, 1200, 800), 16)),
+              progress=lambda done, n: seen.append((done, n)))
+    assert seen == [(3000, 3000)] and index.graph_ is None
+    assert sum(index._shards.rows) == 3000 and len(index._shards.rows) == 2
+    assert min(index._shards.rows) > 600  # the centroids dealt out by their rows
+    index.set_params(probes=2)
+    dist, ids = index.kneighbors(X[:300], 1)
+    assert np.mean(ids[:, 0] == np.arange(300)) > 0.98  # an approximate search's misses
+    np.testing.assert_allclose(dist[ids[:, 0] == np.arange(300), 0], 0, atol=1e-6)
+    _, truth = mgpu.NearestNeighbors(n_neighbors=10, metric=metric).fit(X).kneighbors(Q)
+    found = {}
+    for probes in (1, 2):
+        index.set_params(probes=probes)
+        d, found[probes] = index.kneighbors(Q)
+        assert np.all(np.diff(d, axis=1) >= 0)
+    assert _recall(found[1], truth) > 0.9
+    hits = {p: np.array([np.intersect1d(f, t).size for f, t in zip(ids_, truth)])
+            for p, ids_ in found.items()}
+    assert np.all(hits[2] >= hits[1])
+    d2, i2 = index.kneighbors(da.from_array(Q, chunks=(30, 16)))
+    assert isinstance(i2, da.Array) and i2.numblocks == (2, 1)  # a tile a shard, held
+    d2, i2 = d2.compute(), i2.compute()
+    np.testing.assert_array_equal(i2, found[2])
+    np.testing.assert_allclose(d2, d)
+    if metric == "euclidean":  # the distances are those of the ids returned
+        exact = np.linalg.norm(Q[:, None, :] - X[i2], axis=2)
+        np.testing.assert_allclose(d2, exact, rtol=1e-10)
+
+
+def test_cluster_shards_refusals(client, tmp_path):
+    """Sparse rows and inner products are refused before anything runs; a sharded index is
+    not saved; queries of the wrong width are refused; NaN in a query tile is refused
+    from its worker."""
+    X, Q = _clustered(4, 600, 10)
+    with pytest.raises(ValueError, match="takes dense rows"):
+        GraphIndex(5, partition="clusters").fit(
+            da.from_array(sp.csr_matrix(X), chunks=(300, 16), asarray=False))
+    with pytest.raises(ValueError, match="does not route"):
+        GraphIndex(5, metric="inner_product", partition="clusters").fit(
+            da.from_array(X, chunks=(300, 16)))
+    index = GraphIndex(5, degree=8, candidates=16, partition="clusters").fit(
+        da.from_array(X, chunks=(300, 16)))
+    with pytest.raises(ValueError, match="sharded over a cluster"):
+        index.save(tmp_path / "g")
+    with pytest.raises(ValueError, match="must have 16 columns"):
+        index.kneighbors(Q[:, :3])
+    with pytest.raises(ValueError, match="must have 16 columns"):
+        index.kneighbors(da.from_array(Q[:, :3], chunks=(5, 3)))
+    bad = Q.copy()
+    bad[7, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        index.kneighbors(da.from_array(bad, chunks=(5, 16)))
+    with pytest.raises(ValueError, match="NaN"):
+        index.kneighbors(bad)
+
+
+def test_centroids_are_dealt_in_groups_of_neighbours():
+    """Four far-apart groups of eight centroids (each group's rows alike) go one group a
+    shard; unequal rows are dealt within 5% of the equal share at each cut; three shards
+    take a third each."""
+    from mgpu.distributed.ann_routed import _deal
+
+    rng = np.random.default_rng(0)
+    corners = np.array([[0, 0], [0, 50], [50, 0], [50, 50]], dtype=float)
+    C = np.repeat(corners, 8, axis=0) + rng.standard_normal((32, 2))
+    owner = _deal(C, np.full(32, 100), 4)
+    assert sorted(len(set(owner[g * 8:(g + 1) * 8])) for g in range(4)) == [1, 1, 1, 1]
+    assert sorted(np.bincount(owner)) == [8, 8, 8, 8]
+    counts = rng.integers(1, 1000, 64)
+    C = rng.standard_normal((64, 5))
+    for ranks in (2, 3, 4):
+        rows = np.bincount(_deal(C, counts, ranks), weights=counts, minlength=ranks)
+        assert rows.min() > 0 and rows.max() / rows.mean() < 1.1 ** np.ceil(np.log2(ranks))

@@ -275,6 +275,8 @@ CASES = [
     ("GraphIndex", "GraphIndex", "explore", 5, lambda v: _gi(explore=v).fit(X)),
     ("GraphIndex", "GraphIndex", "batch", 0, lambda v: _gi(batch=v).fit(X)),
     ("GraphIndex", "GraphIndex", "diverse", "yes", lambda v: _gi(diverse=v).fit(X)),
+    ("GraphIndex", "GraphIndex", "partition", "columns", lambda v: _gi(partition=v).fit(X)),
+    ("GraphIndex", "GraphIndex", "probes", 0, lambda v: _gi(probes=v).fit(X)),
     ("GraphIndex.fit", "GraphIndex.fit", "X", XNAN, lambda v: _gi().fit(v)),
     ("GraphIndex.fit", "GraphIndex.fit", "X", da.from_array(X), lambda v: _gi().fit(v)),
     ("GraphIndex.fit", "GraphIndex.fit", "progress", 3, lambda v: _gi().fit(X, progress=v)),
@@ -440,6 +442,9 @@ DISTRIBUTED = [  # (function, parameter, call on the tiles)
     ("GradientMF.fit", "test", lambda t: _gmf().fit(t["ratings"], "test")),
     ("GradientMF.fit", "progress", lambda t: _gmf().fit(R, parts=2, progress=3)),
     ("GradientMF", "lr", lambda t: _gmf(lr=-1).fit(t["ratings"])),
+    ("GraphIndex.fit", "X", lambda t: _gi(partition="clusters").fit(t["index"])),
+    ("GraphIndex.fit", "metric",
+     lambda t: _gi(partition="clusters", metric="inner_product").fit(da.from_array(X))),
 ]
 
 

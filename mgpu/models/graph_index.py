@@ -22,6 +22,7 @@ from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_look
                            is_gpu_array, is_sparse, to_host)
 from mgpu.backends.numpy_ann import rows_of
 from mgpu.distributed.ann import build_shards, search_shards
+from mgpu.distributed.ann_routed import Routed, build_routed, search_routed
 from mgpu.distributed.inputs import is_sparse_array
 from mgpu.ops.distances import check_knn_input
 from mgpu.ops.validation import (Boolean, InstanceOf, Interval, IsCallable, StrOptions,
@@ -63,9 +64,10 @@ class GraphIndex(BaseEstimator):
     On the CPU (numpy, scipy sparse) or the GPU (CuPy, cupyx sparse: the graph is built
     and searched there, by the kernels of ``kernels/ann.cu``, one thread block a query), as
     X of ``fit`` is; queries must be where the index is; a dask array is sharded over a
-    cluster's workers. A sparse row is scored against a query as mgpu's sparse kNN scores
-    it: a dot product over the columns the two share (their sorted columns merged),
-    expanded with the norms for the euclidean distances; rows are never made dense.
+    cluster's workers (``partition``). A sparse row is scored against a query as mgpu's
+    sparse kNN scores it: a dot product over the columns the two share (their sorted
+    columns merged), expanded with the norms for the euclidean distances; rows are never
+    made dense.
     Queries take the index's form (dense queries of a sparse index are made sparse, and
     sparse ones of a dense index dense).
 
@@ -90,6 +92,18 @@ class GraphIndex(BaseEstimator):
         lie in one direction the nearest stands for them, so the links reach in more
         directions and a search needs fewer candidates for the same recall. False: its
         ``degree // 2`` nearest.
+    partition : {'rows', 'clusters'}, default='rows'
+        How ``fit`` shards a dask array over the workers. ``'rows'``: a shard a row tile,
+        and every shard searches every query (any rows and metric; the workers share the
+        memory, not the work). ``'clusters'`` (dense rows; euclidean, sqeuclidean or
+        cosine): a shard a worker holding tiles, each holding the rows nearest its k-means
+        centroids (32 a shard, from a sample of the rows), and each query searched only in
+        the ``probes`` shards whose centroids lie nearest, in one SPMD job (NCCL between
+        GPU workers): the workers share the work too. Ignored for data on one device.
+    probes : int, default=1
+        With ``partition='clusters'``: the shards each query is searched in (more find
+        the neighbours that lie across a cluster's border, at more work; at least the
+        shards, every shard searches every query).
 
     Attributes
     ----------
@@ -116,7 +130,7 @@ class GraphIndex(BaseEstimator):
 
     def __init__(self, n_neighbors: int = 10, *, metric: str = "euclidean", degree: int = 32,
                  candidates: int = 64, explore: int | None = None, batch: int = 1024,
-                 diverse: bool = True):
+                 diverse: bool = True, partition: str = "rows", probes: int = 1):
         self.n_neighbors = n_neighbors
         self.metric = metric
         self.degree = degree
@@ -124,6 +138,8 @@ class GraphIndex(BaseEstimator):
         self.explore = explore
         self.batch = batch
         self.diverse = diverse
+        self.partition = partition
+        self.probes = probes
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -148,6 +164,8 @@ class GraphIndex(BaseEstimator):
                     " (at most candidates)")
         check_param(self.batch, "batch", func, Interval(Integral, 1, None))
         check_param(self.diverse, "diverse", func, Boolean())
+        check_param(self.partition, "partition", func, StrOptions({"rows", "clusters"}))
+        check_param(self.probes, "probes", func, Interval(Integral, 1, None))
         explore = self.candidates if self.explore is None else self.explore
         return _METRICS[self.metric][0], int(self.candidates), int(explore)
 
@@ -185,8 +203,9 @@ class GraphIndex(BaseEstimator):
         self._shards = None
         # only to choose the path: a dask array's rows are sharded over the workers
         if is_dask_array(X):
-            self._shards = build_shards(X, metric, max(1, d_max // 2), d_max, l_n, e,
-                                        int(self.batch), bool(self.diverse), progress)
+            build = build_routed if self.partition == "clusters" else build_shards
+            self._shards = build(X, metric, max(1, d_max // 2), d_max, l_n, e,
+                                 int(self.batch), bool(self.diverse), progress)
             self._sparse = is_sparse_array(X)
             self._data = self.graph_ = self.degree_ = None
             self.effective_metric_ = self.metric
@@ -219,9 +238,11 @@ class GraphIndex(BaseEstimator):
 
         Parameters
         ----------
-        X : {array-like, sparse matrix} of shape (n_queries, n_features)
+        X : {array-like, sparse matrix, dask array} of shape (n_queries, n_features)
             Real numbers, finite, on the device of the index (the GPU for an index fitted
-            on GPU data; either for a sharded one, whose answers are numpy arrays).
+            on GPU data; either for a sharded one, whose answers are numpy arrays); a dask
+            array only for an index partitioned by clusters (its tiles are searched where
+            they are, and the answers kept there).
         n_neighbors : int or None, default=None
             At most ``candidates`` and the index's rows (None: the index's
             ``n_neighbors``).
@@ -231,11 +252,13 @@ class GraphIndex(BaseEstimator):
         -------
         distances : ndarray of shape (n_queries, n_neighbors), float64
             In the metric's terms (inner products for ``inner_product``, the largest
-            first). Only with ``return_distance``.
+            first). Only with ``return_distance``. For a dask array X: a dask array of
+            X's tiles (one a shard), held on the workers.
         indices : ndarray of shape (n_queries, n_neighbors), int64
             Rows of the index; -1 (and distance inf, or -inf for ``inner_product``) past
             the vertices a search reached, where it reached fewer than asked (a graph
-            whose links were dropped so that some rows are out of reach).
+            whose links were dropped so that some rows are out of reach). A dask array
+            for a dask array X, as the distances.
 
         Raises
         ------
@@ -243,7 +266,8 @@ class GraphIndex(BaseEstimator):
             X not 2-D, with another number of columns than the index, empty, or with NaN
             or infinity; n_neighbors out of range.
         TypeError
-            X on another device than the index, a dask array, or not of numbers.
+            X on another device than the index, a dask array (but for an index partitioned
+            by clusters), or not of numbers.
         """
         func = "GraphIndex.kneighbors"
         self._check_fitted()
@@ -253,10 +277,18 @@ class GraphIndex(BaseEstimator):
         check_param(k, "n_neighbors", _NAME, Interval(Integral, 1, most),
                     f" (at most candidates = {l_n} and the index's {self.n_samples_fit_} rows)")
         check_param(return_distance, "return_distance", func, Boolean())
-        Q = _rows(X, "X", func)
-        if Q.shape[1] != self.n_features_in_:
+        routed = isinstance(self._shards, Routed)
+        # a dask array of queries stays on the workers of an index partitioned by clusters
+        Q = X if routed and is_dask_array(X) else _rows(X, "X", func)
+        if Q.ndim != 2 or Q.shape[1] != self.n_features_in_:
             raise ValueError(f"The 'X' parameter of {func} must have {self.n_features_in_} "
-                             f"columns, as the index. Got {Q.shape[1]} instead.")
+                             f"columns, as the index. Got shape {Q.shape} instead.")
+        if routed:  # each query goes to its nearest shards
+            if not is_dask_array(Q) and not self._shards.anchor.gpu:
+                Q = to_host(Q)
+            dist, ind = search_routed(self._shards, Q, int(k), metric, l_n, e,
+                                      int(self.probes))
+            return (_METRICS[self.metric][1](dist), ind) if return_distance else ind
         if self._shards is not None:  # every shard searches the queries, from the host
             dist, ind = search_shards(self._shards, to_host(Q), int(k), metric, l_n, e)
             return (_METRICS[self.metric][1](dist), ind) if return_distance else ind
@@ -298,6 +330,7 @@ class GraphIndex(BaseEstimator):
                  links=to_host(self.degree_).astype(np.int64),
                  n_features=np.int64(self.n_features_in_),
                  metric=np.str_(params.pop("metric")),
+                 partition=np.str_(params.pop("partition")),
                  explore=np.int64(-1 if params["explore"] is None else params["explore"]),
                  **{k: np.int64(v) for k, v in params.items() if k != "explore"})
         os.replace(partial, final)
@@ -315,7 +348,10 @@ class GraphIndex(BaseEstimator):
                         degree=int(f["degree"]), candidates=int(f["candidates"]),
                         explore=None if explore < 0 else explore, batch=int(f["batch"]),
                         # files written before the parameter hold graphs built without it
-                        diverse=bool(f["diverse"]) if "diverse" in f else False)
+                        diverse=bool(f["diverse"]) if "diverse" in f else False,
+                        # and before these two, which a file may lack
+                        partition=str(f["partition"]) if "partition" in f else "rows",
+                        probes=int(f["probes"]) if "probes" in f else 1)
             index._sparse = _SPARSE[0] in f
             index._shards = None
             index._data = tuple(f[k] for k in _SPARSE) if index._sparse else f["data"]
