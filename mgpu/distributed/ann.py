@@ -28,14 +28,15 @@ from mgpu.ops.distances import check_knn_input
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Shards", "build_shards", "search_shards"]
+__all__ = ["Shards", "build_shards", "gpu_settings", "search_shards"]
 
 _FIT = "GraphIndex.fit"
 # the GPU search's settings: read on the client, carried by the tasks (mgpu/config.py)
 _SETTINGS = ("mgpu.ann.block-threads", "mgpu.ann.visited-slots", "mgpu.ann.merge")
 
 
-def _settings() -> dict[str, Any]:
+def gpu_settings() -> dict[str, Any]:
+    """The GPU search's settings as the client has them, for tasks to carry."""
     return {key: dask.config.get(key) for key in _SETTINGS}
 
 
@@ -106,7 +107,7 @@ def build_shards(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
     where = client.who_has(tiles)
     gpu = is_gpu_array(X._meta)  # GPU shards stay pinned to their device (task_placement)
     offsets = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(np.int64)
-    futures, placements, rows, settings = [], [], [], _settings()
+    futures, placements, rows, settings = [], [], [], gpu_settings()
     for tile, offset, n in zip(tiles, offsets, X.chunks[0]):
         if n == 0:
             continue
@@ -132,7 +133,7 @@ def search_shards(shards: Shards, queries: Any, k: int, metric: str, l_n: int, e
     graph's metric (nearest first): every shard searches the batch, their lists merged."""
     client = shards.client
     batch = place_as(client, f"mgpu-ann-queries-{uuid.uuid4().hex}", queries)
-    settings = _settings()
+    settings = gpu_settings()
     parts = [client.submit(_search, f, batch, k, metric, l_n, e, settings, pure=False, **pin)
              for f, pin in zip(shards.futures, shards.placements)]
     for _ in completed(parts, "the shards' searches", client):

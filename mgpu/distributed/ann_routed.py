@@ -43,6 +43,7 @@ import numpy as np
 
 from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_lookup,
                            is_gpu_array, synchronize, to_host)
+from mgpu.distributed.ann import gpu_settings
 from mgpu.distributed.cluster import current_client
 from mgpu.distributed.collection import block_futures
 from mgpu.distributed.inputs import check_dask_input, is_placed, is_sparse_array, row_tiles
@@ -60,7 +61,6 @@ _SEARCH = "GraphIndex.kneighbors"
 _CENTROIDS = 32  # centroids a shard: queries are routed by finer clusters than the shards
 _SAMPLE = 256  # sampled rows a centroid, for k-means on the client
 _CHUNK = 1 << 18  # rows scored against the centroids at a time
-_SETTINGS = ("mgpu.ann.block-threads", "mgpu.ann.visited-slots", "mgpu.ann.merge")
 
 # (index key, worker address) -> the shard a rank built; workers of a threaded cluster
 # share a process
@@ -115,10 +115,6 @@ class Routed:
     @property
     def shards(self) -> int:
         return len(self.rows)
-
-
-def _settings() -> dict[str, Any]:
-    return {key: dask.config.get(key) for key in _SETTINGS}
 
 
 def _address() -> str:
@@ -318,7 +314,7 @@ def build_routed(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
     key = f"mgpu-ann-shards-{uuid.uuid4().hex}"
     out = spmd(_build_rank, X, client=client, name="ann-build", restarts=0,
                args=(key, centroids, metric, d_min, d_max, l_n, e, batch, diverse,
-                     _settings()))
+                     gpu_settings()))
     gpu = is_gpu_array(X._meta)  # the markers lie where the shards are: CuPy on GPU workers
     workers = [r["worker"] for r in out]
     markers = [client.submit(_marker, gpu, pure=False, workers=[w], allow_other_workers=False)
@@ -449,7 +445,7 @@ def search_routed(index: Routed, queries: Any, k: int, metric: str, l_n: int, e:
     try:
         out = spmd(_search_rank, anchor, Q, client=client, name="ann-search", restarts=0,
                    args=(index.key, index.centroids, index.owner, p, int(k), metric, l_n, e,
-                         _settings(), job))
+                         gpu_settings(), job))
     except BaseException:
         if job is not None:
             client.run(_forget, job)
