@@ -10,8 +10,9 @@ Pyramid (Deng et al., 2019) and IVF's coarse quantiser, the rows are cut by wher
   GPU workers) then runs a rank on every worker holding row tiles. Each rank assigns its
   rows to their nearest centroid; the ranks sum the counts, and rank 0 deals the centroids
   out to the ranks in groups of near-equal rows, cut across the centroids' principal
-  directions at the widest gaps (neighbouring centroids kept together, as Pyramid keeps
-  its partitions of the centres' graph); rows go to the rank of their centroid
+  directions where a cut parts the fewest centroids from their nearest ones (neighbouring
+  centroids kept together, as Pyramid keeps its partitions of the centres' graph); rows
+  go to the rank of their centroid
   (``comm.sendrecv`` rounds), and each rank builds the graph of what it holds and keeps it,
   with its rows' global ids, on its worker.
 - **kneighbors**: one SPMD job on the same workers; the queries' row tiles lie beside the
