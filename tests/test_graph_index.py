@@ -302,8 +302,8 @@ def test_cluster_shards_find_the_neighbours(client, metric):
 
 def test_cluster_shards_refusals(client, tmp_path):
     """Sparse rows and inner products are refused before anything runs; a sharded index is
-    not saved; queries of the wrong width are refused; NaN in a query tile is refused
-    from its worker."""
+    not saved; queries of the wrong width, or of unknown chunk sizes, are refused; NaN in a
+    query tile is refused from its worker."""
     X, Q = _clustered(4, 600, 10)
     with pytest.raises(ValueError, match="takes dense rows"):
         GraphIndex(5, partition="clusters").fit(
@@ -319,6 +319,10 @@ def test_cluster_shards_refusals(client, tmp_path):
         index.kneighbors(Q[:, :3])
     with pytest.raises(ValueError, match="must have 16 columns"):
         index.kneighbors(da.from_array(Q[:, :3], chunks=(5, 3)))
+    unknown = da.from_array(Q, chunks=(5, 16))
+    unknown = unknown[unknown[:, 0] > -np.inf]  # rows by a condition: chunk sizes unknown
+    with pytest.raises(ValueError, match="compute_chunk_sizes"):
+        index.kneighbors(unknown)
     bad = Q.copy()
     bad[7, 2] = np.nan
     with pytest.raises(ValueError, match="NaN"):

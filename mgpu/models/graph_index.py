@@ -23,7 +23,7 @@ from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_look
 from mgpu.backends.numpy_ann import rows_of
 from mgpu.distributed.ann import build_shards, search_shards
 from mgpu.distributed.ann_routed import Routed, build_routed, search_routed
-from mgpu.distributed.inputs import is_sparse_array
+from mgpu.distributed.inputs import check_dask_input, is_sparse_array
 from mgpu.ops.distances import check_knn_input
 from mgpu.ops.validation import (Boolean, InstanceOf, Interval, IsCallable, StrOptions,
                                  as_array, check_param, is_dask_array)
@@ -279,7 +279,11 @@ class GraphIndex(BaseEstimator):
         check_param(return_distance, "return_distance", func, Boolean())
         routed = isinstance(self._shards, Routed)
         # a dask array of queries stays on the workers of an index partitioned by clusters
-        Q = X if routed and is_dask_array(X) else _rows(X, "X", func)
+        if routed and is_dask_array(X):
+            check_dask_input(X, "X", func)  # 2-D, real numbers, known chunks
+            Q = X
+        else:
+            Q = _rows(X, "X", func)
         if Q.ndim != 2 or Q.shape[1] != self.n_features_in_:
             raise ValueError(f"The 'X' parameter of {func} must have {self.n_features_in_} "
                              f"columns, as the index. Got shape {Q.shape} instead.")
