@@ -43,7 +43,7 @@ import distributed
 import numpy as np
 
 from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_lookup,
-                           is_gpu_array, synchronize, to_host)
+                           array_module, is_gpu_array, synchronize, to_device, to_host)
 from mgpu.distributed.ann import gpu_settings
 from mgpu.distributed.cluster import current_client
 from mgpu.distributed.collection import block_futures
@@ -147,15 +147,8 @@ def _release(client: Any, key: str) -> None:
 
 def _marker(gpu: bool) -> Any:
     """A tile of one zero, on the device of the worker's shard."""
-    return _xp_of(gpu).zeros((1, 1))
-
-
-def _xp_of(gpu: bool) -> Any:
-    if not gpu:
-        return np
-    import cupy  # only GPU workers get here
-
-    return cupy
+    one = np.zeros((1, 1))
+    return to_device(one) if gpu else one
 
 
 def _nearest(data: Any, centroids: Any, xp: Any) -> Any:
@@ -254,7 +247,7 @@ def _rows_of(parts: list[Any], func: str, name: str, on: Any) -> tuple[Any, Any]
     stacked, with their rows' global ids."""
     tiles = [check_knn_input(p.data, name, func, on, min_samples=0, min_features=1)
              for p in parts]
-    xp = _xp_of(is_gpu_array(tiles[0]))  # the rank's own device: its tiles' module
+    xp = array_module(tiles[0])  # the rank's own device: its tiles' module
     ids = xp.concatenate([xp.arange(p.rows.start, p.rows.stop, dtype=xp.int64) for p in parts])
     return (tiles[0] if len(tiles) == 1 else xp.concatenate(tiles)), ids
 
@@ -303,9 +296,7 @@ def build_routed(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
     if client is None:
         raise ValueError(f"The 'X' parameter of {_FIT} is a dask array, which needs a cluster: "
                          "call mgpu.connect() first, or pass a numpy, scipy or CuPy array.")
-    X = row_tiles(X, _FIT)
-    if X.ndim != 2 or X.numblocks[1] != 1:
-        X = X.rechunk({1: -1})
+    X = row_tiles(X, _FIT)  # 2-D (checked above), one chunk across the columns
     if not is_placed(X):
         X = client.persist(X)
     n = int(X.shape[0])
