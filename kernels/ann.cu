@@ -547,3 +547,130 @@ __global__ void mgpu_ann_link(int* __restrict__ graph, T* __restrict__ link_dist
     }
     degree[v] = first + kept;
 }
+
+// mgpu_ann_search_heap: the naive baseline, a CPU graph search ported as it is (HNSW's
+// search of one layer, without GANNS's lazy strategies): one thread per query, dense rows;
+// two binary heaps ordered by (distance, id), the candidates (nearest on top; cand_cap
+// slots, as many as the vertices the table takes, so that it never fills) and the results
+// (farthest on top, at most ef), and an open-addressing table of the vertices met (cap
+// slots, a power of two), every neighbour looked up in it before it is scored; a neighbour
+// enters both heaps where it beats the farthest result, and the search ends when the
+// nearest candidate is farther than the farthest of ef results, or when the table is
+// three quarters full. Heaps and table are in global memory, one slice
+// a query (the table filled with -1 by the host).
+namespace mgpu_ann {
+
+template <typename T>
+__device__ void heap_push(int* id, T* d, int& n, int v, T dv, bool far_on_top) {
+    int c = n++;
+    while (c > 0) {
+        const int p = (c - 1) / 2;
+        const bool up = far_on_top ? before(d[p], id[p], dv, v) : before(dv, v, d[p], id[p]);
+        if (!up) break;
+        id[c] = id[p];
+        d[c] = d[p];
+        c = p;
+    }
+    id[c] = v;
+    d[c] = dv;
+}
+
+template <typename T>
+__device__ void heap_pop(int* id, T* d, int& n, bool far_on_top) {
+    const int v = id[--n];
+    const T dv = d[n];
+    int c = 0;
+    while (true) {
+        int l = 2 * c + 1;
+        if (l >= n) break;
+        const int r = l + 1;
+        if (r < n && (far_on_top ? before(d[l], id[l], d[r], id[r])
+                                 : before(d[r], id[r], d[l], id[l])))
+            l = r;
+        const bool down = far_on_top ? before(dv, v, d[l], id[l]) : before(d[l], id[l], dv, v);
+        if (!down) break;
+        id[c] = id[l];
+        d[c] = d[l];
+        c = l;
+    }
+    id[c] = v;
+    d[c] = dv;
+}
+
+}  // namespace mgpu_ann
+
+template <typename T>
+__global__ void mgpu_ann_search_heap(
+    const T* __restrict__ X, int dim, const T* __restrict__ QX, int nq,
+    const int* __restrict__ graph, const int* __restrict__ degree, int width, int metric,
+    int ef, int cand_cap, int cap, int* __restrict__ heap_id, T* __restrict__ heap_dist,
+    int* __restrict__ table, int k_out, int* __restrict__ out_ids, T* __restrict__ out_dist) {
+    using namespace mgpu_ann;
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= nq) return;
+    const T* qv = QX + (size_t)q * dim;
+    int* c_id = heap_id + (size_t)q * (cand_cap + ef);
+    T* c_d = heap_dist + (size_t)q * (cand_cap + ef);
+    int* r_id = c_id + cand_cap;
+    T* r_d = c_d + cand_cap;
+    int* tab = table + (size_t)q * cap;
+    int nc = 0, nr = 0, met = 0;
+    const int full = cap - cap / 4;
+    auto score = [&](int u) -> T {
+        const T* x = X + (size_t)u * dim;
+        T acc = T(0);
+        for (int j = 0; j < dim; ++j) {
+            const T a = x[j], b = qv[j];
+            acc += metric == 0 ? (a - b) * (a - b) : a * b;
+        }
+        return finish(acc, T(0), T(0), metric, false);
+    };
+    auto first_time = [&](int v) -> bool {  // true where v was not met before (and is now)
+        unsigned h = (unsigned)v * 2654435761u;
+        for (int s = 0; s < cap; ++s) {
+            const int at = (int)((h + (unsigned)s) & (unsigned)(cap - 1));
+            if (tab[at] == v) return false;
+            if (tab[at] < 0) {
+                tab[at] = v;
+                ++met;
+                return true;
+            }
+        }
+        return false;
+    };
+    first_time(0);
+    const T d0 = score(0);
+    heap_push(c_id, c_d, nc, 0, d0, false);
+    heap_push(r_id, r_d, nr, 0, d0, true);
+    while (nc > 0 && met < full) {
+        const int u = c_id[0];
+        const T du = c_d[0];
+        heap_pop(c_id, c_d, nc, false);
+        if (nr == ef && before(r_d[0], r_id[0], du, u)) break;
+        const int* nbr = graph + (size_t)u * width;
+        for (int j = 0; j < degree[u] && met < full; ++j) {
+            const int v = nbr[j];
+            if (v < 0 || !first_time(v)) continue;
+            const T dv = score(v);
+            if (nr < ef || before(dv, v, r_d[0], r_id[0])) {
+                if (nc < cand_cap) heap_push(c_id, c_d, nc, v, dv, false);
+                // the farthest result makes room first: the heap's slice holds ef
+                if (nr == ef) heap_pop(r_id, r_d, nr, true);
+                heap_push(r_id, r_d, nr, v, dv, true);
+            }
+        }
+    }
+    // the results nearest first: the farthest popped to the back
+    for (int j = nr; j < k_out; ++j) {
+        out_ids[(size_t)q * k_out + j] = -1;
+        out_dist[(size_t)q * k_out + j] = infinity<T>();
+    }
+    while (nr > 0) {
+        const int at = nr - 1;
+        if (at < k_out) {
+            out_ids[(size_t)q * k_out + at] = r_id[0];
+            out_dist[(size_t)q * k_out + at] = r_d[0];
+        }
+        heap_pop(r_id, r_d, nr, true);
+    }
+}

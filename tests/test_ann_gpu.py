@@ -200,6 +200,66 @@ def test_table_and_merge_find_the_same(sparse):
         cupy_ann.build_graph(gpu, "sqeuclidean", 8, 16, 48, 48, 400)
 
 
+@pytest.mark.parametrize("metric", ann.METRICS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_naive_heap_search_finds_what_ganns_finds(metric, dtype):
+    """mgpu.ann.search = "heaps" (one thread a query, binary heaps, a table of the vertices
+    met) searches the same graph to about the same recall as GANNS's search at the same
+    width; its distances are those of its ids, nearest first (ties to the lower id); a
+    short search's results are padded with -1; sparse rows are refused."""
+    import cupy
+    import dask.config
+
+    from mgpu.backends import cupy_ann
+
+    rng = np.random.default_rng(12)
+    X, Q = _clustered(rng, 6000, 300, 20)
+    X, Q = X.astype(dtype), Q.astype(dtype)
+    data = cupy_ann.prepare(cupy.asarray(X), metric)
+    queries = cupy_ann.prepare(cupy.asarray(Q), metric)
+    graph, degree = cupy_ann.build_graph(data, metric, 8, 16, 48, 48, 512, diverse=True)
+    rows, qs = ann.prepare(X, metric), ann.prepare(Q, metric)
+    full = (((qs[:, None, :] - rows[None]) ** 2).sum(axis=2) if metric == "sqeuclidean"
+            else -(qs @ rows.T))  # the exact order of each metric
+    truth = np.argsort(full, axis=1, kind="stable")[:, :10]
+    got = {}
+    for kind in ("ganns", "heaps"):
+        with dask.config.set({"mgpu.ann.search": kind}):
+            d, i = cupy_ann.search_graph(data, graph, degree, queries, 10, metric, 40, 40)
+        got[kind] = (d.get(), i.get())
+    assert abs(_recall(got["heaps"][1], truth) - _recall(got["ganns"][1], truth)) < 0.03
+    d, i = got["heaps"]
+    assert (i >= 0).all() and i.dtype == np.int64
+    if metric == "sqeuclidean":
+        want = ((qs[:, None, :] - rows[i]) ** 2).sum(axis=2)
+    else:
+        dots = np.einsum("qd,qkd->qk", qs, rows[i])
+        want = 1 - dots if metric == "cosine" else -dots
+    np.testing.assert_allclose(d, want, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=1e-3 if dtype == np.float32 else 1e-10)
+    assert np.all((np.diff(d, axis=1) > 0) | ((np.diff(d, axis=1) == 0)
+                                               & (np.diff(i, axis=1) > 0)))
+    with dask.config.set({"mgpu.ann.search": "heaps"}):
+        one = cupy.asarray(np.ones((4, 20), dtype=dtype))
+        lone = cupy.full((4, 16), -1, dtype=np.int32)
+        d4, i4 = cupy_ann.search_graph(one, lone, cupy.zeros(4, dtype=np.int32), one[:1],
+                                       3, "sqeuclidean", 8, 8)
+        assert i4.get().tolist() == [[0, -1, -1]] and np.isinf(d4.get()[0, 1:]).all()
+        S = cupy_ann.prepare(cupyx_csr(_sparse(rng, 200, 50)), "sqeuclidean")
+        with pytest.raises(ValueError, match="dense rows only"):
+            cupy_ann.search_graph(S, lone[:1], cupy.zeros(1, dtype=np.int32), S[:2], 1,
+                                  "sqeuclidean", 8, 8)
+    with dask.config.set({"mgpu.ann.search": "queues"}), \
+            pytest.raises(ValueError, match="mgpu.ann.search must be one of"):
+        cupy_ann.search_graph(data, graph, degree, queries, 10, metric, 40, 40)
+
+
+def cupyx_csr(X):
+    import cupyx.scipy.sparse as csp
+
+    return csp.csr_matrix(X)
+
+
 def test_gpu_progress_and_wide_candidates():
     """Progress after each batch; candidates past a block's usual width (N of 512)."""
     import cupy
@@ -281,9 +341,9 @@ def test_the_build_command_and_the_bench_on_the_gpu(tmp_path):
                            peers=(), gpu=True)
     assert [row["method"] for row in rows] == [
         "mgpu exact (GPU)", "mgpu graph (GPU)", "mgpu graph (GPU, bitonic merge)",
-        "mgpu graph (GPU, visited table)"]
+        "mgpu graph (GPU, visited table)", bench.NAIVE]
     assert all(row["recall"] > 0.9 for row in rows)
-    assert len({row["recall"] for row in rows[1:]}) == 1  # the same neighbours
+    assert len({row["recall"] for row in rows[1:4]}) == 1  # the same neighbours
 
 
 @pytest.mark.multi_gpu(2)

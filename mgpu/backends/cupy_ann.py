@@ -240,5 +240,52 @@ def search_graph(data: Any, graph: cupy.ndarray, degree: cupy.ndarray, queries: 
     if queries.dtype != data.dtype:  # the kernel reads the rows and the queries as one type
         queries = queries.astype(data.dtype)
     rows, qs = _Rows(data), _Rows(queries)
-    ids, dist = _search(rows, qs, 0, qs.n, graph, degree, rows.n, -1, metric, l_n, e, k)
+    if _search_kind() == "heaps":
+        ids, dist = _search_heaps(data, graph, degree, queries, metric, l_n, k)
+    else:
+        ids, dist = _search(rows, qs, 0, qs.n, graph, degree, rows.n, -1, metric, l_n, e, k)
     return dist, ids.astype(np.int64)
+
+
+def _search_kind() -> str:
+    """``mgpu.ann.search``, checked: ganns (the default) or heaps (the naive baseline)."""
+    value = dask.config.get("mgpu.ann.search")
+    if value not in ("ganns", "heaps"):
+        raise ValueError("The setting mgpu.ann.search must be one of {'ganns', 'heaps'}. Got "
+                         f"{value!r} instead.")
+    return value
+
+
+_HEAP_SCRATCH = 1 << 30  # bytes of heaps and tables a launch of the naive search takes
+
+
+def _search_heaps(data: Any, graph: cupy.ndarray, degree: cupy.ndarray, queries: Any,
+                  metric: str, ef: int, k: int) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """The naive baseline (``mgpu.ann.search = "heaps"``, ``mgpu_ann_search_heap``): one
+    thread a query, binary heaps and a table of the vertices met in global memory, in
+    launches of as many queries as ``_HEAP_SCRATCH`` bytes of them hold."""
+    if csp.issparse(data):
+        raise ValueError("The setting mgpu.ann.search = 'heaps' (the naive baseline) searches "
+                         "dense rows only: set it back to 'ganns' for sparse rows.")
+    ef = max(ef, k)
+    cap = _pow2(4 * ef * graph.shape[1])
+    cand_cap = cap - cap // 4  # a candidate a vertex met: the heap cannot fill first
+    item = data.dtype.itemsize
+    per = (cand_cap + ef) * (4 + item) + 4 * cap
+    step = max(1, _HEAP_SCRATCH // per)
+    nq = queries.shape[0]
+    ids = cupy.empty((nq, k), dtype=np.int32)
+    dist = cupy.empty((nq, k), dtype=data.dtype)
+    fn = get_function(_FILE, f"mgpu_ann_search_heap<{c_type(data.dtype)}>", INSTANCES[_FILE])
+    i32 = np.int32
+    for lo in range(0, nq, step):
+        n = min(step, nq - lo)
+        heap_id = cupy.empty((n, cand_cap + ef), dtype=np.int32)
+        heap_dist = cupy.empty((n, cand_cap + ef), dtype=data.dtype)
+        table = cupy.full((n, cap), -1, dtype=np.int32)
+        Q = cupy.ascontiguousarray(queries[lo:lo + n])
+        fn(((n + 127) // 128,), (128,), (
+            data, i32(data.shape[1]), Q, i32(n), graph, degree, i32(graph.shape[1]),
+            i32(METRICS.index(metric)), i32(ef), i32(cand_cap), i32(cap), heap_id, heap_dist,
+            table, i32(k), ids[lo:lo + n], dist[lo:lo + n]))
+    return ids, dist

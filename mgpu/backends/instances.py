@@ -116,7 +116,8 @@ KNN_GROUPS: dict[str, tuple[str, ...]] = {
 INSTANCES: dict[str, tuple[str, ...]] = {
     # the proximity graph: its search (dense rows or CSR) and the links made back
     "ann.cu": tuple(f"mgpu_ann_search<{t}, {s}>" for t in _FLOATS for s in ("false", "true"))
-    + tuple(f"mgpu_ann_link<{t}>" for t in _FLOATS),
+    + tuple(f"mgpu_ann_link<{t}>" for t in _FLOATS)
+    + tuple(f"mgpu_ann_search_heap<{t}>" for t in _FLOATS),
     "jaccard.cu": tuple(f"mgpu_jaccard<{t}, {w}>" for t in _FLOATS for w in ("false", "true")),
     "knn.cu": tuple(e for group in KNN_GROUPS.values() for e in group),
     "rows.cu": tuple(

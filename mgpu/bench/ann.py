@@ -3,7 +3,10 @@ exact neighbours and the CPU graph indexes people use, in one run: recall@k agai
 exact kNN and queries/s, over each index's search parameter, with each index's build time.
 
 With ``gpu``, mgpu's graph index and exact kNN run on the GPU (rows as float32 CuPy arrays
-or cupyx CSR; searches timed with CUDA events, builds to the device's last kernel).
+or cupyx CSR; searches timed with CUDA events, builds to the device's last kernel), and
+the same graph is also searched by GANNS's other strategies (bitonic merge, a table of the
+vertices met) and by the naive baseline (:data:`NAIVE`: a CPU search ported as it is, one
+thread a query).
 
 Peers, where installed (neither is a dependency of mgpu): hnswlib and Faiss's HNSW
 (``IndexHNSWFlat``), on all the machine's CPU cores, built with M = degree // 2 and
@@ -25,10 +28,13 @@ import scipy.sparse as sp
 from mgpu.backends import to_device, to_host
 from mgpu.backends.timing import time_cpu, time_gpu
 
-__all__ = ["PEERS", "bench_ann", "markdown", "recall"]
+__all__ = ["NAIVE", "PEERS", "bench_ann", "markdown", "recall"]
 
 PEERS = {"hnswlib": "hnswlib HNSW", "faiss": "Faiss IndexHNSWFlat"}
 """The peer indexes, by key: their names in tables."""
+NAIVE = "naive GPU search (heaps, one thread a query)"
+"""The naive baseline's row: the same graph searched as a CPU search is, ported as it is
+(``mgpu.ann.search = "heaps"``; dense rows only)."""
 
 
 def recall(found: np.ndarray, truth: np.ndarray) -> float:
@@ -111,12 +117,15 @@ def _faiss(X: np.ndarray, Q: np.ndarray, k: int, metric: str, degree: int, build
 
 _RUNNERS = {"hnswlib": _hnswlib, "faiss": _faiss}
 
-# The GPU search's other strategies (the same neighbours, other speeds), timed on the same
-# graph: GANNS's bitonic networks for the merge, and a table of the vertices met, so that
-# no neighbour is scored twice (the naive search's visited set) instead of the lazy check.
+# The GPU search's other strategies, timed on the same graph: GANNS's bitonic networks for
+# the merge, and a table of the vertices met, so that no neighbour is scored twice (the
+# naive search's visited set) instead of the lazy check (both: the same neighbours, other
+# speeds); and the naive baseline, without GANNS's strategies at all (about the same
+# neighbours: a best-first search of the same width).
 _VARIANTS: dict[str, dict[str, Any]] = {
     "mgpu graph (GPU, bitonic merge)": {"mgpu.ann.merge": "bitonic"},
     "mgpu graph (GPU, visited table)": {"mgpu.ann.visited-slots": 1024},
+    NAIVE: {"mgpu.ann.search": "heaps"},
 }
 
 
@@ -167,6 +176,9 @@ def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree:
         _timed(lambda: index.fit(Xm[:min(64, Xm.shape[0])]), gpu)
     _, build_s = _timed(lambda: index.fit(Xm), gpu)
     for variant, settings in ((f"mgpu graph{where}", {}), *(_VARIANTS.items() if gpu else ())):
+        if variant == NAIVE and sp.issparse(X):
+            rows.append(_row(variant, None, None, None, None, truth, "takes dense rows only"))
+            continue
         with dask.config.set(settings):
             for c in candidates:
                 index.set_params(candidates=max(c, k))

@@ -32,7 +32,8 @@ __all__ = ["Shards", "build_shards", "gpu_settings", "search_shards"]
 
 _FIT = "GraphIndex.fit"
 # the GPU search's settings: read on the client, carried by the tasks (mgpu/config.py)
-_SETTINGS = ("mgpu.ann.block-threads", "mgpu.ann.visited-slots", "mgpu.ann.merge")
+_SETTINGS = ("mgpu.ann.block-threads", "mgpu.ann.visited-slots", "mgpu.ann.merge",
+             "mgpu.ann.search")
 
 
 def gpu_settings() -> dict[str, Any]:
