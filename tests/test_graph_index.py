@@ -261,6 +261,41 @@ def test_sparse_shards_and_refusals(client, tmp_path):
 # partition="clusters": each worker's shard holds the rows nearest its k-means centroids, and
 # each query is searched, in one SPMD job, in the shards of its nearest centroids only.
 
+def _exchange_rank(comm, parts, piece):
+    from mgpu.distributed.ann_routed import _exchange
+
+    n = 7 + 5 * comm.rank  # rank 0 sends nothing to rank 1, rank 1 most of its rows to 0
+    dest = (np.ones(n, dtype=np.int64) if comm.rank == 0 else
+            (np.arange(n) % 4 == 0).astype(np.int64))
+    ids = np.arange(n, dtype=np.int64) * 10 + comm.rank
+    rows = np.stack([ids, -ids, ids + 0.5], axis=1).astype(np.float64)
+    (got, got_ids), source = _exchange(comm, dest, [rows, ids], piece)
+    return {"dest": dest, "ids": ids, "got": got, "got_ids": got_ids, "source": source}
+
+
+@pytest.mark.parametrize("piece", [1, 24, 1 << 28])
+def test_the_exchange_sends_each_row_to_its_rank(client, piece):
+    """Each row reaches the rank it is sent to, once, whole, after those of lower ranks,
+    with its source rank: in rounds of a row (``piece`` bytes: 1, 24, the default),
+    padded where the two ranks send different numbers."""
+    from mgpu.distributed import spmd
+
+    from mgpu.distributed import from_scipy
+
+    tiles = from_scipy(sp.csr_matrix((2, 1)), 2, client=client)  # a tile a worker
+    out = spmd(_exchange_rank, tiles, args=(piece,), client=client)
+    assert len(out) == 2  # a rank a worker
+    for r, mine in enumerate(out):
+        want = [np.sort(o["ids"][o["dest"] == r]) for o in out]
+        lengths = [w.size for w in want]
+        assert mine["source"].tolist() == sum(([s] * m for s, m in enumerate(lengths)), [])
+        at = np.cumsum([0] + lengths)
+        for s in range(len(out)):
+            np.testing.assert_array_equal(np.sort(mine["got_ids"][at[s]:at[s + 1]]), want[s])
+        ids = mine["got_ids"]
+        np.testing.assert_array_equal(mine["got"], np.stack([ids, -ids, ids + 0.5], axis=1))
+
+
 @pytest.mark.parametrize("metric", ["euclidean", "cosine"])
 def test_cluster_shards_find_the_neighbours(client, metric):
     """Rows are in the shards under their own ids (found as their own nearest); recall@10
@@ -273,7 +308,10 @@ def test_cluster_shards_find_the_neighbours(client, metric):
     seen = []
     index.fit(da.from_array(X, chunks=((1000, 1200, 800), 16)),
               progress=lambda done, n: seen.append((done, n)))
-    assert seen == [(3000, 3000)] and index.graph_ is None
+    # the first shard's build reported as it goes (its end always), then the whole
+    assert seen[-1] == (3000, 3000) and len(seen) >= 2 and index.graph_ is None
+    assert all(n == 3000 for _, n in seen) and seen[-2][0] < 3000
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert sum(index._shards.rows) == 3000 and len(index._shards.rows) == 2
     assert min(index._shards.rows) > 600  # the centroids dealt out by their rows
     index.set_params(probes=2)

@@ -62,6 +62,8 @@ _SEARCH = "GraphIndex.kneighbors"
 _CENTROIDS = 32  # centroids a shard: queries are routed by finer clusters than the shards
 _SAMPLE = 256  # sampled rows a centroid, for k-means on the client
 _CHUNK = 1 << 18  # rows scored against the centroids at a time
+_PIECE = 1 << 28  # bytes of an array a rank sends in one round of an exchange
+_REPORT_SECONDS = 1.0  # the build's progress reports, at most one a second
 
 # (index key, worker address) -> the shard a rank built; workers of a threaded cluster
 # share a process
@@ -151,14 +153,35 @@ def _marker(gpu: bool) -> Any:
     return to_device(one) if gpu else one
 
 
+def _to_centroids(X: Any, centroids: Any, sq_c: Any, xp: Any) -> Any:
+    """The squared euclidean distances of rows X to each centroid, (len(X), c)."""
+    return xp.einsum("ij,ij->i", X, X)[:, None] - 2.0 * (X @ centroids.T) + sq_c[None, :]
+
+
 def _nearest(data: Any, centroids: Any, xp: Any) -> Any:
-    """Each row's squared euclidean distance to each centroid, (n, c), in chunks of rows."""
+    """Each row's nearest centroid, in chunks of rows: the (rows, centroids) distances are
+    never held whole."""
     sq_c = xp.einsum("ij,ij->i", centroids, centroids)
-    out = xp.empty((data.shape[0], centroids.shape[0]), dtype=data.dtype)
+    out = xp.empty(data.shape[0], dtype=xp.int64)
     for lo in range(0, data.shape[0], _CHUNK):
-        X = data[lo:lo + _CHUNK]
-        out[lo:lo + _CHUNK] = (xp.einsum("ij,ij->i", X, X)[:, None] - 2.0 * (X @ centroids.T)
-                               + sq_c[None, :])
+        out[lo:lo + _CHUNK] = xp.argmin(_to_centroids(data[lo:lo + _CHUNK], centroids, sq_c,
+                                                      xp), axis=1)
+    return out
+
+
+def _routes(Q: Any, centroids: Any, owner: np.ndarray, ranks: int, probes: int,
+            xp: Any) -> Any:
+    """Each query's ``probes`` nearest shards, nearest first (a shard's distance: its
+    nearest centroid's), (len(Q), probes), in chunks of queries."""
+    sq_c = xp.einsum("ij,ij->i", centroids, centroids)
+    mine = [xp.asarray(owner == r) for r in range(ranks)]
+    out = xp.empty((Q.shape[0], probes), dtype=xp.int64)
+    for lo in range(0, Q.shape[0], _CHUNK):
+        d2 = _to_centroids(Q[lo:lo + _CHUNK], centroids, sq_c, xp)
+        by_shard = xp.stack([d2[:, m].min(axis=1) if (owner == r).any()
+                             else xp.full(d2.shape[0], xp.inf, dtype=d2.dtype)
+                             for r, m in enumerate(mine)], axis=1)
+        out[lo:lo + _CHUNK] = xp.argsort(by_shard, axis=1)[:, :probes]
     return out
 
 
@@ -205,40 +228,41 @@ def _deal(centroids: np.ndarray, counts: np.ndarray, ranks: int) -> np.ndarray:
     return owner
 
 
-def _exchange(comm: Any, dest: Any, arrays: list[Any]) -> tuple[list[Any], Any]:
+def _exchange(comm: Any, dest: Any, arrays: list[Any], piece: int = _PIECE
+              ) -> tuple[list[Any], Any]:
     """Each row of ``arrays`` (equal first dimension) sent to rank ``dest[row]``; the rows
-    this rank received, from rank 0's first, and each received row's source rank."""
-    xp = comm.xp
+    this rank received, from rank 0's first, and each received row's source rank.
+
+    The rows go in rounds (rank r to rank r + step, each step) of at most ``piece`` bytes
+    an array, padded to the round's largest part, and are written into place as they come:
+    a rank holds its rows, what it receives and one round's buffers, never a sorted copy of
+    its rows or a list of the parts received.
+    """
+    xp, rank, size = comm.xp, comm.rank, comm.size
     order = xp.argsort(dest)
-    counts = np.bincount(to_host(dest).astype(np.int64), minlength=comm.size)
+    counts = np.bincount(to_host(dest).astype(np.int64), minlength=size)
     starts = np.concatenate([[0], np.cumsum(counts)])
-    sent = [a[order] for a in arrays]
     table = np.asarray(comm.allgather_obj(counts.tolist()), dtype=np.int64)  # [from, to]
-    pieces: list[list[Any]] = [[] for _ in arrays]
-    by_source: list[tuple[int, list[Any]]] = []
-    for step in range(comm.size):
-        to, frm = (comm.rank + step) % comm.size, (comm.rank - step) % comm.size
-        top = int(max(table[r, (r + step) % comm.size] for r in range(comm.size)))
-        if top == 0:  # no rank sends in this round
-            continue
-        got = []
-        for a in sent:
-            mine = a[starts[to]:starts[to + 1]]
-            if step == 0:
-                got.append(mine)
-                continue
-            buf = xp.zeros((top,) + a.shape[1:], dtype=a.dtype)
-            buf[:mine.shape[0]] = mine
-            got.append(comm.sendrecv(buf, to, frm)[:table[frm, comm.rank]])
-        by_source.append((frm, got))
-    by_source.sort(key=lambda s: s[0])
-    for _, got in by_source:
-        for j, g in enumerate(got):
-            pieces[j].append(g)
-    source = xp.concatenate([xp.full(int(g[0].shape[0]), frm, dtype=xp.int64)
-                             for frm, g in by_source]) if by_source else \
-        xp.zeros(0, dtype=xp.int64)
-    out = [xp.concatenate(p) if p else a[:0] for p, a in zip(pieces, arrays)]
+    at = np.concatenate([[0], np.cumsum(table[:, rank])])  # each source's first row here
+    out = [xp.empty((int(at[-1]),) + a.shape[1:], dtype=a.dtype) for a in arrays]
+    piece = max(1, min(piece // max(1, a[:1].nbytes) for a in arrays))  # rows a round
+    for step in range(size):
+        to, frm = (rank + step) % size, (rank - step) % size
+        top = int(max(table[r, (r + step) % size] for r in range(size)))
+        for lo in range(0, top, piece):  # every rank takes the same rounds
+            hi = min(top, lo + piece)
+            mine = order[starts[to] + min(lo, counts[to]):starts[to] + min(hi, counts[to])]
+            got = int(min(hi, table[frm, rank]) - min(lo, table[frm, rank]))
+            for a, o in zip(arrays, out):
+                rows = a[mine]
+                if step:
+                    buf = xp.zeros((hi - lo,) + a.shape[1:], dtype=a.dtype)
+                    buf[:rows.shape[0]] = rows
+                    rows = comm.sendrecv(buf, to, frm)[:got]
+                o[at[frm] + lo:at[frm] + lo + got] = rows
+    source = xp.empty(int(at[-1]), dtype=xp.int64)
+    for r in range(size):
+        source[at[r]:at[r + 1]] = r
     return out, source
 
 
@@ -258,19 +282,20 @@ def _build_rank(comm: Any, parts: list[Any], key: str, centroids: np.ndarray, me
     xp = comm.xp
     X, ids = _rows_of(parts, _FIT, "X", parts[0].data)
     data = ann_prepare_lookup(X, metric)
+    del X  # a stack of several tiles goes now; the tiles stay the caller's
     C = xp.asarray(centroids, dtype=data.dtype)
-    near = xp.argmin(_nearest(data, C, xp), axis=1) if data.shape[0] else \
-        xp.zeros(0, dtype=xp.int64)
+    near = _nearest(data, C, xp)
     local = np.bincount(to_host(near).astype(np.int64), minlength=C.shape[0])
     counts = np.asarray(comm.allreduce_obj(local), dtype=np.int64)
     # dealt on rank 0 and sent: every rank routes by the same deal
     owner = comm.bcast_obj(_deal(centroids, counts, comm.size) if comm.rank == 0 else None)
     (data, ids), _ = _exchange(comm, xp.asarray(owner)[near], [data, ids])
+    del near
     shard = _Shard(None, None, None, ids, data.dtype)
     if data.shape[0]:
         with dask.config.set(settings):
-            graph, degree = ann_build_lookup(data, metric, d_min, d_max, l_n, e, batch, None,
-                                             diverse)
+            graph, degree = ann_build_lookup(data, metric, d_min, d_max, l_n, e, batch,
+                                             _reporter(comm), diverse)
         shard = _Shard(data, graph, degree, ids, data.dtype)
     synchronize(data)
     with _LOCK:
@@ -278,11 +303,28 @@ def _build_rank(comm: Any, parts: list[Any], key: str, centroids: np.ndarray, me
     return {"rows": int(data.shape[0]), "owner": owner, "worker": _address()}
 
 
+def _reporter(comm: Any) -> Callable[[int, int], None]:
+    """The build's progress, ``(rows inserted, rows)`` of this rank's shard, sent to the
+    client (rank 0's alone: the shards are of about equal rows) at most once a second."""
+    last = [0.0]
+
+    def report(done: int, n: int) -> None:
+        now = time.monotonic()
+        if done < n and now - last[0] < _REPORT_SECONDS:
+            return
+        last[0] = now
+        comm.report({"done": int(done), "of": int(n)})
+
+    return report
+
+
 def build_routed(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: int,
                  batch: int, diverse: bool,
                  progress: Callable[[int, int], None] | None = None) -> Routed:
     """Partition the rows of the dask array X (dense) by clusters over the workers holding
-    its tiles and build each shard's graph there; ``progress(n, n)`` once all are built."""
+    its tiles and build each shard's graph there; ``progress(rows, n)`` as the first
+    shard's build goes (its share of the rows inserted, as a number of the n), and
+    ``progress(n, n)`` once all are built."""
     check_dask_input(X, "X", _FIT)
     if is_sparse_array(X):
         raise ValueError(f"The 'X' parameter of {_FIT} is sparse; partition='clusters' takes "
@@ -304,7 +346,12 @@ def build_routed(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
     holders = {w for ws in client.who_has(list(blocks.values())).values() for w in ws}
     centroids = _centroids(X, metric, _CENTROIDS * max(1, len(holders)))
     key = f"mgpu-ann-shards-{uuid.uuid4().hex}"
+
+    def reported(record: dict[str, Any]) -> None:  # rank 0's share done, as rows of n
+        progress(min(n - 1, int(n * record["done"] / max(1, record["of"]))), n)
+
     out = spmd(_build_rank, X, client=client, name="ann-build", restarts=0,
+               progress=reported if progress is not None else None,
                args=(key, centroids, metric, d_min, d_max, l_n, e, batch, diverse,
                      gpu_settings()))
     gpu = is_gpu_array(X._meta)  # the markers lie where the shards are: CuPy on GPU workers
@@ -355,11 +402,8 @@ def _search_rank(comm: Any, anchor: list[Any], queries: list[Any], key: str,
     t0 = time.perf_counter()
     nq = Q.shape[0]
     # each query's shards: a shard's distance is its nearest centroid's
-    d2 = _nearest(Q, xp.asarray(centroids, dtype=Q.dtype), xp)
-    by_shard = xp.stack([d2[:, xp.asarray(owner == r)].min(axis=1) if (owner == r).any()
-                         else xp.full(nq, xp.inf, dtype=d2.dtype) for r in range(comm.size)],
-                        axis=1)
-    dest = xp.argsort(by_shard, axis=1)[:, :probes].ravel()
+    dest = _routes(Q, xp.asarray(centroids, dtype=Q.dtype), owner, comm.size, probes,
+                   xp).ravel()
     tag = xp.arange(nq * probes, dtype=xp.int64)  # query * probes + its slot
     (rq, tags), source = _exchange(comm, dest, [xp.repeat(Q, probes, axis=0), tag])
     dist = xp.full((rq.shape[0], k), xp.inf, dtype=Q.dtype)

@@ -183,8 +183,10 @@ class GraphIndex(BaseEstimator):
         y : None
             Ignored (scikit-learn's estimator API).
         progress : callable or None, default=None
-            Called as ``progress(rows_inserted, n_samples)`` after each batch (after each
-            shard, for a dask array).
+            Called as ``progress(rows_inserted, n_samples)`` after each batch; for a dask
+            array, after each shard (``partition="rows"``), or about once a second as the
+            first shard's build goes (its share of the rows inserted, as a number of
+            ``n_samples``) and once all are built (``partition="clusters"``).
 
         Returns
         -------
