@@ -163,3 +163,73 @@ def test_the_scaling_command(tmp_path):
 def test_the_scaling_command_refuses(args, text):
     r = CliRunner().invoke(main, ["bench", "ann-scaling", *args])
     assert r.exit_code == 2 and text in r.output, r.output
+
+
+def test_the_large_command(tmp_path):
+    """``mgpu bench ann-large`` on two CPU workers: the rows made on the workers, the exact
+    kNN's row first (recall 1), then each probes value at each candidates, with its job's
+    own time; the sizes it states are the index's; the shards hold every row."""
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "l.json", tmp_path / "l.png"
+    r = CliRunner().invoke(main, ["bench", "ann-large", "--rows", "3000", "--dims", "8",
+                                  "--workers", "2", "--queries", "300", "--truth-queries",
+                                  "200", "--degree", "12", "--build-candidates", "24",
+                                  "--candidates", "16,32", "--batch", "256", "--repeats", "1",
+                                  "--json", str(out), "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    got = json.loads(out.read_text())
+    assert got["rows"] == 3000 and got["index_bytes"] == 3000 * (8 * 4 + 12 * 4)
+    assert sum(got["shards"]) == 3000 and len(got["shards"]) == 2
+    rows = got["results"]
+    assert [(row["method"], row["candidates"]) for row in rows] == [
+        ("mgpu exact kNN (2 CPU workers)", None),
+        ("mgpu graph, 2 CPU workers, clusters, probes 1", 16),
+        ("mgpu graph, 2 CPU workers, clusters, probes 1", 32),
+        ("mgpu graph, 2 CPU workers, clusters, probes 2", 16),
+        ("mgpu graph, 2 CPU workers, clusters, probes 2", 32)]
+    assert rows[0]["recall"] == 1.0 and all(row["recall"] > 0.85 for row in rows)
+    assert all(row["job_qps"] is not None for row in rows[1:])
+    assert "3,000 rows x 8" in r.output and "built 100%" in r.output
+    assert png.stat().st_size > 0
+    r = CliRunner().invoke(main, ["bench", "ann-large", "--rows", "2000", "--dims", "8",
+                                  "--workers", "2", "--partition", "rows", "--queries", "100",
+                                  "--degree", "12", "--build-candidates", "24",
+                                  "--candidates", "32", "--batch", "256", "--repeats", "1",
+                                  "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())["results"]
+    assert [row["method"] for row in rows] == ["mgpu exact kNN (2 CPU workers)",
+                                               "mgpu graph, 2 CPU workers, rows"]
+    assert rows[1]["recall"] > 0.9 and rows[1]["job_qps"] is None
+
+
+@pytest.mark.parametrize("args,text", [
+    ([], "give one of --rows and --memory"),
+    (["--rows", "10", "--memory", "1.1"], "give one of --rows and --memory"),
+    (["--memory", "1.1"], "needs --gpu"),
+])
+def test_the_large_command_refuses(args, text):
+    r = CliRunner().invoke(main, ["bench", "ann-large", *args])
+    assert r.exit_code == 2 and text in r.output, r.output
+
+
+def test_the_large_bench_makes_each_workers_rows_there(client, monkeypatch):
+    """Each worker makes its share of the rows in tiles of at most ``_TILE`` rows, held on
+    it; each row is a centre plus noise of about unit spread."""
+    from mgpu.bench import ann_large
+    from mgpu.distributed.cluster import workers_now
+
+    monkeypatch.setattr(ann_large, "_TILE", 700)
+    names = sorted(workers_now(client))
+    C = np.random.default_rng(0).standard_normal((5, 4)) * 4
+    X = ann_large._made(client, C, np.array([0, 1500, 3000]), names, 0, False)
+    assert X.chunks == ((700, 700, 100, 700, 700, 100), (4,)) and X.dtype == np.float32
+    from mgpu.distributed.collection import block_futures
+
+    blocks = block_futures(X, client)
+    held = client.who_has([blocks[(i, 0)] for i in range(6)])
+    assert [list(held[blocks[(i, 0)].key]) for i in range(6)] == \
+        [[names[0]]] * 3 + [[names[1]]] * 3
+    rows = X.compute()
+    noise = rows - C[np.argmin(((rows[:, None] - C[None]) ** 2).sum(axis=2), axis=1)]
+    assert 0.9 < noise.std() < 1.1 and len(np.unique(rows, axis=0)) == 3000

@@ -205,6 +205,13 @@ def worker_counts(default: str = "1,2,4") -> Decorator:
                         help="Comma-separated worker counts (GPUs, on a GPU machine).")
 
 
+def worker_count(default: int = 4) -> Decorator:
+    """``--workers 4``: the workers of a benchmark's embedded cluster, one number."""
+    return click.option("--workers", default=default, show_default=True,
+                        type=click.IntRange(1),
+                        help="Workers of the embedded cluster (GPUs, with --gpu).")
+
+
 def device(choices: Sequence[str], default: str, help: str | None = None) -> Decorator:
     return click.option("--device", type=click.Choice(list(choices)), default=default,
                         show_default=True, help=help)

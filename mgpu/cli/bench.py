@@ -16,7 +16,7 @@ from mgpu.cli._errors import Group, data_error
 from mgpu.cli._inputs import data_root, load_corpus, load_input, load_matrix, load_ratings
 from mgpu.cli._mf import mf_options, train
 from mgpu.cli._output import bar, plotted, write_json
-from mgpu.cli.bench_ann import bench_ann_cmd, bench_ann_scaling_cmd
+from mgpu.cli.bench_ann import bench_ann_cmd, bench_ann_large_cmd, bench_ann_scaling_cmd
 from mgpu.cli.bench_comm import _GPUS, _check_gpu_workers, bench_allreduce
 from mgpu.cli.bench_sgd import bench_sgd, bench_sgd_seeds
 from mgpu.cli.bench_spgemm import bench_spgemm_cmd, bench_spgemm_scaling_cmd
@@ -31,6 +31,7 @@ def bench() -> None:
 bench.add_command(bench_allreduce, "allreduce")
 bench.add_command(bench_ann_cmd, "ann")
 bench.add_command(bench_ann_scaling_cmd, "ann-scaling")
+bench.add_command(bench_ann_large_cmd, "ann-large")
 bench.add_command(bench_sgd, "sgd")
 bench.add_command(bench_sgd_seeds, "sgd-seeds")
 bench.add_command(bench_spgemm_cmd, "spgemm")
