@@ -365,3 +365,18 @@ def test_the_host_channel_works_over_ipv6():
     assert comms.recv_obj(got[1], time.monotonic() + 5).tolist() == [0.0, 1.0, 2.0, 3.0]
     for s in [*listeners, *got.values(), *links.values()]:
         s.close()
+
+
+def test_a_tile_copied_to_another_worker_stays_with_its_own_rank():
+    """A tile that some task copied to a second worker (held by two) goes to the holder
+    with the fewer tiles, so that each worker keeps its own rank; a lost tile goes to the
+    live worker with the fewest."""
+    from types import SimpleNamespace
+
+    from mgpu.distributed.spmd import _owners
+
+    blocks = [SimpleNamespace(key=k) for k in ("t0", "t1", "t2", "t3")]
+    held = {"t0": ("a",), "t1": ("b", "a"), "t2": ("a", "c"), "t3": ()}
+    client = SimpleNamespace(who_has=lambda fs: held)
+    assert _owners(blocks, client, ["a", "b", "c"]) == ["a", "b", "c", "a"]
+    assert _owners(blocks[:2], client, ["a"]) == ["a", "a"]

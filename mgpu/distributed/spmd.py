@@ -316,13 +316,16 @@ def _tiles_of(x: Any, client: Any) -> _Tiles:
 
 
 def _owners(blocks: list[Any], client: Any, alive: Sequence[str]) -> list[str]:
-    """Each tile's worker: where it is, or (lost with its worker, never placed) the live
-    worker with the fewest tiles."""
+    """Each tile's worker: where it is (a tile held by several, copied there by some task
+    that read it, goes to the one of them with the fewest tiles so far, so that a copy
+    never takes a rank's tiles away from it), or (lost with its worker, never placed) the
+    live worker with the fewest tiles."""
     where = client.who_has(blocks)
-    owners: list[str | None] = []
-    for f in blocks:
-        held = [w for w in where.get(f.key, ()) if w in alive]
-        owners.append(sorted(held)[0] if held else None)
+    held = [sorted(w for w in where.get(f.key, ()) if w in alive) for f in blocks]
+    owners: list[str | None] = [h[0] if len(h) == 1 else None for h in held]
+    for i, h in enumerate(held):
+        if len(h) > 1:
+            owners[i] = min(h, key=lambda a: (owners.count(a), a))
     for i, w in enumerate(owners):
         if w is None:
             counts = {a: owners.count(a) for a in alive}
