@@ -80,6 +80,51 @@ __device__ __forceinline__ double sq_diff(double2 a, double2 b) {
     return fma(x, x, y * y);
 }
 
+// Rows kept in half precision (mgpu.models.GraphIndex's half=True): R is unsigned short,
+// each value the bits of an IEEE binary16 number, widened to float where it is read (no
+// header needed); the query and every sum stay float.
+template <typename A, typename B> struct same_type { static constexpr bool value = false; };
+template <typename A> struct same_type<A, A> { static constexpr bool value = true; };
+
+__device__ __forceinline__ float widen(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+// the two halves of a 32-bit word, low first
+__device__ __forceinline__ float4 widen4(unsigned int a, unsigned int b) {
+    return make_float4(widen((unsigned short)(a & 0xffffu)), widen((unsigned short)(a >> 16)),
+                       widen((unsigned short)(b & 0xffffu)), widen((unsigned short)(b >> 16)));
+}
+
+// partial's dense form for half rows: a lane reads 16 bytes (8 values) at a time where the
+// rows are made of whole such vectors, else single values.
+__device__ __forceinline__ float partial_half(const unsigned short* __restrict__ X, int dim,
+                                              int u, const float* qval, int metric,
+                                              int lane, int G) {
+    float acc = 0.f;
+    const unsigned short* x = X + (size_t)u * dim;
+    if (dim % 8 == 0) {
+        const uint4* xv = reinterpret_cast<const uint4*>(x);
+        const float4* qv = reinterpret_cast<const float4*>(qval);
+        for (int c = lane; c < dim / 8; c += G) {
+            const uint4 raw = xv[c];
+            const float4 lo = widen4(raw.x, raw.y), hi = widen4(raw.z, raw.w);
+            if (metric == 0) {
+                acc += sq_diff(lo, qv[2 * c]) + sq_diff(hi, qv[2 * c + 1]);
+            } else {
+                acc += mgpu::dot(lo, qv[2 * c]) + mgpu::dot(hi, qv[2 * c + 1]);
+            }
+        }
+        return acc;
+    }
+    for (int c = lane; c < dim; c += G) {
+        const float v = widen(x[c]);
+        acc += metric == 0 ? (v - qval[c]) * (v - qval[c]) : v * qval[c];
+    }
+    return acc;
+}
+
 // This lane's part of the dot product (or, dense and metric 0, of the squared distance)
 // of row u and the query: the lanes of a group of G take every G-th element (dense: a
 // 16-byte vector of them where the rows are made of whole vectors) or nonzero.
@@ -213,16 +258,22 @@ __device__ __forceinline__ bool holds(const T* n_dist, const int* n_id, int L, T
 // Score the T entries (EMPTY ones left at inf), a group of G lanes (a power of two, at
 // most 32) an entry, its parts summed within the group; every warp runs the same rounds, so
 // that the shuffles have all their lanes.
-template <typename T, bool SPARSE>
-__device__ void score_run(T* t_dist, const int* t_id, int W, const T* X, const int* indptr,
+template <typename T, bool SPARSE, typename R>
+__device__ void score_run(T* t_dist, const int* t_id, int W, const R* X, const int* indptr,
                           const int* indices, const T* sq, int dim, const Query<T>& q,
                           int metric, int G) {
     const int groups = blockDim.x / G, lane = threadIdx.x % G;
     for (int base = 0; base < W; base += groups) {
         const int j = base + threadIdx.x / G;
         const int u = j < W ? t_id[j] : EMPTY;
-        T acc = u != EMPTY ? partial<T, SPARSE>(X, indptr, indices, dim, u, q, metric, lane, G)
-                           : T(0);
+        T acc = T(0);
+        if (u != EMPTY) {
+            if constexpr (same_type<R, T>::value) {
+                acc = partial<T, SPARSE>(X, indptr, indices, dim, u, q, metric, lane, G);
+            } else {  // half rows: dense, T float
+                acc = partial_half(X, dim, u, q.val, metric, lane, G);
+            }
+        }
         for (int off = G >> 1; off > 0; off >>= 1)
             acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, off);
         if (lane == 0 && u != EMPTY)
@@ -315,9 +366,9 @@ __device__ bool merge_by_rank(Run<T>& n, Run<T>& o, const T* t_dist, const int* 
 // GANNS's lazy check alone); N's flags, the other buffer's (L each). A query whose values
 // (dense: dim; sparse: its nonzeros) exceed qcap is read from global memory.
 // out_ids / out_dist: k_out a query, nearest first; -1 and inf past what was found.
-template <typename T, bool SPARSE>
+template <typename T, bool SPARSE, typename R = T>
 __global__ void mgpu_ann_search(
-    const T* __restrict__ X, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const R* __restrict__ X, const int* __restrict__ indptr, const int* __restrict__ indices,
     const T* __restrict__ sq, int dim,
     const T* __restrict__ QX, const int* __restrict__ q_indptr,
     const int* __restrict__ q_indices, const T* __restrict__ q_sq, int q0, int nq,
@@ -388,7 +439,7 @@ __global__ void mgpu_ann_search(
             t_dist[j] = infinity<T>();
         }
         __syncthreads();
-        score_run<T, SPARSE>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
+        score_run<T, SPARSE, R>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
         if (threadIdx.x == 0) {
             n.dist[0] = t_dist[0];
             n.id[0] = entry;
@@ -415,7 +466,7 @@ __global__ void mgpu_ann_search(
         }
         __syncthreads();  // every thread has read pick's entry: it may change now
         if (threadIdx.x == 0) n.done[pick] = 1;
-        score_run<T, SPARSE>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
+        score_run<T, SPARSE, R>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
         for (int j = threadIdx.x; j < W; j += blockDim.x) {  // met before: N's copy stays
             if (t_id[j] != EMPTY && holds(n.dist, n.id, L, t_dist[j], t_id[j])) {
                 t_id[j] = EMPTY;
@@ -438,7 +489,7 @@ __global__ void mgpu_ann_search(
         }
         if (threadIdx.x == 0) s_count = 0;
         __syncthreads();
-        score_run<T, SPARSE>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
+        score_run<T, SPARSE, R>(t_dist, t_id, W, X, indptr, indices, sq, dim, q, metric, G);
         if (rank) {
             merge_by_rank(n, o, t_dist, t_id, s_dist, s_id, W, L, &s_count);
         } else {
@@ -446,54 +497,58 @@ __global__ void mgpu_ann_search(
             merge_run(n.dist, n.id, n.done, t_dist, t_id, L, W, L);
         }
     }
-    if (diverse) {  // HNSW's heuristic: the candidates nearer to the row than to those taken
-        int kept = 0;
-        const int groups = blockDim.x / G, lane = threadIdx.x % G;
-        const int most = l_n > k_out ? l_n : k_out;  // of the nearest max(l_n, k_out)
-        for (int c = 0; c < most && c < L && kept < k_out; ++c) {
-            const int u = n.id[c];
-            if (u == EMPTY) break;
-            const T du = n.dist[c];
-            Query<T> cq;  // the candidate's row, read from global memory
-            if (SPARSE) {
-                cq.idx = indices + indptr[u];
-                cq.val = X + indptr[u];
-                cq.nnz = indptr[u + 1] - indptr[u];
-                cq.sq = sq[u];
-            } else {
-                cq.idx = nullptr;
-                cq.val = X + (size_t)u * dim;
-                cq.nnz = dim;
-                cq.sq = T(0);
-            }
-            if (threadIdx.x == 0) s_pick = 0;
-            __syncthreads();
-            for (int base = 0; base < kept; base += groups) {
-                const int j = base + threadIdx.x / G;
-                const int w = j < kept ? t_id[j] : EMPTY;
-                T acc = w != EMPTY ? partial<T, SPARSE>(X, indptr, indices, dim, w, cq, metric,
-                                                        lane, G) : T(0);
-                for (int off = G >> 1; off > 0; off >>= 1)
-                    acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, off);
-                if (lane == 0 && w != EMPTY &&
-                    finish(acc, SPARSE ? sq[w] : T(0), cq.sq, metric, SPARSE) < du)
-                    s_pick = 1;  // a link taken lies nearer to it than the row does
-            }
-            __syncthreads();
-            if (!s_pick) {
-                if (threadIdx.x == 0) {
-                    t_id[kept] = u;
-                    t_dist[kept] = du;
+    // HNSW's heuristic: the candidates nearer to the row than to those taken (the
+    // construction's, whose rows are never half)
+    if constexpr (same_type<R, T>::value) {
+        if (diverse) {
+            int kept = 0;
+            const int groups = blockDim.x / G, lane = threadIdx.x % G;
+            const int most = l_n > k_out ? l_n : k_out;  // of the nearest max(l_n, k_out)
+            for (int c = 0; c < most && c < L && kept < k_out; ++c) {
+                const int u = n.id[c];
+                if (u == EMPTY) break;
+                const T du = n.dist[c];
+                Query<T> cq;  // the candidate's row, read from global memory
+                if (SPARSE) {
+                    cq.idx = indices + indptr[u];
+                    cq.val = X + indptr[u];
+                    cq.nnz = indptr[u + 1] - indptr[u];
+                    cq.sq = sq[u];
+                } else {
+                    cq.idx = nullptr;
+                    cq.val = X + (size_t)u * dim;
+                    cq.nnz = dim;
+                    cq.sq = T(0);
                 }
-                ++kept;
+                if (threadIdx.x == 0) s_pick = 0;
+                __syncthreads();
+                for (int base = 0; base < kept; base += groups) {
+                    const int j = base + threadIdx.x / G;
+                    const int w = j < kept ? t_id[j] : EMPTY;
+                    T acc = w != EMPTY ? partial<T, SPARSE>(X, indptr, indices, dim, w, cq, metric,
+                                                            lane, G) : T(0);
+                    for (int off = G >> 1; off > 0; off >>= 1)
+                        acc += __shfl_xor_sync(MGPU_FULL_MASK, acc, off);
+                    if (lane == 0 && w != EMPTY &&
+                        finish(acc, SPARSE ? sq[w] : T(0), cq.sq, metric, SPARSE) < du)
+                        s_pick = 1;  // a link taken lies nearer to it than the row does
+                }
+                __syncthreads();
+                if (!s_pick) {
+                    if (threadIdx.x == 0) {
+                        t_id[kept] = u;
+                        t_dist[kept] = du;
+                    }
+                    ++kept;
+                }
+                __syncthreads();
             }
-            __syncthreads();
+            for (int j = threadIdx.x; j < k_out; j += blockDim.x) {
+                out_ids[(size_t)i * k_out + j] = j < kept ? t_id[j] : -1;
+                out_dist[(size_t)i * k_out + j] = j < kept ? t_dist[j] : infinity<T>();
+            }
+            return;
         }
-        for (int j = threadIdx.x; j < k_out; j += blockDim.x) {
-            out_ids[(size_t)i * k_out + j] = j < kept ? t_id[j] : -1;
-            out_dist[(size_t)i * k_out + j] = j < kept ? t_dist[j] : infinity<T>();
-        }
-        return;
     }
     for (int j = threadIdx.x; j < k_out; j += blockDim.x) {
         const int u = n.id[j];

@@ -125,6 +125,52 @@ def test_gpu_index_recall_equals_the_cpu_index(metric, dtype):
     np.testing.assert_allclose(dist.get(), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("d", [32, 20])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
+def test_half_rows_on_the_gpu(metric, d):
+    """half=True on the GPU: the graph of the float32 rows, the rows then kept as float16
+    (half the bytes), searched with float32 queries (16-byte loads of 8 values where the
+    row length is a multiple of 8, d=32; single values, d=20): recall within 0.01 of the
+    CPU half index's (which searches the same rounded values); distances the exact ones of
+    the rounded rows; the naive search and a half build refused."""
+    import cupy
+    import dask.config
+
+    import mgpu
+    from mgpu.backends import cupy_ann
+    from mgpu.models import GraphIndex
+
+    rng = np.random.default_rng(13)
+    X, Q = _clustered(rng, 6000, 300, d)
+    X, Q = X * 30, Q * 30
+    _, truth = mgpu.NearestNeighbors(n_neighbors=10, metric=metric).fit(X).kneighbors(Q)
+    params = dict(metric=metric, degree=24, candidates=48, batch=500)
+    full = GraphIndex(10, **params).fit(cupy.asarray(X, dtype=np.float32))
+    gpu = GraphIndex(10, half=True, **params).fit(cupy.asarray(X, dtype=np.float32))
+    cpu = GraphIndex(10, half=True, **params).fit(X)
+    assert gpu._data.dtype == np.float16 and gpu._data.nbytes == full._data.nbytes // 2
+    np.testing.assert_array_equal(gpu.graph_.get(), full.graph_.get())
+    dist, ids = gpu.kneighbors(cupy.asarray(Q, dtype=np.float32))
+    assert ids.dtype == np.int64
+    r_gpu, r_cpu = _recall(ids.get(), truth), _recall(cpu.kneighbors(Q)[1], truth)
+    assert r_gpu > 0.85 and abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu)
+    rows = gpu._data.get().astype(np.float64)  # unit rows rounded, for cosine
+    queries = Q / np.linalg.norm(Q, axis=1, keepdims=True) if metric == "cosine" else Q
+    if metric == "euclidean":
+        want = np.sqrt(((queries[:, None, :] - rows[ids.get()]) ** 2).sum(axis=2))
+    else:
+        dots = np.einsum("qd,qkd->qk", queries, rows[ids.get()])
+        want = 1 - dots if metric == "cosine" else dots
+    # float32 sums of terms up to |q| |x|: an absolute error of that size's 1e-5
+    scale = np.linalg.norm(queries, axis=1).max() * np.linalg.norm(rows, axis=1).max()
+    np.testing.assert_allclose(dist.get(), want, rtol=1e-4, atol=1e-3 + 1e-5 * scale)
+    with dask.config.set({"mgpu.ann.search": "heaps"}), \
+            pytest.raises(ValueError, match="float32 or float64 only"):
+        gpu.kneighbors(cupy.asarray(Q, dtype=np.float32))
+    with pytest.raises(ValueError, match="built on float32 or float64 rows"):
+        cupy_ann.build_graph(gpu._data, "sqeuclidean", 8, 16, 32, 32, 500)
+
+
 def test_sparse_gpu_index_recall_equals_the_cpu_index():
     """Sparse rows on the GPU (cupyx CSR, cosine): recall within 0.01 of the CPU index's;
     dense queries of the sparse index are made sparse."""
@@ -246,7 +292,7 @@ def test_the_naive_heap_search_finds_what_ganns_finds(metric, dtype):
                                        3, "sqeuclidean", 8, 8)
         assert i4.get().tolist() == [[0, -1, -1]] and np.isinf(d4.get()[0, 1:]).all()
         S = cupy_ann.prepare(cupyx_csr(_sparse(rng, 200, 50)), "sqeuclidean")
-        with pytest.raises(ValueError, match="dense rows only"):
+        with pytest.raises(ValueError, match="dense rows of float32 or float64 only"):
             cupy_ann.search_graph(S, lone[:1], cupy.zeros(1, dtype=np.int32), S[:2], 1,
                                   "sqeuclidean", 8, 8)
     with dask.config.set({"mgpu.ann.search": "queues"}), \
@@ -341,8 +387,9 @@ def test_the_build_command_and_the_bench_on_the_gpu(tmp_path):
                            peers=(), gpu=True)
     assert [row["method"] for row in rows] == [
         "mgpu exact (GPU)", "mgpu graph (GPU)", "mgpu graph (GPU, bitonic merge)",
-        "mgpu graph (GPU, visited table)", bench.NAIVE]
+        "mgpu graph (GPU, visited table)", bench.NAIVE, bench.HALF]
     assert all(row["recall"] > 0.9 for row in rows)
+    assert abs(rows[-1]["recall"] - rows[1]["recall"]) < 0.02  # half rows: near the same
     assert len({row["recall"] for row in rows[1:4]}) == 1  # the same neighbours
 
 
@@ -398,6 +445,13 @@ def test_sharded_gpu_index_by_rows_and_by_clusters():
             np.testing.assert_allclose(d2, dist, rtol=1e-6)
         self_d, self_i = index.kneighbors(X[:500], 1)
         assert np.mean(self_i[:, 0] == np.arange(500)) > 0.98
+        # rows kept halved on the workers: the same graph's search of the rounded rows
+        half = GraphIndex(10, partition="clusters", probes=2, half=True, **params).fit(tiles)
+        hd, hi = half.kneighbors(Q)
+        assert _recall(hi, truth) > _recall(found[2], truth) - 0.02
+        rounded = X.astype(np.float16).astype(np.float64)
+        np.testing.assert_allclose(hd, np.linalg.norm(Q[:, None, :] - rounded[hi], axis=2),
+                                   rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.multi_gpu(2)

@@ -67,6 +67,81 @@ def test_save_and_load_give_the_same_index(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
+def test_half_rows_search_the_same_graph_on_rounded_rows(metric, tmp_path):
+    """half=True builds the graph of the rows as given (the same graph), then keeps the
+    rows rounded to float16 (as float64 on the CPU): each distance is the exact one of the
+    rounded row, the recall that of the full rows within 0.02; saved and loaded whole."""
+    X, Q = _clustered(3, 3000, 200)
+    X = X * 50  # values up to about 500: float16 rounds them to 0.25
+    Q = Q * 50
+    full = GraphIndex(10, metric=metric, degree=24, candidates=48).fit(X)
+    half = clone(full).set_params(half=True).fit(X)
+    np.testing.assert_array_equal(half.graph_, full.graph_)
+    rounded = X.astype(np.float16).astype(np.float64)
+    if metric == "cosine":
+        unit = X / np.linalg.norm(X, axis=1, keepdims=True)
+        rounded = unit.astype(np.float16).astype(np.float64)
+    assert half._data.dtype == np.float64 and np.array_equal(half._data, rounded)
+    assert not np.array_equal(rounded, full._data)  # the rounding is seen
+    dist, ind = half.kneighbors(Q)
+    _, truth = mgpu.NearestNeighbors(n_neighbors=10, metric=metric).fit(X).kneighbors(Q)
+    assert abs(_recall(ind, truth) - _recall(full.kneighbors(Q)[1], truth)) < 0.02
+    queries = Q / np.linalg.norm(Q, axis=1, keepdims=True) if metric == "cosine" else Q
+    if metric == "euclidean":
+        want = np.sqrt(((queries[:, None, :] - rounded[ind]) ** 2).sum(axis=2))
+    else:
+        dots = np.einsum("qd,qkd->qk", queries, rounded[ind])
+        want = 1 - dots if metric == "cosine" else dots
+    np.testing.assert_allclose(dist, want, rtol=1e-9, atol=1e-9)
+    half.save(tmp_path / "h")
+    again = GraphIndex.load(tmp_path / "h.npz")
+    assert again.half is True
+    for a, b in zip(half.kneighbors(Q), again.kneighbors(Q)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_half_rows_are_refused_before_the_build(client):
+    """Sparse rows, and a value past float16's range (after cosine's scaling), are refused
+    before any batch is built, on one machine and sharded."""
+    X, _ = _clustered(4, 400, 1)
+    seen = []
+    with pytest.raises(ValueError, match="half=True keeps dense rows"):
+        GraphIndex(5, half=True).fit(sp.csr_matrix(X), progress=lambda *a: seen.append(a))
+    big = X.copy()
+    big[7, 2] = 7e4
+    with pytest.raises(ValueError, match="beyond float16's largest"):
+        GraphIndex(5, half=True).fit(big, progress=lambda *a: seen.append(a))
+    assert seen == []
+    GraphIndex(5, half=True, metric="cosine").fit(big)  # unit rows: within range
+    with pytest.raises(ValueError, match="half=True keeps dense rows"):
+        GraphIndex(5, half=True).fit(da.from_array(sp.csr_matrix(X), chunks=(200, 16),
+                                                   asarray=False))
+    for partition in ("rows", "clusters"):
+        with pytest.raises(ValueError, match="beyond float16's largest"):
+            GraphIndex(5, half=True, partition=partition).fit(
+                da.from_array(big, chunks=(200, 16)))
+
+
+@pytest.mark.parametrize("partition", ["rows", "clusters"])
+def test_half_rows_sharded(client, partition):
+    """A sharded index with half=True answers as the one-device half index would: its
+    shards' rows rounded (recall within 0.05 of the full rows' sharded index)."""
+    X, Q = _clustered(5, 3000, 200)
+    X, Q = X * 50, Q * 50
+    _, truth = mgpu.NearestNeighbors(n_neighbors=10).fit(X).kneighbors(Q)
+    got = {}
+    for half in (False, True):
+        index = GraphIndex(10, degree=16, candidates=32, batch=256, partition=partition,
+                           probes=2, half=half).fit(da.from_array(X, chunks=(1500, 16)))
+        got[half] = index.kneighbors(Q)
+    assert abs(_recall(got[True][1], truth) - _recall(got[False][1], truth)) < 0.05
+    rounded = X.astype(np.float16).astype(np.float64)
+    dist, ind = got[True]
+    want = np.sqrt(((Q[:, None, :] - rounded[ind]) ** 2).sum(axis=2))
+    np.testing.assert_allclose(dist, want, rtol=1e-9, atol=1e-9)
+
+
 def test_a_file_of_another_kind_is_refused(tmp_path):
     np.savez(tmp_path / "other.npz", x=np.ones(3))
     with pytest.raises(ValueError, match="is not a GraphIndex file"):

@@ -277,6 +277,7 @@ CASES = [
     ("GraphIndex", "GraphIndex", "diverse", "yes", lambda v: _gi(diverse=v).fit(X)),
     ("GraphIndex", "GraphIndex", "partition", "columns", lambda v: _gi(partition=v).fit(X)),
     ("GraphIndex", "GraphIndex", "probes", 0, lambda v: _gi(probes=v).fit(X)),
+    ("GraphIndex", "GraphIndex", "half", "yes", lambda v: _gi(half=v).fit(X)),
     ("GraphIndex.fit", "GraphIndex.fit", "X", XNAN, lambda v: _gi().fit(v)),
     ("GraphIndex.fit", "GraphIndex.fit", "X", da.from_array(X), lambda v: _gi().fit(v)),
     ("GraphIndex.fit", "GraphIndex.fit", "progress", 3, lambda v: _gi().fit(X, progress=v)),

@@ -28,6 +28,7 @@ from mgpu.backends.arrays import (
 from mgpu.backends.dispatch import (
     all_finite_lookup,
     ann_build_lookup,
+    ann_half_lookup,
     ann_prepare_lookup,
     ann_search_lookup,
     array_module_lookup,
@@ -61,6 +62,7 @@ __all__ = [
     "all_finite",
     "all_finite_lookup",
     "ann_build_lookup",
+    "ann_half_lookup",
     "ann_prepare_lookup",
     "ann_search_lookup",
     "array_module",

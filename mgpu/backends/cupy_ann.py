@@ -23,11 +23,12 @@ import cupyx.scipy.sparse as csp
 import dask.config
 import numpy as np
 
-from mgpu.backends.dispatch import ann_build_lookup, ann_prepare_lookup, ann_search_lookup
+from mgpu.backends.dispatch import (ann_build_lookup, ann_half_lookup, ann_prepare_lookup,
+                                    ann_search_lookup)
 from mgpu.backends.instances import INSTANCES
 from mgpu.backends.loader import c_type, get_function
 from mgpu.backends.memory import require_gpu
-from mgpu.backends.numpy_ann import METRICS
+from mgpu.backends.numpy_ann import HALF_DENSE, HALF_RANGE, METRICS
 
 _FILE = "ann.cu"
 _SHARED = 48 * 1024  # a block's shared memory: no opt-in past the default
@@ -64,6 +65,19 @@ def prepare(X: Any, metric: str, sparse: bool | None = None) -> Any:
     return cupy.ascontiguousarray(D)
 
 
+@ann_half_lookup.register((cupy.ndarray, csp.spmatrix))
+def half(data: Any) -> cupy.ndarray:
+    """Dense rows (:func:`prepare`'s array) kept in half precision (float16: half the
+    memory, and half the bytes a search reads of each row); searched with float32 queries
+    and sums. Refused where a value is past float16's largest (65504)."""
+    if csp.issparse(data):
+        raise ValueError(HALF_DENSE)
+    out = data.astype(cupy.float16)
+    if not bool(cupy.isfinite(out).all()):
+        raise ValueError(HALF_RANGE)
+    return out
+
+
 def _sq_norms(C: csp.csr_matrix) -> cupy.ndarray:
     return cupy.asarray(C.multiply(C).sum(axis=1), dtype=C.dtype).ravel()
 
@@ -91,6 +105,11 @@ class _Rows:
             self.values, self.indptr, self.indices, self.sq = data, _NULL, _NULL, _NULL
             self.dim = data.shape[1]
             self.most = self.dim
+        # half rows (GraphIndex's half=True): stored float16, scored in float32
+        self.half = data.dtype == np.float16
+        self.stored = np.dtype(data.dtype).itemsize
+        if self.half:
+            self.dtype = np.dtype(np.float32)
 
 
 def _block_threads() -> int:
@@ -136,7 +155,7 @@ def _group(rows: _Rows) -> int:
     are made of whole ones, else of single values)."""
     if rows.sparse:
         return min(32, max(4, _pow2(int(np.ceil(rows.mean / 2)))))
-    vector = 16 // np.dtype(rows.dtype).itemsize
+    vector = 16 // rows.stored
     loads = rows.dim // vector if rows.dim % vector == 0 else rows.dim
     return min(32, max(4, _pow2(int(np.ceil(loads / 4)))))
 
@@ -163,7 +182,8 @@ def _search(rows: _Rows, queries: _Rows, q0: int, nq: int, graph: cupy.ndarray,
     if nq == 0:
         return ids, dist
     fn = get_function(_FILE, f"mgpu_ann_search<{c_type(rows.dtype)}, "
-                      f"{'true' if rows.sparse else 'false'}>", INSTANCES[_FILE])
+                      f"{'true' if rows.sparse else 'false'}"
+                      f"{', unsigned short' if rows.half else ''}>", INSTANCES[_FILE])
     i32 = np.int32
     threads = _block_threads()
     fn((nq,), (threads,), (
@@ -209,6 +229,9 @@ def build_graph(data: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int
     where given, is called after each batch is queued; ``diverse``: a point links only to
     candidates nearer to it than to the candidates it linked to before them."""
     rows = _Rows(data)
+    if rows.half:  # the graph is built on the full rows, then they may be halved
+        raise ValueError("The proximity graph is built on float32 or float64 rows; halve "
+                         "them (mgpu.backends.ann_half_lookup) once it is built.")
     n = rows.n
     item = np.dtype(rows.dtype).itemsize
     require_gpu(n * d_max * (4 + item) + 8 * n + 2 * batch * d_min * (8 + item),
@@ -237,8 +260,10 @@ def search_graph(data: Any, graph: cupy.ndarray, degree: cupy.ndarray, queries: 
     """The k nearest rows of ``data`` to each query (in :func:`prepare`'s form, the same as
     ``data``'s) found in ``graph`` from vertex 0: (distances, indices int64), each
     (n_queries, k), nearest first; -1 and inf past the vertices a search reached."""
-    if queries.dtype != data.dtype:  # the kernel reads the rows and the queries as one type
-        queries = queries.astype(data.dtype)
+    # the kernel reads the rows and the queries as one type (float32 queries: half rows)
+    want = np.float32 if data.dtype == np.float16 else data.dtype
+    if queries.dtype != want:
+        queries = queries.astype(want)
     rows, qs = _Rows(data), _Rows(queries)
     if _search_kind() == "heaps":
         ids, dist = _search_heaps(data, graph, degree, queries, metric, l_n, k)
@@ -264,9 +289,10 @@ def _search_heaps(data: Any, graph: cupy.ndarray, degree: cupy.ndarray, queries:
     """The naive baseline (``mgpu.ann.search = "heaps"``, ``mgpu_ann_search_heap``): one
     thread a query, binary heaps and a table of the vertices met in global memory, in
     launches of as many queries as ``_HEAP_SCRATCH`` bytes of them hold."""
-    if csp.issparse(data):
+    if csp.issparse(data) or data.dtype == np.float16:
         raise ValueError("The setting mgpu.ann.search = 'heaps' (the naive baseline) searches "
-                         "dense rows only: set it back to 'ganns' for sparse rows.")
+                         "dense rows of float32 or float64 only: set it back to 'ganns' for "
+                         "sparse or half rows.")
     ef = max(ef, k)
     cap = _pow2(4 * ef * graph.shape[1])
     cand_cap = cap - cap // 4  # a candidate a vertex met: the heap cannot fill first

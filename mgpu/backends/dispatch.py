@@ -13,6 +13,7 @@ from dask.utils import Dispatch
 
 __all__ = [
     "ann_build_lookup",
+    "ann_half_lookup",
     "ann_prepare_lookup",
     "ann_search_lookup",
     "all_finite_lookup",
@@ -45,6 +46,9 @@ __all__ = [
 # (rows as the graph takes them, metric, d_min, d_max, N's length, exploration limit, batch,
 # progress) -> (graph, degree): the proximity graph of GraphIndex
 ann_build_lookup = Dispatch("ann_build")
+# (rows as the graph takes them, dense) -> the same rows kept in half precision for the
+# searches (GraphIndex's half=True)
+ann_half_lookup = Dispatch("ann_half")
 # (checked X, metric, sparse or None) -> the rows as the graph's kernels take them, in the
 # form asked (None: X's own)
 ann_prepare_lookup = Dispatch("ann_prepare")

@@ -115,7 +115,9 @@ KNN_GROUPS: dict[str, tuple[str, ...]] = {
 
 INSTANCES: dict[str, tuple[str, ...]] = {
     # the proximity graph: its search (dense rows or CSR) and the links made back
+    # (and its search of half rows: float queries and sums, rows as binary16 bits)
     "ann.cu": tuple(f"mgpu_ann_search<{t}, {s}>" for t in _FLOATS for s in ("false", "true"))
+    + ("mgpu_ann_search<float, false, unsigned short>",)
     + tuple(f"mgpu_ann_link<{t}>" for t in _FLOATS)
     + tuple(f"mgpu_ann_search_heap<{t}>" for t in _FLOATS),
     "jaccard.cu": tuple(f"mgpu_jaccard<{t}, {w}>" for t in _FLOATS for w in ("false", "true")),

@@ -39,7 +39,8 @@ CUPY_MODULES: dict[str, tuple] = {
     "mgpu.backends.cupy_csr": (d.csr_sound_lookup,),
     "mgpu.backends.cupy_spgemm": (d.spgemm_lookup,),
     "mgpu.backends.cupy_spadd": (d.spadd_lookup,),
-    "mgpu.backends.cupy_ann": (d.ann_prepare_lookup, d.ann_build_lookup, d.ann_search_lookup),
+    "mgpu.backends.cupy_ann": (d.ann_prepare_lookup, d.ann_build_lookup, d.ann_search_lookup,
+                               d.ann_half_lookup),
 }
 
 

@@ -5,8 +5,8 @@ exact kNN and queries/s, over each index's search parameter, with each index's b
 With ``gpu``, mgpu's graph index and exact kNN run on the GPU (rows as float32 CuPy arrays
 or cupyx CSR; searches timed with CUDA events, builds to the device's last kernel), and
 the same graph is also searched by GANNS's other strategies (bitonic merge, a table of the
-vertices met) and by the naive baseline (:data:`NAIVE`: a CPU search ported as it is, one
-thread a query).
+vertices met), by the naive baseline (:data:`NAIVE`: a CPU search ported as it is, one
+thread a query), and with its rows kept in half precision (:data:`HALF`, built again).
 
 Peers, where installed (neither is a dependency of mgpu): hnswlib and Faiss's HNSW
 (``IndexHNSWFlat``), on all the machine's CPU cores, built with M = degree // 2 and
@@ -28,10 +28,13 @@ import scipy.sparse as sp
 from mgpu.backends import to_device, to_host
 from mgpu.backends.timing import time_cpu, time_gpu
 
-__all__ = ["NAIVE", "PEERS", "bench_ann", "markdown", "recall"]
+__all__ = ["HALF", "NAIVE", "PEERS", "bench_ann", "markdown", "recall"]
 
 PEERS = {"hnswlib": "hnswlib HNSW", "faiss": "Faiss IndexHNSWFlat"}
 """The peer indexes, by key: their names in tables."""
+HALF = "mgpu graph (GPU, half rows)"
+"""The row of the index built with ``half=True``: the same graph, its rows kept as
+float16 (dense rows, on the GPU)."""
 NAIVE = "naive GPU search (heaps, one thread a query)"
 """The naive baseline's row: the same graph searched as a CPU search is, ported as it is
 (``mgpu.ann.search = "heaps"``; dense rows only)."""
@@ -180,12 +183,11 @@ def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree:
             rows.append(_row(variant, None, None, None, None, truth, "takes dense rows only"))
             continue
         with dask.config.set(settings):
-            for c in candidates:
-                index.set_params(candidates=max(c, k))
-                (_, ids), s = _searched(lambda: index.kneighbors(Qm), repeats, gpu)
-                rows.append(_row(variant, c, build_s, to_host(ids), s, truth))
-                say(f"{variant}, candidates {c}: {rows[-1]['qps']:,.0f} q/s, recall@{k} "
-                    f"{rows[-1]['recall']:.3f} (build {build_s:.2f} s)")
+            rows += _graph_rows(variant, index, Qm, k, candidates, build_s, repeats, truth,
+                                gpu, say)
+    if gpu:
+        rows += _half_rows(index, Xm, Qm, k, build_candidates, candidates, repeats, truth,
+                           sp.issparse(X), say)
     for key in peers:
         if sp.issparse(X):
             rows.append(_row(PEERS[key], None, None, None, None, truth,
@@ -204,6 +206,37 @@ def bench_ann(X: Any, Q: Any, *, k: int = 10, metric: str = "euclidean", degree:
             say(f"{PEERS[key]}, efSearch {c}: {rows[-1]['qps']:,.0f} q/s, recall@{k} "
                 f"{rows[-1]['recall']:.3f} (build {build_s:.2f} s)")
     return rows
+
+
+def _half_rows(index: Any, Xm: Any, Qm: Any, k: int, build_candidates: int,
+               candidates: Sequence[int], repeats: int, truth: np.ndarray, sparse: bool,
+               say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The rows of :data:`HALF`: the index built again with ``half=True`` (the same graph,
+    its rows then kept as float16), searched at each candidates on the GPU."""
+    from sklearn.base import clone
+
+    if sparse:
+        return [_row(HALF, None, None, None, None, truth, "takes dense rows only")]
+    half = clone(index).set_params(half=True, candidates=max(build_candidates, k))
+    try:
+        _, build_s = _timed(lambda: half.fit(Xm), True)
+    except ValueError as exc:  # a value past float16's range
+        return [_row(HALF, None, None, None, None, truth, str(exc))]
+    return _graph_rows(HALF, half, Qm, k, candidates, build_s, repeats, truth, True, say)
+
+
+def _graph_rows(method: str, index: Any, Qm: Any, k: int, candidates: Sequence[int],
+                build_s: float, repeats: int, truth: np.ndarray, gpu: bool,
+                say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """A row for each search of the graph index at each ``candidates``."""
+    out = []
+    for c in candidates:
+        index.set_params(candidates=max(c, k))
+        (_, ids), s = _searched(lambda: index.kneighbors(Qm), repeats, gpu)
+        out.append(_row(method, c, build_s, to_host(ids), s, truth))
+        say(f"{method}, candidates {c}: {out[-1]['qps']:,.0f} q/s, recall@{k} "
+            f"{out[-1]['recall']:.3f} (build {build_s:.2f} s)")
+    return out
 
 
 def markdown(rows: Sequence[dict[str, Any]], k: int = 10) -> str:

@@ -99,8 +99,8 @@ def bench_ann_cmd(input: str | None, clustered: tuple[int, int] | None,
 
 def _sharded_options(candidates: str, batch: int) -> Callable[[Any], Any]:
     """The options of the sharded index's benchmarks: recall's queries, the metric and k,
-    the graph's build, and the searches timed (``--candidates`` and ``--batch`` defaults
-    given)."""
+    the graph's build, the searches timed (``--candidates`` and ``--batch`` defaults
+    given), their repeats and the JSON file."""
     options = [
         click.option("--truth-queries", default=10000, show_default=True,
                      type=click.IntRange(1),
@@ -117,6 +117,8 @@ def _sharded_options(candidates: str, batch: int) -> Callable[[Any], Any]:
                      "Shards a query is searched in, partitioned by clusters."),
         click.option("--batch", default=batch, show_default=True, type=click.IntRange(1),
                      help="Rows the graph's build inserts at a time."),
+        opt.repeats(3, "Timed calls of each search (median), after one untimed call."),
+        opt.json_out(),
     ]
 
     def apply(f: Any) -> Any:
@@ -138,8 +140,6 @@ def _sharded_options(candidates: str, batch: int) -> Callable[[Any], Any]:
               help="How the sharded index is cut: clusters, rows, or both.")
 @_sharded_options("16,32,64", 1024)
 @click.option("--gpu", is_flag=True, help="GPU workers, float32 rows, one GPU as the base.")
-@opt.repeats(3, "Timed calls of each search (median), after one untimed call.")
-@opt.json_out()
 @opt.plot("queries/s against recall@k, one device and sharded")
 def bench_ann_scaling_cmd(input: str | None, clustered: tuple[int, int] | None, queries: int,
                           truth_queries: int, workers: tuple[int, ...], metric: str, k: int,
@@ -199,8 +199,6 @@ def bench_ann_scaling_cmd(input: str | None, clustered: tuple[int, int] | None, 
               help="Queries, all searched in every call.")
 @_sharded_options("64,128,256", 4096)
 @click.option("--gpu", is_flag=True, help="GPU workers, float32 rows.")
-@opt.repeats(3, "Timed calls of each search (median), after one untimed call.")
-@opt.json_out()
 @opt.plot("queries/s against recall@k, the graph index and the exact kNN")
 def bench_ann_large_cmd(rows: int | None, memory: float | None, dims: int, centres: int,
                         workers: int, partition: str, probes: tuple[int, ...],

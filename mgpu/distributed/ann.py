@@ -18,8 +18,8 @@ import dask.array as da
 import dask.config
 import numpy as np
 
-from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_lookup,
-                           is_gpu_array, is_sparse, on_device_of, to_host)
+from mgpu.backends import (ann_build_lookup, ann_half_lookup, ann_prepare_lookup,
+                           ann_search_lookup, is_gpu_array, is_sparse, on_device_of, to_host)
 from mgpu.distributed.cluster import completed, current_client, task_placement
 from mgpu.distributed.collection import block_futures, place_as
 from mgpu.distributed.inputs import check_dask_input, is_placed, row_tiles
@@ -65,15 +65,17 @@ class Shards:
 
 
 def _build(tile: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int, batch: int,
-           diverse: bool, offset: int, settings: dict[str, Any]) -> Shard:
+           diverse: bool, offset: int, settings: dict[str, Any], half: bool) -> Shard:
     """A tile's graph, built where the tile is (its rows checked there: NaN and infinity
-    refused, as on one device)."""
+    refused, as on one device; with ``half``, values past float16's range too, before the
+    build), its rows then kept in half precision with ``half``."""
     X = check_knn_input(tile, "X", _FIT, tile, min_samples=1, min_features=1)
     data = ann_prepare_lookup(X, metric)
+    halved = ann_half_lookup(data) if half else None
     with dask.config.set(settings):
         graph, degree = ann_build_lookup(data, metric, d_min, d_max, l_n, e, batch, None,
                                          diverse)
-    return Shard(data, graph, degree, offset, is_sparse(X))
+    return Shard(data if halved is None else halved, graph, degree, offset, is_sparse(X))
 
 
 def _search(shard: Shard, queries: Any, k: int, metric: str, l_n: int, e: int,
@@ -92,9 +94,11 @@ def _search(shard: Shard, queries: Any, k: int, metric: str, l_n: int, e: int,
 
 def build_shards(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: int,
                  batch: int, diverse: bool,
-                 progress: Callable[[int, int], None] | None = None) -> Shards:
-    """Build the graph of each row tile of the dask array X on the worker that holds it;
-    ``progress(rows, n)`` after each shard is built."""
+                 progress: Callable[[int, int], None] | None = None,
+                 half: bool = False) -> Shards:
+    """Build the graph of each row tile of the dask array X on the worker that holds it
+    (its rows then kept in half precision with ``half``); ``progress(rows, n)`` after each
+    shard is built."""
     check_dask_input(X, "X", _FIT)
     client = current_client()
     if client is None:
@@ -114,7 +118,7 @@ def build_shards(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
             continue
         pin = task_placement(list(where.get(tile.key, ()))[:1], gpu)
         futures.append(client.submit(_build, tile, metric, d_min, d_max, l_n, e, batch,
-                                     diverse, int(offset), settings, pure=False, **pin))
+                                     diverse, int(offset), settings, half, pure=False, **pin))
         placements.append(pin)
         rows.append(int(n))
     n_rows, done = int(X.shape[0]), 0

@@ -42,8 +42,9 @@ import dask.config
 import distributed
 import numpy as np
 
-from mgpu.backends import (ann_build_lookup, ann_prepare_lookup, ann_search_lookup,
-                           array_module, is_gpu_array, synchronize, to_device, to_host)
+from mgpu.backends import (ann_build_lookup, ann_half_lookup, ann_prepare_lookup,
+                           ann_search_lookup, array_module, is_gpu_array, synchronize,
+                           to_device, to_host)
 from mgpu.distributed.ann import gpu_settings
 from mgpu.distributed.cluster import current_client
 from mgpu.distributed.collection import block_futures
@@ -77,7 +78,8 @@ _LOCK = threading.Lock()
 @dataclass
 class _Shard:
     """A rank's part of the index: its rows as the kernels take them (None when it got no
-    rows), its graph, each row's global id, and the rows' dtype (every rank's the same)."""
+    rows), its graph, each row's global id, and the dtype of the rows as built, which the
+    queries take (every rank's the same; the rows themselves may be kept halved)."""
 
     data: Any
     graph: Any
@@ -278,11 +280,13 @@ def _rows_of(parts: list[Any], func: str, name: str, on: Any) -> tuple[Any, Any]
 
 def _build_rank(comm: Any, parts: list[Any], key: str, centroids: np.ndarray, metric: str,
                 d_min: int, d_max: int, l_n: int, e: int, batch: int, diverse: bool,
-                settings: dict[str, Any]) -> dict[str, Any]:
+                settings: dict[str, Any], half: bool) -> dict[str, Any]:
     xp = comm.xp
     X, ids = _rows_of(parts, _FIT, "X", parts[0].data)
     data = ann_prepare_lookup(X, metric)
     del X  # a stack of several tiles goes now; the tiles stay the caller's
+    for lo in range(0, data.shape[0] if half else 0, _CHUNK):  # refused before rows move
+        ann_half_lookup(data[lo:lo + _CHUNK])
     C = xp.asarray(centroids, dtype=data.dtype)
     near = _nearest(data, C, xp)
     local = np.bincount(to_host(near).astype(np.int64), minlength=C.shape[0])
@@ -296,7 +300,9 @@ def _build_rank(comm: Any, parts: list[Any], key: str, centroids: np.ndarray, me
         with dask.config.set(settings):
             graph, degree = ann_build_lookup(data, metric, d_min, d_max, l_n, e, batch,
                                              _reporter(comm), diverse)
-        shard = _Shard(data, graph, degree, ids, data.dtype)
+        # the queries keep the rows' dtype as built; the rows may be halved
+        shard = _Shard(ann_half_lookup(data) if half else data, graph, degree, ids,
+                       data.dtype)
     synchronize(data)
     with _LOCK:
         _HELD[(key, _address())] = shard
@@ -320,7 +326,8 @@ def _reporter(comm: Any) -> Callable[[int, int], None]:
 
 def build_routed(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: int,
                  batch: int, diverse: bool,
-                 progress: Callable[[int, int], None] | None = None) -> Routed:
+                 progress: Callable[[int, int], None] | None = None,
+                 half: bool = False) -> Routed:
     """Partition the rows of the dask array X (dense) by clusters over the workers holding
     its tiles and build each shard's graph there; ``progress(rows, n)`` as the first
     shard's build goes (its share of the rows inserted, as a number of the n), and
@@ -344,7 +351,7 @@ def build_routed(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
     n = int(X.shape[0])
     blocks = block_futures(X, client)
     holders = {w for ws in client.who_has(list(blocks.values())).values() for w in ws}
-    centroids = _centroids(X, metric, _CENTROIDS * max(1, len(holders)))
+    centroids = _centroids(X, blocks, client, metric, _CENTROIDS * max(1, len(holders)))
     key = f"mgpu-ann-shards-{uuid.uuid4().hex}"
 
     def reported(record: dict[str, Any]) -> None:  # rank 0's share done, as rows of n
@@ -353,7 +360,7 @@ def build_routed(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
     out = spmd(_build_rank, X, client=client, name="ann-build", restarts=0,
                progress=reported if progress is not None else None,
                args=(key, centroids, metric, d_min, d_max, l_n, e, batch, diverse,
-                     gpu_settings()))
+                     gpu_settings(), half))
     gpu = is_gpu_array(X._meta)  # the markers lie where the shards are: CuPy on GPU workers
     workers = [r["worker"] for r in out]
     markers = [client.submit(_marker, gpu, pure=False, workers=[w], allow_other_workers=False)
@@ -370,16 +377,33 @@ def build_routed(X: da.Array, metric: str, d_min: int, d_max: int, l_n: int, e: 
     return handle
 
 
-def _centroids(X: da.Array, metric: str, c: int) -> np.ndarray:
+def _sample(tile: Any, rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` of a tile, on the host."""
+    return np.asarray(to_host(tile[rows]))
+
+
+def _centroids(X: da.Array, blocks: dict[Any, Any], client: Any, metric: str, c: int
+               ) -> np.ndarray:
     """k-means centroids of a sample of the rows of X (as the kernels take them: unit
-    length for cosine), on the client."""
+    length for cosine), on the client. Each tile's sampled rows are taken where the tile
+    is (no tile is copied to another worker, where a later job would find it)."""
     from sklearn.cluster import KMeans
 
     n = int(X.shape[0])
     m = min(n, _SAMPLE * c)
     take = np.unique(np.linspace(0, n - 1, m).round().astype(np.int64))
-    sample = check_knn_input(to_host(X[take].compute()), "X", _FIT, None, min_samples=1,
-                             min_features=1)
+    bounds = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(np.int64)
+    tiles = [blocks[(i, 0)] for i in range(X.numblocks[0])]
+    where = client.who_has(tiles)
+    parts = []
+    for tile, lo, hi in zip(tiles, bounds[:-1], bounds[1:]):
+        rows = take[(take >= lo) & (take < hi)] - lo
+        held = sorted(where.get(tile.key, ()))[:1]
+        if rows.size:  # where the tile is (anywhere, had it left with its worker)
+            pin = {"workers": held, "allow_other_workers": True} if held else {}
+            parts.append(client.submit(_sample, tile, rows, pure=False, **pin))
+    sample = check_knn_input(np.concatenate(client.gather(parts)), "X", _FIT, None,
+                             min_samples=1, min_features=1)
     sample = ann_prepare_lookup(np.asarray(sample, dtype=np.float64), metric)
     c = min(c, sample.shape[0])
     return KMeans(n_clusters=c, n_init=1, random_state=0).fit(sample).cluster_centers_
