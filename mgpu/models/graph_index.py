@@ -110,7 +110,7 @@ class GraphIndex(BaseEstimator):
         row it scores, with float32 queries and sums; distances are those of the rounded
         rows. On the CPU the rounded values are kept as float64 (the same neighbours, no
         memory saved). Dense rows only, each value within float16's range (±65504, after
-        cosine's scaling); refused before the build otherwise.
+        cosine's scaling); refused before the build otherwise. Read by ``fit``.
 
     Attributes
     ----------
