@@ -215,7 +215,7 @@ def test_the_large_command_refuses(args, text):
 
 def test_the_large_bench_makes_each_workers_rows_there(client, monkeypatch):
     """Each worker makes its share of the rows in tiles of at most ``_TILE`` rows, held on
-    it; each row is a centre plus noise of about unit spread."""
+    it; each row is a centre plus noise of about unit spread; no query is one of them."""
     from mgpu.bench import ann_large
     from mgpu.distributed.cluster import workers_now
 
@@ -233,3 +233,5 @@ def test_the_large_bench_makes_each_workers_rows_there(client, monkeypatch):
     rows = X.compute()
     noise = rows - C[np.argmin(((rows[:, None] - C[None]) ** 2).sum(axis=2), axis=1)]
     assert 0.9 < noise.std() < 1.1 and len(np.unique(rows, axis=0)) == 3000
+    queries = ann_large._rows_near(C, 500, 0, False)  # the bench's queries, of seed 0
+    assert not (queries[:, None, :] == rows[None]).all(axis=2).any()  # none is a row

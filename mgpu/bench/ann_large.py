@@ -77,7 +77,7 @@ def _made(client: Any, centres: np.ndarray, bounds: np.ndarray, names: list[str]
         first, end = int(bounds[i]), int(bounds[i + 1])
         cuts += [(lo, min(end, lo + _TILE), w) for lo in range(first, end, _TILE)]
     shared = client.scatter(centres, broadcast=True)  # sent to each worker once
-    futures = [client.submit(_rows_near, shared, hi - lo, seed + j, gpu, workers=[w],
+    futures = [client.submit(_rows_near, shared, hi - lo, seed + 1 + j, gpu, workers=[w],
                              allow_other_workers=False, pure=False)
                for j, (lo, hi, w) in enumerate(cuts)]
     wait(futures)
@@ -125,7 +125,7 @@ def bench_ann_large(*, rows: int | None = None, memory: float | None = None, dim
         f"{workers} CPU worker{'s' if workers > 1 else ''}"
     rng = np.random.default_rng(seed)
     C = rng.standard_normal((centres, dims)) * 4
-    Q = _rows_near(C, queries, seed + workers + 1, False)
+    Q = _rows_near(C, queries, seed, False)  # the tiles' seeds follow: no tile repeats them
     nt = min(truth_queries, queries)
     with connect(n_workers=workers, gpus=gpu) as client:
         names = sorted(workers_now(client))[:workers]
