@@ -387,30 +387,27 @@ def build_graph(data: Any, metric: str, d_min: int, d_max: int, l_n: int, e: int
     return graph, degree
 
 
+# the refusals of GraphIndex's half=True (here and in mgpu.backends.cupy_ann)
+HALF_DENSE = ("GraphIndex's half=True keeps dense rows in half precision; these rows are "
+              "sparse. Use half=False for sparse rows.")
+HALF_RANGE = ("GraphIndex's half=True cannot keep these rows in half precision: a value "
+              "(after cosine's scaling to unit length) lies beyond float16's largest, "
+              "65504. Scale the rows down, or use half=False.")
+
+
 @ann_half_lookup.register((np.ndarray, tuple))
 def half(data: Any) -> np.ndarray:
     """Dense rows (:func:`prepare`'s array) rounded to half precision, kept as float64: the
     values a GPU's half rows hold, searched as any float64 rows (no memory saved on the
-    CPU; the GPU and the CPU then search the same values)."""
+    CPU; the GPU and the CPU then search the same values). Refused where a value is past
+    float16's largest (65504)."""
     if isinstance(data, tuple):
         raise ValueError(HALF_DENSE)
-    return _halved(data).astype(np.float64)
-
-
-def _halved(data: np.ndarray) -> np.ndarray:
-    """``data`` as float16, refused where a value is past float16's largest (65504)."""
     with np.errstate(over="ignore"):
         out = data.astype(np.float16)
     if not np.isfinite(out).all():
         raise ValueError(HALF_RANGE)
-    return out
-
-
-HALF_DENSE = ("GraphIndex's half=True keeps dense rows in half precision; these rows are "
-               "sparse. Use half=False for sparse rows.")
-HALF_RANGE = ("GraphIndex's half=True cannot keep these rows in half precision: a value "
-               "(after cosine's scaling to unit length) lies beyond float16's largest, "
-               "65504. Scale the rows down, or use half=False.")
+    return out.astype(np.float64)
 
 
 @ann_search_lookup.register((np.ndarray, tuple))

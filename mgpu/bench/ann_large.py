@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from mgpu.backends import to_device
+from mgpu.backends.memory import gpu_available
 from mgpu.backends.timing import time_cpu
 from mgpu.bench.ann import recall
 
@@ -57,13 +59,6 @@ def _rows_near(centres: np.ndarray, n: int, seed: int, gpu: bool) -> Any:
     return out
 
 
-def _device_bytes() -> int:
-    """This worker's GPU's memory, in bytes."""
-    import cupy
-
-    return int(cupy.cuda.Device().mem_info[1])
-
-
 def _made(client: Any, centres: np.ndarray, bounds: np.ndarray, names: list[str],
           seed: int, gpu: bool) -> Any:
     """The dask array of the rows, made and held by the workers (rows ``bounds[i]`` to
@@ -84,12 +79,8 @@ def _made(client: Any, centres: np.ndarray, bounds: np.ndarray, names: list[str]
     for f in futures:
         if f.status == "error":
             f.result()  # raises the worker's error (its device's memory ran out, say)
-    if gpu:
-        import cupy
-
-        meta = cupy.empty((0, 0), dtype=np.float32)
-    else:
-        meta = np.empty((0, 0), dtype=np.float32)
+    meta = np.empty((0, 0), dtype=np.float32)
+    meta = to_device(meta) if gpu else meta  # the tiles' kind: CuPy on GPU workers
     X = da.concatenate([da.from_delayed(f, (hi - lo, d), dtype=np.float32, meta=meta)
                         for f, (lo, hi, _) in zip(futures, cuts)])
     X = client.persist(X)
@@ -129,7 +120,9 @@ def bench_ann_large(*, rows: int | None = None, memory: float | None = None, dim
     nt = min(truth_queries, queries)
     with connect(n_workers=workers, gpus=gpu) as client:
         names = sorted(workers_now(client))[:workers]
-        device = client.run(_device_bytes, workers=names[:1])[names[0]] if gpu else None
+        # one worker's device memory (its capacity: CuPy's pool limit, where smaller)
+        device = (client.run(gpu_available, workers=names[:1])[names[0]][1] if gpu
+                  else None)
         n = int(rows) if rows is not None else int(np.ceil(memory * device / per_row))
         if n < len(names):
             raise ValueError(f"{n} rows cannot be cut into a tile on each of "
